@@ -1,0 +1,91 @@
+"""Device, precision and seeding helpers shared by every pipeline.
+
+Precision names follow the API: ``auto | fp32 | fp16 | bf16``. ``auto`` means the fastest safe choice for the
+device: half precision autocast on CUDA, fp32 on CPUs without native bf16 (on AVX2-only CPUs bf16 autocast was
+measured about 20x slower than fp32), bf16 on CPUs that have it (AVX512-BF16 or AMX).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+import torch
+
+Precision = Literal["auto", "fp32", "fp16", "bf16"]
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def default_device() -> torch.device:
+    """``cuda`` when available (``EXPLAINQ_DEVICE`` overrides), else ``cpu``."""
+    forced = os.environ.get("EXPLAINQ_DEVICE")
+    if forced:
+        return torch.device(forced)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU executes bf16 natively (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = fh.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(precision: str, device: torch.device | str, cuda_half: str = "fp16") -> str:
+    """Turn ``auto`` into a concrete precision for ``device``; validate the others.
+
+    ``cuda_half`` is the half type ``auto`` picks on CUDA (``fp16`` for inference, ``bf16`` for training where
+    the GPU supports it).
+    """
+    device = torch.device(device)
+    if precision not in ("auto", *DTYPES):
+        raise ValueError(f"precision must be one of auto, fp32, fp16, bf16, got {precision!r}")
+    if precision != "auto":
+        if precision == "fp16" and device.type == "cpu":
+            # fp16 autocast on CPU exists but is slow and lossy; bf16 is the CPU half type.
+            return "bf16"
+        return precision
+    if device.type == "cuda":
+        if cuda_half == "bf16" and torch.cuda.is_bf16_supported():
+            return "bf16"
+        return "fp16"
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return "bf16"
+    return "fp32"
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device | str, precision: str) -> Iterator[None]:
+    """Autocast for a resolved precision; a no-op for fp32."""
+    device = torch.device(device)
+    if precision == "fp32":
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=DTYPES[precision]):
+        yield
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch; optionally ask torch for deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
