@@ -140,7 +140,8 @@ def query_loss(logits: torch.Tensor, t: torch.Tensor, label_smoothing: float, ki
     logits = logits.float()
     if kind == "train":
         n = logits.shape[-1]
-        y = (1.0 - label_smoothing) * F.one_hot(t, n).to(logits.dtype) + 1.0 / n
+        onehot = (torch.arange(n, device=logits.device) == t.unsqueeze(-1)).to(logits.dtype)  # vmap-friendly
+        y = (1.0 - label_smoothing) * onehot + 1.0 / n
         return F.binary_cross_entropy_with_logits(logits, y, reduction="none").mean(-1)
     if kind == "score_bce":
         s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
