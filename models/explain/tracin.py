@@ -407,15 +407,17 @@ class TracIn:
 
     # -- public ----------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def influence(self, test: torch.Tensor, train: torch.Tensor,
-                  progress: ProgressFn | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(scores [n_test, n_train], test_self_influence [n_test])``, fp32 on CPU.
+    def influence(self, test: torch.Tensor, train: torch.Tensor, progress: ProgressFn | None = None,
+                  train_self: bool = False) -> tuple[torch.Tensor, ...]:
+        """``(scores [n_test, n_train], test_self [n_test])``, plus ``train_self [n_train]`` when asked; fp32, CPU.
 
-        Test factors are computed once per checkpoint and reused for every training batch.
+        Test factors are computed once per checkpoint and reused for every training batch; the training triples'
+        self-influence reuses the factors of the same pass.
         """
         n, m = len(test), len(train)
         scores = torch.zeros(n, m, device=self.device)
-        self_inf = torch.zeros(n, device=self.device)
+        test_self = torch.zeros(n, device=self.device)
+        tr_self = torch.zeros(m, device=self.device)
         step = self.batch_size
         chunks = list(range(0, m, step))
         total = len(self.checkpoints) * len(chunks)
@@ -423,14 +425,18 @@ class TracIn:
         for ckpt in self.checkpoints:
             self._load(ckpt)
             ft = self._features(test)
-            self_inf += ckpt.lr * self._self(ft, n)
+            test_self += ckpt.lr * self._self(ft, n)
             for i in chunks:
                 b = train[i:i + step]
-                scores[:, i:i + len(b)] += ckpt.lr * self._pair(ft, self._features(b), n, len(b))
+                fb = self._features(b)
+                scores[:, i:i + len(b)] += ckpt.lr * self._pair(ft, fb, n, len(b))
+                if train_self:
+                    tr_self[i:i + len(b)] += ckpt.lr * self._self(fb, len(b))
                 done += 1
                 if progress is not None:
                     progress(done, total)
-        return scores.cpu(), self_inf.cpu()
+        out = (scores.cpu(), test_self.cpu())
+        return (*out, tr_self.cpu()) if train_self else out
 
     @torch.no_grad()
     def self_influence(self, triples: torch.Tensor, progress: ProgressFn | None = None) -> torch.Tensor:

@@ -85,13 +85,19 @@ def filtered_ranks(model: ConvE, triples: torch.Tensor, filt: FilterIndex, batch
         for i in range(0, len(q), batch_size):
             b = q[i:i + batch_size]
             s = model(b[:, 0].to(device), b[:, 1].to(device)).float().cpu()
-            t = b[:, 2]
-            st = s.gather(1, t[:, None])
-            other = filt.mask(b, c.num_entities)  # known answers (t included) are removed
-            higher = ((s > st) & ~other).sum(1)
-            ties = ((s == st) & ~other).sum(1)
-            ranks.append(1.0 + higher.float() + 0.5 * ties.float())
+            ranks.append(ranks_from_scores(s, b[:, 2], filt.mask(b, c.num_entities)))
     return torch.cat(ranks) if ranks else torch.empty(0)
+
+
+def ranks_from_scores(scores: torch.Tensor, target: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """Filtered ranks ``[B]`` of ``target`` in ``scores [B, N]``; ``known [B, N]`` marks the answers to filter
+    (the target itself may be marked; it is never counted against itself)."""
+    st = scores.gather(1, target[:, None])
+    other = known.clone()
+    other[torch.arange(len(target)), target] = True
+    higher = ((scores > st) & ~other).sum(1)
+    ties = ((scores == st) & ~other).sum(1)
+    return 1.0 + higher.float() + 0.5 * ties.float()
 
 
 def rank_metrics(ranks: torch.Tensor) -> dict[str, float]:
