@@ -1,0 +1,212 @@
+"""TracIn-CP on ConvE: Captum oracle, ghost vs materialised gradients, symmetry, self-influence, projection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from models.explain.tracin import OUTPUT_TABLE, TracIn, per_example_grads, resolve_layers
+from models.kg.checkpoint import KGBundle, load
+from models.kg.conve import query_loss, triple_loss, triple_queries
+from models.kg.train import TrainConfig, train_conve
+from models.kg.triples import load_nations
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> KGBundle:
+    """A tiny ConvE (dim 20) trained 3 epochs on Nations with a checkpoint every epoch (real BN statistics)."""
+    out = tmp_path_factory.mktemp("conve")
+    cfg = TrainConfig(epochs=3, batch_size=256, lr=0.01, embedding_dim=20, embedding_height=4, num_filters=4,
+                      checkpoint_every=1, seed=1)
+    train_conve(load_nations(), cfg, out, device="cpu")
+    b = load(out, "cpu")
+    # distinct learning rates per checkpoint, so a wrong weighting cannot pass
+    for c, lr in zip(b.checkpoints, (0.01, 0.004, 0.002), strict=True):
+        c.lr = lr
+    return b
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+class _TripleModel(nn.Module):
+    """Captum view of ConvE: input = triples, output = logits of each query direction ``[B, Q, N]``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, triples: torch.Tensor) -> torch.Tensor:
+        c = self.model.config
+        qs = triple_queries(triples, c.num_relations, c.reciprocal)
+        return torch.stack([self.model(q[:, 0], q[:, 1]) for q in qs], 1)
+
+
+class _TripleLoss(nn.Module):
+    """Per-example loss for Captum: the sum over query directions of the training loss."""
+
+    reduction = "none"
+
+    def __init__(self, model: nn.Module, kind: str) -> None:
+        super().__init__()
+        self.cfg = model.config
+        self.kind = kind
+
+    def forward(self, out: torch.Tensor, triples: torch.Tensor) -> torch.Tensor:
+        qs = triple_queries(triples, self.cfg.num_relations, self.cfg.reciprocal)
+        return sum(query_loss(out[:, i], q[:, 2], self.cfg.label_smoothing, self.kind) for i, q in enumerate(qs))
+
+
+def _captum(bundle: KGBundle, layers: list[str] | None, kind: str, train: torch.Tensor):
+    import copy
+
+    from captum.influence import TracInCP
+    from safetensors.torch import load_file
+    from torch.utils.data import DataLoader, TensorDataset
+
+    wrapper = _TripleModel(copy.deepcopy(bundle.model)).eval()
+    lrs = {str(c.path): c.lr for c in bundle.checkpoints}
+
+    def load_ckpt(model: nn.Module, path: str) -> float:
+        model.model.load_state_dict(load_file(path))
+        model.eval()
+        return lrs[path]
+
+    loader = DataLoader(TensorDataset(train, train), batch_size=16, shuffle=False)
+    return TracInCP(wrapper, loader, [str(c.path) for c in bundle.checkpoints], checkpoints_load_func=load_ckpt,
+                    layers=layers, loss_fn=_TripleLoss(wrapper.model, kind), batch_size=16,
+                    sample_wise_grads_per_batch=False)
+
+
+@pytest.mark.parametrize(("captum_layers", "ours", "kind"), [
+    (None, "all", "train"),
+    (["model.fc", "model.conv"], ["fc", "conv"], "score_bce"),
+])
+def test_equals_captum_tracincp(bundle, captum_layers, ours, kind):
+    ds = bundle.dataset
+    test, train = ds.test[:4], ds.train[:48]
+    tracin = _captum(bundle, captum_layers, kind, train)
+    ref = tracin.influence((test, test), k=None)
+    ref_self = tracin.self_influence(outer_loop_by_checkpoints=True)
+    engine = TracIn(bundle.model, bundle.checkpoints, layers=ours, loss=kind, batch_size=20)
+    scores, _ = engine.influence(test, train)
+    assert scores.shape == ref.shape
+    assert _rel(scores, ref) <= 1e-4
+    assert _rel(engine.self_influence(train), ref_self) <= 1e-4
+    # a single checkpoint's lr weighting, checked separately: dropping one checkpoint must change the scores
+    partial, _ = TracIn(bundle.model, bundle.checkpoints[:2], layers=ours, loss=kind).influence(test, train)
+    assert _rel(partial, ref) > 1e-3
+
+
+LAYER_SETS = ["all", "last", ["ent.weight"], ["rel.weight", "ent_bias"], ["conv", "bn0", "bn1"],
+              ["bn2", "fc.bias"], [OUTPUT_TABLE]]
+
+
+@pytest.mark.parametrize("layers", LAYER_SETS, ids=str)
+@pytest.mark.parametrize("kind", ["train", "score_bce"])
+def test_ghost_equals_materialised_gradients(bundle, layers, kind):
+    ds = bundle.dataset
+    test, train = ds.test[:5], ds.train[:37]
+    ghost = TracIn(bundle.model, bundle.checkpoints, layers=layers, loss=kind, method="ghost", batch_size=16)
+    ref = TracIn(bundle.model, bundle.checkpoints, layers=layers, loss=kind, method="vmap", batch_size=16)
+    s_g, t_g, tr_g = ghost.influence(test, train, train_self=True)
+    s_r, t_r, tr_r = ref.influence(test, train, train_self=True)
+    assert _rel(s_g, s_r) <= 1e-4
+    assert _rel(t_g, t_r) <= 1e-4
+    assert _rel(tr_g, tr_r) <= 1e-4
+    assert _rel(ghost.self_influence(train), ref.self_influence(train)) <= 1e-4
+
+
+def test_last_equals_explicit_loop_of_output_layer_gradients(bundle):
+    """``last`` = fc + entity table in its output role; checked against one backward per triple."""
+    model = bundle.model
+    ds = bundle.dataset
+    test, train = ds.test[:3], ds.train[:10]
+    ckpt = bundle.checkpoints[-1]
+    model.load_state_dict(ckpt.state_dict())
+    model.eval()
+
+    def grads(triples: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for trip in triples:
+            out_w = model.ent.weight.detach().clone().requires_grad_(True)
+            loss = triple_loss(model, trip[None], "train", out_weight=out_w).sum()
+            g = torch.autograd.grad(loss, [model.fc.weight, model.fc.bias, out_w])
+            rows.append(torch.cat([x.flatten() for x in g]))
+        return torch.stack(rows)
+
+    explicit = ckpt.lr * grads(test) @ grads(train).t()
+    fast, _ = TracIn(model, [ckpt], layers="last").influence(test, train)
+    assert _rel(fast, explicit) <= 1e-4
+    mat = per_example_grads(model, train, resolve_layers(model, "last"))
+    assert _rel(mat, grads(train)) <= 1e-5
+
+
+def test_symmetry_and_self_influence(bundle):
+    ds = bundle.dataset
+    a, b = ds.train[:12], ds.valid[:9]
+    engine = TracIn(bundle.model, bundle.checkpoints, layers="all")
+    ab, a_self, b_self = engine.influence(a, b, train_self=True)
+    ba, _ = engine.influence(b, a)
+    assert _rel(ab, ba.t()) <= 1e-5
+    aa, _ = engine.influence(a, a)
+    si = engine.self_influence(a)
+    assert _rel(torch.diagonal(aa), si) <= 1e-5
+    assert _rel(a_self, si) <= 1e-5 and _rel(b_self, engine.self_influence(b)) <= 1e-5
+    assert (si > 0).all()
+
+
+def test_projection_is_seeded_and_converges(bundle):
+    ds = bundle.dataset
+    test, train = ds.test[:6], ds.train[:64]
+    exact, _ = TracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"]).influence(test, train)
+    flat = bundle.model.config.flat_dim
+    errs = []
+    for k in (4, flat - 1):
+        p1, _ = TracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"], projection_dim=k, seed=3) \
+            .influence(test, train)
+        p2, _ = TracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"], projection_dim=k, seed=3) \
+            .influence(test, train)
+        assert torch.equal(p1, p2)
+        errs.append(_rel(p1, exact))
+    assert errs[1] < errs[0]
+    assert errs[1] < 0.5
+
+
+def test_half_precision_forward_stays_close(bundle):
+    ds = bundle.dataset
+    test, train = ds.test[:4], ds.train[:40]
+    exact, _ = TracIn(bundle.model, bundle.checkpoints, layers="all").influence(test, train)
+    half, _ = TracIn(bundle.model, bundle.checkpoints, layers="all", precision="bf16").influence(test, train)
+    assert half.dtype == torch.float32
+    corr = torch.corrcoef(torch.stack([exact.flatten(), half.flatten()]))[0, 1]
+    assert corr > 0.95
+
+
+def test_auto_precision_is_fp32_on_cpu(bundle):
+    assert TracIn(bundle.model, bundle.checkpoints).precision == "fp32"
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"layers": ["nope"]}, "unknown layer"),
+    ({"layers": ["ent.weight", OUTPUT_TABLE]}, "output role"),
+    ({"loss": "mse"}, "loss"),
+    ({"method": "loop"}, "method"),
+    ({"projection_dim": 0}, "projection_dim"),
+    ({"method": "vmap", "precision": "bf16"}, "fp32"),
+])
+def test_bad_options_raise(bundle, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TracIn(bundle.model, bundle.checkpoints, **kwargs)
+
+
+def test_checkpoint_files_carry_epoch_and_lr(bundle):
+    from models.kg.checkpoint import read_checkpoint_info
+
+    infos = [read_checkpoint_info(Path(c.path)) for c in bundle.checkpoints]
+    assert [i.epoch for i in infos] == [1, 2, 3]
+    assert all(i.lr == pytest.approx(0.01) for i in infos)
