@@ -56,8 +56,8 @@ from torch.func import functional_call, grad, vmap
 
 from models.common import autocast, resolve_precision
 from models.kg.conve import ConvE, query_loss, triple_queries
+from models.kg.shapes import OUTPUT_TABLE
 
-OUTPUT_TABLE = "ent.weight:output"
 LAST_LAYERS = ("fc.weight", "fc.bias", OUTPUT_TABLE)
 # Parameters whose gradient needs the backward pass through the convolution block.
 DEEP = ("ent.weight", "rel.weight", "bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias")
@@ -344,7 +344,7 @@ class TracIn:
         if self.projection_dim is not None and self.method != "ghost":
             raise ValueError("projection_dim needs method='ghost'")
         self.device = torch.device(self.device) if self.device is not None else self.model.ent.weight.device
-        if self.precision == "auto" and self.device.type == "cpu":
+        if self.precision == "auto" and (self.device.type == "cpu" or self.method == "vmap"):
             # Influence scores are dot products of small gradient differences: keep CPUs exact even where bf16
             # would be faster (models.common picks bf16 on AMX CPUs for inference).
             self.precision = "fp32"

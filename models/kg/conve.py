@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kg.shapes import default_height  # noqa: F401  (re-exported)
+
 
 @dataclass
 class ConvEConfig:
@@ -67,17 +69,6 @@ class ConvEConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def default_height(dim: int) -> int:
-    """The ConvE-style image height for ``dim``: 10 for 200 (10×20), else the divisor closest to √(dim/2)."""
-    if dim % 10 == 0 and dim // 10 >= 10:
-        return 10
-    target = (dim / 2) ** 0.5
-    divisors = [h for h in range(2, dim + 1) if dim % h == 0 and dim // h >= 3]
-    if not divisors:
-        raise ValueError(f"embedding_dim {dim} cannot be reshaped to an image of width >= 3")
-    return min(divisors, key=lambda h: abs(h - target))
 
 
 class ConvE(nn.Module):

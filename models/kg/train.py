@@ -44,8 +44,9 @@ class TrainConfig:
     seed: int = 0
 
 
-# progress(done, total, message, metrics) -> None; may raise to cancel.
-ProgressFn = Callable[[int, int, str, dict], None]
+# progress(done_batches, total_batches, message, metrics or None) -> None; called after every batch (metrics at
+# the end of each epoch); it may raise to cancel.
+ProgressFn = Callable[[int, int, str, dict | None], None]
 
 
 class FilterIndex:
@@ -164,6 +165,9 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
             total += loss.item() * len(batch)
             count += len(batch)
             bar.update(1)
+            if progress is not None and i + 1 < n_batches:
+                progress((epoch - 1) * n_batches + i + 1, cfg.epochs * n_batches, f"epoch {epoch}/{cfg.epochs}",
+                         None)
         epoch_loss = total / max(count, 1)
         row = {"epoch": epoch, "loss": epoch_loss, "lr": lr}
         if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
@@ -178,7 +182,8 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
             metrics = {"epoch": epoch, "loss": epoch_loss, "lr": lr}
             if "valid" in row:
                 metrics["valid_mrr"] = row["valid"]["mrr"]
-            progress(epoch, cfg.epochs, f"epoch {epoch}/{cfg.epochs} loss {epoch_loss:.4f}", metrics)
+            progress(epoch * n_batches, cfg.epochs * n_batches, f"epoch {epoch}/{cfg.epochs} loss {epoch_loss:.4f}",
+                     metrics)
         for g in opt.param_groups:
             g["lr"] = g["lr"] * cfg.lr_decay
     bar.close()

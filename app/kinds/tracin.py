@@ -1,0 +1,140 @@
+"""``POST /tracin``: TracIn-CP influence of training triples on ConvE predictions (no torch here).
+
+Validation reads the model directory's id dictionaries and config (plain text), so an unknown entity, relation,
+checkpoint or layer is a 422 naming the field and value before anything is queued.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from app import registry
+from app.kinds.base import FieldError, JobKind, register
+from app.settings import Settings
+from models.kg.shapes import LAYER_NAMES
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[head, relation, tail] by name")]
+
+
+class FilterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n_hops: int = Field(1, ge=1, le=6)
+    min_degree: int = Field(0, ge=0)
+    preserve_test_entities: bool = True
+
+
+class TracInRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1)
+    test_triples: list[Triple] | None = Field(None, min_length=1, max_length=10_000,
+                                              description="required except in mode 'self'")
+    mode: Literal["test", "self", "single"] = "test"
+    top_k: int | None = Field(10, ge=0, description="null returns every candidate")
+    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1)] = "all"
+    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1)] = "all"
+    loss: Literal["train", "score_bce"] = "train"
+    projection_dim: int | None = Field(None, ge=1, le=1_000_000)
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    batch_size: int = Field(256, ge=1, le=65_536)
+    filter: FilterRequest | None = None
+    train_triples: list[Triple] | None = Field(None, min_length=1, max_length=100_000,
+                                               description="mode 'single': the training triples to score")
+    method: Literal["ghost", "vmap"] = Field("ghost", description="'vmap' materialises per-example gradients "
+                                             "(the slow reference)")
+
+
+def _read_names(path: Path) -> frozenset[str]:
+    """Names of an id dictionary (``name<TAB>id``, or ``id<TAB>name``)."""
+    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if all(len(r) == 2 and r[1].strip().lstrip("-").isdigit() for r in rows):
+        return frozenset(r[0].strip() for r in rows)
+    return frozenset(r[1].strip() for r in rows)
+
+
+@lru_cache(maxsize=32)
+def _vocab(model_dir: str, mtime_ns: int) -> dict[str, Any]:
+    root = Path(model_dir)
+    cfg = json.loads((root / "config.json").read_text())
+    ckpts = cfg.get("checkpoints", [])
+    return {
+        "entities": _read_names(root / "data" / "entities.dict"),
+        "relations": _read_names(root / "data" / "relations.dict"),
+        "checkpoints": {Path(c["file"]).stem for c in ckpts} | {Path(c["file"]).name for c in ckpts}
+        | {str(c["epoch"]) for c in ckpts},
+    }
+
+
+def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
+    """Entities, relations and checkpoint names of a registered ConvE model; FieldError on ``model``."""
+    entry = registry.get_model(settings, model)
+    if entry is None:
+        raise FieldError(("body", "model"), f"unknown model {model!r}", value=model)
+    if entry.get("kind") != "conve":
+        raise FieldError(("body", "model"), f"model {model!r} is a {entry.get('kind')!r} model, not conve",
+                         value=model)
+    cfg = registry.absolute_path(settings, entry) / "config.json"
+    if not cfg.is_file():
+        raise FieldError(("body", "model"), f"model {model!r} has no files on this server", value=model)
+    return _vocab(str(cfg.parent), cfg.stat().st_mtime_ns)
+
+
+def _check_triples(field: str, triples: list[list[str]], vocab: dict[str, Any]) -> None:
+    for i, trip in enumerate(triples):
+        for j, (name, kind) in enumerate(zip(trip, ("entity", "relation", "entity"), strict=True)):
+            known = vocab["relations"] if kind == "relation" else vocab["entities"]
+            if name not in known:
+                raise FieldError(("body", field, i, j), f"unknown {kind} {name!r}", value=name)
+
+
+def validate(req: TracInRequest, settings: Settings) -> None:
+    vocab = model_vocab(settings, req.model)
+    if req.mode != "self" and not req.test_triples:
+        raise FieldError(("body", "test_triples"), f"mode {req.mode!r} needs test_triples", value=req.test_triples)
+    if req.mode == "single" and not req.train_triples:
+        raise FieldError(("body", "train_triples"), "mode 'single' needs train_triples", value=req.train_triples)
+    if req.mode != "single" and req.train_triples is not None:
+        raise FieldError(("body", "train_triples"), "train_triples is only used by mode 'single'",
+                         value=req.train_triples)
+    if req.filter is not None and not req.test_triples:
+        raise FieldError(("body", "filter"), "the filter is centred on test_triples; give some", value=None)
+    if req.test_triples:
+        _check_triples("test_triples", req.test_triples, vocab)
+    if req.train_triples:
+        _check_triples("train_triples", req.train_triples, vocab)
+    if req.checkpoints != "all":
+        for i, name in enumerate(req.checkpoints):
+            if name not in vocab["checkpoints"]:
+                raise FieldError(("body", "checkpoints", i), f"unknown checkpoint {name!r}; the model has "
+                                 f"{sorted(vocab['checkpoints'])}", value=name)
+    if req.layers not in ("all", "last"):
+        for i, name in enumerate(req.layers):
+            if name not in LAYER_NAMES:
+                raise FieldError(("body", "layers", i), f"unknown layer {name!r}; choose from {list(LAYER_NAMES)}",
+                                 value=name)
+        if "ent.weight:output" in req.layers and ("ent.weight" in req.layers or "ent" in req.layers):
+            raise FieldError(("body", "layers"), "'ent.weight' already includes 'ent.weight:output'",
+                             value=req.layers)
+    if req.method == "vmap" and req.projection_dim is not None:
+        raise FieldError(("body", "projection_dim"), "projection_dim needs method 'ghost'", value=req.projection_dim)
+    if req.method == "vmap" and req.precision not in ("auto", "fp32"):
+        raise FieldError(("body", "precision"), "method 'vmap' is the fp32 reference", value=req.precision)
+
+
+register(JobKind(
+    name="tracin",
+    route="/tracin",
+    request=TracInRequest,
+    queue="explain",
+    func="workers.jobs.tracin:run",
+    timeout_s=3600,
+    result_ttl_s=7 * 24 * 3600,
+    summary="TracIn influence of training triples on a ConvE prediction",
+    validate=validate,
+))

@@ -1,0 +1,89 @@
+"""``POST /train/conve``: train ConvE on a triples dataset with checkpoints, register it by name (no torch here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app import registry
+from app.kinds.base import FieldError, JobKind, register
+from app.paths import PathError, resolve_data_path
+from app.settings import Settings
+from models.kg.shapes import check_image
+
+NATIONS = "nations"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class TrainConvERequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
+    dataset: str = Field(NATIONS, min_length=1, description="'nations' (shipped), a registered triples dataset, "
+                         "or a directory under the data roots holding train.txt [valid.txt test.txt]")
+    epochs: int = Field(20, ge=1, le=10_000)
+    batch_size: int = Field(128, ge=2, le=65_536)
+    lr: float = Field(0.003, gt=0, le=10)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier after each epoch")
+    weight_decay: float = Field(0.0, ge=0)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    embedding_dim: int = Field(200, ge=6, le=4096)
+    embedding_height: int | None = Field(None, ge=1, description="image height; default 10 for 200 (10x20)")
+    num_filters: int = Field(32, ge=1, le=1024)
+    input_dropout: float = Field(0.2, ge=0, lt=1)
+    feature_dropout: float = Field(0.2, ge=0, lt=1)
+    hidden_dropout: float = Field(0.3, ge=0, lt=1)
+    reciprocal: bool = True
+    checkpoint_every: int = Field(5, ge=1, le=10_000)
+    seed: int = 0
+    overwrite: bool = Field(False, description="replace an existing model of the same name")
+
+
+def resolve_dataset(settings: Settings, name: str) -> Path | None:
+    """``nations`` -> None (the shipped data, unless a dataset of that name is registered); a registered
+    ``triples`` dataset or a directory under the data roots -> its path. FieldError on ``dataset`` otherwise."""
+    entry = registry.get_dataset(settings, name)
+    if entry is None and name == NATIONS:
+        return None
+    if entry is not None:
+        if entry.get("kind") != "triples":
+            raise FieldError(("body", "dataset"), f"dataset {name!r} is a {entry.get('kind')!r} dataset, "
+                             "not triples", value=name)
+        path = registry.absolute_path(settings, entry)
+    else:
+        try:
+            path = resolve_data_path(settings, name)
+        except PathError as exc:
+            raise FieldError(("body", "dataset"), f"unknown dataset {name!r}: not 'nations', not a registered "
+                             f"dataset, and {exc}", value=name) from None
+    if not (path / "train.txt").is_file():
+        raise FieldError(("body", "dataset"), f"dataset {name!r} has no train.txt", value=name)
+    return path
+
+
+def validate(req: TrainConvERequest, settings: Settings) -> None:
+    resolve_dataset(settings, req.dataset)
+    problem = check_image(req.embedding_dim, req.embedding_height)
+    if problem:
+        loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"
+        raise FieldError(("body", loc), problem, value=getattr(req, loc))
+    existing = registry.get_model(settings, req.name)
+    if existing is not None and not req.overwrite:
+        raise FieldError(("body", "name"), f"a model named {req.name!r} exists; pass overwrite=true to replace it",
+                         value=req.name)
+    if existing is not None and existing.get("kind") != "conve":
+        raise FieldError(("body", "name"), f"{req.name!r} is a {existing.get('kind')!r} model; "
+                         "overwrite replaces ConvE models only", value=req.name)
+
+
+register(JobKind(
+    name="train_conve",
+    route="/train/conve",
+    request=TrainConvERequest,
+    queue="train",
+    func="workers.jobs.train_conve:run",
+    timeout_s=12 * 3600,
+    summary="Train ConvE on knowledge-graph triples with TracIn checkpoints; registers the model",
+    validate=validate,
+))

@@ -1,0 +1,124 @@
+"""``POST /tracin`` and ``POST /train/conve`` end to end: real Redis, a real worker process, the real app."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from app import registry
+from models.kg.train import TrainConfig, train_conve
+from models.kg.triples import load_nations
+
+TINY = {"epochs": 2, "batch_size": 256, "lr": 0.01, "embedding_dim": 20, "embedding_height": 4, "num_filters": 4,
+        "checkpoint_every": 1, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    from tests.service import Service
+
+    home = tmp_path_factory.mktemp("kghome")
+    service = Service(home, heartbeat_ttl_s=20, start=False)
+    out = home / "models" / "conve-tiny"
+    summary = train_conve(load_nations(), TrainConfig(**TINY), out, device="cpu")
+    registry.register_model(service.settings, "conve-tiny", kind="conve", loader="models.kg.checkpoint:load",
+                            path=out, parameters=summary["parameters"])
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def _run(svc, route, body):
+    r = svc.client.post(route, json=body)
+    assert r.status_code == 202, r.text
+    assert r.headers["location"] == f"/jobs/{r.json()['id']}"
+    job = svc.wait(r.json()["id"], timeout_s=180)
+    assert job["status"] == "succeeded", (job, svc.worker_logs())
+    return job, svc.client.get(job["result_url"]).json()
+
+
+def test_tracin_end_to_end_with_csv(svc):
+    body = {"model": "conve-tiny", "test_triples": [["usa", "embassy", "uk"], ["uk", "embassy", "usa"]],
+            "top_k": 5, "layers": "all", "filter": {"n_hops": 1}}
+    job, result = _run(svc, "/tracin", body)
+    assert job["kind"] == "tracin" and job["progress"]["unit"] == "batches"
+    assert [c["epoch"] for c in result["checkpoints"]] == [1, 2]
+    assert len(result["results"]) == 2
+    for r in result["results"]:
+        assert 0 < r["n_candidates"] < 1592 and r["self_influence"] > 0
+        assert len(r["proponents"]) == min(5, r["n_positive"]) and len(r["opponents"]) == min(5, r["n_negative"])
+        for p in r["proponents"]:
+            assert len(p["train_triple"]) == 3 and p["influence"] > 0
+            assert "usa" in (p["train_triple"][0], p["train_triple"][2]) or \
+                "uk" in (p["train_triple"][0], p["train_triple"][2])
+    (art,) = [a for a in result["artifacts"] if a["name"] == "influence.csv"]
+    with open(art["path"]) as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows[0]["TestHead"] == "usa" and {"TrainHead", "TracInScore", "SelfInfluence"} <= set(rows[0])
+    n_listed = sum(len(r["proponents"]) + len(r["opponents"]) for r in result["results"])
+    assert len(rows) == n_listed
+
+
+def test_self_influence_mode_without_test_triples(svc):
+    _, result = _run(svc, "/tracin", {"model": "conve-tiny", "mode": "self", "top_k": None, "layers": "last"})
+    assert result["n_candidates"] == result["returned"] == 1592
+    values = [r["self_influence"] for r in result["ranking"]]
+    assert values == sorted(values, reverse=True)
+
+
+@pytest.mark.parametrize(("patch", "loc", "value"), [
+    ({"test_triples": [["atlantis", "embassy", "uk"]]}, ["body", "test_triples", 0, 0], "atlantis"),
+    ({"test_triples": [["usa", "hugs", "uk"]]}, ["body", "test_triples", 0, 1], "hugs"),
+    ({"test_triples": [["usa", "embassy"]]}, ["body", "test_triples", 0], ["usa", "embassy"]),
+    ({"test_triples": []}, ["body", "test_triples"], []),
+    ({"top_k": -1}, ["body", "top_k"], -1),
+    ({"model": "nope"}, ["body", "model"], "nope"),
+    ({"checkpoints": ["epoch_0099"]}, ["body", "checkpoints", 0], "epoch_0099"),
+    ({"layers": ["fc", "decoder"]}, ["body", "layers", 1], "decoder"),
+    ({"mode": "single"}, ["body", "train_triples"], None),
+    ({"mode": "sideways"}, ["body", "mode"], "sideways"),
+])
+def test_tracin_bad_input_is_422_naming_field_and_value(svc, patch, loc, value):
+    body = {"model": "conve-tiny", "test_triples": [["usa", "embassy", "uk"]], **patch}
+    r = svc.client.post("/tracin", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    hit = [d for d in detail if d["loc"] == loc]
+    assert hit, detail
+    assert hit[0]["input"] == value
+
+
+def test_train_conve_end_to_end_then_tracin(svc):
+    body = {"name": "conve-trained", "dataset": "nations", **TINY}
+    job, result = _run(svc, "/train/conve", body)
+    assert job["kind"] == "train_conve"
+    assert [(c["epoch"], c["lr"]) for c in result["checkpoints"]] == [(1, 0.01), (2, 0.01)]
+    for split in ("valid", "test"):
+        assert set(result["metrics"][split]) >= {"mrr", "hits@1", "hits@3", "hits@10"}
+    entry = registry.get_model(svc.settings, "conve-trained")
+    assert entry["kind"] == "conve" and entry["meta"]["metrics"]["test"]["mrr"] == result["metrics"]["test"]["mrr"]
+    models = svc.client.get("/models").json()
+    assert "conve-trained" in str(models)
+    _, inf = _run(svc, "/tracin", {"model": "conve-trained", "test_triples": [["usa", "embassy", "uk"]],
+                                   "checkpoints": ["epoch_0002"], "top_k": 3})
+    assert [c["epoch"] for c in inf["checkpoints"]] == [2] and inf["results"][0]["n_candidates"] == 1592
+    # the same name again without overwrite is refused up front
+    r = svc.client.post("/train/conve", json=body)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"]
+
+
+@pytest.mark.parametrize(("patch", "loc"), [
+    ({"dataset": "../../etc"}, ["body", "dataset"]),
+    ({"dataset": "no-such-dataset"}, ["body", "dataset"]),
+    ({"embedding_dim": 21, "embedding_height": 4}, ["body", "embedding_height"]),
+    ({"epochs": 0}, ["body", "epochs"]),
+    ({"lr": -1}, ["body", "lr"]),
+    ({"name": "bad name!"}, ["body", "name"]),
+])
+def test_train_bad_input_is_422(svc, patch, loc):
+    r = svc.client.post("/train/conve", json={"name": "x", **TINY, **patch})
+    assert r.status_code == 422, r.text
+    assert any(d["loc"] == loc for d in r.json()["detail"]), r.json()
