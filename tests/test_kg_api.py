@@ -122,3 +122,23 @@ def test_train_bad_input_is_422(svc, patch, loc):
     r = svc.client.post("/train/conve", json={"name": "x", **TINY, **patch})
     assert r.status_code == 422, r.text
     assert any(d["loc"] == loc for d in r.json()["detail"]), r.json()
+
+
+def test_prepare_demo_registers_model_and_dataset_once(tmp_path, monkeypatch):
+    from app.settings import Settings
+    from workers.jobs import train_conve as job
+
+    monkeypatch.setattr(job, "DEMO_CONFIG", {**TINY, "epochs": 1})
+    settings = Settings(EXPLAINQ_HOME=str(tmp_path))
+    job.prepare_demo(settings, progress=False)
+    entry = registry.get_model(settings, job.DEMO_NAME)
+    assert entry["kind"] == "conve" and entry["meta"]["train_triples"] == 1592
+    assert registry.get_dataset(settings, "nations")["kind"] == "triples"
+    assert (settings.data_roots[0] / "nations" / "SOURCE.md").is_file()
+    created = entry["created_at"]
+    job.prepare_demo(settings, progress=False)  # idempotent: nothing retrained
+    assert registry.get_model(settings, job.DEMO_NAME)["created_at"] == created
+    from models.kg.checkpoint import load
+
+    bundle = load(registry.absolute_path(settings, entry), "cpu")
+    assert [c.epoch for c in bundle.checkpoints] == [1]
