@@ -121,11 +121,27 @@ def resolve_layers(model: ConvE, layers: str | Sequence[str]) -> tuple[str, ...]
     return tuple(out)
 
 
-def _bn_eval(x: torch.Tensor, bn: _DetachedBN) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eval-mode BatchNorm output and its normalised input x̂ = (x − μ)/√(σ² + ε) (for the γ gradient)."""
+class _DetachedBN:
+    """View of a BatchNorm module with detached affine parameters (running statistics are buffers already)."""
+
+    def __init__(self, bn: torch.nn.modules.batchnorm._BatchNorm) -> None:
+        self.running_mean = bn.running_mean
+        self.running_var = bn.running_var
+        self.weight = bn.weight.detach()
+        self.bias = bn.bias.detach()
+        self.eps = bn.eps
+
+
+def _bn_eval(x: torch.Tensor, bn: _DetachedBN) -> torch.Tensor:
+    """Eval-mode BatchNorm with the affine parameters held fixed (fused kernel, cheap backward)."""
+    return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
+
+
+def _bn_xhat(x: torch.Tensor, bn: _DetachedBN) -> torch.Tensor:
+    """x̂ = (x − μ)/√(σ² + ε), the per-example gradient of γ being Σ δ ⊙ x̂ (computed only when γ is wanted)."""
     shape = (1, -1) + (1,) * (x.dim() - 2)
-    xhat = (x - bn.running_mean.view(shape)) * torch.rsqrt(bn.running_var.view(shape) + bn.eps)
-    return xhat * bn.weight.view(shape) + bn.bias.view(shape), xhat
+    with torch.no_grad():
+        return (x.detach().float() - bn.running_mean.view(shape)) * torch.rsqrt(bn.running_var.view(shape) + bn.eps)
 
 
 @dataclass
@@ -169,16 +185,17 @@ def ghost_factors(model: ConvE, queries: torch.Tensor, names: Sequence[str], los
             e.requires_grad_(True)
             rr.requires_grad_(True)
         x0 = model.stack(e, rr)
-        z0, x0hat = _bn_eval(x0, _DetachedBN(model.bn0))
+        bn0, bn1, bn2 = _DetachedBN(model.bn0), _DetachedBN(model.bn1), _DetachedBN(model.bn2)
+        z0 = _bn_eval(x0, bn0)
         cv = F.conv2d(z0, model.conv.weight.detach(), model.conv.bias.detach())
-        z1, cvhat = _bn_eval(cv, _DetachedBN(model.bn1))
+        z1 = _bn_eval(cv, bn1)
         a = F.relu(z1).flatten(1)
         if not deep:
             a = a.detach()
         f = F.linear(a, model.fc.weight.detach(), model.fc.bias.detach())
         if mid and not deep:
             f = f.detach().requires_grad_(True)
-        z2, fhat = _bn_eval(f, _DetachedBN(model.bn2))
+        z2 = _bn_eval(f, bn2)
         xq = F.relu(z2)
         if not mid:
             xq = xq.detach()
@@ -201,7 +218,7 @@ def ghost_factors(model: ConvE, queries: torch.Tensor, names: Sequence[str], los
             av = a.detach().float()
             out.a = av @ projection if projection is not None else av
         if "bn2.weight" in want:
-            smalls.append(dz2 * fhat.detach().float())
+            smalls.append(dz2 * _bn_xhat(f, bn2))
         if "bn2.bias" in want:
             smalls.append(dz2)
     if deep:
@@ -209,7 +226,7 @@ def ghost_factors(model: ConvE, queries: torch.Tensor, names: Sequence[str], los
         out.u, out.v = u, v
         b = len(queries)
         if "bn0.weight" in want:
-            smalls.append((dz0 * x0hat.detach().float()).reshape(b, -1).sum(1, keepdim=True))
+            smalls.append((dz0 * _bn_xhat(x0, bn0)).reshape(b, -1).sum(1, keepdim=True))
         if "bn0.bias" in want:
             smalls.append(dz0.reshape(b, -1).sum(1, keepdim=True))
         if "conv.weight" in want:
@@ -218,23 +235,12 @@ def ghost_factors(model: ConvE, queries: torch.Tensor, names: Sequence[str], los
         if "conv.bias" in want:
             smalls.append(dcv.sum((2, 3)))
         if "bn1.weight" in want:
-            smalls.append((dz1 * cvhat.detach().float()).sum((2, 3)))
+            smalls.append((dz1 * _bn_xhat(cv, bn1)).sum((2, 3)))
         if "bn1.bias" in want:
             smalls.append(dz1.sum((2, 3)))
     if smalls:
         out.small = torch.cat(smalls, 1)
     return out
-
-
-class _DetachedBN:
-    """View of a BatchNorm module with detached affine parameters (running statistics are buffers already)."""
-
-    def __init__(self, bn: torch.nn.modules.batchnorm._BatchNorm) -> None:
-        self.running_mean = bn.running_mean
-        self.running_var = bn.running_var
-        self.weight = bn.weight.detach()
-        self.bias = bn.bias.detach()
-        self.eps = bn.eps
 
 
 def ghost_kernel(L: QueryFactors, R: QueryFactors, names: Sequence[str], rowwise: bool = False) -> torch.Tensor:

@@ -1,0 +1,219 @@
+"""TracIn influence throughput on ConvE / Nations, every method measured side by side in one run.
+
+Trains the paper's ConvE (200 = 10x20, 32 filters, 2.1M parameters) on Nations for ``--epochs`` epochs with a
+checkpoint every epoch (or reuses ``--model-dir``), then scores ``--n-test`` test triples against every training
+triple over the checkpoints, in fp32:
+
+  (a) loop      one backward per triple, flattened gradients, dot products (the source's way)
+  (b) captum    Captum TracInCP (per-example loss, all layers)
+  (v) vmap      torch.func vmap(grad), materialised per-example gradients (the exact reference path)
+  (c) ghost     explainq layers=all, factorised exact dot products
+  (d) last      explainq layers=last, factorised fc + output entity table
+
+Every method scores the same (test, train) pairs; ``--vmap-train`` limits (v) to the first N training triples (its
+rate is per pair, so it stays comparable). Also reported: agreement with (a), self-influence ranking time for the
+whole training set, and the projection error against ``projection_dim``.
+
+    python benchmarks/tracin.py            # full: 1,592 train x 64 test, 3 checkpoints
+    python benchmarks/tracin.py --quick    # 128 train x 8 test, 2 checkpoints, ConvE-50
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from models.explain.tracin import TracIn  # noqa: E402
+from models.kg.checkpoint import KGBundle, load  # noqa: E402
+from models.kg.conve import query_loss, triple_loss, triple_queries  # noqa: E402
+from models.kg.train import TrainConfig, train_conve  # noqa: E402
+from models.kg.triples import load_nations  # noqa: E402
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a - ref).abs().max() / ref.abs().max())
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    def ranks(x: torch.Tensor) -> torch.Tensor:
+        r = torch.empty_like(x)
+        r[x.argsort()] = torch.arange(len(x), dtype=x.dtype)
+        return r
+
+    ra, rb = ranks(a.flatten().double()), ranks(b.flatten().double())
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def loop_tracin(bundle: KGBundle, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
+    """(a): one backward per triple, all parameters, test gradients cached per checkpoint."""
+    model = copy.deepcopy(bundle.model).eval()
+    params = list(model.parameters())
+
+    def grad_of(trip: torch.Tensor) -> torch.Tensor:
+        loss = triple_loss(model, trip[None]).sum()
+        return torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)])
+
+    scores = torch.zeros(len(test), len(train))
+    for ckpt in bundle.checkpoints:
+        model.load_state_dict(ckpt.state_dict())
+        model.eval()
+        g_test = torch.stack([grad_of(t) for t in test])
+        for j, trip in enumerate(train):
+            scores[:, j] += ckpt.lr * (g_test @ grad_of(trip))
+    return scores
+
+
+class _TripleModel(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, triples: torch.Tensor) -> torch.Tensor:
+        c = self.model.config
+        return torch.stack([self.model(q[:, 0], q[:, 1])
+                            for q in triple_queries(triples, c.num_relations, c.reciprocal)], 1)
+
+
+class _TripleLoss(nn.Module):
+    reduction = "none"
+
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, out: torch.Tensor, triples: torch.Tensor) -> torch.Tensor:
+        qs = triple_queries(triples, self.cfg.num_relations, self.cfg.reciprocal)
+        return sum(query_loss(out[:, i], q[:, 2], self.cfg.label_smoothing) for i, q in enumerate(qs))
+
+
+def captum_tracin(bundle: KGBundle, test: torch.Tensor, train: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(b): Captum TracInCP on the same model, checkpoints, learning rates, loss and layers (all)."""
+    from captum.influence import TracInCP
+    from safetensors.torch import load_file
+    from torch.utils.data import DataLoader, TensorDataset
+
+    wrapper = _TripleModel(copy.deepcopy(bundle.model)).eval()
+    lrs = {str(c.path): c.lr for c in bundle.checkpoints}
+
+    def load_ckpt(model: nn.Module, path: str) -> float:
+        model.model.load_state_dict(load_file(path))
+        model.eval()
+        return lrs[path]
+
+    loader = DataLoader(TensorDataset(train, train), batch_size=batch_size, shuffle=False)
+    tracin = TracInCP(wrapper, loader, [str(c.path) for c in bundle.checkpoints], checkpoints_load_func=load_ckpt,
+                      loss_fn=_TripleLoss(wrapper.model.config), batch_size=batch_size,
+                      sample_wise_grads_per_batch=False)
+    return tracin.influence((test, test), k=None)
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small model and subsets")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-test", type=int, default=None)
+    ap.add_argument("--n-train", type=int, default=None, help="default: all training triples")
+    ap.add_argument("--vmap-train", type=int, default=None)
+    ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--dim", type=int, default=None)
+    ap.add_argument("--model-dir", type=Path, default=None, help="reuse (or create) the trained model here")
+    ap.add_argument("--skip", default="", help="comma list of a,b,v to skip")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    quick = args.quick
+    n_test = args.n_test or (8 if quick else 64)
+    epochs = args.epochs or (2 if quick else 3)
+    dim = args.dim or (50 if quick else 200)
+    vmap_train = args.vmap_train or (32 if quick else 256)
+    skip = set(args.skip.split(",")) - {""}
+
+    ds = load_nations()
+    model_dir = args.model_dir or Path(tempfile.mkdtemp(prefix="tracin-bench-"))
+    if not (model_dir / "config.json").is_file():
+        cfg = TrainConfig(epochs=epochs, embedding_dim=dim, lr=0.003, checkpoint_every=1, seed=0)
+        _, t_train = timed(lambda: train_conve(ds, cfg, model_dir, device="cpu"))
+        print(f"trained ConvE-{dim} for {epochs} epochs in {t_train:.1f}s -> {model_dir}")
+    bundle = load(model_dir, "cpu")
+    train = ds.train if args.n_train is None else ds.train[:args.n_train]
+    if quick and args.n_train is None:
+        train = ds.train[:128]
+    test = ds.test[:n_test]
+    n_ck = len(bundle.checkpoints)
+    print(f"ConvE-{bundle.model.config.embedding_dim}: {bundle.parameters:,} parameters, {len(train)} train x "
+          f"{len(test)} test triples, {n_ck} checkpoints, fp32, {torch.get_num_threads()} threads "
+          f"({os.cpu_count()} CPUs visible)")
+
+    rows: list[tuple[str, int, float, str]] = []
+
+    def ghost(layers: str, **kw):
+        return TracIn(bundle.model, bundle.checkpoints, layers=layers, batch_size=256, **kw).influence(test, train)[0]
+
+    # warm-up (allocator, kernels) so the first measured method is not penalised
+    TracIn(bundle.model, bundle.checkpoints[:1], layers="all").influence(test[:2], train[:8])
+    full, t_c = timed(lambda: ghost("all"))
+    last, t_d = timed(lambda: ghost("last"))
+    ref, t_a = (None, None) if "a" in skip else timed(lambda: loop_tracin(bundle, test, train))
+    cap, t_b = (None, None) if "b" in skip else timed(lambda: captum_tracin(bundle, test, train, 64))
+    vm_train = train[:vmap_train]
+    vm, t_v = (None, None) if "v" in skip else timed(
+        lambda: TracIn(bundle.model, bundle.checkpoints, layers="all", method="vmap", batch_size=32)
+        .influence(test, vm_train)[0])
+    exact = ref if ref is not None else full
+
+    if ref is not None:
+        rows.append(("(a) per-example backward loop", len(train), t_a, "reference"))
+    if cap is not None:
+        rows.append(("(b) Captum TracInCP", len(train), t_b, f"max rel err {rel_err(cap, exact):.1e}"))
+    if vm is not None:
+        rows.append(("    vmap(grad), materialised", len(vm_train), t_v,
+                     f"max rel err {rel_err(vm, exact[:, :len(vm_train)]):.1e}"))
+    rows.append(("(c) explainq layers=all (ghost)", len(train), t_c, f"max rel err {rel_err(full, exact):.1e}"))
+    rows.append(("(d) explainq layers=last", len(train), t_d, f"Spearman vs all {spearman(last, full):.3f}"))
+
+    base_rate = {name: len(test) * n / t for name, n, t, _ in rows}
+    loop_rate = base_rate.get("(a) per-example backward loop")
+    cap_rate = base_rate.get("(b) Captum TracInCP")
+    print()
+    print("| method | train triples | seconds | pairs/s | x loop | x Captum | agreement |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, n, t, note in rows:
+        rate = len(test) * n / t
+        xl = f"{rate / loop_rate:.1f}" if loop_rate else "-"
+        xc = f"{rate / cap_rate:.1f}" if cap_rate else "-"
+        print(f"| {name.strip()} | {n} | {t:.2f} | {rate:,.0f} | {xl} | {xc} | {note} |")
+
+    print()
+    for layers in ("all", "last"):
+        si, t_s = timed(lambda layers=layers: TracIn(bundle.model, bundle.checkpoints, layers=layers)
+                        .self_influence(ds.train))
+        print(f"self-influence ranking, layers={layers}: {len(ds.train)} training triples x {n_ck} checkpoints "
+              f"in {t_s:.2f}s ({len(ds.train) / t_s:,.0f} triples/s)")
+
+    print()
+    print("| projection_dim | seconds | max rel err | median rel err (|s|>1e-3 max) | Spearman |")
+    print("|---:|---:|---:|---:|---:|")
+    big = full.abs() > 1e-3 * full.abs().max()
+    for k in (64, 256, 1024, 4096):
+        proj, t_p = timed(lambda k=k: ghost("all", projection_dim=k, seed=0))
+        med = float(((proj - full).abs()[big] / full.abs()[big]).median())
+        print(f"| {k} | {t_p:.2f} | {rel_err(proj, full):.1e} | {med:.1e} | {spearman(proj, full):.4f} |")
+
+
+if __name__ == "__main__":
+    main()
