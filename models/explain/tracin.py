@@ -63,7 +63,6 @@ LAST_LAYERS = ("fc.weight", "fc.bias", OUTPUT_TABLE)
 DEEP = ("ent.weight", "rel.weight", "bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias")
 # Parameters whose gradient needs the backward pass through BN2 only.
 MID = ("fc.weight", "fc.bias", "bn2.weight", "bn2.bias")
-SMALL = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias", "bn2.weight", "bn2.bias")
 LOSSES = ("train", "score_bce")
 METHODS = ("ghost", "vmap")
 
