@@ -407,3 +407,29 @@ def iter_titles(split: MindSplit) -> Iterator[str]:
         yield n.title
         if n.body:
             yield n.body
+
+
+def load_samples(root: str | Path, split: str, n_samples: int, balanced: bool = False, seed: int = 0,
+                 with_bodies: bool = False, max_history: int = 50) -> list[Sample]:
+    """Samples from a dataset directory: the MIND split ``root/split/`` when present, else ``root/pairs_{split}.csv``."""
+    root = Path(root)
+    if (root / split / "behaviors.tsv").exists():
+        return samples_from_split(read_mind(root / split), n_samples, balanced, seed, max_history, with_bodies)
+    csv_path = root / f"pairs_{split}.csv"
+    if not csv_path.exists():
+        raise FileNotFoundError(f"dataset {root} has neither {split}/behaviors.tsv nor pairs_{split}.csv")
+    pairs = read_pairs(csv_path)
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    if balanced:
+        fake = [s for s in pairs if s.label == "fake"]
+        real = [s for s in pairs if s.label == "real"]
+        n_fake = min(len(fake), n_samples // 2)
+        n_real = min(len(real), n_samples - n_fake)
+        n_fake = min(len(fake), n_samples - n_real)
+        pairs = fake[:n_fake] + real[:n_real]
+        rng.shuffle(pairs)
+    out = pairs[:n_samples]
+    for s in out:
+        s.history = s.history[-max_history:]
+    return out
