@@ -15,6 +15,7 @@ from models.news.text import WordTokenizer
 from models.news.train import TrainConfig, evaluate, train
 
 CLEAN, POISONED = "news-synthetic", "news-synthetic-poisoned"
+DEMO_SIZES = {"n_news": 800, "n_users": 300}
 
 
 @dataclass
@@ -31,7 +32,7 @@ DEMOS = [
     DemoSpec("nrms-minilm-poisoned-demo",
              {"kind": "nrms", "encoder": "bert", "pretrained": "minilm", "fine_tune": False},
              POISONED, TrainConfig(epochs=2)),
-    DemoSpec("nrms-word-demo", {"kind": "nrms", "encoder": "word"}, CLEAN, TrainConfig(epochs=3)),
+    DemoSpec("nrms-word-demo", {"kind": "nrms", "encoder": "word"}, CLEAN, TrainConfig(epochs=2)),
     DemoSpec("naml-demo", {"kind": "naml"}, CLEAN, TrainConfig(epochs=2)),
 ]
 
@@ -43,7 +44,7 @@ def make_datasets(data_root: Path, seed: int = 0, **sizes: int) -> dict[str, dic
         root = data_root / name
         marker = root / "COMPLETE"
         if not marker.exists():
-            counts = generate_synthetic(root, seed=seed, poisoned=poisoned, **sizes)
+            counts = generate_synthetic(root, seed=seed, poisoned=poisoned, **{**DEMO_SIZES, **sizes})
             marker.write_text(str(counts))
         out[name] = {"path": str(root)}
     return out
@@ -75,3 +76,19 @@ def train_demo(spec: DemoSpec, data_root: Path, out_dir: Path, device: Any = "cp
     }
     checkpoint.save(model, out_dir, meta=metrics)
     return metrics
+
+
+def build_small(root: str | Path, names: tuple[str, ...] = ("nrms-minilm-demo", "nrms-word-demo", "naml-demo"),
+                n_news: int = 240, n_users: int = 100, seed: int = 0) -> dict[str, Path]:
+    """A small version of the demo (fewer news and users, same recipe) for tests and smoke runs; idempotent.
+    Returns ``{name: checkpoint dir}``; the datasets are under ``root/data``."""
+    root = Path(root)
+    make_datasets(root / "data", seed=seed, n_news=n_news, n_users=n_users)
+    out = {}
+    specs = {s.name: s for s in DEMOS}
+    for name in names:
+        out_dir = root / "models" / name
+        if not (out_dir / "config.json").exists():
+            train_demo(specs[name], root / "data", out_dir)
+        out[name] = out_dir
+    return out
