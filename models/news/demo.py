@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +79,12 @@ def train_demo(spec: DemoSpec, data_root: Path, out_dir: Path, device: Any = "cp
 
 
 def build_small(root: str | Path, names: tuple[str, ...] = ("nrms-minilm-demo", "nrms-word-demo", "naml-demo"),
-                n_news: int = 240, n_users: int = 100, seed: int = 0) -> dict[str, Path]:
+                n_news: int = 240, n_users: int = 100, seed: int = 0,
+                epochs: dict[str, int] | None = None) -> dict[str, Path]:
     """A small version of the demo (fewer news and users, same recipe) for tests and smoke runs; idempotent.
-    Returns ``{name: checkpoint dir}``; the datasets are under ``root/data``."""
+    The word-embedding models learn their embeddings from scratch, so on the small data they get more epochs
+    (``epochs`` overrides). Returns ``{name: checkpoint dir}``; the datasets are under ``root/data``."""
+    epochs = {"nrms-word-demo": 8, "naml-demo": 6, **(epochs or {})}
     root = Path(root)
     make_datasets(root / "data", seed=seed, n_news=n_news, n_users=n_users)
     out = {}
@@ -89,6 +92,9 @@ def build_small(root: str | Path, names: tuple[str, ...] = ("nrms-minilm-demo", 
     for name in names:
         out_dir = root / "models" / name
         if not (out_dir / "config.json").exists():
-            train_demo(specs[name], root / "data", out_dir)
+            spec = specs[name]
+            if name in epochs:
+                spec = DemoSpec(spec.name, spec.config, spec.dataset, replace(spec.train, epochs=epochs[name]))
+            train_demo(spec, root / "data", out_dir)
         out[name] = out_dir
     return out
