@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from models.vision.bdh import VisionBDH, pair_permutation, rope_halves
+from models.vision.bdh import VisionBDH, pair_permutation, rope_halves, to_pair_layout
 from models.vision.config import Optimizations, VisionBDHConfig
 from models.vision.reference import ReferenceVisionBDH, rope_cos_sin, rope_frequencies, rope_interleaved
 
@@ -85,7 +85,12 @@ def test_rope_pair_layout_is_the_interleaved_rotation_permuted() -> None:
     rotated = rope_interleaved(v, cos, sin)
     expected = rotated[..., perm]
     got = rope_halves(v[..., perm], cos[:, ::2], sin[:, ::2])
-    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(to_pair_layout(v, -1), v[..., perm])
+    # the hand-written backward is the vector-Jacobian product of the rotation
+    v64 = v.double().requires_grad_(True)
+    c64, s64 = cos[:, ::2].double(), sin[:, ::2].double()
+    assert torch.autograd.gradcheck(lambda x: rope_halves(x, c64, s64), (v64,))
     # position 0 is the identity; rotations preserve each pair's norm
     torch.testing.assert_close(rotated[:, 0], v[:, 0])
     pairs = lambda x: x.view(2, t, n // 2, 2).norm(dim=-1)  # noqa: E731
@@ -114,3 +119,40 @@ def test_default_model_shapes() -> None:
     model = VisionBDH(config)
     assert config.neurons_per_head == 1024 and config.num_tokens == 64
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_fast_dropout_rate_rescale_and_gradient() -> None:
+    from models.vision.bdh import _GatedDropout, dropout_threshold, gated_dropout
+
+    torch.manual_seed(3)
+    x_s, y_s = torch.rand(4, 256, 512) + 0.1, torch.rand(4, 256, 512) + 0.1
+    out, scale = gated_dropout(x_s, y_s, 0.1)
+    dropped = (out == 0).float().mean().item()
+    threshold, p_eff = dropout_threshold(0.1)
+    assert threshold == 3277 and abs(p_eff - 0.1) < 1e-4
+    assert abs(dropped - p_eff) < 0.003  # 524k draws: the standard error is 4e-4
+    assert scale == pytest.approx(1 / (1 - p_eff))
+    kept = out != 0
+    torch.testing.assert_close(out[kept], (x_s * y_s)[kept], rtol=0, atol=0)
+    assert gated_dropout(x_s, y_s, 0.0)[1] == 1.0
+    # the hand-written backward against finite differences, for a fixed mask
+    a = torch.rand(3, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.rand(3, 5, dtype=torch.float64, requires_grad=True)
+    drop = torch.rand(3, 5) < 0.3
+    assert torch.autograd.gradcheck(lambda u, v: _GatedDropout.apply(u, v, drop), (a, b))
+
+
+def test_fast_dropout_trains_like_dropout_in_expectation() -> None:
+    """Averaged over many masks, the fast dropout model's output matches the standard-dropout model's average."""
+    torch.manual_seed(4)
+    config = dataclasses.replace(TINY, dropout=0.2, n_layer=1)
+    fast = VisionBDH(config).train()
+    slow = VisionBDH(config, Optimizations().without("fast_dropout")).train()
+    slow.load_state_dict(fast.state_dict())
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        mean_fast = torch.stack([fast(images) for _ in range(300)]).mean(0)
+        mean_slow = torch.stack([slow(images) for _ in range(300)]).mean(0)
+    spread = torch.stack([fast(images) for _ in range(50)]).std(0).max()
+    assert spread > 1e-3  # dropout is active
+    torch.testing.assert_close(mean_fast, mean_slow, rtol=0, atol=float(4 * spread / 300**0.5) + 1e-4)

@@ -92,6 +92,9 @@ class Optimizations:
     - ``rope_pair_layout``: the neuron axis is read through a fixed permutation that puts the first element of
       every RoPE pair in the first half and the second element in the second half, so the rotation is two
       contiguous half-width fused multiply-adds instead of a strided stack.
+    - ``fast_dropout``: the dropout mask on x_s ⊙ y_s comes from int16 draws compared with a threshold and is
+      applied in the same pass as the product (the drop probability is p rounded to a multiple of 2⁻¹⁵), instead
+      of a float ``bernoulli_`` draw and two more passes.
     - ``sdpa``: softmax attention through ``torch.nn.functional.scaled_dot_product_attention`` (only used when
       ``softmax_attention`` is on; linear attention has no softmax to fuse).
     """
@@ -99,11 +102,12 @@ class Optimizations:
     rope_cache: bool = True
     head_major: bool = True
     rope_pair_layout: bool = True
+    fast_dropout: bool = True
     sdpa: bool = True
 
     @classmethod
     def none(cls) -> Optimizations:
-        return cls(rope_cache=False, head_major=False, rope_pair_layout=False, sdpa=False)
+        return cls(**{name: False for name in cls.names()})
 
     def without(self, name: str) -> Optimizations:
         return dataclasses.replace(self, **{name: False})
