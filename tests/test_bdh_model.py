@@ -153,6 +153,6 @@ def test_fast_dropout_trains_like_dropout_in_expectation() -> None:
     with torch.no_grad():
         mean_fast = torch.stack([fast(images) for _ in range(300)]).mean(0)
         mean_slow = torch.stack([slow(images) for _ in range(300)]).mean(0)
-    spread = torch.stack([fast(images) for _ in range(50)]).std(0).max()
+        spread = torch.stack([fast(images) for _ in range(50)]).std(0).max()
     assert spread > 1e-3  # dropout is active
-    torch.testing.assert_close(mean_fast, mean_slow, rtol=0, atol=float(4 * spread / 300**0.5) + 1e-4)
+    torch.testing.assert_close(mean_fast, mean_slow, rtol=0, atol=float(6 * spread / 300**0.5) + 1e-4)

@@ -416,3 +416,52 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     return value
 
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m models.vision.train --dataset digits --epochs 10 --out var/runs/digits`` (tqdm progress)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description="Train Vision-BDH")
+    p.add_argument("--dataset", default="digits", choices=["digits", "cifar10", "cifar100"])
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--grad-accum-steps", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--n-embd", type=int, default=192)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--mlp-multiplier", type=int, default=32)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--softmax-attention", action="store_true")
+    p.add_argument("--cls-token", action="store_true")
+    p.add_argument("--compile", default="off", choices=list(COMPILE_MODES))
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--max-train-samples", type=int, default=None)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--resume-from", type=Path, default=None)
+    a = p.parse_args(argv)
+    model = VisionBDHConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, mlp_multiplier=a.mlp_multiplier,
+                            dropout=a.dropout, softmax_attention=a.softmax_attention, cls_token=a.cls_token)
+    config = TrainConfig(
+        dataset=a.dataset, data_dir=a.data_dir, epochs=a.epochs, batch_size=a.batch_size,
+        grad_accum_steps=a.grad_accum_steps, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps,
+        model=model, compile=a.compile, precision=a.precision, deterministic=a.deterministic, seed=a.seed,
+        val_fraction=a.val_fraction, max_train_samples=a.max_train_samples, num_workers=a.num_workers,
+    )
+    result = train(config, a.out, resume_from=a.resume_from, progress_bar=True)
+    for row in result.history:
+        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}))
+    print(f"best epoch {result.best_epoch}: val {result.best_val_accuracy:.4f}, test {result.test_accuracy}")
+
+
+if __name__ == "__main__":
+    main()
