@@ -142,3 +142,24 @@ def test_prepare_demo_registers_model_and_dataset_once(tmp_path, monkeypatch):
 
     bundle = load(registry.absolute_path(settings, entry), "cpu")
     assert [c.epoch for c in bundle.checkpoints] == [1]
+
+
+def test_train_conve_cancel_leaves_nothing_behind(svc):
+    import time
+
+    body = {"name": "conve-canceled", "dataset": "nations", **TINY, "epochs": 500, "batch_size": 64}
+    r = svc.client.post("/train/conve", json=body)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job = svc.client.get(f"/jobs/{job_id}").json()
+        if job["status"] == "running" and job["progress"] and job["progress"]["done"] > 0:
+            break
+        time.sleep(0.1)
+    assert job["progress"]["unit"] == "batches" and job["progress"]["total"] == 500 * 25
+    assert svc.client.delete(f"/jobs/{job_id}").status_code in (200, 202, 204)
+    job = svc.wait(job_id, timeout_s=60)
+    assert job["status"] == "canceled"
+    assert registry.get_model(svc.settings, "conve-canceled") is None
+    assert not list((svc.home / "models").glob(".conve-canceled*"))
