@@ -129,7 +129,8 @@ def timed(fn, label: str | None = None):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small model and subsets")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads (1: on a shared 2-core machine, 2 OpenMP threads were 3-8x slower)")
     ap.add_argument("--n-test", type=int, default=None)
     ap.add_argument("--n-train", type=int, default=None, help="default: all training triples")
     ap.add_argument("--vmap-train", type=int, default=None)
@@ -194,7 +195,10 @@ def main() -> None:
         rows.append(("(b) Captum TracInCP", len(ref_train), t_b, err(cap)))
     if vm is not None:
         rows.append(("    vmap(grad), materialised", len(vm_train), t_v, err(vm)))
-    rows.append(("(c) explainq layers=all (ghost)", len(train), t_c, err(full)))
+    note_c = err(full)
+    if cap is not None:
+        note_c += f", {rel_err(full[:, :cap.shape[1]], cap):.1e} vs (b)"
+    rows.append(("(c) explainq layers=all (ghost)", len(train), t_c, note_c))
     rows.append(("(d) explainq layers=last", len(train), t_d, f"Spearman vs all {spearman(last, full):.3f}"))
 
     base_rate = {name: len(test) * n / t for name, n, t, _ in rows}

@@ -39,8 +39,8 @@ class FilterSpec:
 ProgressFn = Callable[[int, int, str], None]
 
 
-def _ranked(scores: torch.Tensor, idx: torch.Tensor, top_k: int | None, positive: bool) -> list[int]:
-    """Positions into ``idx`` of the positive (or negative) scores, strongest first, cut to ``top_k``."""
+def _ranked(scores: torch.Tensor, top_k: int | None, positive: bool) -> list[int]:
+    """Positions of the positive (or negative) ``scores``, strongest first, cut to ``top_k``."""
     sel = (scores > 0) if positive else (scores < 0)
     pos = torch.nonzero(sel).flatten()
     order = torch.argsort(scores[pos], descending=positive, stable=True)
@@ -148,7 +148,7 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
         entry: dict = {"test_triple": te, "self_influence": float(test_self[i]), "n_candidates": len(cols),
                        "n_positive": int((s > 0).sum()), "n_negative": int((s < 0).sum())}
         for key, positive in (("proponents", True), ("opponents", False)):
-            picked = _ranked(s, cols, top_k, positive)
+            picked = _ranked(s, top_k, positive)
             names = ds.decode(train[union[cols[picked]]]) if picked else []
             entry[key] = [{"train_triple": n, "influence": float(s[p]), "train_self_influence":
                            float(tr_self[cols[p]])} for n, p in zip(names, picked, strict=True)]
