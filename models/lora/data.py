@@ -125,7 +125,7 @@ class LoraDataset:
         if LABEL_COLUMN not in ds.column_names:
             raise DatasetFormatError(f"datasets directory without a {LABEL_COLUMN!r} column")
         self._hf = ds.with_format("torch")
-        raw = ds[LABEL_COLUMN]
+        raw = ds[LABEL_COLUMN][:]
         feature = ds.features[LABEL_COLUMN]
         label_names = [feature.int2str(int(v)) if hasattr(feature, "int2str") else str(v) for v in raw]
         self.classes = sorted(set(label_names))
@@ -182,14 +182,16 @@ class LoraDataset:
                 )
         else:
             cols = set(self._hf.column_names)
+            wanted = [k for layer in layers for k in (layer.down, layer.up, layer.alpha) if k and k in cols]
+            batch = self._hf.select_columns(wanted)[:]  # dict of stacked tensors
             for layer in layers:
-                down = self._hf[layer.down]
-                up = self._hf[layer.up]
+                down = torch.as_tensor(batch[layer.down])
+                up = torch.as_tensor(batch[layer.up])
                 n = down.shape[0]
                 down = down.reshape(n, *self.shapes[layer.name][0])
                 up = up.reshape(n, *self.shapes[layer.name][1])
                 if layer.alpha and layer.alpha in cols:
-                    scale = self._hf[layer.alpha].float().reshape(n) / down.shape[1]
+                    scale = torch.as_tensor(batch[layer.alpha]).float().reshape(n) / down.shape[1]
                 else:
                     scale = torch.ones(n)
                 out[layer.name] = LayerFactors(down=down, up=up, scale=scale)

@@ -189,11 +189,14 @@ def run_ablation(
                                       on_epoch=on_epoch))
                 t_train += time.perf_counter() - t0
                 done += 1
-                report(done, f"{ls}/{rep} run {run + 1}/{config.runs}: test acc {runs[-1]['test_acc']:.3f}")
+                message = f"{ls}/{rep} run {run + 1}/{config.runs}: test acc {runs[-1]['test_acc']:.3f}"
+                if run + 1 < config.runs:
+                    report(done, message)
             results[ls][rep] = aggregate(runs)
             if state_path is not None:
                 done_cells.setdefault(ls, {})[rep] = results[ls][rep]
                 _write_json(state_path, {"cells": done_cells})
+            report(done, message)  # after saving: a cancel raised here keeps the finished cell
     counts = dataset.num_layers()
     return {
         "dataset": dataset_name or str(dataset.root),

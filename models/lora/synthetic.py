@@ -121,7 +121,8 @@ def generate_dataset(
             if alpha_key is not None:
                 tensors[alpha_key] = torch.tensor(float(rank), dtype=dtype)
         name = f"lora_{i:0{width}d}.safetensors"
-        save_file(tensors, str(out / name), metadata={"generator": "explainq synthetic", "class": f"class_{c}"})
+        save_file(tensors, str(out / name), metadata={"explainq_synthetic": f"class_{c}"})  # one key: the
+        # header's metadata map is written in hash order, so several keys would make the bytes non-deterministic
         rows.append((name, f"class_{c}"))
     with (out / "labels.csv").open("w", newline="") as fh:
         writer = csv.writer(fh)
