@@ -1,0 +1,44 @@
+"""Shared FastAPI dependencies: settings, Redis clients, the job store and the caller's identity."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import HTTPException, Request
+
+from app.jobstore import JobStore
+from app.settings import Settings
+
+ANONYMOUS = "anonymous"
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_store(request: Request) -> JobStore:
+    return request.app.state.store
+
+
+def caller(request: Request) -> str:
+    """The owner name of the API key in ``Authorization: Bearer <key>``; ``anonymous`` when auth is off."""
+    keys: dict[str, str] = request.app.state.settings.api_keys
+    if not keys:
+        return ANONYMOUS
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise HTTPException(
+            status_code=401,
+            detail={"code": "unauthorized", "message": "send an API key as 'Authorization: Bearer <key>'"},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    token = token.strip()
+    for key, name in keys.items():
+        if hmac.compare_digest(key.encode(), token.encode()):
+            return name
+    raise HTTPException(
+        status_code=401,
+        detail={"code": "unauthorized", "message": "unknown API key"},
+        headers={"WWW-Authenticate": "Bearer"},
+    )

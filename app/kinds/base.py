@@ -1,0 +1,64 @@
+"""The job-kind registry: one place where a kind names its request schema, queue and job function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from app.settings import Settings
+
+QUEUES = ("explain", "train")
+
+
+class FieldError(ValueError):
+    """A request field that is well-formed but wrong for this server (unknown model, path outside roots...).
+
+    Rendered as a 422 in FastAPI's error shape, with ``loc`` naming the field.
+    """
+
+    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None):
+        super().__init__(message)
+        self.loc = tuple(loc)
+        self.message = message
+        self.value = value
+
+    def detail(self) -> dict[str, Any]:
+        return {"loc": list(self.loc), "msg": self.message, "type": "value_error", "input": self.value}
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    route: str
+    request: type[BaseModel]
+    queue: str
+    func: str
+    timeout_s: int = 3600
+    result_ttl_s: int | None = None
+    summary: str = ""
+    validate: Callable[[Any, Settings], None] | None = None
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.queue not in QUEUES:
+            raise ValueError(f"queue must be one of {QUEUES}, got {self.queue!r}")
+        if ":" not in self.func:
+            raise ValueError("func must be 'module.path:function'")
+        if not self.route.startswith("/"):
+            raise ValueError("route must start with '/'")
+
+
+KINDS: dict[str, JobKind] = {}
+
+
+def register(kind: JobKind) -> JobKind:
+    """Register (or replace, for tests) a job kind."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+def unregister(name: str) -> None:
+    KINDS.pop(name, None)

@@ -1,0 +1,132 @@
+"""The FastAPI application factory. HTTP only: this process never imports torch."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import kinds as kinds_pkg
+from app.jobstore import JobStore
+from app.kinds.base import FieldError
+from app.routers import health, jobs, models, submit
+from app.settings import Settings
+
+log = logging.getLogger("explainq.api")
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class BodySizeLimit:
+    """Reject request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._reject(send)
+                return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = (
+            b'{"detail":{"code":"body_too_large","message":"request body exceeds '
+            + str(self.limit).encode()
+            + b' bytes"}}'
+        )
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    url = settings.redis_url or DEFAULT_REDIS_URL
+    app = FastAPI(
+        title="explainq",
+        version="0.1.0",
+        description="Explanation and training jobs for PyTorch research models. Submit work with "
+        "`POST /<kind>` (202 + job), poll `GET /jobs/{id}`, fetch `GET /jobs/{id}/result`.",
+    )
+    app.state.settings = settings
+    timeout = settings.redis_timeout_s
+    app.state.redis = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout, socket_timeout=timeout * 5, health_check_interval=30
+    )
+    app.state.aredis = aioredis.Redis.from_url(
+        url, socket_connect_timeout=timeout, socket_timeout=timeout * 5, health_check_interval=30,
+        max_connections=256,
+    )
+    app.state.store = JobStore(app.state.redis, settings)
+
+    @app.exception_handler(FieldError)
+    async def field_error(_: Request, exc: FieldError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": [exc.detail()]})
+
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
+        log.warning("redis unavailable: %s", exc)
+        return JSONResponse(
+            status_code=503,
+            content={"detail": {"code": "redis_unavailable",
+                                "message": "the job store (Redis) is unreachable; retry shortly"}},
+            headers={"Retry-After": "2"},
+        )
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(
+            status_code=500, content={"detail": {"code": "internal", "message": "internal error; see server logs"}}
+        )
+
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(models.router)
+    app.include_router(submit.build_router(kinds_pkg.load_all()))
+    app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+
+    @app.on_event("shutdown")
+    async def _close() -> None:
+        await app.state.aredis.aclose()
+        app.state.redis.close()
+
+    return app
+
+
+def kinds_summary() -> dict[str, Any]:
+    return {name: {"route": k.route, "queue": k.queue} for name, k in kinds_pkg.load_all().items()}
+
+
+app = create_app()

@@ -1,0 +1,139 @@
+"""The job resource: read, list, cancel, result, and progress as server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from app.deps import caller
+from app.jobstore import JOB_PREFIX, STATUSES, TERMINAL, decode_cursor, is_abandoned, job_view, owner_of
+
+router = APIRouter(tags=["jobs"])
+
+JOB_EXAMPLE = {
+    "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain",
+    "created_at": "2026-01-01T12:00:00.000000Z", "started_at": "2026-01-01T12:00:01.000000Z", "finished_at": None,
+    "progress": {"done": 120, "total": 400, "unit": "samples", "message": "...", "eta_s": 31.5},
+    "metrics": None, "error": None, "result_url": None,
+    "links": {"self": "/jobs/3f0c...", "cancel": "/jobs/3f0c...", "events": "/jobs/3f0c.../events"},
+}
+
+
+def _not_found(job_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail={"code": "not_found", "message": f"no job {job_id!r}"})
+
+
+async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
+    raw = await request.app.state.aredis.hgetall(JOB_PREFIX + job_id)
+    if not raw or owner_of(raw) != owner:
+        raise _not_found(job_id)
+    if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
+        raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
+    return raw
+
+
+@router.get(
+    "/jobs/{job_id}",
+    summary="A job's status, progress and error",
+    responses={200: {"content": {"application/json": {"example": JOB_EXAMPLE}}}, 404: {}},
+)
+async def get_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+    raw = await _owned_raw(request, job_id, owner)
+    return JSONResponse(job_view(job_id, raw))
+
+
+@router.get("/jobs", summary="List your jobs, newest first")
+def list_jobs(
+    request: Request,
+    kind: str | None = Query(None, description="only jobs of this kind"),
+    status: str | None = Query(None, description="queued, running, succeeded, failed or canceled"),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, description="the next_cursor of the previous page"),
+    owner: str = Depends(caller),
+) -> dict[str, Any]:
+    if status is not None and status not in STATUSES:
+        raise HTTPException(
+            status_code=422,
+            detail=[{"loc": ["query", "status"], "msg": f"status must be one of {', '.join(STATUSES)}",
+                     "type": "value_error", "input": status}],
+        )
+    if cursor is not None:
+        try:
+            decode_cursor(cursor)
+        except ValueError:
+            raise HTTPException(
+                status_code=422,
+                detail=[{"loc": ["query", "cursor"], "msg": "malformed cursor", "type": "value_error",
+                         "input": cursor}],
+            ) from None
+    items, next_cursor = request.app.state.store.list(owner, kind=kind, status=status, limit=limit, cursor=cursor)
+    return {"items": items, "next_cursor": next_cursor}
+
+
+@router.delete("/jobs/{job_id}", summary="Cancel a job: at once when queued, at its next step when running")
+async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+    raw = await _owned_raw(request, job_id, owner)
+    view = job_view(job_id, raw)
+    if view["status"] in TERMINAL:
+        return JSONResponse(status_code=409, content={"detail": {
+            "code": "already_finished", "message": f"job is already {view['status']}"}, "job": view})
+    await run_in_threadpool(request.app.state.store.cancel, job_id)
+    raw = await request.app.state.aredis.hgetall(JOB_PREFIX + job_id)
+    return JSONResponse(status_code=202, content=job_view(job_id, raw))
+
+
+@router.get("/jobs/{job_id}/result", summary="The result of a succeeded job (JSON)")
+async def get_result(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+    raw = await _owned_raw(request, job_id, owner)
+    view = job_view(job_id, raw)
+    if view["status"] != "succeeded":
+        return JSONResponse(status_code=409, content={"detail": {
+            "code": "not_ready" if view["status"] in ("queued", "running") else view["status"],
+            "message": f"job is {view['status']}; a result exists only for succeeded jobs"}, "job": view})
+    result = await run_in_threadpool(request.app.state.store.result, job_id)
+    return JSONResponse(result)
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    summary="Progress as server-sent events until the job ends",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def job_events(
+    job_id: str, request: Request, owner: str = Depends(caller),
+    interval_s: float = Query(0.5, ge=0.05, le=10.0),
+) -> StreamingResponse:
+    await _owned_raw(request, job_id, owner)
+
+    async def stream():
+        last = None
+        last_sent = time.monotonic()
+        while True:
+            if await request.is_disconnected():
+                return
+            raw = await request.app.state.aredis.hgetall(JOB_PREFIX + job_id)
+            if not raw:
+                yield "event: gone\ndata: {}\n\n"
+                return
+            if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
+                raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
+            view = job_view(job_id, raw)
+            if view != last:
+                yield f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
+                last, last_sent = view, time.monotonic()
+            elif time.monotonic() - last_sent > 15:
+                yield ": keep-alive\n\n"
+                last_sent = time.monotonic()
+            if view["status"] in TERMINAL:
+                yield f"event: end\ndata: {json.dumps({'status': view['status']})}\n\n"
+                return
+            await asyncio.sleep(interval_s)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

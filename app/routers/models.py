@@ -1,0 +1,58 @@
+"""The registered models and where they are loaded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+
+from app import registry
+from app.deps import caller
+
+router = APIRouter(tags=["models"])
+
+LOADED_SET = "explainq:worker-models"
+
+
+def loaded_key(worker_name: str) -> str:
+    return f"explainq:worker-models:{worker_name}"
+
+
+@router.get("/models", summary="Registered models: name, kind, parameters, and the workers that hold them")
+def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, Any]:
+    settings = request.app.state.settings
+    redis = request.app.state.redis
+    loaded: dict[str, list[dict[str, Any]]] = {}
+    workers = sorted(w.decode() for w in redis.smembers(LOADED_SET))
+    if workers:
+        values = redis.mget([loaded_key(w) for w in workers])
+        for worker, value in zip(workers, values, strict=True):
+            if value is None:  # the worker is gone: its key expired with its heartbeat
+                redis.srem(LOADED_SET, worker)
+                continue
+            info = json.loads(value)
+            for model in info.get("models", []):
+                loaded.setdefault(model["name"], []).append(
+                    {"worker": worker, "device": model.get("device"), "loaded_at": model.get("loaded_at"),
+                     "loads": model.get("loads")}
+                )
+    out = []
+    for name, entry in sorted(registry.list_models(settings).items()):
+        where = loaded.get(name, [])
+        out.append(
+            {
+                "name": name,
+                "kind": entry.get("kind"),
+                "parameters": entry.get("parameters"),
+                "created_at": entry.get("created_at"),
+                "devices": sorted({w["device"] for w in where if w.get("device")}),
+                "loaded_on": where,
+                "meta": entry.get("meta", {}),
+            }
+        )
+    datasets = [
+        {"name": name, "kind": entry.get("kind"), "meta": entry.get("meta", {})}
+        for name, entry in sorted(registry.list_datasets(settings).items())
+    ]
+    return {"models": out, "datasets": datasets}

@@ -1,0 +1,58 @@
+"""One ``POST /<kind>`` route per registered job kind, generated from the kind registry."""
+
+# No ``from __future__ import annotations``: FastAPI must see the request model class itself.
+import json
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import JSONResponse
+
+from app.deps import caller
+from app.jobstore import IdempotencyConflict, job_view
+from app.kinds.base import FieldError, JobKind
+
+
+def _route_for(kind: JobKind):
+    request_model = kind.request
+
+    def submit(
+        request: Request,
+        body: request_model,  # type: ignore[valid-type]
+        owner: str = Depends(caller),
+        idempotency_key: str | None = Header(
+            None, alias="Idempotency-Key", max_length=255,
+            description="a retry with the same key and body returns the same job",
+        ),
+    ) -> JSONResponse:
+        settings = request.app.state.settings
+        if kind.validate is not None:
+            kind.validate(body, settings)
+        payload: dict[str, Any] = json.loads(body.model_dump_json())
+        store = request.app.state.store
+        try:
+            job_id, replayed = store.submit(kind, payload, owner, idempotency_key)
+        except IdempotencyConflict as exc:
+            raise FieldError(("header", "Idempotency-Key"), str(exc), value=idempotency_key) from None
+        view = job_view(job_id, store.raw(job_id))
+        headers = {"Location": f"/jobs/{job_id}"}
+        if replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return JSONResponse(status_code=202, content=view, headers=headers)
+
+    submit.__name__ = f"submit_{kind.name}"
+    return submit
+
+
+def build_router(kinds: dict[str, JobKind]) -> APIRouter:
+    router = APIRouter(tags=["submit"])
+    for kind in kinds.values():
+        router.add_api_route(
+            kind.route,
+            _route_for(kind),
+            methods=["POST"],
+            status_code=202,
+            summary=kind.summary or f"Submit a {kind.name} job",
+            description=f"Queue: `{kind.queue}`. Returns 202 with `Location: /jobs/<id>` and the job.",
+            name=f"submit_{kind.name}",
+        )
+    return router

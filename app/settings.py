@@ -1,0 +1,72 @@
+"""Service settings, read from the environment (and an optional ``.env`` file).
+
+| variable | meaning | default |
+|---|---|---|
+| ``REDIS_URL`` | Redis to use; unset means ``explainq up`` starts a private one | unset |
+| ``EXPLAINQ_HOME`` | data directory: models, datasets, artifacts, caches, embedded Redis | ``./var`` |
+| ``EXPLAINQ_API_KEYS`` | ``name:key`` pairs, comma separated; empty disables auth (loopback only) | empty |
+| ``EXPLAINQ_DATA_ROOTS`` | ``os.pathsep``-separated directories user paths may point into | ``$EXPLAINQ_HOME/data`` |
+| ``EXPLAINQ_MAX_BODY_BYTES`` | request body limit | 8 MiB |
+| ``EXPLAINQ_RESULT_TTL_S`` | how long finished jobs and results stay in Redis | 7 days |
+| ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _alias(name: str) -> AliasChoices:
+    return AliasChoices(name, name.lower())
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    redis_url: str | None = Field(None, validation_alias=_alias("REDIS_URL"))
+    home_dir: Path = Field(Path("./var"), validation_alias=_alias("EXPLAINQ_HOME"))
+    api_keys_raw: str = Field("", validation_alias=_alias("EXPLAINQ_API_KEYS"))
+    data_roots_raw: str = Field("", validation_alias=_alias("EXPLAINQ_DATA_ROOTS"))
+    max_body_bytes: int = Field(8 * 1024 * 1024, validation_alias=_alias("EXPLAINQ_MAX_BODY_BYTES"))
+    result_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_RESULT_TTL_S"))
+    failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
+    heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
+    redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
+
+    @cached_property
+    def home(self) -> Path:
+        return self.home_dir.expanduser().resolve()
+
+    @cached_property
+    def data_roots(self) -> list[Path]:
+        roots = [p for p in self.data_roots_raw.split(os.pathsep) if p.strip()]
+        if not roots:
+            return [self.home / "data"]
+        return [Path(p).expanduser().resolve() for p in roots]
+
+    @cached_property
+    def api_keys(self) -> dict[str, str]:
+        """key -> name. Malformed entries raise so a typo never silently disables auth."""
+        out: dict[str, str] = {}
+        for item in self.api_keys_raw.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, sep, key = item.partition(":")
+            if not sep or not name or not key:
+                raise ValueError("EXPLAINQ_API_KEYS must be comma-separated name:key pairs")
+            out[key] = name
+        return out
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.home / "artifacts"
+
+    @property
+    def registry_path(self) -> Path:
+        return self.home / "registry.json"

@@ -1,0 +1,49 @@
+"""Test-only job kinds for the service lifecycle tests (the product registers none of these)."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.kinds.base import JobKind, register
+
+
+class SleepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(5, ge=1, le=10_000)
+    step_s: float = Field(0.1, ge=0, le=60)
+    fail_at: int | None = None
+    model: str | None = None
+
+
+def sleep_job(payload: dict, ctx) -> dict:
+    """Sleeps in steps, reporting progress; optionally fails; optionally touches a registered model."""
+    loads = None
+    if payload.get("model"):
+        ctx.model(payload["model"])
+        loads = ctx._models.load_counts.get(payload["model"])
+    for i in range(payload["steps"]):
+        if payload.get("fail_at") is not None and i == payload["fail_at"]:
+            from workers.context import JobError
+
+            raise JobError("bad_step", f"step {i} failed on purpose")
+        time.sleep(payload["step_s"])
+        ctx.progress(i + 1, payload["steps"], "steps", message=f"step {i + 1}")
+    path = ctx.artifact_path("out.txt")
+    path.write_text("done")
+    return {"steps": payload["steps"], "model_loads": loads, "artifacts": ctx.artifacts()}
+
+
+def load_counter_model(path, device):
+    """A registered 'model' whose loading is observable: it appends to a file each time it loads."""
+    with open(path / "loads.txt", "a") as fh:
+        fh.write("load\n")
+    return {"path": str(path), "device": str(device)}
+
+
+def register_test_kinds() -> None:
+    register(JobKind(name="test_sleep", route="/test/sleep", request=SleepRequest, queue="explain",
+                     func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))
+    register(JobKind(name="test_train_sleep", route="/test/train-sleep", request=SleepRequest, queue="train",
+                     func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))

@@ -1,0 +1,172 @@
+"""What a job function gets: progress, cancellation, models, artifacts (see docs/PLUGINS.md)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app import registry
+from app.jobstore import cancel_key
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    import torch
+    from rq.job import Job
+
+    from workers.model_cache import ModelCache
+
+
+class JobCanceled(Exception):
+    """Raised at a progress step when the job's cancel flag is set."""
+
+
+class WorkerShutdown(Exception):
+    """Raised at a progress step when the worker was asked to stop: the job goes back on its queue."""
+
+
+class JobError(Exception):
+    """A failure a person can act on; ``code`` and ``message`` become the job's ``error``."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Set by the worker's SIGTERM handler; checked at every progress step.
+SHUTDOWN_REQUESTED = {"flag": False}
+
+
+def _utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ProgressTracker:
+    """ETA from the measured rate since the first progress report, smoothed over the whole run."""
+
+    def __init__(self) -> None:
+        self.t0: float | None = None
+        self.done0 = 0.0
+
+    def eta(self, done: float, total: float | None) -> float | None:
+        now = time.monotonic()
+        if self.t0 is None:
+            self.t0, self.done0 = now, done
+            return None
+        if not total or done <= self.done0:
+            return None
+        rate = (done - self.done0) / max(now - self.t0, 1e-9)
+        return round(max(total - done, 0) / rate, 2) if rate > 0 else None
+
+
+class JobContext:
+    """Per-job services. ``job`` is the RQ job (None when a pipeline runs outside the service)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        job: Job | None = None,
+        models: ModelCache | None = None,
+        device: torch.device | None = None,
+        min_report_interval_s: float = 0.25,
+    ):
+        self.settings = settings
+        self.job = job
+        self.job_id = job.id if job is not None else f"local-{int(time.time() * 1000)}"
+        self._models = models
+        if device is None:
+            from models.common import default_device
+
+            device = default_device()
+        self.device = device
+        self._tracker = ProgressTracker()
+        self._last_report = 0.0
+        self._min_interval = min_report_interval_s
+        self._artifacts_dir: Path | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.settings.home
+
+    # ---- progress and cancellation
+    def progress(
+        self,
+        done: float,
+        total: float | None,
+        unit: str,
+        message: str | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        """Record progress (rate-limited unless ``done == total`` or metrics change) and check for cancel."""
+        eta = self._tracker.eta(done, total)
+        now = time.monotonic()
+        final = total is not None and done >= total
+        if self.job is not None and (final or metrics is not None or now - self._last_report >= self._min_interval):
+            self._last_report = now
+            self.job.meta["progress"] = {
+                "done": done, "total": total, "unit": unit, "message": message, "eta_s": eta,
+                "updated_at": _utc_now(),
+            }
+            if metrics is not None:
+                self.job.meta["metrics"] = metrics
+            self.job.save_meta()
+        self.check_canceled()
+
+    def check_canceled(self) -> None:
+        if self.job is None:
+            return
+        if self.job.connection.exists(cancel_key(self.job.id)):
+            raise JobCanceled("canceled on request")
+        if SHUTDOWN_REQUESTED["flag"]:
+            raise WorkerShutdown("worker is shutting down")
+
+    def set_meta(self, key: str, value: Any) -> None:
+        if self.job is not None:
+            self.job.meta[key] = value
+            self.job.save_meta()
+
+    # ---- models
+    def model(self, name: str) -> Any:
+        if self._models is None:
+            from workers.model_cache import ModelCache
+
+            self._models = ModelCache(self.settings, self.device)
+        return self._models.get(name)
+
+    def register_model(self, name: str, **entry: Any) -> dict[str, Any]:
+        result = registry.register_model(self.settings, name, **entry)
+        if self._models is not None:
+            self._models.evict(name)
+        return result
+
+    def register_dataset(self, name: str, **entry: Any) -> dict[str, Any]:
+        return registry.register_dataset(self.settings, name, **entry)
+
+    # ---- artifacts
+    @property
+    def artifacts_dir(self) -> Path:
+        if self._artifacts_dir is None:
+            self._artifacts_dir = self.settings.artifacts_dir / self.job_id
+            self._artifacts_dir.mkdir(parents=True, exist_ok=True)
+        return self._artifacts_dir
+
+    def artifact_path(self, name: str) -> Path:
+        path = (self.artifacts_dir / name).resolve()
+        if not path.is_relative_to(self.artifacts_dir.resolve()):
+            raise ValueError(f"artifact name {name!r} escapes the job's artifact directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def artifacts(self) -> list[dict[str, Any]]:
+        if self._artifacts_dir is None or not self._artifacts_dir.exists():
+            return []
+        out = []
+        for path in sorted(p for p in self._artifacts_dir.rglob("*") if p.is_file()):
+            out.append({
+                "name": str(path.relative_to(self._artifacts_dir)),
+                "path": str(path),
+                "bytes": path.stat().st_size,
+            })
+        return out
