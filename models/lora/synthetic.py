@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +73,7 @@ def generate_dataset(
     num_classes: int = 4,
     per_class: int = 20,
     rank: int = 1,
-    signal: Sequence[str] = ("visual",),
+    signal: Sequence[str] | Mapping[str, float] = ("visual",),
     strength: float = 0.5,
     width_divisor: int = 1,
     max_blocks: int | None = None,
@@ -85,8 +85,9 @@ def generate_dataset(
 ) -> Path:
     """Write ``num_classes·per_class`` adapters ``lora_00000.safetensors``... and ``labels.csv`` (format 1).
 
-    ``signal`` lists the layer sets carrying the class signal (``visual``, ``text``, or ``all``); an empty
-    list gives a dataset with no signal (accuracy at chance). Same arguments, same bytes.
+    ``signal`` lists the layer sets carrying the class signal (``visual``, ``text``, or ``all``) at
+    ``strength``, or maps each to its own strength; an empty list gives a dataset with no signal (accuracy at
+    chance). Same arguments, same bytes.
     """
     from safetensors.torch import save_file
     from tqdm import tqdm
@@ -94,14 +95,15 @@ def generate_dataset(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     specs = sd15_layer_specs(width_divisor, max_blocks)
-    signal = set(signal)
-    if "all" in signal:
-        signal = {"visual", "text", "other"}
+    per_set = dict(signal) if isinstance(signal, Mapping) else {ls: strength for ls in signal}
+    if "all" in per_set:
+        per_set = {"visual": per_set["all"], "text": per_set["all"], "other": per_set["all"]} | {
+            k: v for k, v in per_set.items() if k != "all"}
     gen = torch.Generator().manual_seed(seed)
     # Class gains per layer and factor: log-normal around 1 on signal layers.
     z = torch.randn(num_classes, len(specs), 2, generator=gen, dtype=torch.float64)
-    on = torch.tensor([_group(s.path) in signal for s in specs], dtype=torch.float64)
-    gains = torch.exp(strength * z * on[None, :, None])
+    on = torch.tensor([per_set.get(_group(s.path), 0.0) for s in specs], dtype=torch.float64)
+    gains = torch.exp(z * on[None, :, None])
     n = num_classes * per_class
     rows: list[tuple[str, str]] = []
     width = max(5, len(str(n)))
