@@ -127,7 +127,9 @@ def layer_features(
             down = torch.cat([factors[m].down for m in members]).to(device, dtype)
             up = torch.cat([factors[m].up for m in members]).to(device, dtype)
             scale = torch.cat([factors[m].scale for m in members]).to(device, dtype)
-            per_row = max(1, down[0].numel() + up[0].numel())
+            # the reference methods materialise ΔW (out x in) per row; the exact one only reads the factors
+            per_row = down[0].numel() + up[0].numel() if method == "exact" else up.shape[1] * down.shape[2]
+            per_row = max(1, per_row)
             step = max(1, MAX_BATCH_ELEMENTS // per_row)
             feats = torch.cat([rep.fn(down[i:i + step], up[i:i + step], scale[i:i + step], method=method)
                                for i in range(0, down.shape[0], step)])

@@ -16,8 +16,9 @@ from workers.context import JobContext, JobError
 DEMO_NAME = "lora-demo"
 DEMO_DIR = "data/lora-demo"
 # 4 classes x 25 adapters on SD 1.5's 128 attention layers at 1/8 width; the class signal is strong in the
-# text (attn2) layers and weak in the visual (attn1) ones, so the demo shows a real all -> visual drop.
-DEMO_SPEC = {"num_classes": 4, "per_class": 25, "rank": 1, "signal": {"text": 0.6, "visual": 0.15},
+# text (attn2) layers and faint in the visual (attn1) ones, so the demo shows a real all -> visual drop
+# (measured with quick=true: test accuracy ~0.95 on all layers, ~0.5 on visual only, chance 0.25).
+DEMO_SPEC = {"num_classes": 4, "per_class": 25, "rank": 1, "signal": {"text": 0.6, "visual": 0.02},
              "width_divisor": 8, "naming": "diffusers", "seed": 2026}
 
 
