@@ -169,7 +169,7 @@ def run_ablation(
         dataset, todo_sets, todo_reps, device, cache=cache, memo_path=memo,
         progress=lambda d, t: report(done, f"features: {d}/{t} layers"),
     ) if todo else ({}, None)
-    y = torch.as_tensor(dataset.labels)
+    y = torch.as_tensor(dataset.labels).to(device)
     probe_cfg = config.probe()
     results: dict = {ls: {} for ls in layer_sets}
     t_train = 0.0
@@ -178,7 +178,7 @@ def run_ablation(
             if rep in done_cells.get(ls, {}):
                 results[ls][rep] = done_cells[ls][rep]
                 continue
-            x = feats[(ls, rep)].select(names[ls])
+            x = feats[(ls, rep)].select(names[ls]).to(device)  # once per cell, not once per run
             if not torch.isfinite(x).all():
                 bad = int((~torch.isfinite(x)).any(0).sum())
                 raise FloatingPointError(f"{rep} on {ls}: {bad} feature column(s) are not finite")

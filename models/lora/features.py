@@ -81,7 +81,9 @@ class FeatureCache:
             return None
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
-            feats = fh.get_tensor("features")
+            # get_tensor maps the file lazily; clone so the read happens (and is timed) here, and the
+            # tensor no longer depends on the file
+            feats = fh.get_tensor("features").clone()
             offsets = fh.get_tensor("offsets").tolist()
         return LayerSetFeatures(feats, json.loads(meta["layers"]), offsets)
 
