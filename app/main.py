@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
@@ -30,8 +32,8 @@ class BodySizeLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)  # no body is read on these routes
             return
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
@@ -72,7 +74,14 @@ class _BodyTooLarge(Exception):
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     url = settings.redis_url or DEFAULT_REDIS_URL
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await app.state.aredis.aclose()
+        app.state.redis.close()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="explainq",
         version="0.1.0",
         description="Explanation and training jobs for PyTorch research models. Submit work with "
@@ -116,11 +125,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
-
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        await app.state.aredis.aclose()
-        app.state.redis.close()
 
     return app
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from rq import Worker
 
+from app.deps import caller
 from app.kinds.base import QUEUES
 
 router = APIRouter(tags=["health"])
@@ -17,7 +18,7 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/ready", summary="Redis is reachable and every queue has a live worker")
-def ready(request: Request) -> JSONResponse:
+def ready(request: Request, _owner: str = Depends(caller)) -> JSONResponse:
     redis = request.app.state.redis
     reasons: list[str] = []
     workers: dict[str, int] = {}
