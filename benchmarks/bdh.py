@@ -128,12 +128,15 @@ def main(argv: list[str] | None = None) -> None:
         variants.append(Variant(name, model, make_step(model, images, labels, args.precision, mode), flops))
 
     for r in range(args.rounds + 1):  # round 0 is warm-up (and compilation)
+        took = []
         for v in variants:
             t = v.step()
+            took.append(t)
             if r > 0:
                 v.times.append(t)
-        print(f"round {r}: " + ", ".join(f"{v.name} {v.times[-1] if r else t:.2f}s" for v in variants[:2]) + " ...",
-              file=sys.stderr, flush=True)
+        print(f"round {r}" + (" (warm-up)" if r == 0 else "") + ": "
+              + ", ".join(f"{v.name} {t:.2f}s" for v, t in zip(variants, took, strict=True)), file=sys.stderr,
+              flush=True)
 
     ref = variants[0]
     opt = variants[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -156,3 +157,24 @@ def test_fast_dropout_trains_like_dropout_in_expectation() -> None:
         spread = torch.stack([fast(images) for _ in range(50)]).std(0).max()
     assert spread > 1e-3  # dropout is active
     torch.testing.assert_close(mean_fast, mean_slow, rtol=0, atol=float(6 * spread / 300**0.5) + 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("EXPLAINQ_SLOW_TESTS") != "1", reason="compiling takes minutes on 2 cores; "
+                    "set EXPLAINQ_SLOW_TESTS=1")
+@pytest.mark.parametrize("softmax", [False, True], ids=["linear", "softmax"])
+def test_compiled_model_equals_reference(softmax: bool) -> None:
+    torch.manual_seed(5)
+    config = dataclasses.replace(TINY, softmax_attention=softmax)
+    reference = ReferenceVisionBDH(config)
+    fast = VisionBDH(config)
+    fast.load_state_dict(reference.state_dict())
+    images = torch.randn(3, 3, 32, 32)
+    out_ref, grads_ref = _outputs_and_grads(reference, images)
+    compiled = torch.compile(fast)
+    out, grads = _outputs_and_grads(compiled, images)
+    grads = {name.removeprefix("_orig_mod."): g for name, g in grads.items()}
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-5)
+    assert grads.keys() == grads_ref.keys()
+    for name, g in grads_ref.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5)

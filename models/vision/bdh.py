@@ -210,10 +210,12 @@ class VisionBDH(BDHParameters):
         x = x.reshape(m, d)
         for _ in range(c.n_layer):
             # One bmm over the heads; the expanded x is read in place (batch stride 0), not copied per head.
-            x_s = F.relu(torch.bmm(x.expand(h, m, d), enc))  # [h, M, N]
+            # ReLU in place: bmm's backward needs its inputs, not its output, and a fresh [h, M, N] buffer costs
+            # page faults on CPU.
+            x_s = F.relu(torch.bmm(x.expand(h, m, d), enc), inplace=True)  # [h, M, N]
             a = self._attention(x_s.view(h, b, t, n), x.view(1, b, t, d))  # [h, B, T, D]
             a = self.ln(a).view(h, m, d)
-            y_s = F.relu(torch.bmm(a, enc_v))  # [h, M, N]
+            y_s = F.relu(torch.bmm(a, enc_v), inplace=True)  # [h, M, N]
             xy, scale = self._gate(x_s, y_s)
             y = torch.bmm(xy, dec).sum(0)  # Σ_h (x_s ⊙ y_s)_h Dec_h: [M, D]
             y = self.ln(y * scale if scale != 1.0 else y)
@@ -228,9 +230,9 @@ class VisionBDH(BDHParameters):
         dec = dec.reshape(h * n, d)
         x = x.unsqueeze(1)  # [B, 1, T, D]
         for _ in range(c.n_layer):
-            x_s = F.relu(x @ enc)  # [B, h, T, N]
+            x_s = F.relu(x @ enc, inplace=True)  # [B, h, T, N]
             a = self.ln(self._attention(x_s, x))
-            y_s = F.relu(a @ enc_v)
+            y_s = F.relu(a @ enc_v, inplace=True)
             xy, scale = self._gate(x_s, y_s)
             y = xy.transpose(1, 2).reshape(b, 1, t, h * n) @ dec
             y = self.ln(y * scale if scale != 1.0 else y)
