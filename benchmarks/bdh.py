@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.common import autocast  # noqa: E402
 from models.vision.bdh import VisionBDH  # noqa: E402
 from models.vision.config import Optimizations, VisionBDHConfig  # noqa: E402
+from models.vision.perf import tune_cpu_allocator  # noqa: E402
 from models.vision.reference import ReferenceVisionBDH  # noqa: E402
 from models.vision.vit import ViTTiny  # noqa: E402
 
@@ -85,11 +86,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--compile", default="default", help="torch.compile mode for the compiled variant, or 'off'")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's mmap threshold alone (the trainer tunes it; see models/vision/perf.py)")
     args = p.parse_args(argv)
     if args.quick:
         args.batch, args.n_layer, args.rounds = 8, 2, 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    malloc = "default" if args.default_malloc else ("tuned" if tune_cpu_allocator() else "default (tuning n/a)")
 
     config = VisionBDHConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, mlp_multiplier=args.mult,
                              softmax_attention=args.softmax, dropout=0.1)
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.precision}, "
           f"D {args.n_embd}, layers {args.n_layer}, heads {args.n_head}, multiplier {args.mult}, "
-          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention", flush=True)
+          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention, malloc {malloc}", flush=True)
     variants = []
     for name, model, mode in specs:
         model.train()

@@ -178,3 +178,12 @@ def test_compiled_model_equals_reference(softmax: bool) -> None:
     assert grads.keys() == grads_ref.keys()
     for name, g in grads_ref.items():
         torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5)
+
+
+def test_symmetric_linear_attention_backward() -> None:
+    from models.vision.bdh import _SymmetricLinearAttention
+
+    q = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 3, 5, 4, dtype=torch.float64, requires_grad=True)  # broadcast over the heads
+    assert torch.autograd.gradcheck(_SymmetricLinearAttention.apply, (q, v))
+    torch.testing.assert_close(_SymmetricLinearAttention.apply(q, v), (q @ q.transpose(-1, -2)) @ v)

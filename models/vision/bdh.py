@@ -81,6 +81,31 @@ def rope_halves(v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return _RopeHalves.apply(v, cos, sin)
 
 
+class _SymmetricLinearAttention(torch.autograd.Function):
+    """out = (Q Qᵀ) V with Q shared as query and key; ``v`` may broadcast over Q's leading axis (the heads).
+
+    With S = Q Qᵀ (symmetric) and upstream gradient G: dS = G Vᵀ, dV = Sᵀ G = S G (summed over broadcast axes),
+    dQ = (dS + dSᵀ) Q. Autograd would form dS Q and dSᵀ Q with two [T, T]·[T, N] products and add them; here the
+    small [T, T] matrices are added first, so the backward does one such product and no [T, N]-sized addition.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        scores = q @ q.transpose(-1, -2)
+        ctx.save_for_backward(q, v, scores)
+        return scores @ v
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+        q, v, scores = ctx.saved_tensors
+        d_scores = grad @ v.transpose(-1, -2)
+        d_q = (d_scores + d_scores.transpose(-1, -2)) @ q
+        d_v = scores @ grad
+        if d_v.shape != v.shape:  # reduce over the axes v was broadcast along
+            d_v = d_v.sum_to_size(v.shape)
+        return d_q, d_v
+
+
 DROPOUT_LEVELS = 2**15  # int16 random_() draws uniformly from [0, 2^15)
 
 
@@ -173,6 +198,8 @@ class VisionBDH(BDHParameters):
                 return F.scaled_dot_product_attention(qr, qr, v, scale=1.0 / math.sqrt(n))
             return torch.softmax((qr @ qr.transpose(-1, -2)) / math.sqrt(n), dim=-1) @ v
         # (QR QRᵀ) V costs T²(N + D) per head against 2TND for QR (QRᵀ V): for T=64, N=1024, D=192, 5x less.
+        if self.opt.attention_backward and torch.is_grad_enabled():
+            return _SymmetricLinearAttention.apply(qr, v)
         return (qr @ qr.transpose(-1, -2)) @ v
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -53,6 +53,7 @@ from models.vision.checkpoint import (
 )
 from models.vision.config import Optimizations, VisionBDHConfig
 from models.vision.data import ImageArrays, Loaders, load_arrays, make_loaders
+from models.vision.perf import tune_cpu_allocator
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     num_workers: int = 0
     keep_epoch_checkpoints: bool = True
+    tune_cpu_allocator: bool = True
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -247,6 +249,8 @@ def train(
     device = torch.device(device) if device is not None else default_device()
     precision = resolve_precision(config.precision, device, cuda_half="bf16")
     seed_everything(config.seed, config.deterministic)
+    if device.type == "cpu" and config.tune_cpu_allocator:
+        tune_cpu_allocator()
 
     data = data if data is not None else load_arrays(config.dataset, config.data_dir)
     loaders: Loaders = make_loaders(
