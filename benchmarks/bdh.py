@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.precision}, "
           f"D {args.n_embd}, layers {args.n_layer}, heads {args.n_head}, multiplier {args.mult}, "
-          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention, malloc {malloc}", flush=True)
+          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention, malloc {malloc}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     variants = []
     for name, model, mode in specs:
         model.train()
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         if v.name.startswith("optimized - "):
             lost = v.median - opt.median
             print(f"  {v.name[12:]:18s} x{v.median / opt.median:5.2f}   {100 * lost / saved if saved > 0 else 0:6.1f}%")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     print(f"\ntime ratio optimized / ViT-Tiny: {opt.median / vit_v.median:.1f}x; FLOP ratio BDH / ViT: "
           f"{opt.flops / vit_v.flops:.1f}x")
     n_params = sum(p.numel() for p in opt.model.parameters())
