@@ -16,10 +16,16 @@ in ``tests/test_bdh_model.py`` (outputs and gradients, fp32, softmax on and off,
   RoPE(v) = [a·c − b·s, b·c + a·s] without a strided ``stack``. The permutation is applied to the columns of E and
   E_v and to the rows of Dec, which leaves the layer's function unchanged: x_s ⊙ y_s is permuted consistently and
   the decoder sums over the permuted axis. Attention is invariant to the order of the neurons it sums over.
+  The rotation is an autograd Function whose backward is the inverse rotation, saving only cos/sin.
+- **Symmetric attention backward.** Linear attention (Q Qᵀ) V is one autograd Function: dQ = (dS + dSᵀ) Q with
+  dS = G Vᵀ, one [T, T]·[T, N] product instead of two (``attention_backward``).
+- **Fast dropout.** The mask on x_s ⊙ y_s comes from int16 words against a threshold, applied in the product's pass;
+  the 1/(1−p) rescale is applied after the decoder, on a tensor h·N/D times smaller (``fast_dropout``).
 - **SDPA.** Softmax attention goes through ``scaled_dot_product_attention`` with scale 1/√N (``sdpa``).
+- In-place ReLU on the projection outputs (bmm's backward needs its inputs, not its output).
 
-Dropout masks are drawn in a different layout than the reference's, so the two agree exactly in eval mode or with
-``dropout=0``; the distributions are the same.
+Dropout masks are drawn differently from the reference's, so the two agree exactly in eval mode or with
+``dropout=0``; in training the expectation is the same (tested).
 """
 
 from __future__ import annotations
