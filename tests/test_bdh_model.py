@@ -187,3 +187,21 @@ def test_symmetric_linear_attention_backward() -> None:
     v = torch.randn(1, 3, 5, 4, dtype=torch.float64, requires_grad=True)  # broadcast over the heads
     assert torch.autograd.gradcheck(_SymmetricLinearAttention.apply, (q, v))
     torch.testing.assert_close(_SymmetricLinearAttention.apply(q, v), (q @ q.transpose(-1, -2)) @ v)
+
+
+def test_bf16_autocast_trains_and_stays_close_to_reference() -> None:
+    """Under CPU bf16 autocast the custom backward passes keep dtypes consistent and track the reference."""
+    torch.manual_seed(6)
+    reference = ReferenceVisionBDH(TINY)
+    fast = VisionBDH(TINY)
+    fast.load_state_dict(reference.state_dict())
+    images = torch.randn(3, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_fast, out_ref = fast(images), reference(images)
+    out_fast.float().square().mean().backward()
+    out_ref.float().square().mean().backward()
+    torch.testing.assert_close(out_fast.float(), out_ref.float(), rtol=0.1, atol=0.1)
+    for (name, p), q in zip(fast.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
+        cos = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        assert cos > 0.95, (name, float(cos))

@@ -80,7 +80,8 @@ def rope_halves(v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
     Returns [a·cos − b·sin | b·cos + a·sin], the reference rotation read through the pair permutation.
     """
-    if cos.requires_grad or sin.requires_grad:
+    if cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
+        # Under torch.compile the plain expression is better: inductor fuses it into a single kernel.
         half = v.shape[-1] // 2
         a, b = v[..., :half], v[..., half:]
         return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
@@ -97,9 +98,15 @@ class _SymmetricLinearAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        scores = q @ q.transpose(-1, -2)
-        ctx.save_for_backward(q, v, scores)
-        return scores @ v
+        # Under autocast, compute (and later differentiate) in the autocast dtype; the backward runs outside autocast.
+        device = q.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            q, v = q.to(dtype), v.to(dtype)
+        with torch.autocast(device, enabled=False):
+            scores = q @ q.transpose(-1, -2)
+            ctx.save_for_backward(q, v, scores)
+            return scores @ v
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
@@ -190,6 +197,7 @@ class VisionBDH(BDHParameters):
 
     def _rope(self, v: torch.Tensor) -> torch.Tensor:
         cos, sin = self._cos_sin(v.shape[-2], v.device)
+        cos, sin = cos.to(v.dtype), sin.to(v.dtype)  # a no-op in fp32; keeps bf16 activations bf16 under autocast
         if self.opt.rope_pair_layout:
             return rope_halves(v, cos, sin)
         return rope_interleaved(v, cos, sin)
@@ -204,7 +212,7 @@ class VisionBDH(BDHParameters):
                 return F.scaled_dot_product_attention(qr, qr, v, scale=1.0 / math.sqrt(n))
             return torch.softmax((qr @ qr.transpose(-1, -2)) / math.sqrt(n), dim=-1) @ v
         # (QR QRᵀ) V costs T²(N + D) per head against 2TND for QR (QRᵀ V): for T=64, N=1024, D=192, 5x less.
-        if self.opt.attention_backward and torch.is_grad_enabled():
+        if self.opt.attention_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             return _SymmetricLinearAttention.apply(qr, v)
         return (qr @ qr.transpose(-1, -2)) @ v
 
@@ -221,7 +229,7 @@ class VisionBDH(BDHParameters):
         p = self.config.dropout
         if not self.training or p == 0.0:
             return x_s * y_s, 1.0
-        if self.opt.fast_dropout:
+        if self.opt.fast_dropout and not torch.compiler.is_compiling():  # inductor fuses its own dropout
             return gated_dropout(x_s, y_s, p)
         return self.drop(x_s * y_s), 1.0
 
