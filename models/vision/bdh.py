@@ -80,8 +80,7 @@ def rope_halves(v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
     Returns [a·cos − b·sin | b·cos + a·sin], the reference rotation read through the pair permutation.
     """
-    if cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
-        # Under torch.compile the plain expression is better: inductor fuses it into a single kernel.
+    if cos.requires_grad or sin.requires_grad:
         half = v.shape[-1] // 2
         a, b = v[..., :half], v[..., half:]
         return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
@@ -212,7 +211,7 @@ class VisionBDH(BDHParameters):
                 return F.scaled_dot_product_attention(qr, qr, v, scale=1.0 / math.sqrt(n))
             return torch.softmax((qr @ qr.transpose(-1, -2)) / math.sqrt(n), dim=-1) @ v
         # (QR QRᵀ) V costs T²(N + D) per head against 2TND for QR (QRᵀ V): for T=64, N=1024, D=192, 5x less.
-        if self.opt.attention_backward and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if self.opt.attention_backward and torch.is_grad_enabled():
             return _SymmetricLinearAttention.apply(qr, v)
         return (qr @ qr.transpose(-1, -2)) @ v
 
@@ -229,7 +228,7 @@ class VisionBDH(BDHParameters):
         p = self.config.dropout
         if not self.training or p == 0.0:
             return x_s * y_s, 1.0
-        if self.opt.fast_dropout and not torch.compiler.is_compiling():  # inductor fuses its own dropout
+        if self.opt.fast_dropout:
             return gated_dropout(x_s, y_s, p)
         return self.drop(x_s * y_s), 1.0
 
