@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from models.common import autocast  # noqa: E402
 from models.vision.bdh import VisionBDH  # noqa: E402
 from models.vision.config import Optimizations, VisionBDHConfig  # noqa: E402
+from models.vision.perf import tune_cpu_allocator  # noqa: E402
 from models.vision.reference import ReferenceVisionBDH  # noqa: E402
 from models.vision.vit import ViTTiny  # noqa: E402
 
@@ -85,11 +87,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--compile", default="default", help="torch.compile mode for the compiled variant, or 'off'")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's mmap threshold alone (the trainer tunes it; see models/vision/perf.py)")
     args = p.parse_args(argv)
     if args.quick:
         args.batch, args.n_layer, args.rounds = 8, 2, 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    malloc = "default" if args.default_malloc else ("tuned" if tune_cpu_allocator() else "default (tuning n/a)")
 
     config = VisionBDHConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, mlp_multiplier=args.mult,
                              softmax_attention=args.softmax, dropout=0.1)
@@ -120,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.precision}, "
           f"D {args.n_embd}, layers {args.n_layer}, heads {args.n_head}, multiplier {args.mult}, "
-          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention", flush=True)
+          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention, malloc {malloc}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     variants = []
     for name, model, mode in specs:
         model.train()
@@ -128,12 +134,15 @@ def main(argv: list[str] | None = None) -> None:
         variants.append(Variant(name, model, make_step(model, images, labels, args.precision, mode), flops))
 
     for r in range(args.rounds + 1):  # round 0 is warm-up (and compilation)
+        took = []
         for v in variants:
             t = v.step()
+            took.append(t)
             if r > 0:
                 v.times.append(t)
-        print(f"round {r}: " + ", ".join(f"{v.name} {v.times[-1] if r else t:.2f}s" for v in variants[:2]) + " ...",
-              file=sys.stderr, flush=True)
+        print(f"round {r}" + (" (warm-up)" if r == 0 else "") + ": "
+              + ", ".join(f"{v.name} {t:.2f}s" for v, t in zip(variants, took, strict=True)), file=sys.stderr,
+              flush=True)
 
     ref = variants[0]
     opt = variants[1]
@@ -153,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         if v.name.startswith("optimized - "):
             lost = v.median - opt.median
             print(f"  {v.name[12:]:18s} x{v.median / opt.median:5.2f}   {100 * lost / saved if saved > 0 else 0:6.1f}%")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     print(f"\ntime ratio optimized / ViT-Tiny: {opt.median / vit_v.median:.1f}x; FLOP ratio BDH / ViT: "
           f"{opt.flops / vit_v.flops:.1f}x")
     n_params = sum(p.numel() for p in opt.model.parameters())

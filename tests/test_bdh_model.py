@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -156,3 +157,51 @@ def test_fast_dropout_trains_like_dropout_in_expectation() -> None:
         spread = torch.stack([fast(images) for _ in range(50)]).std(0).max()
     assert spread > 1e-3  # dropout is active
     torch.testing.assert_close(mean_fast, mean_slow, rtol=0, atol=float(6 * spread / 300**0.5) + 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("EXPLAINQ_SLOW_TESTS") != "1", reason="compiling takes minutes on 2 cores; "
+                    "set EXPLAINQ_SLOW_TESTS=1")
+@pytest.mark.parametrize("softmax", [False, True], ids=["linear", "softmax"])
+def test_compiled_model_equals_reference(softmax: bool) -> None:
+    torch.manual_seed(5)
+    config = dataclasses.replace(TINY, softmax_attention=softmax)
+    reference = ReferenceVisionBDH(config)
+    fast = VisionBDH(config)
+    fast.load_state_dict(reference.state_dict())
+    images = torch.randn(3, 3, 32, 32)
+    out_ref, grads_ref = _outputs_and_grads(reference, images)
+    compiled = torch.compile(fast)
+    out, grads = _outputs_and_grads(compiled, images)
+    grads = {name.removeprefix("_orig_mod."): g for name, g in grads.items()}
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-5)
+    assert grads.keys() == grads_ref.keys()
+    for name, g in grads_ref.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-5)
+
+
+def test_symmetric_linear_attention_backward() -> None:
+    from models.vision.bdh import _SymmetricLinearAttention
+
+    q = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 3, 5, 4, dtype=torch.float64, requires_grad=True)  # broadcast over the heads
+    assert torch.autograd.gradcheck(_SymmetricLinearAttention.apply, (q, v))
+    torch.testing.assert_close(_SymmetricLinearAttention.apply(q, v), (q @ q.transpose(-1, -2)) @ v)
+
+
+def test_bf16_autocast_trains_and_stays_close_to_reference() -> None:
+    """Under CPU bf16 autocast the custom backward passes keep dtypes consistent and track the reference."""
+    torch.manual_seed(6)
+    reference = ReferenceVisionBDH(TINY)
+    fast = VisionBDH(TINY)
+    fast.load_state_dict(reference.state_dict())
+    images = torch.randn(3, 3, 32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_fast, out_ref = fast(images), reference(images)
+    out_fast.float().square().mean().backward()
+    out_ref.float().square().mean().backward()
+    torch.testing.assert_close(out_fast.float(), out_ref.float(), rtol=0.1, atol=0.1)
+    for (name, p), q in zip(fast.named_parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
+        cos = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        assert cos > 0.95, (name, float(cos))

@@ -159,3 +159,9 @@ def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="compile"):
         TrainConfig(compile="fast")
     assert TrainConfig(model={"n_layer": 1}).model.n_layer == 1
+
+
+def test_determinism_switch_is_restored(tmp_path: Path) -> None:
+    assert not torch.are_deterministic_algorithms_enabled()
+    train(tiny_config(epochs=1, max_train_samples=32), tmp_path, device="cpu", data=digits())
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -95,6 +95,8 @@ class Optimizations:
     - ``fast_dropout``: the dropout mask on x_s ⊙ y_s comes from int16 draws compared with a threshold and is
       applied in the same pass as the product (the drop probability is p rounded to a multiple of 2⁻¹⁵), instead
       of a float ``bernoulli_`` draw and two more passes.
+    - ``attention_backward``: linear attention as one autograd Function whose backward uses Q = K and the symmetry
+      of QQᵀ: dQ = (dS + dSᵀ) Q, one [T, T]·[T, N] product instead of two and no [T, N]-sized sum.
     - ``sdpa``: softmax attention through ``torch.nn.functional.scaled_dot_product_attention`` (only used when
       ``softmax_attention`` is on; linear attention has no softmax to fuse).
     """
@@ -103,6 +105,7 @@ class Optimizations:
     head_major: bool = True
     rope_pair_layout: bool = True
     fast_dropout: bool = True
+    attention_backward: bool = True
     sdpa: bool = True
 
     @classmethod

@@ -53,6 +53,7 @@ from models.vision.checkpoint import (
 )
 from models.vision.config import Optimizations, VisionBDHConfig
 from models.vision.data import ImageArrays, Loaders, load_arrays, make_loaders
+from models.vision.perf import tune_cpu_allocator
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     num_workers: int = 0
     keep_epoch_checkpoints: bool = True
+    tune_cpu_allocator: bool = True
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -240,13 +242,34 @@ def train(
 
     ``data`` overrides loading ``config.dataset``; ``stop_after_epoch`` ends the run early after that epoch (the
     schedule still spans ``config.epochs``), which is how an interrupted run is simulated in tests.
+    The process-wide determinism switches are restored on return, since a worker runs many jobs.
     """
-    out_dir = Path(out_dir)
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.benchmark)
+    try:
+        return _train(config, Path(out_dir), device, data, resume_from, on_batch_end, stop_after_epoch, progress_bar)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.benchmark = previous[2]
+
+
+def _train(
+    config: TrainConfig,
+    out_dir: Path,
+    device: torch.device | str | None,
+    data: ImageArrays | None,
+    resume_from: Path | str | None,
+    on_batch_end: Callable[[BatchEvent], bool | None] | None,
+    stop_after_epoch: int | None,
+    progress_bar: bool,
+) -> TrainResult:
     ckpt_dir = out_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device) if device is not None else default_device()
     precision = resolve_precision(config.precision, device, cuda_half="bf16")
     seed_everything(config.seed, config.deterministic)
+    if device.type == "cpu" and config.tune_cpu_allocator:
+        tune_cpu_allocator()
 
     data = data if data is not None else load_arrays(config.dataset, config.data_dir)
     loaders: Loaders = make_loaders(
