@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.explain.tracin import OUTPUT_TABLE, TracIn, per_example_grads, resolve_layers
+from models.explain.tracin import OUTPUT_TABLE, MemoryCheckpoint, TracIn, per_example_grads, resolve_layers
 from models.kg.checkpoint import KGBundle, load
 from models.kg.conve import query_loss, triple_loss, triple_queries
 from models.kg.train import TrainConfig, train_conve
@@ -210,3 +210,21 @@ def test_checkpoint_files_carry_epoch_and_lr(bundle):
     infos = [read_checkpoint_info(Path(c.path)) for c in bundle.checkpoints]
     assert [i.epoch for i in infos] == [1, 2, 3]
     assert all(i.lr == pytest.approx(0.01) for i in infos)
+
+
+def test_non_reciprocal_model_ghost_equals_vmap():
+    from models.kg.conve import ConvE, ConvEConfig
+
+    torch.manual_seed(0)
+    ds = load_nations()
+    model = ConvE(ConvEConfig(len(ds.entities), len(ds.relations), embedding_dim=12, embedding_height=3,
+                              num_filters=3, reciprocal=False)).eval()
+    for bn in (model.bn0, model.bn1, model.bn2):  # non-trivial eval statistics
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    ckpts = [MemoryCheckpoint({k: v.clone() for k, v in model.state_dict().items()}, 0.1, "only")]
+    test, train = ds.test[:4], ds.train[:30]
+    for layers in ("all", "last"):
+        ghost, g_self = TracIn(model, ckpts, layers=layers).influence(test, train)
+        ref, r_self = TracIn(model, ckpts, layers=layers, method="vmap").influence(test, train)
+        assert _rel(ghost, ref) <= 1e-4 and _rel(g_self, r_self) <= 1e-4
