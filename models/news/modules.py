@@ -78,7 +78,11 @@ class BertTokenEncoder(nn.Module):
 
         self.pretrained = pretrained
         self.fine_tune = fine_tune
-        self.bert = AutoModel.from_pretrained(str(resolve_pretrained(pretrained)), local_files_only=True)
+        # Eager attention on CPU: with bf16 autocast it runs on the CPU's bf16 matrix units, about 2x fp32,
+        # while SDPA's masked CPU path in bf16 was slower than fp32. ``use_device_attention`` switches to SDPA
+        # on CUDA.
+        self.bert = AutoModel.from_pretrained(str(resolve_pretrained(pretrained)), local_files_only=True,
+                                              attn_implementation="eager")
         self.out_dim = int(self.bert.config.hidden_size)
         if not fine_tune:
             for p in self.bert.parameters():
@@ -90,6 +94,10 @@ class BertTokenEncoder(nn.Module):
         if not self.fine_tune:
             self.bert.eval()  # a frozen encoder never uses dropout
         return self
+
+    def use_device_attention(self, device: torch.device) -> None:
+        """SDPA (fused kernels) on CUDA, eager attention elsewhere."""
+        self.bert.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.bert.embeddings.word_embeddings(ids)
