@@ -308,7 +308,7 @@ def main() -> None:
     from models.news.attribution import IGOptions, explain
 
     model = checkpoint.load(ckpt, default_device()).model
-    conv_samples = make_samples(data, 2 if quick else 4, args["history"], seed=1)
+    conv_samples = make_samples(data, 2, args["history"], seed=1)
     steps = [8, 16, 32, 48, 64] if quick else [8, 16, 32, 48, 64, 128, 256, 512, 1024, 2048]
     print()
     print(f"convergence ({len(conv_samples)} samples, fp32): median / max relative completeness delta")
