@@ -277,6 +277,16 @@ NAML_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _init_from_glove(embedding: nn.Embedding, path: str, tokenizer: WordTokenizer) -> None:
+    """Initialise ``embedding`` from a GloVe text file (only when a model is first built: a checkpoint's weights
+    replace it on load, so the file is not needed afterwards)."""
+    if not Path(path).exists():
+        return  # loading a trained checkpoint whose GloVe source is gone: the saved weights are what count
+    table, _found = load_glove(path, tokenizer, embedding.embedding_dim)
+    with torch.no_grad():
+        embedding.weight.copy_(table)
+
+
 def build_model(config: dict[str, Any], tokenizer: NewsTokenizer | None = None) -> NewsRecommender:
     """Build a model from its JSON config. ``config["encoder"]`` is ``bert`` or ``word`` for NRMS."""
     kind = config["kind"]
@@ -290,11 +300,16 @@ def build_model(config: dict[str, Any], tokenizer: NewsTokenizer | None = None) 
                 raise ValueError("a word-embedding NRMS needs a WordTokenizer")
             tok = tokenizer
             encoder = WordEmbeddingEncoder(len(tok.itos), cfg["emb_dim"], cfg["dropout"])
+            if cfg.get("glove"):
+                _init_from_glove(encoder.embedding, cfg["glove"], tok)
         else:
             raise ValueError(f"unknown NRMS encoder {cfg['encoder']!r}")
         return NRMS(tok, encoder, cfg)
     if kind == "naml":
         if not isinstance(tokenizer, WordTokenizer):
             raise ValueError("NAML needs a WordTokenizer")
-        return NAML(tokenizer, {**NAML_DEFAULTS, **config})
+        model = NAML(tokenizer, {**NAML_DEFAULTS, **config})
+        if config.get("glove"):
+            _init_from_glove(model.embedding, config["glove"], tokenizer)
+        return model
     raise ValueError(f"unknown model kind {kind!r}")
