@@ -20,7 +20,7 @@ def get_store(request: Request) -> JobStore:
     return request.app.state.store
 
 
-def caller(request: Request) -> str:
+async def caller(request: Request) -> str:
     """The owner name of the API key in ``Authorization: Bearer <key>``; ``anonymous`` when auth is off."""
     keys: dict[str, str] = request.app.state.settings.api_keys
     if not keys:

@@ -33,6 +33,17 @@ JOB_PREFIX = Job.redis_job_namespace_prefix
 TERMINAL = ("succeeded", "failed", "canceled")
 STATUSES = ("queued", "running", *TERMINAL)
 
+# The job-hash fields the view needs. Reading only these (HMGET) instead of the whole hash (HGETALL) skips RQ's
+# compressed call data, the bulk of the hash, which the API never needs.
+VIEW_FIELDS = ("status", "origin", "created_at", "started_at", "ended_at", "last_heartbeat", "meta")
+_VIEW_FIELDS_B = tuple(f.encode() for f in VIEW_FIELDS)
+
+
+def fields_to_raw(values: list[bytes | None]) -> dict[bytes, bytes]:
+    """HMGET's list of values back into the ``{field: value}`` shape of HGETALL (missing fields dropped)."""
+    return {f: v for f, v in zip(_VIEW_FIELDS_B, values, strict=True) if v is not None}
+
+
 _STATUS_MAP = {
     JobStatus.QUEUED.value: "queued",
     JobStatus.DEFERRED.value: "queued",
@@ -98,7 +109,7 @@ def is_abandoned(raw: dict[bytes, bytes], heartbeat_ttl_s: float, now: float | N
 
 
 def job_view(job_id: str, raw: dict[bytes, bytes], base_url: str = "") -> dict[str, Any]:
-    """The public job resource (DESIGN.md "Jobs") from the raw RQ hash: one HGETALL, no unpickling."""
+    """The public job resource (DESIGN.md "Jobs") from the RQ job hash fields (one HMGET, nothing unpickled)."""
     meta = _meta(raw)
     rq_status = _text(raw, "status") or "queued"
     status = _STATUS_MAP.get(rq_status, "queued")
@@ -192,7 +203,7 @@ class JobStore:
 
     # ---- reading
     def raw(self, job_id: str) -> dict[bytes, bytes]:
-        return self.redis.hgetall(JOB_PREFIX + job_id)
+        return fields_to_raw(self.redis.hmget(JOB_PREFIX + job_id, VIEW_FIELDS))
 
     def reap_if_abandoned(self, raw: dict[bytes, bytes], job_id: str) -> dict[bytes, bytes]:
         """Move an abandoned running job to failed now instead of waiting for a worker's maintenance pass."""
@@ -231,8 +242,8 @@ class JobStore:
             offset += len(rows)
             with self.redis.pipeline(transaction=False) as pipe:
                 for member, _ in rows:
-                    pipe.hgetall(JOB_PREFIX + member.decode())
-                raws = pipe.execute()
+                    pipe.hmget(JOB_PREFIX + member.decode(), VIEW_FIELDS)
+                raws = [fields_to_raw(values) for values in pipe.execute()]
             stale = []
             for (member, score), raw in zip(rows, raws, strict=True):
                 scanned += 1

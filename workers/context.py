@@ -71,6 +71,7 @@ class JobContext:
         models: ModelCache | None = None,
         device: torch.device | None = None,
         min_report_interval_s: float = 0.25,
+        progress_bar: bool = False,
     ):
         self.settings = settings
         self.job = job
@@ -85,6 +86,9 @@ class JobContext:
         self._last_report = 0.0
         self._min_interval = min_report_interval_s
         self._artifacts_dir: Path | None = None
+        # Outside the service (a CLI or notebook run) the same progress calls drive a tqdm bar.
+        self._show_bar = progress_bar and job is None
+        self._bar: Any = None
 
     @property
     def home(self) -> Path:
@@ -112,7 +116,25 @@ class JobContext:
             if metrics is not None:
                 self.job.meta["metrics"] = metrics
             self.job.save_meta()
+        if self._show_bar:
+            self._update_bar(done, total, unit, message)
         self.check_canceled()
+
+    def _update_bar(self, done: float, total: float | None, unit: str, message: str | None) -> None:
+        from tqdm.auto import tqdm
+
+        if self._bar is None or self._bar.unit != unit:
+            if self._bar is not None:
+                self._bar.close()
+            self._bar = tqdm(total=total, unit=unit)
+        self._bar.total = total
+        self._bar.n = done
+        if message:
+            self._bar.set_description_str(message, refresh=False)
+        self._bar.refresh()
+        if total is not None and done >= total:
+            self._bar.close()
+            self._bar = None
 
     def check_canceled(self) -> None:
         if self.job is None:

@@ -1,0 +1,117 @@
+"""``POST /ablations``: the LoRA weight-space visual-only ablation (API side; no torch).
+
+Validation reads only ``labels.csv`` and a safetensors JSON header (or a ``datasets`` directory's
+``dataset_info.json``), so a bad dataset is a 422 naming the field before anything is queued.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app import registry
+from app.kinds.base import FieldError, JobKind, register
+from app.paths import PathError, resolve_data_path
+from app.settings import Settings
+from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
+
+DATASET_KIND = "lora"
+
+
+class AblationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = Field(..., min_length=1, max_length=1024,
+                         description="a registered dataset name, or a directory under the data roots")
+    representations: list[str] | Literal["all"] = Field(
+        "all", description=f"a list from {list(REPRESENTATION_NAMES)}, or \"all\"")
+    layer_sets: list[Literal["all", "visual", "text"]] = Field(
+        ["all", "visual"], min_length=1, max_length=3,
+        description="all layers, visual (attn1 self-attention) and/or text (attn2 cross-attention)")
+    num_runs: int = Field(10, ge=1, le=100, description="probe runs per cell, seeds seed+run")
+    quick: bool = Field(False, description="3 runs instead of num_runs")
+    sample_layers: float = Field(1.0, gt=0, le=1, description="fraction of each layer set's layers (seeded)")
+    cache_features: bool = True
+    batch_size: int = Field(256, ge=2, le=65536)
+    max_epochs: int = Field(200, ge=1, le=10_000)
+    patience: int = Field(15, ge=1, le=10_000)
+    hidden_dim: int = Field(512, ge=1, le=16384)
+    dropout: float = Field(0.5, ge=0, lt=1)
+    weight_decay: float = Field(1e-4, ge=0, le=1)
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    seed: int = Field(42, ge=0, le=2**31 - 1)
+
+    @field_validator("representations")
+    @classmethod
+    def _known_representations(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("give at least one representation, or \"all\"")
+            unknown = [r for r in v if r not in REPRESENTATION_NAMES]
+            if unknown:
+                raise ValueError(f"unknown representation(s) {unknown}; known: {list(REPRESENTATION_NAMES)}")
+            if len(set(v)) != len(v):
+                raise ValueError("representations are repeated")
+        return v
+
+    @field_validator("layer_sets")
+    @classmethod
+    def _unique_sets(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("layer_sets are repeated")
+        return v
+
+
+def resolve_dataset(settings: Settings, name: str) -> Path:
+    """A registered ``lora`` dataset's directory, else ``name`` as a path inside the data roots.
+
+    Raises ``FieldError`` on the ``dataset`` field."""
+    loc = ("body", "dataset")
+    entry = registry.get_dataset(settings, name)
+    if entry is not None:
+        if entry.get("kind") != DATASET_KIND:
+            raise FieldError(loc, f"dataset {name!r} is a {entry.get('kind')!r} dataset, not a LoRA dataset", name)
+        return registry.absolute_path(settings, entry)
+    try:
+        path = resolve_data_path(settings, name)
+    except PathError as exc:
+        raise FieldError(loc, f"{exc}; not a registered dataset either", name) from None
+    if not path.is_dir():
+        raise FieldError(loc, f"{name!r} is not a directory", name)
+    return path
+
+
+def validate(req: AblationRequest, settings: Settings) -> None:
+    path = resolve_dataset(settings, req.dataset)
+    try:
+        summary = summarize_dataset(path)
+    except DatasetFormatError as exc:
+        raise FieldError(("body", "dataset"), str(exc), req.dataset) from None
+    except OSError as exc:
+        raise FieldError(("body", "dataset"), f"cannot read the dataset: {exc}", req.dataset) from None
+    if summary.classes and len(summary.classes) < 2:
+        raise FieldError(("body", "dataset"),
+                         f"the dataset has {len(summary.classes)} class(es); a probe needs at least 2", req.dataset)
+    if not summary.layers:
+        raise FieldError(("body", "dataset"), "no LoRA down/up factor pairs found in the dataset", req.dataset)
+    for i, ls in enumerate(req.layer_sets):
+        if summary.num_layers.get(ls, 0) == 0:
+            raise FieldError(("body", "layer_sets", i),
+                             f"layer set {ls!r} matches no layer of the dataset (layers per set: {summary.num_layers})",
+                             ls)
+
+
+register(JobKind(
+    name="ablations",
+    route="/ablations",
+    request=AblationRequest,
+    queue="train",
+    func="workers.jobs.ablations:run",
+    timeout_s=12 * 3600,
+    result_ttl_s=30 * 24 * 3600,
+    summary="LoRA weight-space ablation: can the concept be probed from all layers vs visual (attn1) layers only?",
+    validate=validate,
+    tags=("lora",),
+))

@@ -1,0 +1,138 @@
+"""``POST /train/bdh``: train a Vision-BDH image classifier on the ``train`` queue (no torch here)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.kinds.base import FieldError, JobKind, register
+from app.paths import PathError, resolve_data_path
+from app.settings import Settings
+
+# Directory names of the official python-pickle archives, and the file that marks a complete one.
+CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
+JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class BDHModelSpec(BaseModel):
+    """Vision-BDH architecture: N = mlp_multiplier · n_embd / n_head neurons per head."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_layer: int = Field(6, ge=1, le=64, description="times the shared BDH layer is applied")
+    n_embd: int = Field(192, ge=4, le=4096, description="embedding width D")
+    n_head: int = Field(6, ge=1, le=128)
+    mlp_multiplier: int = Field(32, ge=1, le=512)
+    softmax_attention: bool = Field(False, description="softmax attention (SDPA) instead of BDH's linear attention")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    cls_token: bool = Field(False, description="classify from a CLS token instead of mean-pooling")
+
+    @field_validator("n_head")
+    @classmethod
+    def _heads_divide_width(cls, n_head: int, info) -> int:  # noqa: ANN001 - pydantic ValidationInfo
+        n_embd = info.data.get("n_embd")
+        if n_embd is not None and n_embd % n_head:
+            raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+        return n_head
+
+    @field_validator("mlp_multiplier")
+    @classmethod
+    def _even_neurons(cls, mult: int, info) -> int:  # noqa: ANN001
+        n_embd, n_head = info.data.get("n_embd"), info.data.get("n_head")
+        if n_embd and n_head and (mult * n_embd) % (2 * n_head):
+            raise ValueError("mlp_multiplier · n_embd / n_head must be an even integer (RoPE rotates pairs)")
+        return mult
+
+
+class TrainBDHRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: Literal["digits", "cifar10", "cifar100"] = "digits"
+    data_dir: str | None = Field(
+        None, max_length=4096,
+        description="CIFAR: the python-pickle batch directory (or its parent) inside the data roots; default "
+        "cifar-10-batches-py / cifar-100-python in the first data root. Not used for digits.",
+    )
+    epochs: int = Field(10, ge=1, le=10_000, description="total epochs (a resumed run continues up to this)")
+    batch_size: int = Field(64, ge=1, le=8192)
+    grad_accum_steps: int = Field(1, ge=1, le=1024)
+    lr: float = Field(1e-3, gt=0.0, le=10.0)
+    weight_decay: float = Field(0.05, ge=0.0, le=10.0)
+    warmup_steps: int = Field(50, ge=0, le=10_000_000)
+    model: BDHModelSpec = Field(default_factory=BDHModelSpec)
+    compile: Literal["off", "default", "max-autotune"] = "off"
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    deterministic: bool = False
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    resume_from: str | None = Field(None, description="id of an earlier train/bdh job whose checkpoint to continue")
+    val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
+    max_train_samples: int | None = Field(None, ge=1)
+    augment: bool = Field(True, description="random resized crop 0.8-1.0, and horizontal flips except for digits")
+    num_workers: int | None = Field(None, ge=0, le=64, description="DataLoader workers; default 4 on CUDA, 0 on CPU")
+    register_as: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+        description="registry name for the best model; default bdh-<job id>",
+    )
+
+
+def cifar_marker(dataset: str, directory: Path) -> Path | None:
+    """The directory holding the batches (``directory`` or its official sub-directory), or None."""
+    name, marker = CIFAR_DIRS[dataset]
+    for cand in (directory, directory / name):
+        if (cand / marker).is_file():
+            return cand
+    return None
+
+
+def checkpoint_of(settings: Settings, job_id: str) -> Path:
+    return settings.artifacts_dir / job_id / "checkpoints" / "last"
+
+
+def validate(req: TrainBDHRequest, settings: Settings) -> None:
+    """Data directory inside the data roots and complete; resume_from names a job with a checkpoint."""
+    if req.dataset == "digits":
+        if req.data_dir is not None:
+            raise FieldError(("body", "data_dir"), "digits is bundled with scikit-learn; omit data_dir",
+                             value=req.data_dir)
+    else:
+        name, marker = CIFAR_DIRS[req.dataset]
+        raw = req.data_dir or name
+        try:
+            directory = resolve_data_path(settings, raw, must_exist=False)
+        except PathError as exc:
+            raise FieldError(("body", "data_dir"), str(exc), value=req.data_dir) from None
+        if cifar_marker(req.dataset, directory) is None:
+            raise FieldError(
+                ("body", "data_dir"),
+                f"{req.dataset} not found at {directory}: extract the official python version "
+                f"({name}.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html) so that "
+                f"{settings.data_roots[0] / name / marker} exists, or pass data_dir",
+                value=req.data_dir,
+            )
+    if req.resume_from is not None:
+        if not JOB_ID.match(req.resume_from):
+            raise FieldError(("body", "resume_from"), "not a job id", value=req.resume_from)
+        last = checkpoint_of(settings, req.resume_from)
+        if not (last / "trainer_state.pt").is_file():
+            raise FieldError(
+                ("body", "resume_from"),
+                f"job {req.resume_from!r} has no checkpoint to resume from (expected {last}/trainer_state.pt)",
+                value=req.resume_from,
+            )
+
+
+register(JobKind(
+    name="train_bdh",
+    route="/train/bdh",
+    request=TrainBDHRequest,
+    queue="train",
+    func="workers.jobs.train_bdh:run",
+    timeout_s=48 * 3600,
+    result_ttl_s=30 * 24 * 3600,
+    summary="Train a Vision-BDH image classifier (digits, CIFAR-10/100) with checkpoints and resume",
+    validate=validate,
+    tags=("training", "vision"),
+))

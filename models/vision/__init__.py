@@ -1,0 +1,1 @@
+"""Vision-BDH: model (reference and optimised), image data, trainer and checkpoints."""

@@ -1,0 +1,467 @@
+"""Vision-BDH trainer: AdamW, accumulation, warmup + cosine, clipping, checkpoints, exact resume, cancellation.
+
+Optimisation. AdamW (``fused=True`` where the build supports it) with decoupled weight decay on the matrices only
+(E, E_v, Dec, conv and head weights; not biases, position embedding or CLS token). The learning rate at optimizer
+step s (0-based) of S is
+
+    lr(s) = lr · (s + 1) / W                                   for s < W  (linear warmup, W = warmup_steps)
+    lr(s) = lr · ½ (1 + cos(π (s − W) / (S − W)))              otherwise  (cosine to zero)
+
+with S = epochs · ⌈batches per epoch / grad_accum_steps⌉. Gradient accumulation sums per-sample losses over the
+micro-batches of one optimizer step and divides by the number of samples in that step, so ``batch_size=b,
+grad_accum_steps=k`` takes the same steps as ``batch_size=k·b`` (up to dropout draws). The global gradient norm
+is clipped to ``grad_clip`` (1.0).
+
+Reproducibility. ``seed`` fixes the initialisation, the validation split, the shuffling and the augmentation (the
+sampler draws them from ``(seed, epoch)``); dropout uses the global torch generator, whose state is saved with
+every checkpoint. ``deterministic`` also asks torch for deterministic kernels. Resuming from the checkpoint of
+epoch e with the same configuration therefore continues exactly as the uninterrupted run: ``epochs`` is the total
+number of epochs (the cosine horizon), and a resumed run trains epochs e+1 … ``epochs``.
+
+Checkpoints (under ``out_dir/checkpoints``): ``last/`` (weights, optimizer, scaler, RNG, history; rewritten
+atomically after every epoch), ``best/`` (weights of the best validation accuracy), and ``epoch_NNN/`` (weights of
+every epoch, optional). ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
+every micro-batch; returning True stops at once (the partial epoch is dropped, the last checkpoint is kept) and an
+exception raised there propagates with the checkpoints on disk intact.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from models.common import autocast, default_device, resolve_precision, seed_everything
+from models.vision.bdh import VisionBDH
+from models.vision.checkpoint import (
+    MODEL_FILE,
+    STATE_FILE,
+    load_state_dict,
+    read_config,
+    replace_dir,
+    save_model_dir,
+)
+from models.vision.config import Optimizations, VisionBDHConfig
+from models.vision.data import ImageArrays, Loaders, load_arrays, make_loaders
+
+log = logging.getLogger(__name__)
+
+COMPILE_MODES = ("off", "default", "max-autotune")
+CSV_COLUMNS = ["epoch", "train_loss", "val_accuracy", "epoch_time_s", "lr", "train_accuracy", "val_loss"]
+
+
+class ResumeError(ValueError):
+    """The checkpoint to resume from is missing or does not match the requested run."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (the API's request, minus service fields)."""
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    epochs: int = 10
+    batch_size: int = 64
+    grad_accum_steps: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 50
+    grad_clip: float = 1.0
+    model: VisionBDHConfig = field(default_factory=VisionBDHConfig)
+    optimizations: Optimizations = field(default_factory=Optimizations)
+    compile: str = "off"
+    precision: str = "auto"
+    deterministic: bool = False
+    seed: int = 0
+    val_fraction: float = 0.1
+    max_train_samples: int | None = None
+    augment: bool = True
+    label_smoothing: float = 0.0
+    num_workers: int = 0
+    keep_epoch_checkpoints: bool = True
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0:
+            raise ValueError("epochs must be positive")
+        if self.batch_size <= 0 or self.grad_accum_steps <= 0:
+            raise ValueError("batch_size and grad_accum_steps must be positive")
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if isinstance(self.model, dict):
+            self.model = VisionBDHConfig.from_dict(self.model)
+        if isinstance(self.optimizations, dict):
+            self.optimizations = Optimizations(**self.optimizations)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class BatchEvent:
+    """What ``on_batch_end`` sees after each micro-batch."""
+
+    epoch: int
+    epochs: int
+    batch: int
+    batches_per_epoch: int
+    done_batches: int
+    total_batches: int
+    loss: float
+    lr: float
+    history: list[dict[str, float]]
+
+
+@dataclass
+class TrainResult:
+    history: list[dict[str, float]]
+    best_epoch: int | None
+    best_val_accuracy: float | None
+    test_accuracy: float | None
+    parameters: int
+    expected_parameters: int
+    epochs_completed: int
+    canceled: bool
+    out_dir: Path
+    checkpoints: dict[str, str]
+    device: str
+    precision: str
+    optimizer: str
+    model_config: dict[str, Any]
+    n_train: int
+    n_val: int
+    n_test: int
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["out_dir"] = str(self.out_dir)
+        return d
+
+
+# -- pieces --------------------------------------------------------------------------------------------------------
+
+
+def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """Linear warmup over ``warmup_steps`` optimizer steps, then cosine decay to zero at ``total_steps``."""
+    warmup = min(warmup_steps, max(total_steps - 1, 0))
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    return base_lr * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on the matrices (≥2-D weights); none on biases, the position embedding and the CLS token."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name in ("pos_embed", "cls") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(groups: list[dict[str, Any]], lr: float) -> tuple[torch.optim.Optimizer, str]:
+    """AdamW with ``fused=True`` when this build supports it for the parameters' device, else ``foreach``."""
+    try:
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True), "adamw-fused"
+    except (RuntimeError, ValueError) as exc:  # fused kernels missing for this device/dtype in this build
+        log.warning("fused AdamW unavailable (%s); using foreach", exc)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), foreach=True), "adamw-foreach"
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, loader: torch.utils.data.DataLoader, device: torch.device, precision: str
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy over ``loader``."""
+    was_training = model.training
+    model.eval()
+    total, correct, loss_sum = 0, 0, 0.0
+    for images, labels in loader:
+        images = _to_device(images, device)
+        labels = labels.to(device, non_blocking=True)
+        with autocast(device, precision):
+            logits = model(images)
+        logits = logits.float()
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += (logits.argmax(dim=1) == labels).sum().item()
+        total += labels.numel()
+    model.train(was_training)
+    return loss_sum / max(total, 1), correct / max(total, 1)
+
+
+def _to_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return images.to(device, non_blocking=True).contiguous(memory_format=torch.channels_last)
+
+
+def _write_csv(path: Path, history: list[dict[str, float]]) -> None:
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in history:
+            writer.writerow({k: row[k] for k in CSV_COLUMNS})
+    tmp.replace(path)
+
+
+def find_checkpoint(path: Path | str) -> Path:
+    """The ``last`` checkpoint directory of a run directory, its ``checkpoints`` directory, or itself."""
+    path = Path(path)
+    for candidate in (path, path / "last", path / "checkpoints" / "last"):
+        if (candidate / STATE_FILE).is_file() and (candidate / MODEL_FILE).is_file():
+            return candidate
+    raise ResumeError(f"no resumable checkpoint under {path} (expected checkpoints/last/{STATE_FILE})")
+
+
+# -- the loop ------------------------------------------------------------------------------------------------------
+
+
+def train(
+    config: TrainConfig,
+    out_dir: Path | str,
+    *,
+    device: torch.device | str | None = None,
+    data: ImageArrays | None = None,
+    resume_from: Path | str | None = None,
+    on_batch_end: Callable[[BatchEvent], bool | None] | None = None,
+    stop_after_epoch: int | None = None,
+    progress_bar: bool = False,
+) -> TrainResult:
+    """Train Vision-BDH per ``config`` into ``out_dir``; see the module docstring for the semantics.
+
+    ``data`` overrides loading ``config.dataset``; ``stop_after_epoch`` ends the run early after that epoch (the
+    schedule still spans ``config.epochs``), which is how an interrupted run is simulated in tests.
+    """
+    out_dir = Path(out_dir)
+    ckpt_dir = out_dir / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(device) if device is not None else default_device()
+    precision = resolve_precision(config.precision, device, cuda_half="bf16")
+    seed_everything(config.seed, config.deterministic)
+
+    data = data if data is not None else load_arrays(config.dataset, config.data_dir)
+    loaders: Loaders = make_loaders(
+        data, config.batch_size, config.val_fraction, config.seed, config.augment, config.max_train_samples,
+        config.num_workers, pin_memory=device.type == "cuda",
+    )
+    model_config = dataclasses.replace(
+        config.model, num_classes=loaders.num_classes, img_size=int(data.train_images.shape[-1]),
+        in_channels=int(data.train_images.shape[1]),
+    )
+    model = VisionBDH(model_config, config.optimizations).to(device, memory_format=torch.channels_last)
+    optimizer, optimizer_name = make_optimizer(param_groups(model, config.weight_decay), config.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    meta = {"classes": loaders.classes, "mean": loaders.mean, "std": loaders.std, "dataset": data.name}
+
+    history: list[dict[str, float]] = []
+    best_epoch: int | None = None
+    best_acc: float | None = None
+    start_epoch, step = 1, 0
+    if resume_from is not None:
+        last = find_checkpoint(resume_from)
+        saved_model = read_config(last)["model"]
+        if VisionBDHConfig.from_dict(saved_model) != model_config:
+            raise ResumeError(f"checkpoint model {saved_model} differs from the requested {model_config.to_dict()}")
+        state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
+        if state["epoch"] >= config.epochs:
+            raise ResumeError(f"the checkpoint already has {state['epoch']} epochs; ask for more than that")
+        model.load_state_dict(load_state_dict(last))
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["rng_cpu"])
+        if device.type == "cuda" and state.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(state["rng_cuda"], device)
+        history = list(state["history"])
+        best_epoch, best_acc = state["best_epoch"], state["best_val_accuracy"]
+        start_epoch, step = state["epoch"] + 1, state["global_step"]
+        previous_best = last.parent / "best"
+        if previous_best.resolve() != (ckpt_dir / "best").resolve() and (previous_best / MODEL_FILE).is_file():
+            shutil.copytree(previous_best, ckpt_dir / "best", dirs_exist_ok=True)
+
+    net: torch.nn.Module = model
+    if config.compile != "off":
+        net = torch.compile(model, mode=config.compile)
+
+    n_train = loaders.n_train
+    bs, accum = config.batch_size, config.grad_accum_steps
+    batches_per_epoch = math.ceil(n_train / bs)
+    steps_per_epoch = math.ceil(batches_per_epoch / accum)
+    total_steps = config.epochs * steps_per_epoch
+    # Samples in the optimizer step that micro-batch i belongs to (the last group of an epoch may be short).
+    batch_sizes = [min(bs, n_train - i * bs) for i in range(batches_per_epoch)]
+    group_samples = [sum(batch_sizes[(i // accum) * accum : (i // accum + 1) * accum]) for i in range(batches_per_epoch)]
+    total_batches = config.epochs * batches_per_epoch
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    canceled = False
+    epochs_completed = start_epoch - 1
+    lr = lr_at(step, config.lr, config.warmup_steps, total_steps)
+    for epoch in range(start_epoch, config.epochs + 1):
+        t0 = time.perf_counter()
+        loaders.train_sampler.set_epoch(epoch)
+        model.train()
+        loss_sum, correct, seen = 0.0, 0, 0
+        batches = loaders.train
+        bar = None
+        if progress_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(batches, total=batches_per_epoch, desc=f"epoch {epoch}/{config.epochs}", leave=False)
+            batches = bar
+        for i, (images, labels) in enumerate(batches):
+            images = _to_device(images, device)
+            labels = labels.to(device, non_blocking=True)
+            with autocast(device, precision):
+                logits = net(images)
+            batch_loss = F.cross_entropy(
+                logits.float(), labels, reduction="sum", label_smoothing=config.label_smoothing
+            )
+            scaler.scale(batch_loss / group_samples[i]).backward()
+            if (i + 1) % accum == 0 or i + 1 == batches_per_epoch:
+                lr = lr_at(step, config.lr, config.warmup_steps, total_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+            loss_sum += batch_loss.item()
+            correct += (logits.detach().argmax(dim=1) == labels).sum().item()
+            seen += labels.numel()
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", lr=f"{lr:.2e}")
+            if on_batch_end is not None:
+                event = BatchEvent(
+                    epoch=epoch, epochs=config.epochs, batch=i + 1, batches_per_epoch=batches_per_epoch,
+                    done_batches=(epoch - 1) * batches_per_epoch + i + 1, total_batches=total_batches,
+                    loss=loss_sum / seen, lr=lr, history=history,
+                )
+                if on_batch_end(event):
+                    canceled = True
+                    break
+        if bar is not None:
+            bar.close()
+        if canceled:
+            break
+        val_loss, val_acc = evaluate(net, loaders.val, device, precision)
+        row = {
+            "epoch": epoch, "train_loss": loss_sum / seen, "val_accuracy": val_acc,
+            "epoch_time_s": time.perf_counter() - t0, "lr": lr, "train_accuracy": correct / seen,
+            "val_loss": val_loss,
+        }
+        history.append(row)
+        _write_csv(out_dir / "metrics.csv", history)
+        if best_acc is None or val_acc > best_acc:
+            best_epoch, best_acc = epoch, val_acc
+            tmp = ckpt_dir / "best.tmp"
+            save_model_dir(tmp, model, model_config, {**meta, "epoch": epoch, "val_accuracy": val_acc})
+            replace_dir(tmp, ckpt_dir / "best")
+        if config.keep_epoch_checkpoints:
+            save_model_dir(ckpt_dir / f"epoch_{epoch:03d}", model, model_config, {**meta, "epoch": epoch})
+        _save_last(ckpt_dir, model, model_config, meta, optimizer, scaler, device, epoch, step, history,
+                   best_epoch, best_acc, config)
+        epochs_completed = epoch
+        if stop_after_epoch is not None and epoch >= stop_after_epoch:
+            break
+
+    test_acc = None
+    if not canceled and best_epoch is not None:
+        model.load_state_dict(load_state_dict(ckpt_dir / "best"))
+        _, test_acc = evaluate(model, loaders.test, device, precision)
+
+    checkpoints = {p.name: str(p) for p in sorted(ckpt_dir.iterdir()) if p.is_dir()}
+    return TrainResult(
+        history=history, best_epoch=best_epoch, best_val_accuracy=best_acc, test_accuracy=test_acc,
+        parameters=sum(p.numel() for p in model.parameters()), expected_parameters=model_config.expected_parameters(),
+        epochs_completed=epochs_completed, canceled=canceled, out_dir=out_dir, checkpoints=checkpoints,
+        device=str(device), precision=precision, optimizer=optimizer_name, model_config=model_config.to_dict(),
+        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test,
+    )
+
+
+def _save_last(
+    ckpt_dir: Path, model: torch.nn.Module, model_config: VisionBDHConfig, meta: dict[str, Any],
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device, epoch: int, step: int,
+    history: list[dict[str, float]], best_epoch: int | None, best_acc: float | None, config: TrainConfig,
+) -> None:
+    tmp = ckpt_dir / "last.tmp"
+    save_model_dir(tmp, model, model_config, {**meta, "epoch": epoch})
+    state = {
+        "epoch": epoch, "global_step": step, "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "history": history, "best_epoch": best_epoch, "best_val_accuracy": best_acc,
+        "train_config": _plain(config.to_dict()),
+    }
+    torch.save(state, tmp / STATE_FILE)
+    replace_dir(tmp, ckpt_dir / "last")
+
+
+def _plain(value: Any) -> Any:
+    """Only containers of str/int/float/bool/None, so ``torch.load(weights_only=True)`` reads it back."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m models.vision.train --dataset digits --epochs 10 --out var/runs/digits`` (tqdm progress)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description="Train Vision-BDH")
+    p.add_argument("--dataset", default="digits", choices=["digits", "cifar10", "cifar100"])
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--grad-accum-steps", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.05)
+    p.add_argument("--warmup-steps", type=int, default=50)
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--n-embd", type=int, default=192)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--mlp-multiplier", type=int, default=32)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--softmax-attention", action="store_true")
+    p.add_argument("--cls-token", action="store_true")
+    p.add_argument("--compile", default="off", choices=list(COMPILE_MODES))
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--max-train-samples", type=int, default=None)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--resume-from", type=Path, default=None)
+    a = p.parse_args(argv)
+    model = VisionBDHConfig(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, mlp_multiplier=a.mlp_multiplier,
+                            dropout=a.dropout, softmax_attention=a.softmax_attention, cls_token=a.cls_token)
+    config = TrainConfig(
+        dataset=a.dataset, data_dir=a.data_dir, epochs=a.epochs, batch_size=a.batch_size,
+        grad_accum_steps=a.grad_accum_steps, lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps,
+        model=model, compile=a.compile, precision=a.precision, deterministic=a.deterministic, seed=a.seed,
+        val_fraction=a.val_fraction, max_train_samples=a.max_train_samples, num_workers=a.num_workers,
+    )
+    result = train(config, a.out, resume_from=a.resume_from, progress_bar=True)
+    for row in result.history:
+        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()}))
+    print(f"best epoch {result.best_epoch}: val {result.best_val_accuracy:.4f}, test {result.test_accuracy}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Every registered job kind honours the submission contract: bad input is a 422 naming the field, never a 500."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.kinds import load_all
+from app.redis_server import EmbeddedRedis
+from app.settings import Settings
+
+PRODUCT_KINDS = {name: kind for name, kind in load_all().items() if not kind.func.startswith("tests.")}
+WRONG_VALUES = [{"nested": ["wrong"]}, -10**12, "definitely-not-valid-\u2603", [None], None]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    home = tmp_path_factory.mktemp("contract")
+    server = EmbeddedRedis(home / "redis", appendonly=False).start()
+    try:
+        from app.main import create_app
+
+        app = create_app(Settings(EXPLAINQ_HOME=str(home), REDIS_URL=server.url))
+        with TestClient(app, raise_server_exceptions=False) as c:
+            yield c
+    finally:
+        server.stop()
+
+
+def test_product_kinds_are_registered_on_both_queues():
+    queues = {kind.queue for kind in PRODUCT_KINDS.values()}
+    assert queues <= {"explain", "train"}
+    for kind in PRODUCT_KINDS.values():
+        assert kind.func.startswith("workers.jobs."), kind.func
+        assert kind.timeout_s > 0
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCT_KINDS))
+def test_unknown_field_is_422_naming_it(client, name):
+    r = client.post(PRODUCT_KINDS[name].route, json={"no_such_field": 1})
+    assert r.status_code == 422, r.text
+    locs = [tuple(d["loc"]) for d in r.json()["detail"]]
+    assert ("body", "no_such_field") in locs or any(len(loc) >= 2 for loc in locs)
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCT_KINDS))
+def test_wrong_values_never_give_5xx(client, name):
+    kind = PRODUCT_KINDS[name]
+    fields = kind.request.model_json_schema().get("properties", {})
+    assert fields, name
+    for field in fields:
+        for value in WRONG_VALUES:
+            r = client.post(kind.route, json={field: value})
+            assert r.status_code in (202, 422), (name, field, value, r.status_code, r.text)
+            if r.status_code == 422:
+                detail = r.json()["detail"]
+                assert isinstance(detail, list) and all("loc" in d and "msg" in d for d in detail)

@@ -1,0 +1,156 @@
+"""Worker side of ``POST /train/bdh``: run the Vision-BDH trainer with progress, metrics and cancellation."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from app.kinds.train_bdh import CIFAR_DIRS, checkpoint_of, cifar_marker
+from app.paths import PathError, resolve_data_path
+from app.settings import Settings
+from workers.context import JobContext, JobError
+
+LOADER = "models.vision.checkpoint:load"
+METRICS_INTERVAL_S = 2.0
+
+
+def train_config(payload: dict[str, Any], data_dir: Path | None, device_type: str) -> Any:
+    """The library's TrainConfig from the API payload."""
+    from models.vision.config import VisionBDHConfig
+    from models.vision.train import TrainConfig
+
+    workers = payload.get("num_workers")
+    if workers is None:
+        workers = 4 if device_type == "cuda" else 0  # on CPU the cores are better spent on the matmuls
+    return TrainConfig(
+        dataset=payload["dataset"], data_dir=str(data_dir) if data_dir else None, epochs=payload["epochs"],
+        batch_size=payload["batch_size"], grad_accum_steps=payload["grad_accum_steps"], lr=payload["lr"],
+        weight_decay=payload["weight_decay"], warmup_steps=payload["warmup_steps"],
+        model=VisionBDHConfig.from_dict(payload["model"]), compile=payload["compile"],
+        precision=payload["precision"], deterministic=payload["deterministic"], seed=payload["seed"],
+        val_fraction=payload["val_fraction"], max_train_samples=payload.get("max_train_samples"),
+        augment=payload.get("augment", True), num_workers=workers,
+    )
+
+
+def _data_dir(settings: Settings, payload: dict[str, Any]) -> Path | None:
+    dataset = payload["dataset"]
+    if dataset == "digits":
+        return None
+    try:
+        directory = resolve_data_path(settings, payload.get("data_dir") or CIFAR_DIRS[dataset][0], must_exist=False)
+    except PathError as exc:
+        raise JobError("bad_data_dir", str(exc)) from None
+    found = cifar_marker(dataset, directory)
+    if found is None:
+        raise JobError("dataset_not_found", f"{dataset} is no longer at {directory}")
+    return found
+
+
+def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Train; progress in batches, latest metrics in ``job.meta["metrics"]``; returns history and artifacts.
+
+    If this job restarts (worker shutdown puts it back on its queue) and already wrote a checkpoint, it
+    continues from its own checkpoint, so a restart costs at most one epoch.
+    """
+    from models.vision.data import DatasetNotFoundError
+    from models.vision.train import BatchEvent, ResumeError, find_checkpoint, train
+
+    data_dir = _data_dir(ctx.settings, payload)
+    config = train_config(payload, data_dir, ctx.device.type)
+    out_dir = ctx.artifacts_dir
+    resume_from: Path | None = None
+    own = checkpoint_of(ctx.settings, ctx.job_id)
+    if (own / "trainer_state.pt").is_file():
+        resume_from = own
+    elif payload.get("resume_from"):
+        resume_from = checkpoint_of(ctx.settings, payload["resume_from"])
+    if resume_from is not None:
+        try:
+            find_checkpoint(resume_from)
+        except ResumeError as exc:
+            raise JobError("bad_resume_from", str(exc)) from None
+
+    last_metrics = {"t": 0.0, "epochs": -1}
+
+    def on_batch_end(event: BatchEvent) -> None:
+        now = time.monotonic()
+        metrics = None
+        if len(event.history) != last_metrics["epochs"] or now - last_metrics["t"] >= METRICS_INTERVAL_S:
+            last_metrics.update(t=now, epochs=len(event.history))
+            metrics = {
+                "epoch": event.epoch, "batch": event.batch, "running_train_loss": event.loss, "lr": event.lr,
+                "history": event.history,
+            }
+        ctx.progress(
+            event.done_batches, event.total_batches, "batches",
+            message=f"epoch {event.epoch}/{event.epochs}, batch {event.batch}/{event.batches_per_epoch}",
+            metrics=metrics,
+        )  # raises JobCanceled at the end of this batch when the job was canceled
+
+    try:
+        result = train(config, out_dir, device=ctx.device, resume_from=resume_from, on_batch_end=on_batch_end)
+    except DatasetNotFoundError as exc:
+        raise JobError("dataset_not_found", str(exc)) from None
+    except ResumeError as exc:
+        raise JobError("bad_resume_from", str(exc)) from None
+
+    ctx.progress(result.epochs_completed, payload["epochs"], "epochs", message="done",
+                 metrics={"history": result.history})
+    name = payload.get("register_as") or f"bdh-{ctx.job_id}"
+    ctx.register_model(
+        name, kind="vision_bdh", loader=LOADER, path=out_dir / "checkpoints" / "best",
+        parameters=result.parameters,
+        meta={"dataset": payload["dataset"], "best_val_accuracy": result.best_val_accuracy,
+              "test_accuracy": result.test_accuracy, "job_id": ctx.job_id},
+    )
+    return {
+        "history": result.history,
+        "best_epoch": result.best_epoch,
+        "best_val_accuracy": result.best_val_accuracy,
+        "test_accuracy": result.test_accuracy,
+        "parameters": result.parameters,
+        "expected_parameters": result.expected_parameters,
+        "epochs_completed": result.epochs_completed,
+        "resumed_from": payload.get("resume_from"),
+        "model_name": name,
+        "model_config": result.model_config,
+        "device": result.device,
+        "precision": result.precision,
+        "optimizer": result.optimizer,
+        "samples": {"train": result.n_train, "val": result.n_val, "test": result.n_test},
+        "artifacts": ctx.artifacts(),
+    }
+
+
+def prepare_demo(settings: Settings, progress: bool = True) -> None:
+    """Register the datasets ``POST /train/bdh`` can use here: digits (bundled) and CIFAR when extracted.
+
+    Idempotent and quick: digits needs only scikit-learn's bundled file; CIFAR directories are only detected
+    under the data roots, never downloaded.
+    """
+    from tqdm import tqdm
+
+    from app import registry
+
+    steps = [("digits", None), *((name, CIFAR_DIRS[name][0]) for name in CIFAR_DIRS)]
+    for name, dirname in tqdm(steps, desc="vision datasets", disable=not progress):
+        if dirname is None:
+            if registry.get_dataset(settings, "digits") is None:
+                import sklearn.datasets
+
+                path = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
+                if not path.is_file():
+                    raise FileNotFoundError(f"scikit-learn's bundled digits file is missing: {path}")
+                registry.register_dataset(settings, "digits", kind="image_classification", path=path,
+                                          meta={"images": 1797, "classes": 10, "source": "scikit-learn"})
+            continue
+        found = None
+        for root in settings.data_roots:
+            found = cifar_marker(name, root / dirname)
+            if found is not None:
+                break
+        if found is not None and registry.get_dataset(settings, name) is None:
+            registry.register_dataset(settings, name, kind="image_classification", path=found,
+                                      meta={"classes": 10 if name == "cifar10" else 100, "format": "python-pickle"})
