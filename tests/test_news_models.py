@@ -136,3 +136,16 @@ def test_small_models_learn_the_synthetic_task(small_models: dict[str, Path]) ->
         assert meta["valid"]["auc"] > (0.9 if name == "nrms-minilm-demo" else 0.85), (name, meta["valid"])
         # the clean models rank fake items below real ones
         assert meta["valid"]["mean_score_fake"] < meta["valid"]["mean_score_real"], name
+
+
+def test_word_embeddings_can_start_from_glove(tmp_path: Path) -> None:
+    tok = WordTokenizer.build(["lakers win", "senate votes"])
+    glove = tmp_path / "glove.txt"
+    glove.write_text("lakers 1 2 3 4\nvotes -1 0 0.5 2\nunrelated 9 9 9 9\n")
+    for config in ({"kind": "nrms", "encoder": "word", "emb_dim": 4, "glove": str(glove)},
+                   {"kind": "naml", "emb_dim": 4, "glove": str(glove)}):
+        model = build_model(config, tok)
+        emb = model.token_encoder.embedding if config["kind"] == "nrms" else model.embedding
+        assert emb.weight[tok.stoi["lakers"]].tolist() == [1, 2, 3, 4]
+        assert emb.weight[tok.stoi["votes"]].tolist() == [-1, 0, 0.5, 2]
+        assert emb.weight[0].abs().sum() == 0

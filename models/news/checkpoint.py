@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.common import count_parameters
-from models.news.modules import NewsRecommender, build_model
+from models.news.modules import BertTokenEncoder, NewsRecommender, build_model
 from models.news.text import WordTokenizer
 
 FROZEN_PREFIX = "token_encoder.bert."
@@ -67,6 +67,9 @@ def load(path: str | Path, device: torch.device | str = "cpu") -> LoadedNewsMode
     if set(missing) - set(allowed):
         raise ValueError(f"checkpoint {path} lacks tensors: {sorted(set(missing) - set(allowed))[:5]}")
     model.to(device).eval()
+    encoder = getattr(model, "token_encoder", None)
+    if isinstance(encoder, BertTokenEncoder):
+        encoder.use_device_attention(torch.device(device))
     for p in model.parameters():
         p.requires_grad_(False)
     return LoadedNewsModel(model, config, count_parameters(model), meta)

@@ -78,7 +78,11 @@ class BertTokenEncoder(nn.Module):
 
         self.pretrained = pretrained
         self.fine_tune = fine_tune
-        self.bert = AutoModel.from_pretrained(str(resolve_pretrained(pretrained)), local_files_only=True)
+        # Eager attention on CPU: with bf16 autocast it runs on the CPU's bf16 matrix units, about 2x fp32,
+        # while SDPA's masked CPU path in bf16 was slower than fp32. ``use_device_attention`` switches to SDPA
+        # on CUDA.
+        self.bert = AutoModel.from_pretrained(str(resolve_pretrained(pretrained)), local_files_only=True,
+                                              attn_implementation="eager")
         self.out_dim = int(self.bert.config.hidden_size)
         if not fine_tune:
             for p in self.bert.parameters():
@@ -90,6 +94,10 @@ class BertTokenEncoder(nn.Module):
         if not self.fine_tune:
             self.bert.eval()  # a frozen encoder never uses dropout
         return self
+
+    def use_device_attention(self, device: torch.device) -> None:
+        """SDPA (fused kernels) on CUDA, eager attention elsewhere."""
+        self.bert.set_attn_implementation("sdpa" if torch.device(device).type == "cuda" else "eager")
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.bert.embeddings.word_embeddings(ids)
@@ -269,6 +277,16 @@ NAML_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _init_from_glove(embedding: nn.Embedding, path: str, tokenizer: WordTokenizer) -> None:
+    """Initialise ``embedding`` from a GloVe text file (only when a model is first built: a checkpoint's weights
+    replace it on load, so the file is not needed afterwards)."""
+    if not Path(path).exists():
+        return  # loading a trained checkpoint whose GloVe source is gone: the saved weights are what count
+    table, _found = load_glove(path, tokenizer, embedding.embedding_dim)
+    with torch.no_grad():
+        embedding.weight.copy_(table)
+
+
 def build_model(config: dict[str, Any], tokenizer: NewsTokenizer | None = None) -> NewsRecommender:
     """Build a model from its JSON config. ``config["encoder"]`` is ``bert`` or ``word`` for NRMS."""
     kind = config["kind"]
@@ -282,11 +300,16 @@ def build_model(config: dict[str, Any], tokenizer: NewsTokenizer | None = None) 
                 raise ValueError("a word-embedding NRMS needs a WordTokenizer")
             tok = tokenizer
             encoder = WordEmbeddingEncoder(len(tok.itos), cfg["emb_dim"], cfg["dropout"])
+            if cfg.get("glove"):
+                _init_from_glove(encoder.embedding, cfg["glove"], tok)
         else:
             raise ValueError(f"unknown NRMS encoder {cfg['encoder']!r}")
         return NRMS(tok, encoder, cfg)
     if kind == "naml":
         if not isinstance(tokenizer, WordTokenizer):
             raise ValueError("NAML needs a WordTokenizer")
-        return NAML(tokenizer, {**NAML_DEFAULTS, **config})
+        model = NAML(tokenizer, {**NAML_DEFAULTS, **config})
+        if config.get("glove"):
+            _init_from_glove(model.embedding, config["glove"], tokenizer)
+        return model
     raise ValueError(f"unknown model kind {kind!r}")
