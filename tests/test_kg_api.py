@@ -163,3 +163,21 @@ def test_train_conve_cancel_leaves_nothing_behind(svc):
     assert job["status"] == "canceled"
     assert registry.get_model(svc.settings, "conve-canceled") is None
     assert not list((svc.home / "models").glob(".conve-canceled*"))
+
+
+def test_train_on_a_directory_under_the_data_roots(svc):
+    root = svc.settings.data_roots[0] / "toy"
+    root.mkdir(parents=True, exist_ok=True)
+    people = ["ann", "bob", "cat", "dan", "eve"]
+    train = [(a, "knows", b) for a in people for b in people if a < b]
+    (root / "train.txt").write_text("".join(f"{h}\t{r}\t{t}\n" for h, r, t in train))
+    (root / "test.txt").write_text("bob\tknows\tann\n")
+    (root / "entity_labels.tsv").write_text("ann\tAnn Smith\n")
+    _, result = _run(svc, "/train/conve", {"name": "conve-toy", "dataset": "toy", **TINY, "epochs": 1})
+    assert result["metrics"]["test"]["n_queries"] == 2
+    _, inf = _run(svc, "/tracin", {"model": "conve-toy", "test_triples": [["bob", "knows", "ann"]], "top_k": None})
+    r = inf["results"][0]
+    assert r["n_candidates"] == len(train) and not r["truncated"]
+    assert len(r["proponents"]) + len(r["opponents"]) == r["n_positive"] + r["n_negative"] > 0
+    (art,) = [a for a in inf["artifacts"] if a["name"] == "influence.csv"]
+    assert "Ann Smith" in open(art["path"]).read()
