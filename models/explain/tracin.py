@@ -349,10 +349,8 @@ class TracIn:
         if self.projection_dim is not None and self.method != "ghost":
             raise ValueError("projection_dim needs method='ghost'")
         self.device = torch.device(self.device) if self.device is not None else self.model.ent.weight.device
-        if self.precision == "auto" and (self.device.type == "cpu" or self.method == "vmap"):
-            # Influence scores are dot products of small gradient differences: keep CPUs exact even where bf16
-            # would be faster (models.common picks bf16 on AMX CPUs for inference).
-            self.precision = "fp32"
+        if self.precision == "auto" and self.method == "vmap":
+            self.precision = "fp32"  # the vmap path is the exact reference; CPUs resolve "auto" to fp32 anyway
         self.precision = resolve_precision(self.precision, self.device)
         if self.method == "vmap" and self.precision != "fp32":
             raise ValueError("method='vmap' is the fp32 reference; use method='ghost' for half precision")

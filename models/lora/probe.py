@@ -100,7 +100,7 @@ def train_probe(
     cannot train on it). ``on_epoch(epoch, val_acc)`` is called after each epoch (cancellation hooks).
     """
     seed_everything(seed)
-    precision = resolve_precision(config.precision, device, cuda_half="bf16")
+    precision = resolve_precision(config.precision, device, cuda_half="bf16", cpu_native_bf16=True)
     if model is None:
         model = ProbeMLP(x_train.shape[1], num_classes, config.hidden_dim, config.dropout)
     model = model.to(device)
@@ -204,7 +204,7 @@ def run_probe(
     xs = standardize(x[idx["train"]], x[idx["val"]], x[idx["test"]])
     ys = [y[idx[k]] for k in ("train", "val", "test")]
     res = train_probe(xs[0], ys[0], xs[1], ys[1], num_classes, config, seed, device, on_epoch=on_epoch)
-    precision = resolve_precision(config.precision, device, cuda_half="bf16")
+    precision = resolve_precision(config.precision, device, cuda_half="bf16", cpu_native_bf16=True)
     out: dict = {"seed": seed, "best_epoch": res.best_epoch, "epochs": res.epochs, "feature_dim": int(x.shape[1])}
     for name, xi, yi in zip(("train", "val", "test"), xs, ys, strict=True):
         pred = predict(res.model, xi, config.batch_size, device, precision).cpu().numpy()

@@ -266,7 +266,7 @@ def _train(
     ckpt_dir = out_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device) if device is not None else default_device()
-    precision = resolve_precision(config.precision, device, cuda_half="bf16")
+    precision = resolve_precision(config.precision, device, cuda_half="bf16", cpu_native_bf16=True)
     seed_everything(config.seed, config.deterministic)
     if device.type == "cpu" and config.tune_cpu_allocator:
         tune_cpu_allocator()
