@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from app import registry
-from app.kinds.base import FieldError, JobKind, register
+from app.kinds.base import FieldError, JobKind, register, require_model
 from app.settings import Settings
 
 METHODS = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "occlusion")
@@ -64,12 +64,7 @@ def validate(req: AttributionsRequest, settings: Settings) -> None:
     for field, name in (("model", req.model), ("compare_with", req.compare_with)):
         if name is None:
             continue
-        entry = registry.get_model(settings, name)
-        if entry is None:
-            raise FieldError(("body", field), f"unknown model {name!r}", value=name)
-        if entry.get("kind") != MODEL_KIND:
-            raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not a news "
-                             "recommender", value=name)
+        require_model(settings, name, MODEL_KIND, field=field, kind_label="a news recommender")
     if (req.samples is None) == (req.dataset is None):
         raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
     if req.samples is not None:

@@ -62,3 +62,17 @@ def register(kind: JobKind) -> JobKind:
 
 def unregister(name: str) -> None:
     KINDS.pop(name, None)
+
+
+def require_model(settings: Settings, name: str, kind: str, field: str = "model",
+                  kind_label: str | None = None) -> dict[str, Any]:
+    """The registry entry of model ``name``, which must be of ``kind``; a FieldError on ``field`` otherwise."""
+    from app import registry
+
+    entry = registry.get_model(settings, name)
+    if entry is None:
+        raise FieldError(("body", field), f"unknown model {name!r}", value=name)
+    if entry.get("kind") != kind:
+        raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not "
+                         f"{kind_label or kind}", value=name)
+    return entry

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from app import registry
-from app.kinds.base import FieldError, JobKind, register
+from app.kinds.base import FieldError, JobKind, register, require_model
 from app.settings import Settings
 from models.kg.shapes import LAYER_NAMES
 
@@ -73,12 +73,7 @@ def _vocab(model_dir: str, mtime_ns: int) -> dict[str, Any]:
 
 def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
     """Entities, relations and checkpoint names of a registered ConvE model; FieldError on ``model``."""
-    entry = registry.get_model(settings, model)
-    if entry is None:
-        raise FieldError(("body", "model"), f"unknown model {model!r}", value=model)
-    if entry.get("kind") != "conve":
-        raise FieldError(("body", "model"), f"model {model!r} is a {entry.get('kind')!r} model, not conve",
-                         value=model)
+    entry = require_model(settings, model, "conve")
     cfg = registry.absolute_path(settings, entry) / "config.json"
     if not cfg.is_file():
         raise FieldError(("body", "model"), f"model {model!r} has no files on this server", value=model)
