@@ -31,11 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 from models.explain.tracin import TracIn  # noqa: E402
+from models.kg.captum_oracle import captum_tracincp  # noqa: E402
 from models.kg.checkpoint import KGBundle, load  # noqa: E402
-from models.kg.conve import query_loss, triple_loss, triple_queries  # noqa: E402
+from models.kg.conve import triple_loss  # noqa: E402
 from models.kg.train import TrainConfig, train_conve  # noqa: E402
 from models.kg.triples import load_nations  # noqa: E402
 
@@ -73,48 +73,9 @@ def loop_tracin(bundle: KGBundle, test: torch.Tensor, train: torch.Tensor) -> to
     return scores
 
 
-class _TripleModel(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, triples: torch.Tensor) -> torch.Tensor:
-        c = self.model.config
-        return torch.stack([self.model(q[:, 0], q[:, 1])
-                            for q in triple_queries(triples, c.num_relations, c.reciprocal)], 1)
-
-
-class _TripleLoss(nn.Module):
-    reduction = "none"
-
-    def __init__(self, cfg) -> None:
-        super().__init__()
-        self.cfg = cfg
-
-    def forward(self, out: torch.Tensor, triples: torch.Tensor) -> torch.Tensor:
-        qs = triple_queries(triples, self.cfg.num_relations, self.cfg.reciprocal)
-        return sum(query_loss(out[:, i], q[:, 2], self.cfg.label_smoothing) for i, q in enumerate(qs))
-
-
 def captum_tracin(bundle: KGBundle, test: torch.Tensor, train: torch.Tensor, batch_size: int) -> torch.Tensor:
     """(b): Captum TracInCP on the same model, checkpoints, learning rates, loss and layers (all)."""
-    from captum.influence import TracInCP
-    from safetensors.torch import load_file
-    from torch.utils.data import DataLoader, TensorDataset
-
-    wrapper = _TripleModel(copy.deepcopy(bundle.model)).eval()
-    lrs = {str(c.path): c.lr for c in bundle.checkpoints}
-
-    def load_ckpt(model: nn.Module, path: str) -> float:
-        model.model.load_state_dict(load_file(path))
-        model.eval()
-        return lrs[path]
-
-    loader = DataLoader(TensorDataset(train, train), batch_size=batch_size, shuffle=False)
-    tracin = TracInCP(wrapper, loader, [str(c.path) for c in bundle.checkpoints], checkpoints_load_func=load_ckpt,
-                      loss_fn=_TripleLoss(wrapper.model.config), batch_size=batch_size,
-                      sample_wise_grads_per_batch=False)
-    return tracin.influence((test, test), k=None)
+    return captum_tracincp(bundle, train, batch_size=batch_size).influence((test, test), k=None)
 
 
 def timed(fn, label: str | None = None):

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from models.explain.tracin import OUTPUT_TABLE, MemoryCheckpoint, TracIn, per_example_grads, resolve_layers
+from models.kg.captum_oracle import captum_tracincp
 from models.kg.checkpoint import KGBundle, load
-from models.kg.conve import query_loss, triple_loss, triple_queries
+from models.kg.conve import triple_loss
 from models.kg.train import TrainConfig, train_conve
 from models.kg.triples import load_nations
 
@@ -33,55 +33,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-class _TripleModel(nn.Module):
-    """Captum view of ConvE: input = triples, output = logits of each query direction ``[B, Q, N]``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, triples: torch.Tensor) -> torch.Tensor:
-        c = self.model.config
-        qs = triple_queries(triples, c.num_relations, c.reciprocal)
-        return torch.stack([self.model(q[:, 0], q[:, 1]) for q in qs], 1)
-
-
-class _TripleLoss(nn.Module):
-    """Per-example loss for Captum: the sum over query directions of the training loss."""
-
-    reduction = "none"
-
-    def __init__(self, model: nn.Module, kind: str) -> None:
-        super().__init__()
-        self.cfg = model.config
-        self.kind = kind
-
-    def forward(self, out: torch.Tensor, triples: torch.Tensor) -> torch.Tensor:
-        qs = triple_queries(triples, self.cfg.num_relations, self.cfg.reciprocal)
-        return sum(query_loss(out[:, i], q[:, 2], self.cfg.label_smoothing, self.kind) for i, q in enumerate(qs))
-
-
-def _captum(bundle: KGBundle, layers: list[str] | None, kind: str, train: torch.Tensor):
-    import copy
-
-    from captum.influence import TracInCP
-    from safetensors.torch import load_file
-    from torch.utils.data import DataLoader, TensorDataset
-
-    wrapper = _TripleModel(copy.deepcopy(bundle.model)).eval()
-    lrs = {str(c.path): c.lr for c in bundle.checkpoints}
-
-    def load_ckpt(model: nn.Module, path: str) -> float:
-        model.model.load_state_dict(load_file(path))
-        model.eval()
-        return lrs[path]
-
-    loader = DataLoader(TensorDataset(train, train), batch_size=16, shuffle=False)
-    return TracInCP(wrapper, loader, [str(c.path) for c in bundle.checkpoints], checkpoints_load_func=load_ckpt,
-                    layers=layers, loss_fn=_TripleLoss(wrapper.model, kind), batch_size=16,
-                    sample_wise_grads_per_batch=False)
-
-
 @pytest.mark.parametrize(("captum_layers", "ours", "kind"), [
     (None, "all", "train"),
     (["model.fc", "model.conv"], ["fc", "conv"], "score_bce"),
@@ -89,7 +40,7 @@ def _captum(bundle: KGBundle, layers: list[str] | None, kind: str, train: torch.
 def test_equals_captum_tracincp(bundle, captum_layers, ours, kind):
     ds = bundle.dataset
     test, train = ds.test[:4], ds.train[:48]
-    tracin = _captum(bundle, captum_layers, kind, train)
+    tracin = captum_tracincp(bundle, train, layers=captum_layers, loss=kind)
     ref = tracin.influence((test, test), k=None)
     ref_self = tracin.self_influence(outer_loop_by_checkpoints=True)
     engine = TracIn(bundle.model, bundle.checkpoints, layers=ours, loss=kind, batch_size=20)
