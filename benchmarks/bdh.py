@@ -3,9 +3,26 @@
     PYTHONPATH=. python benchmarks/bdh.py            # D 192, 6 layers, multiplier 32, batch 32, fp32
     PYTHONPATH=. python benchmarks/bdh.py --quick    # a small configuration, about a minute
 
-All variants are timed in one process, interleaved round-robin (one training step of each variant per round) so
-that a busy machine slows them alike; the table reports the median step. A step is forward, cross-entropy,
-backward, AdamW (fused) and ``zero_grad(set_to_none=True)``, in the chosen precision, on one fixed batch.
+A step is forward, cross-entropy, backward, AdamW (fused) and ``zero_grad(set_to_none=True)``, in fp32 (or the
+chosen precision), on one fixed batch; every model starts from the same weights.
+
+**Each variant runs in its own fresh process**, for ``--rounds`` rounds; a round starts every variant once, in a new
+random order, and each process takes ``--warmup`` untimed steps (compilation, first-touch page faults) before
+``--steps`` timed ones. The table gives the median timed step. Separate processes matter for two reasons: the
+trainer's process-wide allocator setting (:mod:`models.vision.perf`) is one of the optimisations, so the reference
+must run without it, as the plain source does; and in one shared process later variants inherit a heap that earlier
+ones already grew, which biases per-variant shares.
+
+- ``reference``: the plain model (:mod:`models.vision.reference`) in a plain process: the baseline;
+- ``optimized``: the trainer's configuration: every model optimisation on, allocator tuned;
+- ``optimized - X``: the same with one optimisation off, so the slowdown is X's share (``allocator`` = the
+  process-wide setting; ``sdpa`` only with ``--softmax``);
+- ``reference + allocator``: how much of the gain the model changes alone give;
+- ``optimized + compile``: ``torch.compile`` of the optimised model (its compile time is in the warm-up);
+- ``optimized, bf16 autocast``: what ``precision: auto`` picks for training on a CPU with native bf16 (shown only
+  there; not part of the fp32 comparison);
+- ``ViT-Tiny``: a plain pre-norm transformer encoder of the same width, depth and patching, in the trainer's process
+  settings.
 
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one forward+backward of each model
 (matmuls, convolutions and attention; elementwise work is not counted), so "GFLOP/s" is the achieved matmul rate.
@@ -14,52 +31,65 @@ FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one forwa
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 import os
+import random
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from models.common import autocast  # noqa: E402
-from models.vision.bdh import VisionBDH  # noqa: E402
-from models.vision.config import Optimizations, VisionBDHConfig  # noqa: E402
-from models.vision.perf import tune_cpu_allocator  # noqa: E402
-from models.vision.reference import ReferenceVisionBDH  # noqa: E402
-from models.vision.vit import ViTTiny  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
-@dataclasses.dataclass
-class Variant:
-    name: str
+# ------------------------------------------------------------------------------------------------- the child
+def child(spec: dict) -> dict:
+    """Build one variant, warm it up, time its steps; runs in its own process."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models.common import autocast
+    from models.vision.bdh import VisionBDH
+    from models.vision.config import Optimizations, VisionBDHConfig
+    from models.vision.perf import tune_cpu_allocator
+    from models.vision.reference import ReferenceVisionBDH
+    from models.vision.vit import ViTTiny
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    allocator = bool(spec["allocator"]) and tune_cpu_allocator()
+    cfg = spec["config"]
+    config = VisionBDHConfig(n_layer=cfg["n_layer"], n_embd=cfg["n_embd"], n_head=cfg["n_head"],
+                             mlp_multiplier=cfg["mult"], softmax_attention=cfg["softmax"], dropout=0.1)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(cfg["batch"], 3, 32, 32, generator=gen)
+    labels = torch.randint(0, 10, (cfg["batch"],), generator=gen)
+    torch.manual_seed(0)
+    reference = ReferenceVisionBDH(config)
     model: torch.nn.Module
-    step: Callable[[], float]
-    flops: int
-    times: list[float] = dataclasses.field(default_factory=list)
+    if spec["model"] == "reference":
+        model = reference
+    elif spec["model"] == "vit":
+        model = ViTTiny(n_layer=cfg["n_layer"], n_embd=cfg["n_embd"], n_head=3, dropout=0.1)
+    else:
+        opts = Optimizations()
+        for name in spec["without"]:
+            opts = opts.without(name)
+        model = VisionBDH(config, opts)
+        model.load_state_dict(reference.state_dict())
+    model.train()
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-
-def count_flops(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> int:
     with FlopCounterMode(display=False) as counter:
         F.cross_entropy(model(images), labels).backward()
     model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    flops = counter.get_total_flops()
 
-
-def make_step(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, precision: str,
-              compile_mode: str | None) -> Callable[[], float]:
-    net = torch.compile(model, mode=compile_mode) if compile_mode else model
+    net = torch.compile(model, mode=spec["compile"]) if spec["compile"] else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    precision = spec["precision"]
 
     def step() -> float:
         t0 = time.perf_counter()
@@ -71,104 +101,147 @@ def make_step(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
 
-    return step
+    warm = [step() for _ in range(spec["warmup"])]
+    times = [step() for _ in range(spec["steps"])]
+    return {"times": times, "warmup": warm, "flops": flops, "allocator": allocator,
+            "parameters": sum(p.numel() for p in model.parameters()), "threads": torch.get_num_threads()}
+
+
+def run_child(spec: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+                          env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"variant {spec['name']} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -------------------------------------------------------------------------------------------------- the parent
+def variants(args: argparse.Namespace, native_bf16: bool) -> list[dict]:
+    from models.vision.config import Optimizations
+
+    base = {"without": [], "allocator": True, "compile": None, "precision": args.precision}
+    out = [
+        {**base, "name": "reference", "model": "reference", "allocator": False},
+        {**base, "name": "optimized", "model": "bdh"},
+    ]
+    if args.shares:
+        out.append({**base, "name": "optimized - allocator", "model": "bdh", "allocator": False})
+        for name in Optimizations.names():
+            if name == "sdpa" and not args.softmax:
+                continue  # SDPA only acts on softmax attention
+            out.append({**base, "name": f"optimized - {name}", "model": "bdh", "without": [name]})
+        out.append({**base, "name": "reference + allocator", "model": "reference"})
+    if args.compile != "off":
+        out.append({**base, "name": f"optimized + compile({args.compile})", "model": "bdh", "compile": args.compile})
+    if native_bf16 and args.precision == "fp32" and not args.no_bf16:
+        out.append({**base, "name": "optimized, bf16 autocast", "model": "bdh", "precision": "bf16"})
+    out.append({**base, "name": "ViT-Tiny (same D, depth)", "model": "vit"})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small model and batch, two timed rounds")
+    p.add_argument("--quick", action="store_true", help="small model and batch, two rounds of one step")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-embd", type=int, default=192)
     p.add_argument("--n-head", type=int, default=6)
     p.add_argument("--mult", type=int, default=32)
     p.add_argument("--softmax", action="store_true", help="softmax attention (SDPA) instead of linear")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up round")
+    p.add_argument("--rounds", type=int, default=3, help="fresh processes per variant, in shuffled order")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per process")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per process")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--compile", default="default", help="torch.compile mode for the compiled variant, or 'off'")
+    p.add_argument("--no-shares", dest="shares", action="store_false",
+                   help="skip the 'optimized - X' variants (reference, optimized, compile, ViT only)")
+    p.add_argument("--no-bf16", action="store_true", help="skip the bf16 row on CPUs with native bf16")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--default-malloc", action="store_true",
-                   help="leave glibc's mmap threshold alone (the trainer tunes it; see models/vision/perf.py)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffled variant order")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
     if args.quick:
-        args.batch, args.n_layer, args.rounds = 8, 2, 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    malloc = "default" if args.default_malloc else ("tuned" if tune_cpu_allocator() else "default (tuning n/a)")
+        args.batch, args.n_layer, args.rounds, args.steps = 8, 2, 2, 1
 
-    config = VisionBDHConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, mlp_multiplier=args.mult,
-                             softmax_attention=args.softmax, dropout=0.1)
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randn(args.batch, 3, 32, 32, generator=gen)
-    labels = torch.randint(0, 10, (args.batch,), generator=gen)
-    torch.manual_seed(0)
-    reference = ReferenceVisionBDH(config)
-    state = reference.state_dict()
+    import torch
 
-    def bdh(opt: Optimizations) -> VisionBDH:
-        model = VisionBDH(config, opt)
-        model.load_state_dict(state)
-        return model
+    from models.common import cpu_has_native_bf16
+    from models.vision.config import VisionBDHConfig
 
-    specs: list[tuple[str, torch.nn.Module, str | None]] = [
-        ("reference", reference, None),
-        ("optimized", bdh(Optimizations()), None),
-    ]
-    for name in Optimizations.names():
-        if name == "sdpa" and not args.softmax:
-            continue  # SDPA only acts on softmax attention
-        specs.append((f"optimized - {name}", bdh(Optimizations().without(name)), None))
-    if args.compile != "off":
-        specs.append((f"optimized + compile({args.compile})", bdh(Optimizations()), args.compile))
-    vit = ViTTiny(n_layer=args.n_layer, n_embd=args.n_embd, n_head=3, dropout=0.1)
-    specs.append(("ViT-Tiny (same D, depth)", vit, None))
+    config = {"batch": args.batch, "n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
+              "mult": args.mult, "softmax": args.softmax}
+    specs = variants(args, cpu_has_native_bf16())
+    for s in specs:
+        s.update(config=config, threads=args.threads, warmup=args.warmup, steps=args.steps)
+    vc = VisionBDHConfig(n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, mlp_multiplier=args.mult)
+    print(f"torch {torch.__version__}, {args.threads or torch.get_num_threads()} threads, batch {args.batch}, "
+          f"{args.precision}, D {args.n_embd}, layers {args.n_layer}, heads {args.n_head}, multiplier {args.mult}, "
+          f"N {vc.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention; {args.rounds} rounds x "
+          f"{len(specs)} processes ({args.warmup} warm-up + {args.steps} timed steps each); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.precision}, "
-          f"D {args.n_embd}, layers {args.n_layer}, heads {args.n_head}, multiplier {args.mult}, "
-          f"N {config.neurons_per_head}, {'softmax' if args.softmax else 'linear'} attention, malloc {malloc}, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
-    variants = []
-    for name, model, mode in specs:
-        model.train()
-        flops = count_flops(model, images, labels)
-        variants.append(Variant(name, model, make_step(model, images, labels, args.precision, mode), flops))
-
-    for r in range(args.rounds + 1):  # round 0 is warm-up (and compilation)
+    rng = random.Random(args.seed)
+    results: dict[str, dict] = {s["name"]: {"times": [], "warmup": []} for s in specs}
+    for r in range(args.rounds):
+        order = specs[:]
+        rng.shuffle(order)
         took = []
-        for v in variants:
-            t = v.step()
-            took.append(t)
-            if r > 0:
-                v.times.append(t)
-        print(f"round {r}" + (" (warm-up)" if r == 0 else "") + ": "
-              + ", ".join(f"{v.name} {t:.2f}s" for v, t in zip(variants, took, strict=True)), file=sys.stderr,
-              flush=True)
+        for s in order:
+            res = run_child(s)
+            agg = results[s["name"]]
+            agg["times"] += res["times"]
+            agg["warmup"] += res["warmup"]
+            agg.update(flops=res["flops"], parameters=res["parameters"], allocator=res["allocator"])
+            took.append(f"{s['name']} {statistics.median(res['times']):.2f}s")
+        print(f"round {r + 1}: " + ", ".join(took), file=sys.stderr, flush=True)
 
-    ref = variants[0]
-    opt = variants[1]
-    vit_v = variants[-1]
-    header = (f"{'variant':34s} {'s/step':>8s} {'img/s':>8s} {'x ref':>7s} {'GFLOP/step':>11s} {'GFLOP/s':>8s} "
-              f"{'FLOP/s vs ViT':>13s}")
-    print("\n" + header + "\n" + "-" * len(header))
-    vit_rate = vit_v.flops / vit_v.median
-    for v in variants:
-        rate = v.flops / v.median
-        print(f"{v.name:34s} {v.median:8.3f} {args.batch / v.median:8.1f} {ref.median / v.median:7.2f} "
-              f"{v.flops / 1e9:11.1f} {rate / 1e9:8.1f} {rate / vit_rate:13.2f}")
-    print("\nshare of each optimisation (slowdown when only it is switched off; share of the reference->optimized "
-          "time saved):")
-    saved = ref.median - opt.median
-    for v in variants:
-        if v.name.startswith("optimized - "):
-            lost = v.median - opt.median
-            print(f"  {v.name[12:]:18s} x{v.median / opt.median:5.2f}   {100 * lost / saved if saved > 0 else 0:6.1f}%")
+    med = {name: statistics.median(r["times"]) for name, r in results.items()}
+    ref, opt = med["reference"], med["optimized"]
+    vit_name = specs[-1]["name"]
+    vit_rate = results[vit_name]["flops"] / med[vit_name]
+    print()
+    print("| variant | allocator | s/step (median) | img/s | x reference | GFLOP/step | GFLOP/s | FLOP/s vs ViT |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for s in specs:
+        name, r = s["name"], results[s["name"]]
+        rate = r["flops"] / med[name]
+        print(f"| {name} | {'tuned' if r['allocator'] else 'default'} | {med[name]:.3f} | {args.batch / med[name]:.1f} "
+              f"| {ref / med[name]:.2f} | {r['flops'] / 1e9:.1f} | {rate / 1e9:.1f} | {rate / vit_rate:.2f} |")
+    compiled = [s["name"] for s in specs if s["compile"]]
+    if compiled:
+        warm = statistics.median(results[compiled[0]]["warmup"])
+        print(f"\n{compiled[0]}: first step (compilation) {warm:.1f}s")
+    if args.shares:
+        print("\nshare of each optimisation (slowdown of the optimized step when only it is off; share of the "
+              "reference -> optimized time saved):")
+        saved = ref - opt
+        print("| switched off | x optimized | share of time saved |")
+        print("|---|---:|---:|")
+        for s in specs:
+            if s["name"].startswith("optimized - "):
+                lost = med[s["name"]] - opt
+                print(f"| {s['name'][12:]} | {med[s['name']] / opt:.2f} | "
+                      f"{100 * lost / saved if saved > 0 else 0:.1f}% |")
+        if "reference + allocator" in med:
+            print(f"model changes alone (both with the allocator tuned): reference + allocator / optimized = "
+                  f"{med['reference + allocator'] / opt:.2f}x")
+    print(f"\ntime ratio optimized / ViT-Tiny: {opt / med[vit_name]:.1f}x; FLOP ratio BDH / ViT: "
+          f"{results['optimized']['flops'] / results[vit_name]['flops']:.1f}x")
+    goals = [f"optimized >= 3x reference (eager): {ref / opt:.2f}x -> {'met' if ref >= 3 * opt else 'NOT met'}"]
+    if compiled:
+        c = med[compiled[0]]
+        goals.append(f">= 4x with compile: {ref / c:.2f}x -> {'met' if ref >= 4 * c else 'NOT met'}")
+    o_rate = results["optimized"]["flops"] / opt
+    goals.append(f"FLOP/s >= 0.9x ViT: {o_rate / vit_rate:.2f}x -> {'met' if o_rate >= 0.9 * vit_rate else 'NOT met'}")
+    print("goals: " + "; ".join(goals))
+    print(f"parameters: Vision-BDH {results['optimized']['parameters']:,} (formula 3·mult·D² + conv + pos + head = "
+          f"{vc.expected_parameters():,}, BDH core {3 * args.mult * args.n_embd**2:,}); "
+          f"ViT-Tiny {results[vit_name]['parameters']:,}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    print(f"\ntime ratio optimized / ViT-Tiny: {opt.median / vit_v.median:.1f}x; FLOP ratio BDH / ViT: "
-          f"{opt.flops / vit_v.flops:.1f}x")
-    n_params = sum(p.numel() for p in opt.model.parameters())
-    vit_params = sum(p.numel() for p in vit.parameters())
-    print(f"parameters: Vision-BDH {n_params:,} (formula 3·mult·D² + conv + pos + head = "
-          f"{config.expected_parameters():,}, BDH core {3 * args.mult * args.n_embd**2:,}); ViT-Tiny {vit_params:,}")
 
 
 if __name__ == "__main__":
