@@ -309,26 +309,25 @@ def _floor_child(ckpt: str, data: str, args: dict, queue) -> None:
     queue.put({"c2": c2, "d": d, "gflops": 10 * 2 * 4096 * 384 * 1536 / best / 1e9})
 
 
-def matmul_floor(ckpt: Path, data: Path, args: dict) -> dict:
+def _in_process(what: str, target, *args) -> dict:  # noqa: ANN001
+    """Run ``target(*args, queue)`` in a fresh spawned process and return what it put on the queue."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_floor_child, args=(str(ckpt), str(data), args, queue))
-    proc.start()
-    result = queue.get()
-    proc.join()
-    return result
-
-
-def run_isolated(name: str, ckpt: Path, data: Path, args: dict) -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(name, str(ckpt), str(data), args, queue))
+    proc = ctx.Process(target=target, args=(*args, queue))
     proc.start()
     result = queue.get()
     proc.join()
     if proc.exitcode != 0:
-        raise RuntimeError(f"method {name} exited with {proc.exitcode}")
+        raise RuntimeError(f"{what} exited with {proc.exitcode}")
     return result
+
+
+def matmul_floor(ckpt: Path, data: Path, args: dict) -> dict:
+    return _in_process("the matmul floor", _floor_child, str(ckpt), str(data), args)
+
+
+def run_isolated(name: str, ckpt: Path, data: Path, args: dict) -> dict:
+    return _in_process(f"method {name}", _child, name, str(ckpt), str(data), args)
 
 
 def max_rel_diff(a: list, b: list) -> float:
@@ -447,6 +446,7 @@ def main() -> None:
           f"At {n} steps bf16's median completeness delta is {worse:.0f}x fp32's: rounding, not quadrature, sets its "
           "floor. On CPU, auto is fp32 for explanations (bf16 autocast is also ~20x slower on AVX2-only CPUs); ask "
           "for bf16 explicitly to trade accuracy for speed.")
+
 
 if __name__ == "__main__":
     main()
