@@ -68,6 +68,15 @@ def cmd_redis(args: argparse.Namespace) -> None:
     server.stop()
 
 
+def cmd_gc(args: argparse.Namespace) -> None:
+    import json
+
+    from app.gc import collect
+
+    removed = collect(Settings(), grace_s=args.grace_s)
+    print(json.dumps({k: len(v) for k, v in removed.items()}), flush=True)
+
+
 def cmd_demo(args: argparse.Namespace) -> None:
     from workers.demo import prepare_all
 
@@ -115,8 +124,21 @@ class Supervisor:
             self._spawn(f"worker:{queue}", self._worker_argv(queue))
         print(f"explainq is up: http://{self.args.host}:{self.args.port}/docs  (Ctrl-C stops)", flush=True)
 
+    def _maybe_gc(self) -> None:
+        """A gc pass every ``--gc-interval-s`` (in a child process, so a slow store never stalls supervision)."""
+        if self.args.gc_interval_s <= 0 or time.monotonic() < self.next_gc:
+            return
+        if self.gc_proc is not None and self.gc_proc.poll() is None:
+            return
+        self.next_gc = time.monotonic() + self.args.gc_interval_s
+        self.gc_proc = subprocess.Popen([sys.executable, "-m", "app.cli", "gc"], env=self.env,
+                                        stdout=subprocess.DEVNULL)
+
     def supervise(self) -> None:
+        self.next_gc = time.monotonic() + min(self.args.gc_interval_s, 60.0)
+        self.gc_proc: subprocess.Popen | None = None
         while not self.stopping:
+            self._maybe_gc()
             if self.redis is not None and not self.redis.alive():
                 log.error("embedded redis died; restarting it on the same port")
                 self.redis.start()
@@ -173,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--queues", default="explain,train", help="one worker is started per queue")
     up.add_argument("--no-demo", action="store_true", help="skip preparing the demo models and data")
     up.add_argument("--grace-s", type=float, default=30.0, help="how long workers get to stop on shutdown")
+    up.add_argument("--gc-interval-s", type=float, default=3600.0,
+                    help="run `explainq gc` this often (0 disables); the first pass runs a minute after start")
     up.set_defaults(func=cmd_up)
 
     api = sub.add_parser("api", help="run the HTTP API only")
@@ -191,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     red = sub.add_parser("redis", help="run the embedded redis-server alone (data under EXPLAINQ_HOME/redis)")
     red.add_argument("--port", type=int, default=None)
     red.set_defaults(func=cmd_redis)
+
+    gc = sub.add_parser("gc", help="delete artifacts of expired jobs and unreferenced model/dataset versions")
+    gc.add_argument("--grace-s", type=float, default=3600.0,
+                    help="keep replaced versions and unregistered uploads younger than this")
+    gc.set_defaults(func=cmd_gc)
 
     demo = sub.add_parser("demo", help="prepare the demo models and data (idempotent)")
     demo.add_argument("--only", default=None, help="comma-separated job modules, e.g. tracin,attributions")

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import kinds as kinds_pkg
 from app.jobstore import JobStore
 from app.kinds.base import FieldError
-from app.routers import health, jobs, models, submit
+from app.routers import artifacts, health, jobs, models, submit
 from app.settings import Settings
 
 log = logging.getLogger("explainq.api")
@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": [exc.detail()]})
+        return JSONResponse(status_code=exc.status_code, content=exc.body())
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
@@ -123,6 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(models.router)
+    app.include_router(artifacts.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
 

@@ -9,6 +9,9 @@
 | ``EXPLAINQ_MAX_BODY_BYTES`` | request body limit | 8 MiB |
 | ``EXPLAINQ_RESULT_TTL_S`` | how long finished jobs and results stay in Redis | 7 days |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
+| ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
+| ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
+| ``EXPLAINQ_MODEL_CACHE_BYTES`` | memory budget of a worker's loaded models (least recently used ones are dropped) | 4 GiB |
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class Settings(BaseSettings):
     failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
     redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
+    store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))
+    store_cache_mode: str = Field("auto", pattern="^(auto|always)$", validation_alias=_alias("EXPLAINQ_STORE_CACHE"))
+    model_cache_bytes: int = Field(4 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_MODEL_CACHE_BYTES"))
 
     @cached_property
     def home(self) -> Path:
@@ -64,9 +70,20 @@ class Settings(BaseSettings):
         return out
 
     @property
-    def artifacts_dir(self) -> Path:
-        return self.home / "artifacts"
+    def store_url(self) -> str:
+        """The store's fsspec URL; a plain path (relative paths resolved now) or the default under the home."""
+        raw = self.store_raw.strip()
+        if not raw:
+            return str(self.home / "store")
+        if "://" in raw or "::" in raw:
+            return raw
+        return str(Path(raw).expanduser().resolve())
 
     @property
-    def registry_path(self) -> Path:
-        return self.home / "registry.json"
+    def store_cache_dir(self) -> Path:
+        return self.home / "cache" / "store"
+
+    @property
+    def work_dir(self) -> Path:
+        """This host's scratch space for running jobs (their artifacts before they reach the store)."""
+        return self.home / "work"

@@ -5,8 +5,9 @@
         job = svc.wait(r.json()["id"])             # polls GET /jobs/{id} until it ends
         result = svc.client.get(f"/jobs/{job['id']}/result").json()
 
-Register test models in ``svc.settings`` (``app.registry.register_model``) before ``start()`` (or pass
-``start=False`` to the constructor and call ``svc.start()``) so that workers preload them.
+Register test models in ``svc.settings`` (``app.registry.register_model``; Redis runs from construction on) before
+``start()`` (pass ``start=False`` to the constructor and call ``svc.start()``) with ``preload=True`` so that workers
+preload them; other models load on first use.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ class Service:
         self.extra_env = env or {}
         self.workers: list[subprocess.Popen] = []
         self.client: TestClient | None = None
-        self.settings = Settings(EXPLAINQ_HOME=str(self.home), EXPLAINQ_API_KEYS=api_keys,
-                                 EXPLAINQ_HEARTBEAT_TTL_S=heartbeat_ttl_s)
+        # Redis starts now, so models and datasets can be registered before the workers start.
+        if self.own_redis and not self.redis_server.alive():
+            self.redis_server.start()
+        self.settings = Settings(EXPLAINQ_HOME=str(self.home), REDIS_URL=self.redis_server.url,
+                                 EXPLAINQ_API_KEYS=api_keys, EXPLAINQ_HEARTBEAT_TTL_S=heartbeat_ttl_s,
+                                 **self.extra_env)
         if start:
             self.start()
 
@@ -72,7 +77,8 @@ class Service:
         if self.own_redis and not self.redis_server.alive():
             self.redis_server.start()
         self.settings = Settings(EXPLAINQ_HOME=str(self.home), REDIS_URL=self.redis_server.url,
-                                 EXPLAINQ_API_KEYS=self.api_keys, EXPLAINQ_HEARTBEAT_TTL_S=self.heartbeat_ttl_s)
+                                 EXPLAINQ_API_KEYS=self.api_keys, EXPLAINQ_HEARTBEAT_TTL_S=self.heartbeat_ttl_s,
+                                 **self.extra_env)
         for queues in self.queues:
             self.start_worker(queues)
         self.wait_for_workers(len(self.queues))
@@ -148,3 +154,9 @@ class Service:
                     return body
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id} not in {statuses} after {timeout_s}s: {body}\n{self.worker_logs()}")
+
+    def artifact(self, job_id: str, name: str, headers: dict[str, str] | None = None) -> bytes:
+        """Download one of a job's files through ``GET /jobs/{id}/artifacts/{name}``."""
+        r = self.client.get(f"/jobs/{job_id}/artifacts/{name}", headers=headers)
+        assert r.status_code == 200, (r.status_code, r.text)
+        return r.content

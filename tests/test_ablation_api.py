@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
@@ -78,19 +76,22 @@ def test_ablation_by_path_end_to_end(svc: Service) -> None:
     assert set(res["drop"]) == {"simple_stats", "spectral_delta"}
     names = {a["name"]: a for a in res["artifacts"]}
     assert {"results.json", "results.txt"} <= set(names)
-    full = json.loads(Path(names["results.json"]["path"]).read_text())
+    assert all("path" not in a for a in res["artifacts"])  # results never carry a server path
+    full = json.loads(svc.artifact(job["id"], "results.json"))
     assert len(full["results"]["all"]["simple_stats"]["runs"]) == 3
-    assert "simple_stats" in Path(names["results.txt"]["path"]).read_text()
+    assert "simple_stats" in svc.artifact(job["id"], "results.txt").decode()
     assert list((svc.home / "cache" / "features").glob("*.safetensors"))
 
 
 def test_demo_dataset_registered_and_runs(svc: Service) -> None:
+    from app import registry
     from workers.jobs.ablations import prepare_demo
 
     prepare_demo(svc.settings, progress=False)
-    stamp = (svc.home / "data" / "lora-demo" / "demo.json").stat().st_mtime_ns
+    entry = registry.get_dataset(svc.settings, "lora-demo")
+    assert entry["owner"] == "system" and entry["location"].startswith("datasets/lora-demo/")
     prepare_demo(svc.settings, progress=False)  # idempotent: nothing regenerated
-    assert (svc.home / "data" / "lora-demo" / "demo.json").stat().st_mtime_ns == stamp
+    assert registry.get_dataset(svc.settings, "lora-demo") == entry
     body = {"dataset": "lora-demo", **FAST, "representations": ["simple_stats"], "sample_layers": 0.25}
     r = svc.client.post("/ablations", json=body)
     assert r.status_code == 202, r.text
@@ -100,4 +101,3 @@ def test_demo_dataset_registered_and_runs(svc: Service) -> None:
     res = res.get("result", res)
     assert res["num_layers"] == {"all": 128, "visual": 64, "text": 64}
     assert res["layers_used"] == {"all": 32, "visual": 16}
-    shutil.rmtree(svc.home / "data" / "lora-demo")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 
 import pytest
 
@@ -55,7 +56,8 @@ def test_tracin_end_to_end_with_csv(svc):
             assert "usa" in (p["train_triple"][0], p["train_triple"][2]) or \
                 "uk" in (p["train_triple"][0], p["train_triple"][2])
     (art,) = [a for a in result["artifacts"] if a["name"] == "influence.csv"]
-    with open(art["path"]) as fh:
+    assert art["media_type"] == "text/csv" and "path" not in art
+    with io.StringIO(svc.artifact(job["id"], "influence.csv").decode()) as fh:
         rows = list(csv.DictReader(fh))
     assert rows[0]["TestHead"] == "usa" and {"TrainHead", "TracInScore", "SelfInfluence"} <= set(rows[0])
     n_listed = sum(len(r["proponents"]) + len(r["opponents"]) for r in result["results"])
@@ -124,17 +126,18 @@ def test_train_bad_input_is_422(svc, patch, loc):
     assert any(d["loc"] == loc for d in r.json()["detail"]), r.json()
 
 
-def test_prepare_demo_registers_model_and_dataset_once(tmp_path, monkeypatch):
-    from app.settings import Settings
+def test_prepare_demo_registers_model_and_dataset_once(redis_settings, monkeypatch):
     from workers.jobs import train_conve as job
 
     monkeypatch.setattr(job, "DEMO_CONFIG", {**TINY, "epochs": 1})
-    settings = Settings(EXPLAINQ_HOME=str(tmp_path))
+    settings = redis_settings
     job.prepare_demo(settings, progress=False)
     entry = registry.get_model(settings, job.DEMO_NAME)
     assert entry["kind"] == "conve" and entry["meta"]["train_triples"] == 1592
-    assert registry.get_dataset(settings, "nations")["kind"] == "triples"
-    assert (settings.data_roots[0] / "nations" / "SOURCE.md").is_file()
+    assert entry["owner"] == "system" and entry["preload"]
+    nations = registry.get_dataset(settings, "nations")
+    assert nations["kind"] == "triples"
+    assert (registry.local_path(settings, nations) / "SOURCE.md").is_file()
     created = entry["created_at"]
     job.prepare_demo(settings, progress=False)  # idempotent: nothing retrained
     assert registry.get_model(settings, job.DEMO_NAME)["created_at"] == created
@@ -162,7 +165,8 @@ def test_train_conve_cancel_leaves_nothing_behind(svc):
     job = svc.wait(job_id, timeout_s=60)
     assert job["status"] == "canceled"
     assert registry.get_model(svc.settings, "conve-canceled") is None
-    assert not list((svc.home / "models").glob(".conve-canceled*"))
+    assert not registry.store(svc.settings).list_dirs("models/conve-canceled")
+    assert not list(svc.settings.work_dir.glob("conve-conve-canceled*"))
 
 
 def test_train_on_a_directory_under_the_data_roots(svc):
@@ -175,9 +179,10 @@ def test_train_on_a_directory_under_the_data_roots(svc):
     (root / "entity_labels.tsv").write_text("ann\tAnn Smith\n")
     _, result = _run(svc, "/train/conve", {"name": "conve-toy", "dataset": "toy", **TINY, "epochs": 1})
     assert result["metrics"]["test"]["n_queries"] == 2
-    _, inf = _run(svc, "/tracin", {"model": "conve-toy", "test_triples": [["bob", "knows", "ann"]], "top_k": None})
+    inf_job, inf = _run(svc, "/tracin", {"model": "conve-toy", "test_triples": [["bob", "knows", "ann"]],
+                                         "top_k": None})
     r = inf["results"][0]
     assert r["n_candidates"] == len(train) and not r["truncated"]
     assert len(r["proponents"]) + len(r["opponents"]) == r["n_positive"] + r["n_negative"] > 0
     (art,) = [a for a in inf["artifacts"] if a["name"] == "influence.csv"]
-    assert "Ann Smith" in open(art["path"]).read()
+    assert "Ann Smith" in svc.artifact(inf_job["id"], "influence.csv").decode()

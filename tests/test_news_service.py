@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 
 import pytest
@@ -78,7 +79,7 @@ def test_dataset_comparison_and_npz_artifact(svc) -> None:
     assert names == ["attributions.npz"]
     import numpy as np
 
-    with np.load(result["artifacts"][0]["path"]) as npz:
+    with np.load(io.BytesIO(svc.artifact(job["id"], "attributions.npz"))) as npz:
         assert npz["offsets"][-1] == len(npz["token_attributions"]) == len(npz["tokens"])
         assert list(npz["ids"]) == [s["id"] for s in result["samples"]]
 

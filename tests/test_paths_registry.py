@@ -46,14 +46,114 @@ def test_several_data_roots(tmp_path):
     assert resolve_data_path(s, "x") == tmp_path / "r2" / "x"
 
 
-def test_registry_round_trip_with_relative_paths(settings, tmp_path):
-    registry.register_model(settings, "m", kind="k", loader="a.b:c", path=tmp_path / "models" / "m", parameters=3)
-    registry.register_dataset(settings, "d", kind="lora", path="data/sets/a", meta={"n": 1})
-    data = json.loads((tmp_path / "registry.json").read_text())
-    assert data["models"]["m"]["path"] == "models/m"
-    assert registry.absolute_path(settings, registry.get_model(settings, "m")) == tmp_path / "models" / "m"
+def test_registry_round_trip_in_redis_with_store_versions(redis_settings, tmp_path):
+    settings = redis_settings
+    src = tmp_path / "build" / "m"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text('{"a": 1}')
+    entry = registry.register_model(settings, "m", kind="k", loader="a.b:c", path=src, parameters=3, owner="alice")
+    assert entry["location"].startswith("models/m/") and entry["owner"] == "alice"
+    got = registry.get_model(settings, "m")
+    assert got == entry
+    local = registry.local_path(settings, got)
+    assert (local / "config.json").read_text() == '{"a": 1}'
+    assert local.is_relative_to(settings.home / "store")  # a local store is read in place
+    assert registry.read_file(settings, got, "config.json") == b'{"a": 1}'
+    registry.register_dataset(settings, "d", kind="lora", path=tmp_path / "data" / "sets" / "a", meta={"n": 1})
     assert registry.get_dataset(settings, "d")["meta"] == {"n": 1}
+    assert registry.get_dataset(settings, "d")["path"] == str(tmp_path / "data" / "sets" / "a")
     assert registry.get_model(settings, "nope") is None
+    assert list(registry.list_models(settings)) == ["m"]
+
+
+def test_only_the_owner_replaces_or_deletes(redis_settings, tmp_path):
+    settings = redis_settings
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "w").write_text("1")
+    first = registry.register_model(settings, "m", kind="k", loader="a:b", path=src, owner="alice")
+    with pytest.raises(registry.OwnershipError, match="alice"):
+        registry.register_model(settings, "m", kind="k", loader="a:b", path=src, owner="bob")
+    with pytest.raises(registry.OwnershipError):
+        registry.delete(settings, "models", "m", "bob")
+    assert registry.get_model(settings, "m")["location"] == first["location"]
+    second = registry.register_model(settings, "m", kind="k", loader="a:b", path=src, owner="alice")
+    assert second["location"] != first["location"]  # a replacement is a new immutable version
+    # the replaced version waits for gc; the new one is referenced
+    from app.gc import collect
+
+    removed = collect(settings, grace_s=0)
+    assert first["location"] in removed["versions"]
+    assert not registry.store(settings).exists(first["location"])
+    assert registry.store(settings).exists(second["location"] + "/w")
+    assert registry.delete(settings, "models", "m", "alice")["owner"] == "alice"
+    assert registry.get_model(settings, "m") is None
+    assert registry.delete(settings, "models", "m", "alice") is None
+
+
+def test_concurrent_registrations_of_one_name_by_two_owners_one_wins(redis_settings, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = redis_settings
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "w").write_text("1")
+
+    def attempt(owner: str) -> str:
+        try:
+            registry.register_model(settings, "shared", kind="k", loader="a:b", path=src, owner=owner)
+            return owner
+        except registry.OwnershipError:
+            return ""
+
+    with ThreadPoolExecutor(8) as pool:
+        winners = {w for w in pool.map(attempt, [f"o{i % 4}" for i in range(16)]) if w}
+    assert len(winners) == 1
+    assert registry.get_model(settings, "shared")["owner"] in winners
+
+
+def test_legacy_registry_json_is_imported_once(redis_server, tmp_path):
+    import redis
+
+    from app.settings import Settings
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    model_dir = tmp_path / "models" / "old"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text("{}")
+    (tmp_path / "registry.json").write_text(json.dumps({
+        "models": {"old": {"kind": "conve", "loader": "x:y", "path": "models/old", "parameters": 5}},
+        "datasets": {"ds": {"kind": "triples", "path": "data/sets/a"}}}))
+    registry._IMPORTED.clear()
+    settings = Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL=redis_server.url)
+    entry = registry.get_model(settings, "old")
+    assert entry["owner"] == "system" and entry["preload"] and entry["parameters"] == 5
+    assert (registry.local_path(settings, entry) / "config.json").is_file()
+    assert registry.get_dataset(settings, "ds")["path"] == str(tmp_path / "data" / "sets" / "a")
+    assert not (tmp_path / "registry.json").exists() and (tmp_path / "registry.json.imported").exists()
+
+
+def test_store_copies_remote_style_keys_into_the_host_cache(tmp_path):
+    from app.store import Store, StoreError
+
+    shared = tmp_path / "shared"
+    a = Store(str(shared), tmp_path / "hostA" / "cache", cache_mode="always")
+    b = Store(str(shared), tmp_path / "hostB" / "cache", cache_mode="always")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "x.txt").write_text("hello")
+    a.put_dir(src, "models/m/v1")
+    with pytest.raises(OSError):
+        a.put_dir(src, "models/m/v1")  # versions are never overwritten
+    local = b.local_dir("models/m/v1")
+    assert local.is_relative_to(tmp_path / "hostB" / "cache")
+    assert (local / "sub" / "x.txt").read_text() == "hello"
+    assert b.local_dir("models/m/v1") == local  # reused
+    assert b.list_files("models/m/v1") == [{"name": "sub/x.txt", "size": 5, "media_type": "text/plain"}]
+    with pytest.raises(StoreError):
+        b.local_dir("models/m/none")
+    with pytest.raises(StoreError):
+        b.full("../escape")
 
 
 def test_malformed_api_keys_raise():

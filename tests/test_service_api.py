@@ -42,7 +42,10 @@ def test_lifecycle_queued_running_succeeded_with_monotonic_progress(service):
     result = service.client.get(body["result_url"]).json()
     assert result["steps"] == 8
     (artifact,) = result["artifacts"]
-    assert artifact["name"] == "out.txt" and artifact["path"].endswith(f"artifacts/{job['id']}/out.txt")
+    assert artifact == {"name": "out.txt", "size": len(service.artifact(job["id"], "out.txt")),
+                        "media_type": "text/plain"}
+    listed = service.client.get(f"/jobs/{job['id']}/artifacts").json()["items"]
+    assert listed == [{**artifact, "url": f"/jobs/{job['id']}/artifacts/out.txt"}]
 
 
 def test_eta_is_reported_while_running(service):

@@ -100,8 +100,9 @@ def test_models_are_preloaded_once_and_shared_by_jobs(tmp_path):
     svc = Service(tmp_path, start=False)
     model_dir = tmp_path / "models" / "counter"
     model_dir.mkdir(parents=True)
-    registry.register_model(svc.settings, "counter", kind="test", loader="tests.jobkinds:load_counter_model",
-                            path=model_dir, parameters=42)
+    entry = registry.register_model(svc.settings, "counter", kind="test", loader="tests.jobkinds:load_counter_model",
+                                    path=model_dir, parameters=42, preload=True)
+    model_dir = registry.local_path(svc.settings, entry)  # the version in the store, which the worker loads
     with svc.start():
         assert (model_dir / "loads.txt").read_text() == "load\n"  # loaded at worker start
         for _ in range(2):

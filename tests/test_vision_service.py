@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import subprocess
 import sys
 import time
@@ -46,7 +47,6 @@ def test_kind_module_does_not_import_torch() -> None:
         ({"epochs": 0}, ["body", "epochs"]),
         ({"epochs": -3}, ["body", "epochs"]),
         ({"model": {**TINY_MODEL, "n_embd": 30, "n_head": 4}}, ["body", "model", "n_head"]),
-        ({"resume_from": "no-such-job"}, ["body", "resume_from"]),
         ({"resume_from": "../../etc"}, ["body", "resume_from"]),
         ({"precision": "fp8"}, ["body", "precision"]),
         ({"compile": "fast"}, ["body", "compile"]),
@@ -77,7 +77,7 @@ def test_train_digits_end_to_end(service: Service) -> None:
     assert result["parameters"] == result["expected_parameters"]
     names = {a["name"] for a in result["artifacts"]}
     assert {"metrics.csv", "checkpoints/best/model.safetensors", "checkpoints/last/trainer_state.pt"} <= names
-    rows = list(csv.DictReader(open(service.home / "artifacts" / job["id"] / "metrics.csv")))
+    rows = list(csv.DictReader(io.StringIO(service.artifact(job["id"], "metrics.csv").decode())))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     model = service.client.get(f"/models/{result['model_name']}")
     if model.status_code == 200:  # the registry route shows what the job registered
@@ -85,6 +85,12 @@ def test_train_digits_end_to_end(service: Service) -> None:
     from app import registry
 
     assert registry.get_model(service.settings, result["model_name"])["loader"] == "models.vision.checkpoint:load"
+
+
+def test_resume_from_an_unknown_job_is_404_naming_the_field(service: Service) -> None:
+    r = service.client.post("/train/bdh", json=body(resume_from="no-such-job"))
+    assert r.status_code == 404, r.text
+    assert r.json()["detail"]["loc"] == ["body", "resume_from"]
 
 
 def test_cancel_keeps_the_last_checkpoint_and_resume_continues(service: Service) -> None:
@@ -105,9 +111,10 @@ def test_cancel_keeps_the_last_checkpoint_and_resume_continues(service: Service)
     canceled = service.wait(job_id, timeout_s=60)
     assert canceled["status"] == "canceled", canceled
     assert canceled["progress"]["done"] < 400 * 2
-    artifacts = service.home / "artifacts" / job_id
-    assert (artifacts / "checkpoints/last/trainer_state.pt").is_file()
-    done_epochs = len(list(csv.DictReader(open(artifacts / "metrics.csv"))))
+    listed = {a["name"] for a in service.client.get(f"/jobs/{job_id}/artifacts").json()["items"]}
+    assert "checkpoints/last/trainer_state.pt" in listed
+    first_rows = list(csv.DictReader(io.StringIO(service.artifact(job_id, "metrics.csv").decode())))
+    done_epochs = len(first_rows)
     assert done_epochs >= 2
 
     r = service.client.post("/train/bdh", json=body(epochs=done_epochs + 1, max_train_samples=64,
@@ -118,7 +125,6 @@ def test_cancel_keeps_the_last_checkpoint_and_resume_continues(service: Service)
     result = service.client.get(f"/jobs/{resumed['id']}/result").json()
     result = result.get("result", result)
     assert [row["epoch"] for row in result["history"]] == list(range(1, done_epochs + 2))
-    first_rows = list(csv.DictReader(open(artifacts / "metrics.csv")))
     assert [float(r["train_loss"]) for r in first_rows] == [row["train_loss"] for row in result["history"][:-1]]
 
 

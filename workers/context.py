@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import registry
+from app.artifacts import artifacts_key, record_owner
 from app.jobstore import cancel_key
 from app.settings import Settings
+from app.store import get_store, media_type
 
 if TYPE_CHECKING:
     import torch
@@ -150,6 +153,13 @@ class JobContext:
             self.job.save_meta()
 
     # ---- models
+    @property
+    def owner(self) -> str:
+        """The API key name that submitted this job (``system`` outside the service)."""
+        if self.job is not None:
+            return self.job.meta.get("owner") or registry.SYSTEM
+        return registry.SYSTEM
+
     def model(self, name: str) -> Any:
         if self._models is None:
             from workers.model_cache import ModelCache
@@ -158,19 +168,29 @@ class JobContext:
         return self._models.get(name)
 
     def register_model(self, name: str, **entry: Any) -> dict[str, Any]:
-        result = registry.register_model(self.settings, name, **entry)
+        """Register a model for this job's owner (its files are uploaded into the store as a new version).
+        Another owner's name fails the job with ``name_taken``."""
+        try:
+            result = registry.register_model(self.settings, name, owner=self.owner, **entry)
+        except registry.OwnershipError as exc:
+            raise JobError("name_taken", str(exc)) from None
         if self._models is not None:
             self._models.evict(name)
         return result
 
     def register_dataset(self, name: str, **entry: Any) -> dict[str, Any]:
-        return registry.register_dataset(self.settings, name, **entry)
+        try:
+            return registry.register_dataset(self.settings, name, owner=self.owner, **entry)
+        except registry.OwnershipError as exc:
+            raise JobError("name_taken", str(exc)) from None
 
     # ---- artifacts
     @property
     def artifacts_dir(self) -> Path:
+        """This job's local scratch directory; its files reach the store under ``artifacts/<job id>/``
+        when the job ends (``publish_artifacts``), and are listed by ``GET /jobs/{id}/artifacts``."""
         if self._artifacts_dir is None:
-            self._artifacts_dir = self.settings.artifacts_dir / self.job_id
+            self._artifacts_dir = self.settings.work_dir / self.job_id
             self._artifacts_dir.mkdir(parents=True, exist_ok=True)
         return self._artifacts_dir
 
@@ -182,13 +202,24 @@ class JobContext:
         return path
 
     def artifacts(self) -> list[dict[str, Any]]:
+        """The job's files by relative name (never a server path), with size and media type."""
         if self._artifacts_dir is None or not self._artifacts_dir.exists():
             return []
-        out = []
-        for path in sorted(p for p in self._artifacts_dir.rglob("*") if p.is_file()):
-            out.append({
-                "name": str(path.relative_to(self._artifacts_dir)),
-                "path": str(path),
-                "bytes": path.stat().st_size,
-            })
-        return out
+        return [{"name": str(p.relative_to(self._artifacts_dir)), "size": p.stat().st_size,
+                 "media_type": media_type(p.name)}
+                for p in sorted(p for p in self._artifacts_dir.rglob("*") if p.is_file())]
+
+    def publish_artifacts(self, subdir: str | None = None) -> None:
+        """Copy the job's files (or one sub-directory of them) into the store, and record the owner."""
+        if self._artifacts_dir is None or not self._artifacts_dir.exists():
+            return
+        record_owner(self.settings, self.job_id, self.owner, self.job.meta.get("kind") if self.job else None)
+        local = self._artifacts_dir / subdir if subdir else self._artifacts_dir
+        key = artifacts_key(self.job_id, subdir) if subdir else artifacts_key(self.job_id)
+        get_store(self.settings).sync_dir(local, key)
+
+    def cleanup(self) -> None:
+        """Remove the local scratch copy (after the files reached the store)."""
+        if self._artifacts_dir is not None:
+            shutil.rmtree(self._artifacts_dir, ignore_errors=True)
+

@@ -42,10 +42,18 @@ def execute(func_path: str, kind: str, payload: dict[str, Any]) -> Any:
             job.meta["error"] = {"code": code, "message": message}
             job.save_meta()
 
+    published = False
     try:
         ctx.check_canceled()
         func = import_object(func_path)
-        return func(payload, ctx)
+        result = func(payload, ctx)
+        try:
+            ctx.publish_artifacts()
+        except Exception as exc:
+            raise JobError("store_unavailable", f"the job finished but its files could not be written to the "
+                           f"store: {type(exc).__name__}: {exc}") from exc
+        published = True
+        return result
     except JobCanceled:
         if job is not None:
             OUTCOMES[job.id] = "canceled"
@@ -77,3 +85,15 @@ def execute(func_path: str, kind: str, payload: dict[str, Any]) -> Any:
             fail("internal", f"{name}: {exc}")
         log.error("job %s (%s) failed:\n%s", job.id if job else "-", kind, traceback.format_exc())
         raise
+    finally:
+        _finish_artifacts(ctx, published)
+
+
+def _finish_artifacts(ctx: JobContext, published: bool) -> None:
+    """Keep what a failed or canceled job wrote (a checkpoint to resume from, say), then drop the scratch copy."""
+    try:
+        if not published:
+            ctx.publish_artifacts()
+        ctx.cleanup()
+    except Exception:  # the job's own outcome stands; the scratch copy stays for the next gc pass
+        log.exception("could not publish the artifacts of job %s", ctx.job_id)

@@ -83,7 +83,7 @@ def resolve_dataset(settings: Settings, name: str) -> Path:
     return path
 
 
-def validate(req: AblationRequest, settings: Settings) -> None:
+def validate(req: AblationRequest, settings: Settings, owner: str = "system") -> None:
     path = resolve_dataset(settings, req.dataset)
     try:
         summary = summarize_dataset(path)

@@ -59,7 +59,7 @@ class AttributionsRequest(BaseModel):
     max_history: int = Field(50, ge=1, le=500)
 
 
-def validate(req: AttributionsRequest, settings: Settings) -> None:
+def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:
     """Registry and cross-field checks; each raises a FieldError naming the field (422)."""
     for field, name in (("model", req.model), ("compare_with", req.compare_with)):
         if name is None:

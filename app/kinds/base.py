@@ -25,8 +25,31 @@ class FieldError(ValueError):
         self.message = message
         self.value = value
 
+    status_code = 422
+    code = "invalid"
+
     def detail(self) -> dict[str, Any]:
         return {"loc": list(self.loc), "msg": self.message, "type": "value_error", "input": self.value}
+
+    def body(self) -> dict[str, Any]:
+        """The response body: FastAPI's validation shape for 422, ``{"detail": {code, message, loc}}`` otherwise."""
+        if self.status_code == 422:
+            return {"detail": [self.detail()]}
+        return {"detail": {"code": self.code, "message": self.message, "loc": list(self.loc)}}
+
+
+class FieldNotFound(FieldError):
+    """A field naming something the caller may not see: another owner's job answers exactly as a missing one."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class FieldConflict(FieldError):
+    """A field naming something that exists but belongs to another owner (a model name, say)."""
+
+    status_code = 409
+    code = "owned_by_other"
 
 
 @dataclass(frozen=True)
@@ -39,7 +62,8 @@ class JobKind:
     timeout_s: int = 3600
     result_ttl_s: int | None = None
     summary: str = ""
-    validate: Callable[[Any, Settings], None] | None = None
+    # validate(request, settings, owner): registry and cross-field checks at submission; raises FieldError
+    validate: Callable[[Any, Settings, str], None] | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -62,6 +86,16 @@ def register(kind: JobKind) -> JobKind:
 
 def unregister(name: str) -> None:
     KINDS.pop(name, None)
+
+
+def require_name_free(settings: Settings, name: str, owner: str, field: str, section: str = "models") -> None:
+    """409 on ``field`` when ``name`` is registered to another owner (only its owner may replace it)."""
+    from app import registry
+
+    try:
+        registry.check_owner(settings, section, name, owner)
+    except registry.OwnershipError as exc:
+        raise FieldConflict(("body", field), str(exc), value=name) from None
 
 
 def require_model(settings: Settings, name: str, kind: str, field: str = "model",

@@ -7,7 +7,7 @@ checkpoint or layer is a 422 naming the field and value before anything is queue
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from app import registry
 from app.kinds.base import FieldError, JobKind, register, require_model
 from app.settings import Settings
+from app.store import StoreError
 from models.kg.shapes import LAYER_NAMES
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=512)]
@@ -50,22 +51,23 @@ class TracInRequest(BaseModel):
                                              "(the slow reference)")
 
 
-def _read_names(path: Path) -> frozenset[str]:
+def _read_names(text: str) -> frozenset[str]:
     """Names of an id dictionary (``name<TAB>id``, or ``id<TAB>name``)."""
-    rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [line.split("\t") for line in text.splitlines() if line.strip()]
     if all(len(r) == 2 and r[1].strip().lstrip("-").isdigit() for r in rows):
         return frozenset(r[0].strip() for r in rows)
     return frozenset(r[1].strip() for r in rows)
 
 
-@lru_cache(maxsize=32)
-def _vocab(model_dir: str, mtime_ns: int) -> dict[str, Any]:
-    root = Path(model_dir)
-    cfg = json.loads((root / "config.json").read_text())
+_VOCABS: OrderedDict[str, dict[str, Any]] = OrderedDict()  # model version -> vocabulary (versions are immutable)
+
+
+def _read_vocab(settings: Settings, entry: dict[str, Any]) -> dict[str, Any]:
+    cfg = json.loads(registry.read_file(settings, entry, "config.json"))
     ckpts = cfg.get("checkpoints", [])
     return {
-        "entities": _read_names(root / "data" / "entities.dict"),
-        "relations": _read_names(root / "data" / "relations.dict"),
+        "entities": _read_names(registry.read_file(settings, entry, "data/entities.dict").decode("utf-8")),
+        "relations": _read_names(registry.read_file(settings, entry, "data/relations.dict").decode("utf-8")),
         "checkpoints": {Path(c["file"]).stem for c in ckpts} | {Path(c["file"]).name for c in ckpts}
         | {str(c["epoch"]) for c in ckpts},
     }
@@ -74,10 +76,17 @@ def _vocab(model_dir: str, mtime_ns: int) -> dict[str, Any]:
 def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
     """Entities, relations and checkpoint names of a registered ConvE model; FieldError on ``model``."""
     entry = require_model(settings, model, "conve")
-    cfg = registry.absolute_path(settings, entry) / "config.json"
-    if not cfg.is_file():
-        raise FieldError(("body", "model"), f"model {model!r} has no files on this server", value=model)
-    return _vocab(str(cfg.parent), cfg.stat().st_mtime_ns)
+    version = f"{entry.get('location') or entry.get('path')}|{entry.get('created_at')}"
+    vocab = _VOCABS.get(version)
+    if vocab is None:
+        try:
+            vocab = _read_vocab(settings, entry)
+        except (FileNotFoundError, StoreError):
+            raise FieldError(("body", "model"), f"model {model!r} has no files in the store", value=model) from None
+        _VOCABS[version] = vocab
+        while len(_VOCABS) > 32:
+            _VOCABS.popitem(last=False)
+    return vocab
 
 
 def _check_triples(field: str, triples: list[list[str]], vocab: dict[str, Any]) -> None:
@@ -88,7 +97,7 @@ def _check_triples(field: str, triples: list[list[str]], vocab: dict[str, Any]) 
                 raise FieldError(("body", field, i, j), f"unknown {kind} {name!r}", value=name)
 
 
-def validate(req: TracInRequest, settings: Settings) -> None:
+def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> None:
     vocab = model_vocab(settings, req.model)
     if req.mode != "self" and not req.test_triples:
         raise FieldError(("body", "test_triples"), f"mode {req.mode!r} needs test_triples", value=req.test_triples)

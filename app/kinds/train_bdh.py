@@ -8,9 +8,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.kinds.base import FieldError, JobKind, register
+from app.artifacts import artifacts_key, owner_record
+from app.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
 from app.paths import PathError, resolve_data_path
 from app.settings import Settings
+from app.store import get_store
 
 # Directory names of the official python-pickle archives, and the file that marks a complete one.
 CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
@@ -74,7 +76,7 @@ class TrainBDHRequest(BaseModel):
     num_workers: int | None = Field(None, ge=0, le=64, description="DataLoader workers; default 4 on CUDA, 0 on CPU")
     register_as: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
-        description="registry name for the best model; default bdh-<job id>",
+        description="registry name for the best model; default bdh-<job id>; another owner's name is 409",
     )
 
 
@@ -87,11 +89,12 @@ def cifar_marker(dataset: str, directory: Path) -> Path | None:
     return None
 
 
-def checkpoint_of(settings: Settings, job_id: str) -> Path:
-    return settings.artifacts_dir / job_id / "checkpoints" / "last"
+def checkpoint_key(job_id: str) -> str:
+    """The store key of a train/bdh job's resumable checkpoint (published at every epoch)."""
+    return artifacts_key(job_id, "checkpoints", "last")
 
 
-def validate(req: TrainBDHRequest, settings: Settings) -> None:
+def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") -> None:
     """Data directory inside the data roots and complete; resume_from names a job with a checkpoint."""
     if req.dataset == "digits":
         if req.data_dir is not None:
@@ -112,16 +115,26 @@ def validate(req: TrainBDHRequest, settings: Settings) -> None:
                 f"{settings.data_roots[0] / name / marker} exists, or pass data_dir",
                 value=req.data_dir,
             )
+    if req.register_as is not None:
+        require_name_free(settings, req.register_as, owner, "register_as")
     if req.resume_from is not None:
-        if not JOB_ID.match(req.resume_from):
-            raise FieldError(("body", "resume_from"), "not a job id", value=req.resume_from)
-        last = checkpoint_of(settings, req.resume_from)
-        if not (last / "trainer_state.pt").is_file():
-            raise FieldError(
-                ("body", "resume_from"),
-                f"job {req.resume_from!r} has no checkpoint to resume from (expected {last}/trainer_state.pt)",
-                value=req.resume_from,
-            )
+        check_resume_from(settings, req.resume_from, owner)
+
+
+def check_resume_from(settings: Settings, job_id: str, owner: str) -> None:
+    """``resume_from`` names one of the caller's own train/bdh jobs that has a checkpoint in the store.
+    Another owner's job answers 404, exactly as an unknown one (its existence is private)."""
+    loc = ("body", "resume_from")
+    if not JOB_ID.match(job_id):
+        raise FieldError(loc, "not a job id", value=job_id)
+    record = owner_record(settings, job_id)
+    if record is None or record.get("owner") != owner:
+        raise FieldNotFound(loc, f"no job {job_id!r} of yours with files to resume from", value=job_id)
+    if record.get("kind") not in (None, "train_bdh"):
+        raise FieldError(loc, f"job {job_id!r} is a {record['kind']} job, not train_bdh", value=job_id)
+    if not get_store(settings).exists(f"{checkpoint_key(job_id)}/trainer_state.pt"):
+        raise FieldError(loc, f"job {job_id!r} has no checkpoint to resume from (it stopped before its first "
+                         "epoch ended)", value=job_id)
 
 
 register(JobKind(

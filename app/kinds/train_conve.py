@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from app import registry
-from app.kinds.base import FieldError, JobKind, register
+from app.kinds.base import FieldError, JobKind, register, require_name_free
 from app.paths import PathError, resolve_data_path
 from app.settings import Settings
 from models.kg.shapes import check_image
@@ -37,7 +37,7 @@ class TrainConvERequest(BaseModel):
     reciprocal: bool = True
     checkpoint_every: int = Field(5, ge=1, le=10_000)
     seed: int = 0
-    overwrite: bool = Field(False, description="replace an existing model of the same name")
+    overwrite: bool = Field(False, description="replace your existing model of the same name (another owner's name is 409)")
 
 
 def resolve_dataset(settings: Settings, name: str) -> Path | None:
@@ -50,7 +50,10 @@ def resolve_dataset(settings: Settings, name: str) -> Path | None:
         if entry.get("kind") != "triples":
             raise FieldError(("body", "dataset"), f"dataset {name!r} is a {entry.get('kind')!r} dataset, "
                              "not triples", value=name)
-        path = registry.absolute_path(settings, entry)
+        try:
+            path = registry.local_path(settings, entry)
+        except FileNotFoundError as exc:
+            raise FieldError(("body", "dataset"), str(exc), value=name) from None
     else:
         try:
             path = resolve_data_path(settings, name)
@@ -62,12 +65,13 @@ def resolve_dataset(settings: Settings, name: str) -> Path | None:
     return path
 
 
-def validate(req: TrainConvERequest, settings: Settings) -> None:
+def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") -> None:
     resolve_dataset(settings, req.dataset)
     problem = check_image(req.embedding_dim, req.embedding_height)
     if problem:
         loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", loc), problem, value=getattr(req, loc))
+    require_name_free(settings, req.name, owner, "name")
     existing = registry.get_model(settings, req.name)
     if existing is not None and not req.overwrite:
         raise FieldError(("body", "name"), f"a model named {req.name!r} exists; pass overwrite=true to replace it",

@@ -1,11 +1,12 @@
-"""The registered models and where they are loaded."""
+"""The registered models and datasets: who owns them and where they are loaded; deleting your own."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi.responses import JSONResponse
 
 from app import registry
 from app.deps import caller
@@ -44,6 +45,8 @@ def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, An
             {
                 "name": name,
                 "kind": entry.get("kind"),
+                "owner": entry.get("owner"),
+                "preload": bool(entry.get("preload")),
                 "parameters": entry.get("parameters"),
                 "created_at": entry.get("created_at"),
                 "devices": sorted({w["device"] for w in where if w.get("device")}),
@@ -52,7 +55,35 @@ def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, An
             }
         )
     datasets = [
-        {"name": name, "kind": entry.get("kind"), "meta": entry.get("meta", {})}
+        {"name": name, "kind": entry.get("kind"), "owner": entry.get("owner"), "created_at": entry.get("created_at"),
+         "meta": entry.get("meta", {})}
         for name, entry in sorted(registry.list_datasets(settings).items())
     ]
     return {"models": out, "datasets": datasets}
+
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+def _delete(request: Request, section: str, name: str, owner: str) -> JSONResponse:
+    settings = request.app.state.settings
+    try:
+        entry = registry.delete(settings, section, name, owner)
+    except registry.OwnershipError as exc:
+        raise HTTPException(status_code=409, detail={"code": "owned_by_other", "message": str(exc)}) from None
+    if entry is None:
+        raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no {section[:-1]} {name!r}"})
+    return JSONResponse({"deleted": name, "kind": entry.get("kind"), "owner": entry.get("owner")})
+
+
+@router.delete("/models/{name}", summary="Delete one of your models (another owner's model is 409)",
+               responses={404: {}, 409: {}})
+def delete_model(request: Request, name: str = Path(..., pattern=NAME), owner: str = Depends(caller)) -> JSONResponse:
+    return _delete(request, "models", name, owner)
+
+
+@router.delete("/datasets/{name}", summary="Delete one of your registered datasets (another owner's is 409)",
+               responses={404: {}, 409: {}})
+def delete_dataset(request: Request, name: str = Path(..., pattern=NAME),
+                   owner: str = Depends(caller)) -> JSONResponse:
+    return _delete(request, "datasets", name, owner)

@@ -26,7 +26,7 @@ def _route_for(kind: JobKind):
     ) -> JSONResponse:
         settings = request.app.state.settings
         if kind.validate is not None:
-            kind.validate(body, settings)
+            kind.validate(body, settings, owner)
         payload: dict[str, Any] = json.loads(body.model_dump_json())
         store = request.app.state.store
         try:

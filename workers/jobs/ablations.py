@@ -4,7 +4,7 @@ representation, run), write ``results.json`` and ``results.txt``; and the demo d
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import shutil
 from typing import Any
 
 from app import registry
@@ -14,7 +14,6 @@ from app.settings import Settings
 from workers.context import JobContext, JobError
 
 DEMO_NAME = "lora-demo"
-DEMO_DIR = "data/lora-demo"
 # 4 classes x 25 adapters on SD 1.5's 128 attention layers at 1/8 width; the class signal is strong in the
 # text (attn2) layers and faint in the visual (attn1) ones, so the demo shows a real all -> visual drop
 # (measured with quick=true: test accuracy ~0.95 on all layers, ~0.5 on visual only, chance 0.25).
@@ -80,16 +79,18 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Generate (once) and register the small synthetic demo dataset ``lora-demo``."""
     from models.lora.synthetic import generate_dataset
 
-    root = settings.home / DEMO_DIR
+    entry = registry.get_dataset(settings, DEMO_NAME)
+    if entry is not None and entry.get("meta", {}).get("synthetic") == DEMO_SPEC and entry.get("location"):
+        return
+    root = settings.work_dir / "lora-demo"
     stamp = root / "demo.json"
     spec = json.dumps(DEMO_SPEC, sort_keys=True)
     if not (stamp.is_file() and stamp.read_text() == spec and (root / "labels.csv").is_file()):
         generate_dataset(root, progress=progress, **DEMO_SPEC)
         stamp.write_text(spec)
-    entry = registry.get_dataset(settings, DEMO_NAME)
-    if entry is None or Path(registry.absolute_path(settings, entry)) != root.resolve():
-        registry.register_dataset(
-            settings, DEMO_NAME, kind="lora", path=root,
-            meta={"format": "safetensors_dir", "items": DEMO_SPEC["num_classes"] * DEMO_SPEC["per_class"],
-                  "classes": DEMO_SPEC["num_classes"], "layers": 128, "synthetic": DEMO_SPEC},
-        )
+    registry.register_dataset(
+        settings, DEMO_NAME, kind="lora", path=root, upload=True,
+        meta={"format": "safetensors_dir", "items": DEMO_SPEC["num_classes"] * DEMO_SPEC["per_class"],
+              "classes": DEMO_SPEC["num_classes"], "layers": 128, "synthetic": DEMO_SPEC},
+    )
+    shutil.rmtree(root, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from typing import Any
 
 import numpy as np
@@ -105,16 +106,18 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     from models.common import default_device
     from models.news.demo import DEMOS, make_datasets, train_demo
 
-    data_root = settings.home / "data"
+    # Generated on this host (training reads it here), then copied into the store for every host.
+    data_root = settings.work_dir / "demo-data"
     for name, info in make_datasets(data_root).items():
         if registry.get_dataset(settings, name) is None:
-            registry.register_dataset(settings, name, kind="news", path=info["path"],
+            registry.register_dataset(settings, name, kind="news", path=info["path"], upload=True,
                                       meta={"format": "mind", "synthetic": True, "poisoned": "poisoned" in name})
     device = default_device()
+    store = registry.store(settings)
     for spec in DEMOS:
-        out_dir = settings.home / "models" / spec.name
+        out_dir = settings.work_dir / "demo-models" / spec.name
         entry = registry.get_model(settings, spec.name)
-        if entry is not None and (registry.absolute_path(settings, entry) / "config.json").exists():
+        if entry is not None and entry.get("location") and store.exists(f"{entry['location']}/config.json"):
             continue
         bar = tqdm(desc=f"train {spec.name}", unit="step", disable=not progress)
 
@@ -132,6 +135,7 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
 
         params = load(out_dir, "cpu").parameters
         registry.register_model(settings, spec.name, kind="news", loader="models.news.checkpoint:load",
-                                path=out_dir, parameters=params,
+                                path=out_dir, parameters=params, preload=True,
                                 meta={"architecture": spec.config["kind"], "encoder": spec.config.get("encoder"),
                                       "dataset": spec.dataset, "valid_auc": metrics["valid"]["auc"]})
+        shutil.rmtree(out_dir, ignore_errors=True)

@@ -6,9 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.kinds.train_bdh import CIFAR_DIRS, checkpoint_of, cifar_marker
+from app.artifacts import owner_record
+from app.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_marker
 from app.paths import PathError, resolve_data_path
 from app.settings import Settings
+from app.store import StoreError, get_store
 from workers.context import JobContext, JobError
 
 LOADER = "models.vision.checkpoint:load"
@@ -60,23 +62,35 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     data_dir = _data_dir(ctx.settings, payload)
     config = train_config(payload, data_dir, ctx.device.type)
     out_dir = ctx.artifacts_dir
+    store = get_store(ctx.settings)
     resume_from: Path | None = None
-    own = checkpoint_of(ctx.settings, ctx.job_id)
-    if (own / "trainer_state.pt").is_file():
-        resume_from = own
+    own = checkpoint_key(ctx.job_id)
+    if store.exists(f"{own}/trainer_state.pt"):  # this job restarted (on this host or another)
+        resume_from = store.local_dir(own)
     elif payload.get("resume_from"):
-        resume_from = checkpoint_of(ctx.settings, payload["resume_from"])
+        other = owner_record(ctx.settings, payload["resume_from"])
+        if other is None or other.get("owner") != ctx.owner:
+            raise JobError("bad_resume_from", f"no job {payload['resume_from']!r} of yours to resume from")
+        try:
+            resume_from = store.local_dir(checkpoint_key(payload["resume_from"]))
+        except StoreError:
+            raise JobError("bad_resume_from", f"job {payload['resume_from']!r} has no checkpoint") from None
     if resume_from is not None:
         try:
             find_checkpoint(resume_from)
-        except ResumeError as exc:
-            raise JobError("bad_resume_from", str(exc)) from None
+        except ResumeError:
+            raise JobError("bad_resume_from", "the checkpoint to resume from is incomplete (no trainer state)") \
+                from None
 
     last_metrics = {"t": 0.0, "epochs": -1}
 
     def on_batch_end(event: BatchEvent) -> None:
         now = time.monotonic()
         metrics = None
+        if len(event.history) != last_metrics["epochs"] and event.history:
+            # an epoch ended and its checkpoint is on disk: put it in the store, so a restart of this job on
+            # any host (or a later resume_from) continues from it
+            ctx.publish_artifacts("checkpoints/last")
         if len(event.history) != last_metrics["epochs"] or now - last_metrics["t"] >= METRICS_INTERVAL_S:
             last_metrics.update(t=now, epochs=len(event.history))
             metrics = {
@@ -100,7 +114,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                  metrics={"history": result.history})
     name = payload.get("register_as") or f"bdh-{ctx.job_id}"
     ctx.register_model(
-        name, kind="vision_bdh", loader=LOADER, path=out_dir / "checkpoints" / "best",
+        name, kind="vision_bdh", loader=LOADER, path=out_dir / "checkpoints" / "best",  # copied into the store
         parameters=result.parameters,
         meta={"dataset": payload["dataset"], "best_val_accuracy": result.best_val_accuracy,
               "test_accuracy": result.test_accuracy, "job_id": ctx.job_id},
@@ -143,8 +157,8 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
                 path = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
                 if not path.is_file():
                     raise FileNotFoundError(f"scikit-learn's bundled digits file is missing: {path}")
-                registry.register_dataset(settings, "digits", kind="image_classification", path=path,
-                                          meta={"images": 1797, "classes": 10, "source": "scikit-learn"})
+                registry.register_dataset(settings, "digits", kind="image_classification",
+                                          meta={"images": 1797, "classes": 10, "source": "scikit-learn (packaged)"})
             continue
         found = None
         for root in settings.data_roots:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import shutil
-import time
-from pathlib import Path
+import uuid
 from typing import Any
 
 from app import registry
@@ -26,7 +25,8 @@ TRAIN_FIELDS = ("epochs", "batch_size", "lr", "lr_decay", "weight_decay", "label
 
 
 def _train_and_register(settings: Settings, name: str, dataset: str, params: dict[str, Any], device: Any,
-                        progress: Any = None, show_progress: bool = False, register: Any = None) -> dict:
+                        progress: Any = None, show_progress: bool = False, register: Any = None,
+                        preload: bool = False) -> dict:
     from models.kg.train import TrainConfig, train_conve
     from models.kg.triples import TriplesFormatError, load_nations, load_triples_dir
 
@@ -36,27 +36,20 @@ def _train_and_register(settings: Settings, name: str, dataset: str, params: dic
     except (TriplesFormatError, FileNotFoundError) as exc:
         raise JobError("bad_dataset", str(exc)) from None
     cfg = TrainConfig(**{k: params[k] for k in TRAIN_FIELDS if k in params})
-    final = settings.home / "models" / name
-    staging = settings.home / "models" / f".{name}.staging-{int(time.time() * 1000)}"
+    # Train into local scratch; registering uploads it into the store as a new version, so a model replaced
+    # with overwrite=true changes no file that a worker may be reading.
+    staging = settings.work_dir / f"conve-{name}-{uuid.uuid4().hex[:12]}"
     try:
         summary = train_conve(ds, cfg, staging, device=device, progress=progress, show_progress=show_progress)
-        # swap in atomically-ish: the old directory (same name, overwrite=true) goes away only after success
-        old = None
-        if final.exists():
-            old = final.with_name(f".{name}.old-{int(time.time() * 1000)}")
-            final.rename(old)
-        staging.rename(final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        meta = {"dataset": ds.name, "entities": len(ds.entities), "relations": len(ds.relations),
+                "train_triples": len(ds.train), "metrics": summary["metrics"],
+                "checkpoints": summary["checkpoints"], "training": {k: getattr(cfg, k) for k in TRAIN_FIELDS}}
+        entry = dict(kind="conve", loader=LOADER, path=staging, parameters=summary["parameters"], meta=meta,
+                     preload=preload)
+        (register or (lambda n, **e: registry.register_model(settings, n, **e)))(name, **entry)
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    meta = {"dataset": ds.name, "entities": len(ds.entities), "relations": len(ds.relations),
-            "train_triples": len(ds.train), "metrics": summary["metrics"], "checkpoints": summary["checkpoints"],
-            "training": {k: getattr(cfg, k) for k in TRAIN_FIELDS}}
-    entry = dict(kind="conve", loader=LOADER, path=final, parameters=summary["parameters"], meta=meta)
-    (register or (lambda n, **e: registry.register_model(settings, n, **e)))(name, **entry)
-    return {"model": name, "path": str(final), **summary}
+        shutil.rmtree(staging, ignore_errors=True)
+    return {"model": name, **summary}
 
 
 def run(payload: dict, ctx: JobContext) -> dict:
@@ -75,18 +68,14 @@ def run(payload: dict, ctx: JobContext) -> dict:
 def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Train and register ``conve-nations-demo`` unless it is already registered with its files present."""
     entry = registry.get_model(settings, DEMO_NAME)
-    if entry is not None and (registry.absolute_path(settings, entry) / "config.json").is_file():
+    if entry is not None and registry.store(settings).exists(f"{entry['location']}/config.json"):
         return
     from models.common import default_device
 
-    dataset_dir = settings.data_roots[0] / "nations"
     if registry.get_dataset(settings, "nations") is None:
         from models.kg.triples import nations_dir
 
-        dataset_dir.mkdir(parents=True, exist_ok=True)
-        for f in nations_dir().iterdir():
-            shutil.copy2(f, dataset_dir / f.name)
-        registry.register_dataset(settings, "nations", kind="triples", path=Path(dataset_dir),
+        registry.register_dataset(settings, "nations", kind="triples", path=nations_dir(), upload=True,
                                   meta={"source": "pykeen 1.11.1 wheel, see SOURCE.md"})
     import torch
 
@@ -97,6 +86,7 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
         # OpenMP threads spent about 10x the CPU time of one (64 s against 6 s).
         torch.set_num_threads(1)
     try:
-        _train_and_register(settings, DEMO_NAME, "nations", DEMO_CONFIG, device, show_progress=progress)
+        _train_and_register(settings, DEMO_NAME, "nations", DEMO_CONFIG, device, show_progress=progress,
+                            preload=True)
     finally:
         torch.set_num_threads(threads)

@@ -1,0 +1,113 @@
+"""``explainq gc``: delete files nobody can reach any more (no torch).
+
+- the artifacts of jobs whose record has expired from Redis (results follow ``EXPLAINQ_RESULT_TTL_S`` /
+  ``EXPLAINQ_FAILURE_TTL_S``), and their owner records;
+- model and dataset versions that were replaced or deleted more than ``grace_s`` ago (a worker may still be loading
+  one for a job that started before the replacement), and versions that never got registered (an upload whose
+  registration failed) once they are older than ``grace_s``;
+- on this host: scratch directories of jobs that no longer exist, and cached copies of store keys that are gone.
+
+Safe to run from several hosts at once: every step re-checks before it deletes, and deleting twice is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from calendar import timegm
+from pathlib import Path
+from typing import Any
+
+from app import registry
+from app.artifacts import OWNERS_KEY, artifacts_key
+from app.jobstore import JOB_PREFIX
+from app.settings import Settings
+from app.store import get_store
+
+log = logging.getLogger("explainq.gc")
+
+
+def _version_age_s(version: str, now: float) -> float | None:
+    """Age of a version id made by ``store.new_version`` (``YYYYmmddTHHMMSS-<hex>``)."""
+    try:
+        return now - timegm(time.strptime(version.split("-", 1)[0], "%Y%m%dT%H%M%S"))
+    except ValueError:
+        return None
+
+
+def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = None) -> dict[str, Any]:
+    """One pass; returns what it removed."""
+    now = time.time() if now is None else now
+    r = registry.connection(settings)
+    store = get_store(settings)
+    removed: dict[str, Any] = {"artifacts": [], "versions": [], "scratch": [], "cache": []}
+
+    # 1. artifacts of jobs that no longer exist
+    job_dirs = store.list_dirs("artifacts")
+    owners = {k.decode() for k in r.hkeys(OWNERS_KEY)}
+    for job_id in sorted(set(job_dirs) | owners):
+        if r.exists(JOB_PREFIX + job_id):
+            continue
+        if job_id in job_dirs:
+            store.delete(artifacts_key(job_id))
+        r.hdel(OWNERS_KEY, job_id)
+        removed["artifacts"].append(job_id)
+
+    # 2. versions released by a replacement or a deletion
+    referenced = set()
+    for section in registry.SECTIONS:
+        for entry in registry._list(settings, section).values():
+            if entry.get("location"):
+                referenced.add(entry["location"])
+    for raw_key, _score in r.zrangebyscore(registry.ORPHANS_KEY, 0, now - grace_s, withscores=True):
+        key = raw_key.decode()
+        if key not in referenced:
+            store.delete(key)
+            removed["versions"].append(key)
+        r.zrem(registry.ORPHANS_KEY, raw_key)
+
+    # 3. versions never registered (their upload's registration failed or its process died)
+    for section in registry.SECTIONS:
+        for name in store.list_dirs(section):
+            for version in store.list_dirs(f"{section}/{name}"):
+                key = f"{section}/{name}/{version}"
+                age = _version_age_s(version, now)
+                if key in referenced or age is None or age < grace_s:
+                    continue
+                if registry.connection(settings).zscore(registry.ORPHANS_KEY, key) is not None:
+                    continue  # released recently: step 2 deletes it after its grace period
+                store.delete(key)
+                removed["versions"].append(key)
+
+    # 4. this host: scratch of jobs that are gone, cached copies of keys that are gone
+    work = settings.work_dir
+    if work.is_dir():
+        for path in work.iterdir():
+            if not path.is_dir() or now - path.stat().st_mtime < grace_s or path.name.startswith(("demo-", "lora-")):
+                continue  # demo-*: this host's demo build inputs, reused by the next build
+            if not path.name.startswith("conve-") and r.exists(JOB_PREFIX + path.name):
+                continue  # a job that still exists (a failed one may be retried from its scratch)
+            shutil.rmtree(path, ignore_errors=True)
+            removed["scratch"].append(path.name)
+    cache = settings.store_cache_dir
+    for key_dir in _cached_keys(cache):
+        key = key_dir.relative_to(cache).as_posix()
+        if key.startswith("artifacts/"):
+            job_id = key.split("/")[1]
+            gone = not r.exists(JOB_PREFIX + job_id) and not store.exists(artifacts_key(job_id))
+        else:
+            gone = key not in referenced
+        if gone:
+            shutil.rmtree(key_dir, ignore_errors=True)
+            removed["cache"].append(key)
+    if any(removed.values()):
+        log.info("gc removed %s", {k: len(v) for k, v in removed.items()})
+    return removed
+
+
+def _cached_keys(cache: Path) -> list[Path]:
+    """Directories of completed cached copies (each holds a ``.complete`` marker)."""
+    if not cache.is_dir():
+        return []
+    return sorted(marker.parent for marker in cache.rglob(".complete"))
