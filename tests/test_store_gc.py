@@ -1,0 +1,95 @@
+"""The worker's model cache under a memory budget, and garbage collection of unreachable files."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+import torch
+
+from app import registry
+from app.artifacts import OWNERS_KEY, artifacts_key, record_owner
+from app.gc import collect
+from app.jobstore import JOB_PREFIX
+from workers.model_cache import ModelCache, estimate_nbytes
+
+
+def load_tensor_model(path, device):
+    """A 'model' of a known size: ``size.json`` says how many float32 values it holds."""
+    n = json.loads((path / "size.json").read_text())["n"]
+    return {"weights": torch.zeros(n, dtype=torch.float32, device=device)}
+
+
+def _register(settings, tmp_path, name: str, n: int) -> None:
+    d = tmp_path / "src" / name
+    d.mkdir(parents=True)
+    (d / "size.json").write_text(json.dumps({"n": n}))
+    registry.register_model(settings, name, kind="test", loader="tests.test_store_gc:load_tensor_model", path=d)
+
+
+def test_estimate_nbytes_counts_tensors_once():
+    t = torch.zeros(10)
+    module = torch.nn.Linear(4, 3)  # 12 weights + 3 biases
+    assert estimate_nbytes({"a": t, "b": [t], "m": module}) == 40 + 15 * 4
+
+
+def test_least_recently_used_models_leave_memory_first(redis_settings, tmp_path):
+    for name in ("a", "b", "c"):
+        _register(redis_settings, tmp_path, name, 1000)  # 4000 bytes each
+    cache = ModelCache(redis_settings, "cpu", budget_bytes=9000)  # room for two
+    cache.get("a")
+    cache.get("b")
+    cache.get("a")  # a is now the most recently used
+    cache.get("c")  # over budget: b goes
+    assert cache.loaded_names() == ["a", "c"]
+    cache.get("b")
+    assert cache.load_counts == {"a": 1, "b": 2, "c": 1}
+    # a model larger than the whole budget still loads (alone)
+    _register(redis_settings, tmp_path, "big", 10_000)
+    cache.get("big")
+    assert cache.loaded_names() == ["big"]
+
+
+def test_a_replaced_model_is_reloaded_and_only_preload_models_load_at_start(redis_settings, tmp_path):
+    _register(redis_settings, tmp_path, "a", 10)
+    d = tmp_path / "src" / "p"
+    d.mkdir(parents=True)
+    (d / "size.json").write_text(json.dumps({"n": 3}))
+    registry.register_model(redis_settings, "p", kind="test", loader="tests.test_store_gc:load_tensor_model",
+                            path=d, preload=True)
+    cache = ModelCache(redis_settings, "cpu")
+    assert cache.preload() == ["p"]
+    assert cache.get("a")["weights"].numel() == 10
+    (tmp_path / "src" / "a" / "size.json").write_text(json.dumps({"n": 20}))
+    registry.register_model(redis_settings, "a", kind="test", loader="tests.test_store_gc:load_tensor_model",
+                            path=tmp_path / "src" / "a")
+    assert cache.get("a")["weights"].numel() == 20
+
+
+def test_gc_deletes_the_files_of_expired_jobs_only(redis_settings, tmp_path):
+    r = redis.Redis.from_url(redis_settings.redis_url)
+    store = registry.store(redis_settings)
+    for job_id in ("live", "expired"):
+        src = tmp_path / job_id
+        src.mkdir()
+        (src / "out.txt").write_text(job_id)
+        store.sync_dir(src, artifacts_key(job_id))
+        record_owner(redis_settings, job_id, "alice", "test")
+    r.hset(JOB_PREFIX + "live", "status", "finished")
+    removed = collect(redis_settings)
+    assert removed["artifacts"] == ["expired"]
+    assert store.exists(artifacts_key("live", "out.txt"))
+    assert not store.exists(artifacts_key("expired"))
+    assert r.hkeys(OWNERS_KEY) == [b"live"]
+
+
+def test_gc_keeps_recent_unregistered_uploads_and_deletes_old_ones(redis_settings, tmp_path):
+    store = registry.store(redis_settings)
+    src = tmp_path / "v"
+    src.mkdir()
+    (src / "f").write_text("x")
+    store.put_dir(src, "models/orphan/20200101T000000-abcdef012345")  # an upload that was never registered
+    store.put_dir(src, "models/orphan/29990101T000000-abcdef012345")  # one still being registered (future)
+    removed = collect(redis_settings, grace_s=3600)
+    assert removed["versions"] == ["models/orphan/20200101T000000-abcdef012345"]
+    assert store.exists("models/orphan/29990101T000000-abcdef012345/f")
