@@ -80,7 +80,11 @@ def test_ablation_by_path_end_to_end(svc: Service) -> None:
     full = json.loads(svc.artifact(job["id"], "results.json"))
     assert len(full["results"]["all"]["simple_stats"]["runs"]) == 3
     assert "simple_stats" in svc.artifact(job["id"], "results.txt").decode()
-    assert list((svc.home / "cache" / "features").glob("*.safetensors"))
+    local = {p.name for p in (svc.home / "cache" / "features").glob("*.safetensors")}
+    from app import registry
+
+    shared = {f["name"] for f in registry.store(svc.settings).list_files("cache/features")}
+    assert local and local == shared  # every matrix is also in the store for other hosts
 
 
 def test_demo_dataset_registered_and_runs(svc: Service) -> None:

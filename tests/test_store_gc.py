@@ -93,3 +93,19 @@ def test_gc_keeps_recent_unregistered_uploads_and_deletes_old_ones(redis_setting
     removed = collect(redis_settings, grace_s=3600)
     assert removed["versions"] == ["models/orphan/20200101T000000-abcdef012345"]
     assert store.exists("models/orphan/29990101T000000-abcdef012345/f")
+
+
+def test_feature_matrices_computed_on_one_host_are_reused_on_another(tmp_path):
+    from app.store import Store
+    from models.lora.features import FeatureCache, LayerSetFeatures
+    from workers.jobs.ablations import StoreFeatureTier
+
+    store = Store(str(tmp_path / "store"), tmp_path / "unused")
+    host_a = FeatureCache(tmp_path / "a", StoreFeatureTier(store))
+    host_b = FeatureCache(tmp_path / "b", StoreFeatureTier(store))
+    value = LayerSetFeatures(torch.arange(6, dtype=torch.float32).reshape(2, 3), ["l1", "l2"], [0, 1, 3])
+    assert host_b.load("k1") is None
+    host_a.save("k1", value, {"representation": "x"})
+    got = host_b.load("k1")
+    assert torch.equal(got.features, value.features) and got.layer_names == ["l1", "l2"]
+    assert (tmp_path / "b" / "k1.safetensors").is_file()  # now in host b's local tier too

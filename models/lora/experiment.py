@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -126,11 +127,13 @@ def run_ablation(
     progress: ProgressFn | None = None,
     on_epoch: Callable[[int, float], None] | None = None,
     dataset_name: str | None = None,
+    shared_cache: Any = None,
 ) -> dict:
     """Run the ablation and return the JSON-ready result (see ``format_table`` for the text form).
 
     ``progress(done, total, message)`` counts (layer set, representation, run) units. ``cache_dir`` enables
     the feature cache (when ``config.cache_features``); its ``fingerprints.json`` memoises file digests.
+    ``shared_cache`` is the cache's optional second tier, seen by other hosts (see ``FeatureCache``).
     """
     config.validate()
     t_start = time.perf_counter()
@@ -164,7 +167,7 @@ def run_ablation(
     resumed = len(layer_sets) * len(reps) - len(todo)
     todo_reps = sorted({rep for _, rep in todo})
     todo_sets = {ls: dataset.layer_set(ls) for ls in sorted({ls for ls, _ in todo})}
-    cache = FeatureCache(cache_dir) if (cache_dir is not None and config.cache_features) else None
+    cache = FeatureCache(cache_dir, shared_cache) if (cache_dir is not None and config.cache_features) else None
     feats, fstats = compute_features(
         dataset, todo_sets, todo_reps, device, cache=cache, memo_path=memo,
         progress=lambda d, t: report(done, f"features: {d}/{t} layers"),

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,10 +57,16 @@ class FeatureStats:
 
 
 class FeatureCache:
-    """Feature matrices on disk as safetensors, one file per key; writes are atomic (temp file + rename)."""
+    """Feature matrices on disk as safetensors, one file per key; writes are atomic (temp file + rename).
 
-    def __init__(self, directory: str | Path) -> None:
+    ``shared`` (optional) is a second tier that other hosts see: any object with ``fetch(name, local_path) ->
+    bool`` (copy ``name`` to ``local_path`` if it exists there) and ``put(local_path, name)``. A local miss is
+    looked up there, and a new matrix is written there too, so a representation computed once on any host is
+    reused everywhere."""
+
+    def __init__(self, directory: str | Path, shared: Any = None) -> None:
         self.directory = Path(directory)
+        self.shared = shared
 
     @staticmethod
     def key(fingerprint: str, representation: str, layer_set: str, layer_names: Sequence[str]) -> str:
@@ -78,7 +85,11 @@ class FeatureCache:
 
         path = self.path(key)
         if not path.is_file():
-            return None
+            if self.shared is None:
+                return None
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.shared.fetch(path.name, path):
+                return None
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             # get_tensor maps the file lazily; clone so the read happens (and is timed) here, and the
@@ -99,6 +110,8 @@ class FeatureCache:
             metadata={**meta, "layers": json.dumps(value.layer_names), "code": FEATURE_CODE_VERSION},
         )
         tmp.replace(path)
+        if self.shared is not None:
+            self.shared.put(path, path.name)
         return path
 
 

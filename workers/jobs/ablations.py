@@ -4,14 +4,20 @@ representation, run), write ``results.json`` and ``results.txt``; and the demo d
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import uuid
+from pathlib import Path
 from typing import Any
 
 from app import registry
 from app.kinds.ablations import resolve_dataset
 from app.kinds.base import FieldError
 from app.settings import Settings
+from app.store import Store, get_store
 from workers.context import JobContext, JobError
+
+log = logging.getLogger("explainq.ablations")
 
 DEMO_NAME = "lora-demo"
 # 4 classes x 25 adapters on SD 1.5's 128 attention layers at 1/8 width; the class signal is strong in the
@@ -19,6 +25,30 @@ DEMO_NAME = "lora-demo"
 # (measured with quick=true: test accuracy ~0.95 on all layers, ~0.5 on visual only, chance 0.25).
 DEMO_SPEC = {"num_classes": 4, "per_class": 25, "rank": 1, "signal": {"text": 0.6, "visual": 0.02},
              "width_divisor": 8, "naming": "diffusers", "seed": 2026}
+
+
+class StoreFeatureTier:
+    """The feature cache's shared tier: ``cache/features/<key>.safetensors`` in the store."""
+
+    PREFIX = "cache/features"
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def fetch(self, name: str, local_path: Path) -> bool:
+        key = f"{self.PREFIX}/{name}"
+        if not self.store.exists(key):
+            return False
+        tmp = local_path.with_name(f"{local_path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_bytes(self.store.read_bytes(key))
+        tmp.replace(local_path)
+        return True
+
+    def put(self, local_path: Path, name: str) -> None:
+        try:
+            self.store.put_file(local_path, f"{self.PREFIX}/{name}")
+        except OSError:  # the local copy still serves this host; another host recomputes
+            log.warning("could not copy feature matrix %s to the store", name, exc_info=True)
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +94,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             progress=lambda done, total, msg: ctx.progress(done, total, "runs", message=msg),
             on_epoch=lambda epoch, acc: ctx.check_canceled(),
             dataset_name=payload["dataset"],
+            shared_cache=StoreFeatureTier(get_store(ctx.settings)),
         )
     except DatasetFormatError as exc:
         raise JobError("bad_dataset", str(exc)) from None
