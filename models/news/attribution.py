@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from models.explain.ig import (
 from models.explain.occlusion import occlusion
 from models.news.data import Sample
 from models.news.modules import NewsRecommender
+from models.news.summary import ReportAccumulator, compare
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -347,28 +347,9 @@ def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int
 
 def word_stats(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per label (real/fake/unlabelled): for every word, the mean and std of its attribution, its number of
-    occurrences and the fraction of that label's samples it appears in; sorted by mean, highest first."""
-    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    present: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    n_label: dict[str, int] = defaultdict(int)
-    for s in samples:
-        label = s.get("label") or "unlabelled"
-        n_label[label] += 1
-        for w in {w.lower() for w in s["words"]}:
-            present[label][w] += 1
-        for w, a in zip(s["words"], s["word_attributions"], strict=True):
-            values[label][w.lower()].append(a)
-    out: dict[str, list[dict[str, Any]]] = {}
-    for label, table in values.items():
-        rows = [{
-            "word": w,
-            "mean": float(np.mean(v)),
-            "std": float(np.std(v)),
-            "count": len(v),
-            "frequency": present[label][w] / n_label[label],
-        } for w, v in table.items()]
-        out[label] = sorted(rows, key=lambda r: -r["mean"])
-    return out
+    occurrences and the fraction of that label's samples it appears in; sorted by mean, highest first.
+    (The streaming accumulator a sharded run's reduce step uses too, so both give identical numbers.)"""
+    return ReportAccumulator().extend(samples).word_stats()
 
 
 def compare_reports(base: dict[str, Any], other: dict[str, Any], threshold: float = 0.1,
@@ -376,31 +357,8 @@ def compare_reports(base: dict[str, Any], other: dict[str, Any], threshold: floa
     """Words whose mean attribution (over all samples) moved by more than ``threshold`` from ``base`` to
     ``other``, and the words new to ``other``'s top-positive lists (in at least ``min_count`` samples there and
     in none under ``base``)."""
-
-    def means(report: dict[str, Any]) -> dict[str, tuple[float, int]]:
-        acc: dict[str, list[float]] = defaultdict(list)
-        for s in report["samples"]:
-            for w, a in zip(s["words"], s["word_attributions"], strict=True):
-                acc[w.lower()].append(a)
-        return {w: (float(np.mean(v)), len(v)) for w, v in acc.items()}
-
-    def top_counts(report: dict[str, Any]) -> dict[str, int]:
-        c: dict[str, int] = defaultdict(int)
-        for s in report["samples"]:
-            for w in {t["word"].lower() for t in s["top_positive"]}:
-                c[w] += 1
-        return c
-
-    ma, mb = means(base), means(other)
-    changed = [{
-        "word": w, "mean_before": ma[w][0], "mean_after": mb[w][0], "change": mb[w][0] - ma[w][0],
-        "count": mb[w][1],
-    } for w in sorted(set(ma) & set(mb)) if abs(mb[w][0] - ma[w][0]) > threshold]
-    changed.sort(key=lambda r: -abs(r["change"]))
-    ta, tb = top_counts(base), top_counts(other)
-    new = sorted(({"word": w, "count": c} for w, c in tb.items() if c >= min_count and ta.get(w, 0) == 0),
-                 key=lambda r: (-r["count"], r["word"]))
-    return {"threshold": threshold, "min_count": min_count, "changed": changed, "new_top_words": new}
+    return compare(ReportAccumulator().extend(base["samples"]), ReportAccumulator().extend(other["samples"]),
+                   threshold, min_count)
 
 
 def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions | None = None,
