@@ -26,6 +26,11 @@
     return r + " s";
   }
 
+  function fmtTime(iso) {
+    var t = new Date(iso);
+    return isNaN(t) ? "–" : t.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
   function chartData(rows, spec) {
     var x = rows.map(function (r) { return r.epoch; });
     var data = [x];
@@ -47,7 +52,7 @@
         plot = new uPlot({
           width: Math.max(target.clientWidth, 240), height: 220,
           scales: { x: { time: false } },
-          axes: [{ label: "epoch" }, {}],
+          axes: [{ label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, {}],
           series: [{ label: "epoch" }].concat(spec.series.map(function (s, i) {
             return { label: s[1], stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true,
                      points: { show: true, size: 5 } };
@@ -97,6 +102,10 @@
       var eta = wrap.querySelector(".eta");
       if (eta) eta.textContent = TERMINAL.indexOf(view.status) < 0 && typeof p.eta_s === "number" ? "ETA " + duration(p.eta_s) : "";
     }
+    [["job-started", view.started_at], ["job-finished", view.finished_at]].forEach(function (pair) {
+      var el = document.getElementById(pair[0]);
+      if (el && pair[1] && el.textContent.trim() === "–") el.textContent = fmtTime(pair[1]);
+    });
     var msg = document.getElementById("job-message");
     if (msg && p && p.message) msg.textContent = p.message;
     updateCurves(view);
