@@ -139,6 +139,9 @@ def test_form_fields_and_limits_come_from_the_request_schema(svc) -> None:
     assert 'name="sample.candidate"' in attributions and 'name="dataset.__on"' in attributions
     resume = c.get("/ui/new/train_bdh?resume_from=abc123&bogus=1").text
     assert 'name="resume_from" type="text" value="abc123"' in resume and "bogus" not in resume
+    job_id = _sleep_job(svc)  # no checkpoint artifact: the form asks for the same architecture
+    resume = c.get(f"/ui/new/train_bdh?resume_from={job_id}").text
+    assert f'value="{job_id}"' in resume and "Set the same architecture" in resume
     assert c.get("/ui/new/nope").status_code == 404
     index = c.get("/ui/new").text
     for kind in ("attributions", "tracin", "train_bdh", "train_conve", "ablations"):

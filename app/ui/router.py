@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 STATIC_URL = "/ui/static"
 JOBS_PER_PAGE = 20
 SAMPLES_PER_PAGE = 10
-LIVE_POLL_S = 0.5
+LIVE_POLL_S = 1.0
 MAX_LIVE_IDS = 100
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -115,8 +115,8 @@ def _same_origin(request: Request) -> bool:
     origin = request.headers.get("origin") or request.headers.get("referer")
     if not origin or origin == "null":
         return origin is None
-    o, here = urlsplit(origin), urlsplit(str(request.base_url))
-    return (o.scheme, o.netloc) == (here.scheme, here.netloc)
+    # The host only: behind a TLS-terminating proxy the app may see http while the browser says https.
+    return urlsplit(origin).netloc == urlsplit(str(request.base_url)).netloc
 
 
 async def posted(request: Request, user: Session = Depends(current)) -> tuple[Session, FormData]:
@@ -432,20 +432,65 @@ async def _form(api: Api, kind: str) -> tuple[dict[str, Any], list[forms.FormFie
 
 
 def _form_page(request: Request, user: Session, kind: str, spec: dict[str, Any], fields: list[forms.FormField],
-               values: dict[str, Any], errors: dict[str, str], general: list[str], status: int = 200) -> Response:
+               values: dict[str, Any], errors: dict[str, str], general: list[str], status: int = 200,
+               notes: list[str] | None = None) -> Response:
     return _page(request, "new_job.html", {
         "kind": kind, "spec": spec, "fields": fields, "values": values, "errors": errors, "general": general,
+        "notes": notes or [],
         "idempotency_key": uuid.uuid4().hex, "posted": bool(values.get("__posted")),
     }, status=status, user=user)
 
 
+def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    """A request body as the form's dotted field values."""
+    out: dict[str, str] = {}
+    for k, v in (obj or {}).items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        elif isinstance(v, bool):
+            out[prefix + k] = "true" if v else ""
+        elif v is not None:
+            out[prefix + k] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
+async def _resume_values(api: Api, job_id: str) -> tuple[dict[str, str], list[str]]:
+    """Form values to continue a BDH job: its request when the API shows it, and the architecture saved with
+    its last checkpoint (a public artifact) so that the resumed model matches."""
+    values: dict[str, str] = {}
+    notes: list[str] = []
+    try:
+        view = await api.job(job_id)
+    except ApiError:
+        return values, notes
+    values.update(_flatten(view.get("request") if isinstance(view.get("request"), dict) else None))
+    r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/checkpoints/last/config.json",
+                       ok=(200, 404, 405))
+    if r.status_code == 200:
+        saved = r.json()
+        values.update(_flatten({"model": saved.get("model") or {}}))
+        if saved.get("dataset"):
+            values.setdefault("dataset", str(saved["dataset"]))
+        if isinstance(saved.get("epoch"), int):
+            notes.append(f"The checkpoint has {saved['epoch']} epochs; ask for more than that.")
+    elif not view.get("request"):
+        notes.append("Set the same architecture as the job being resumed.")
+    return values, notes
+
+
 @router.get("/new/{kind}", response_class=HTMLResponse)
 async def new_job(request: Request, kind: str, user: Session = Depends(current)) -> Response:
+    notes: list[str] = []
     async with Api(request, user) as api:
         spec, fields = await _form(api, kind)
+        values: dict[str, Any] = {}
+        resume = request.query_params.get("resume_from")
+        if kind == "train_bdh" and resume:
+            values, notes = await _resume_values(api, resume)
     known = forms.field_names(fields)
-    values = {k: v for k, v in request.query_params.items() if k in known}
-    return _form_page(request, user, kind, spec, fields, values, {}, [])
+    values.update({k: v for k, v in request.query_params.items() if k in known})
+    values = {k: v for k, v in values.items() if k in known}
+    return _form_page(request, user, kind, spec, fields, values, {}, [], notes=notes)
 
 
 @router.post("/new/{kind}", response_class=HTMLResponse)
