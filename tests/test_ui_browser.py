@@ -9,6 +9,7 @@ when set (``docs/`` keeps the current ones).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import pytest
 
 from app import registry
 from app.ui.views import signed
+from models.news.text import WordTokenizer
 
 CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
@@ -39,8 +41,6 @@ pytestmark = [
 KEYS = "alice:ui-key-alice-0123456789,bob:ui-key-bob-0123456789"
 ALICE = "ui-key-alice-0123456789"
 MODEL = "nrms-word-ui"
-HEADLINE = "Dodgers sign star quarterback to record deal"
-HISTORY = ["Lakers beat Celtics in overtime thriller", "Yankees rally to win the league title"]
 TINY_BDH = {"n_layer": 1, "n_embd": 16, "n_head": 2, "mlp_multiplier": 2, "dropout": 0.0}
 
 
@@ -59,8 +59,9 @@ def server(tmp_path_factory):
     from models.news.demo import build_small
     from tests.service import Service
 
-    root = tmp_path_factory.getbasetemp() / "news-small"
-    paths = build_small(root, ("nrms-word-demo",), n_news=240, n_users=60)
+    # The dashboard only needs a working model, not a good one: one epoch on a small synthetic set.
+    root = tmp_path_factory.getbasetemp() / "news-ui"
+    paths = build_small(root, ("nrms-word-demo",), n_news=120, n_users=30, epochs={"nrms-word-demo": 1})
     home = tmp_path_factory.mktemp("ui-home")
     svc = Service(home, queues=("explain", "train"), api_keys=KEYS, heartbeat_ttl_s=30, start=False,
                   env={"OMP_NUM_THREADS": "1"})
@@ -68,6 +69,12 @@ def server(tmp_path_factory):
     registry.register_model(svc.settings, MODEL, kind="news", loader="models.news.checkpoint:load",
                             path=home / "models" / MODEL, parameters=1)
     svc.start()
+    # Headlines from the model's own training news, so that every word is in its vocabulary (not [UNK]).
+    vocab = set(json.loads((home / "models" / MODEL / "vocab.json").read_text()))
+    titles = [line.split("\t")[3] for line in (root / "data" / "news-synthetic" / "train" / "news.tsv")
+              .read_text(encoding="utf-8").splitlines()]
+    known = [t for t in titles if all(w in vocab for w in WordTokenizer.words(t))]
+    assert len(known) >= 3, "the small demo vocabulary covers too few headlines"
     port = _free_port()
     uv = uvicorn.Server(uvicorn.Config(create_app(svc.settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
@@ -77,7 +84,7 @@ def server(tmp_path_factory):
         time.sleep(0.05)
     assert uv.started, "uvicorn did not start"
     try:
-        yield svc, f"http://127.0.0.1:{port}"
+        yield svc, f"http://127.0.0.1:{port}", known[0], known[1:3]
     finally:
         uv.should_exit = True
         thread.join(10)
@@ -95,7 +102,7 @@ def browser():
 @pytest.fixture()
 def page(browser, server, tmp_path):
     """A signed-in page at 1280x800 that records console errors (asserted empty after the test)."""
-    _, base = server
+    base = server[1]
     context = browser.new_context(viewport={"width": 1280, "height": 800}, base_url=base)
     pg = context.new_page()
     errors: list[str] = []
@@ -131,11 +138,11 @@ def test_session_cookie_is_httponly_strict_and_holds_no_key(page) -> None:
 
 
 def test_attribution_submitted_through_the_form_succeeds_live_with_every_word(page, server, tmp_path) -> None:
-    _, base = server
+    _, _, headline, history = server
     page.goto("/ui/new/attributions")
     page.select_option("#f-model", MODEL)
-    page.fill("#f-sample-candidate", HEADLINE)
-    page.fill("#f-sample-history", "\n".join(HISTORY))
+    page.fill("#f-sample-candidate", headline)
+    page.fill("#f-sample-history", "\n".join(history))
     page.fill("#f-n_steps", "16")
     page.select_option("#f-precision", "fp32")
     page.click("form.job-form button[type=submit]")
@@ -156,14 +163,13 @@ def test_attribution_submitted_through_the_form_succeeds_live_with_every_word(pa
     for (word, sign, title), value in zip(shown, sample["word_attributions"], strict=True):
         assert sign == ("+" if value > 0 else "−" if value < 0 else "0"), (word, value)
         assert title == f"{word}: {signed(value, 5)}", title
-    headline_words = [re.sub(r"\W", "", w).lower() for w in HEADLINE.split()]
-    assert [w.lower() for w, _, _ in shown] == headline_words
+    assert [w for w, _, _ in shown] == WordTokenizer.words(headline)  # every word of the headline, in order
     assert page.locator(".sample dl.metrics").inner_text().count("completeness delta") == 1
     _shot(page, tmp_path, "dashboard-attributions.png")
 
 
 def test_running_bdh_job_curve_grows_and_cancel_works(page, server, tmp_path) -> None:
-    _, base = server
+    base = server[1]
     with _api(base) as api:
         r = api.post("/train/bdh", json={"dataset": "digits", "epochs": 300, "batch_size": 32, "lr": 3e-3,
                                          "warmup_steps": 2, "model": TINY_BDH, "max_train_samples": 64,
@@ -186,7 +192,7 @@ def test_running_bdh_job_curve_grows_and_cancel_works(page, server, tmp_path) ->
 
 
 def test_jobs_list_live_at_a_narrow_width_and_keyboard_reachable(page, server, tmp_path) -> None:
-    _, base = server
+    base = server[1]
     page.set_viewport_size({"width": 390, "height": 844})
     with _api(base) as api:
         r = api.post("/test/sleep", json={"steps": 30, "step_s": 0.1})

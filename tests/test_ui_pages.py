@@ -27,8 +27,11 @@ def svc(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("ui-pages")
     with Service(home, api_keys=KEYS, heartbeat_ttl_s=20) as s:
+        listed = home / "models" / "news-listed"  # listed by GET /models, never loaded by a job here
+        listed.mkdir(parents=True)
+        (listed / "config.json").write_text("{}")
         registry.register_model(s.settings, "news-listed", kind="news", loader="models.news.checkpoint:load",
-                                path=home / "models" / "news-listed", parameters=1234)
+                                path=listed, parameters=1234)
         yield s
 
 
