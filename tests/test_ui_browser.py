@@ -41,6 +41,7 @@ pytestmark = [
 KEYS = "alice:ui-key-alice-0123456789,bob:ui-key-bob-0123456789"
 ALICE = "ui-key-alice-0123456789"
 MODEL = "nrms-word-ui"
+TWIN = "nrms-word-ui-twin"  # the same weights under a second name, for compare_with
 TINY_BDH = {"n_layer": 1, "n_embd": 16, "n_head": 2, "mlp_multiplier": 2, "dropout": 0.0}
 
 
@@ -66,8 +67,11 @@ def server(tmp_path_factory):
     svc = Service(home, queues=("explain", "train"), api_keys=KEYS, heartbeat_ttl_s=30, start=False,
                   env={"OMP_NUM_THREADS": "1"})
     shutil.copytree(paths["nrms-word-demo"], home / "models" / MODEL)
-    registry.register_model(svc.settings, MODEL, kind="news", loader="models.news.checkpoint:load",
-                            path=home / "models" / MODEL, parameters=1)
+    for name in (MODEL, TWIN):
+        registry.register_model(svc.settings, name, kind="news", loader="models.news.checkpoint:load",
+                                path=home / "models" / MODEL, parameters=1)
+    shutil.copytree(root / "data" / "news-synthetic", home / "data" / "news-ui")
+    registry.register_dataset(svc.settings, "news-ui", kind="news", path=home / "data" / "news-ui")
     svc.start()
     # Headlines from the model's own training news, so that every word is in its vocabulary (not [UNK]).
     vocab = set(json.loads((home / "models" / MODEL / "vocab.json").read_text()))
@@ -216,3 +220,27 @@ def test_jobs_list_live_at_a_narrow_width_and_keyboard_reachable(page, server, t
             break
     else:
         pytest.fail("the jobs table cannot be reached with the keyboard")
+
+
+def test_dataset_run_pages_through_samples_and_shows_the_comparison(page, server) -> None:
+    base = server[1]
+    with _api(base) as api:
+        r = api.post("/attributions", json={"model": MODEL, "compare_with": TWIN, "n_steps": 4, "precision": "fp32",
+                                            "dataset": {"name": "news-ui", "split": "test", "n_samples": 12,
+                                                        "balanced": True, "seed": 1}})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+    page.goto(f"/ui/jobs/{job_id}")
+    expect(page.locator("#job-status .badge")).to_have_text("succeeded", timeout=180_000)
+    samples = page.locator("article.sample")
+    expect(samples).to_have_count(10, timeout=30_000)
+    first_ids = samples.evaluate_all("els => els.map(e => e.dataset.sampleId)")
+    expect(page.locator("h2", has_text=f"Comparison: {MODEL} vs {TWIN}")).to_be_visible()
+    expect(page.locator("text=No word's mean attribution changed by more than the threshold.")).to_be_visible()
+    labels = page.locator(".wstat figcaption").all_inner_texts()
+    assert sorted(t.split(":")[0] for t in labels) == ["fake", "real"]
+    page.click("text=Next samples →")
+    expect(page).to_have_url(re.compile(r"\?page=2$"))
+    expect(samples).to_have_count(2)
+    assert not set(samples.evaluate_all("els => els.map(e => e.dataset.sampleId)")) & set(first_ids)
+    expect(page.locator("text=page 2 of 2")).to_be_visible()
