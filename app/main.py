@@ -18,6 +18,7 @@ from app.jobstore import JobStore
 from app.kinds.base import FieldError
 from app.routers import artifacts, health, jobs, models, submit
 from app.settings import Settings
+from app.ui import router as ui
 
 log = logging.getLogger("explainq.api")
 
@@ -125,6 +126,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(artifacts.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
+    app.include_router(ui.router)
+    app.mount(ui.STATIC_URL, ui.static_files(), name="ui-static")
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
 
     return app
