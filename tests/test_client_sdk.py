@@ -133,6 +133,16 @@ def test_models_list(client):
     assert "counter" in listing.names()
 
 
+def test_artifacts_and_download(client, tmp_path):
+    """``GET /jobs/{id}/artifacts`` and the file route."""
+    job = client.submit(SLEEP, {"steps": 1, "step_s": 0}).wait(timeout=60)
+    (artifact,) = job.artifacts()
+    assert (artifact.name, artifact.size) == ("out.txt", 4) and artifact.url.endswith("/artifacts/out.txt")
+    (path,) = job.download(tmp_path)
+    assert path == tmp_path / "out.txt" and path.read_text() == "done"
+    assert [a["name"] for a in job.result().artifacts] == ["out.txt"]
+
+
 def test_health_and_ready(client):
     assert client.health() == {"status": "ok"}
     assert client.ready()["status"] == "ready"
@@ -249,6 +259,30 @@ def test_503_is_retried_after_retry_after_then_raised(tmp_path):
         elapsed = time.monotonic() - start
     assert info.value.code == "redis_unavailable" and info.value.retry_after == 2
     assert 2.0 <= elapsed < 10
+
+
+def test_a_brief_redis_outage_is_ridden_out(tmp_path):
+    """Redis stops; the API answers 503 with Retry-After; Redis is back before it; the call succeeds."""
+    import threading
+
+    from app.redis_server import EmbeddedRedis
+    from app.settings import Settings
+
+    redis_server = EmbeddedRedis(tmp_path / "redis").start()
+    settings = Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL=redis_server.url, EXPLAINQ_REDIS_TIMEOUT_S=0.2)
+    try:
+        with HttpServer(settings) as api, Client(api.url, max_retries=3) as c:
+            assert c.jobs.list().items == []
+            redis_server.stop()
+            restart = threading.Timer(1.0, redis_server.start)
+            restart.start()
+            start = time.monotonic()
+            assert c.jobs.list().items == []
+            elapsed = time.monotonic() - start
+            restart.join()
+        assert 2.0 <= elapsed < 15  # one 503, then the Retry-After of 2 s was waited out
+    finally:
+        redis_server.stop()
 
 
 def test_an_unreachable_server_is_a_connection_error():

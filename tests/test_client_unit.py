@@ -18,6 +18,7 @@ from explainq_client import (
     APIConnectionError,
     AsyncClient,
     Client,
+    ConflictError,
     ExplainqError,
     RateLimitError,
     RetryPolicy,
@@ -109,6 +110,18 @@ def test_connection_failures_are_retried_then_typed():
     with Client("http://x", transport=transport, retry=policy) as c, pytest.raises(APIConnectionError):
         c.health()
     assert len(seen) == 3
+
+
+def test_models_delete_sends_delete_and_types_the_conflict():
+    conflict = httpx.Response(409, json={"detail": {"code": "not_owner", "message": "another owner's model"}})
+    transport, seen = scripted(httpx.Response(204), conflict)
+    with Client("http://x", transport=transport) as c:
+        c.models.delete("my model")
+        with pytest.raises(ConflictError) as info:
+            c.models.delete("theirs")
+    assert [(r.method, r.url.raw_path) for r in seen] == [("DELETE", b"/models/my%20model"),
+                                                         ("DELETE", b"/models/theirs")]
+    assert info.value.code == "not_owner"
 
 
 def test_parse_retry_after():

@@ -123,19 +123,60 @@ class JobBase:
         """The job view as the server last sent it."""
         return self._view
 
-    id = property(lambda self: str(self._view["id"]), doc="The job id.")
-    kind = property(lambda self: self._view.get("kind"), doc="The job kind, e.g. ``attributions``.")
-    status = property(lambda self: self._view.get("status"),
-                      doc="``queued``, ``running``, ``succeeded``, ``failed`` or ``canceled``.")
-    queue = property(lambda self: self._view.get("queue"))
-    progress = property(lambda self: self._view.get("progress"),
-                        doc="``{done, total, unit, message, eta_s}`` or None.")
-    metrics = property(lambda self: self._view.get("metrics"))
-    error = property(lambda self: self._view.get("error"), doc="``{code, message}`` when failed or canceled.")
-    position = property(lambda self: self._view.get("position"), doc="Place in its queue while queued (0: next).")
-    created_at = property(lambda self: self._view.get("created_at"))
-    started_at = property(lambda self: self._view.get("started_at"))
-    finished_at = property(lambda self: self._view.get("finished_at"))
+    @property
+    def id(self) -> str:
+        """The job id."""
+        return str(self._view["id"])
+
+    @property
+    def kind(self) -> str | None:
+        """The job kind, e.g. ``attributions``."""
+        return self._view.get("kind")
+
+    @property
+    def status(self) -> str | None:
+        """``queued``, ``running``, ``succeeded``, ``failed`` or ``canceled``."""
+        return self._view.get("status")
+
+    @property
+    def queue(self) -> str | None:
+        """``explain`` or ``train``."""
+        return self._view.get("queue")
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """``{done, total, unit, message, eta_s}``, or None before the first report."""
+        return self._view.get("progress")
+
+    @property
+    def metrics(self) -> dict[str, Any] | None:
+        """The latest metrics a training job reported (``history`` included)."""
+        return self._view.get("metrics")
+
+    @property
+    def error(self) -> dict[str, str] | None:
+        """``{code, message}`` when the job failed or was canceled."""
+        return self._view.get("error")
+
+    @property
+    def position(self) -> int | None:
+        """The place in its queue while queued (0: next), when the server reports it."""
+        return self._view.get("position")
+
+    @property
+    def created_at(self) -> str | None:
+        """ISO 8601, UTC."""
+        return self._view.get("created_at")
+
+    @property
+    def started_at(self) -> str | None:
+        """ISO 8601, UTC."""
+        return self._view.get("started_at")
+
+    @property
+    def finished_at(self) -> str | None:
+        """ISO 8601, UTC."""
+        return self._view.get("finished_at")
 
     @property
     def done(self) -> bool:
@@ -189,10 +230,10 @@ class JobBase:
         return f"<{type(self).__name__} {self.id} {self.kind} {self.status}{where}>"
 
     def _repr_html_(self) -> str:
-        html = render.job_html(self._view)
-        if self._result is not None and hasattr(self._result, "_repr_html_"):
-            html += self._result._repr_html_()
-        return html
+        result_html = getattr(self._result, "_repr_html_", None)
+        if result_html is None:
+            return render.job_html(self._view)
+        return render.job_html(self._view, curves=False) + result_html()
 
 
 class WaitClock:

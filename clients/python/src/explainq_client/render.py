@@ -2,7 +2,7 @@
 
 Self-contained HTML and inline SVG (no JavaScript, nothing fetched). Every piece of text from a result is
 escaped with :func:`html.escape`. Attributions use one diverging, colour-blind-safe scale,
-:func:`diverging_color`: blue for negative, a light neutral for zero, orange for positive.
+:func:`diverging_color`: blue for negative, white for zero, orange for positive.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ __all__ = [
     "diverging_color", "job_html", "tracin_html",
 ]
 
-# The scale's three anchors (ColorBrewer PuOr/RdBu ends: distinguishable under the common colour-vision
+# The scale's three anchors, the same as the dashboard's (ColorBrewer ends, distinct under the common colour-vision
 # deficiencies). Values between are interpolated linearly in sRGB.
 NEGATIVE_RGB = (33, 102, 172)   # #2166ac
-NEUTRAL_RGB = (247, 247, 247)   # #f7f7f7
+NEUTRAL_RGB = (255, 255, 255)   # white
 POSITIVE_RGB = (230, 97, 1)     # #e66101
 # Line colours for curves: the Okabe-Ito palette (colour-blind safe).
 SERIES_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
@@ -276,8 +276,9 @@ def ablation_html(result: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ a job
-def job_html(view: Mapping[str, Any]) -> str:
-    """A job's status line and progress bar; a training job's curves from its live ``metrics.history``."""
+def job_html(view: Mapping[str, Any], curves: bool = True) -> str:
+    """A job's status line and progress bar; with ``curves``, a training job's curves from its live
+    ``metrics.history``."""
     status = str(view.get("status"))
     progress = view.get("progress") or {}
     done, total = progress.get("done"), progress.get("total")
@@ -293,4 +294,4 @@ def job_html(view: Mapping[str, Any]) -> str:
     head = (f"<div><code>{escape(str(view.get('id')))}</code> <b>{escape(str(view.get('kind')))}</b> "
             f"{escape(status)} {bar}{message}{err}</div>")
     history = (view.get("metrics") or {}).get("history")
-    return head + (curves_html(history, str(view.get("kind"))) if history else "")
+    return head + (curves_html(history, str(view.get("kind"))) if history and curves else "")
