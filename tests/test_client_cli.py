@@ -104,6 +104,8 @@ def test_wait_timeout_exits_5(cli, server):
         job = c.submit("/test/sleep", {"steps": 200, "step_s": 0.05})
     code, _, err = cli("status", job.id, "--wait", "--timeout", "0.3")
     assert code == EXIT_TIMEOUT and "after 0.3s" in err
+    code, _, err = cli("status", job.id, "--follow", "--timeout", "0.5")
+    assert code == EXIT_TIMEOUT and "after 0.5s" in err and "steps" in err
     assert cli("cancel", job.id)[0] == EXIT_OK
 
 

@@ -268,6 +268,19 @@ def test_tracin_result_renders_tables():
     assert "+0.4" in html and "-0.2" in html and "n_hops" in html
 
 
+def test_self_influence_ranking_and_ablation_tables():
+    ranking = make_result("tracin", {"model": "kg", "mode": "self", "ranking": [
+        {"train_triple": ["a", "r", "b"], "self_influence": 3.5}, {"train_triple": ["c", "r", "d"],
+                                                                   "self_influence": 1.25}]})._repr_html_()
+    assert "self-influence ranking" in ranking and ranking.index("a · r · b") < ranking.index("c · r · d")
+    ablation = make_result("ablations", {"dataset": "lora-demo", "results": {
+        "all": {"spectral": {"test_acc": {"mean": 0.95, "std": 0.01}}},
+        "visual": {"spectral": {"test_acc": {"mean": 0.5, "std": 0.05}}}},
+        "drop": {"spectral": {"absolute": 0.45, "relative": 0.47}}})._repr_html_()
+    assert "0.95 ± 0.01" in ablation and "0.5 ± 0.05" in ablation and "0.45" in ablation
+    assert "drop all→visual" in ablation
+
+
 def test_the_sdk_never_imports_torch():
     code = "import sys, explainq_client, explainq_client.cli; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -49,7 +50,9 @@ class ProgressBar:
             bar = ""
         eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None and not job.done else ""
         message = f"  {p['message']}" if p.get("message") else ""
-        line = f"{job.status:<9} {bar}{eta}{message}".rstrip()
+        where = f" (position {job.position} in {job.queue})" if job.status == "queued" and job.position is not None \
+            else ""
+        line = f"{job.status:<9}{where} {bar}{eta}{message}".rstrip()
         if line == self.last:
             return
         self.last = line
@@ -98,6 +101,7 @@ class UsageError(Exception):
 # ------------------------------------------------------------------------------------------------ commands
 def _finish(job: Job, args: argparse.Namespace) -> int:
     """Wait (quietly, or with a progress bar when following); print the final job; raise when it ended badly."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
     if args.follow:
         bar = ProgressBar(sys.stderr)
         bar.update(job)
@@ -105,9 +109,14 @@ def _finish(job: Job, args: argparse.Namespace) -> int:
             for event in job.stream():
                 if event.job is not None:
                     bar.update(job)
+                if deadline is not None and time.monotonic() > deadline and not job.done:
+                    raise WaitTimeoutError(job, args.timeout)
         finally:
             bar.close()
-    job.wait(timeout=args.timeout)
+    try:
+        job.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+    except WaitTimeoutError:
+        raise WaitTimeoutError(job, args.timeout) from None  # report the timeout as given
     _print_json(job.data)
     return EXIT_OK
 
@@ -190,7 +199,9 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
 def _add_wait_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait for the job to end; exit code says how")
     parser.add_argument("--follow", action="store_true", help="like --wait, with a progress bar on stderr")
-    parser.add_argument("--timeout", type=float, default=None, help="give up waiting after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="give up waiting after this many seconds (with --follow: checked at each event, "
+                        "which the server sends at least every 15 s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
