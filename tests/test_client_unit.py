@@ -162,6 +162,31 @@ def test_sse_parser():
     assert events[1].status == "succeeded"
 
 
+def test_ready_is_asked_once_and_its_503_is_an_answer():
+    body = {"status": "unavailable", "workers": {"explain": 0}, "reasons": ["no live worker on queue 'explain'"]}
+    transport, seen = scripted(httpx.Response(503, json=body))
+    with Client("http://x", transport=transport) as c:
+        assert c.ready() == body
+    assert len(seen) == 1
+
+
+def test_stream_reopens_a_dropped_connection_and_follows_the_job():
+    def sse(*events: tuple[str, dict]) -> httpx.Response:
+        text = ": keep-alive\n\n" + "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events)
+        return httpx.Response(200, content=text.encode(), headers={"Content-Type": "text/event-stream"})
+
+    running = {**JOB, "status": "running", "progress": {"done": 1, "total": 2, "unit": "steps"}}
+    done = {**JOB, "status": "succeeded", "progress": {"done": 2, "total": 2, "unit": "steps"}}
+    transport, seen = scripted(httpx.Response(200, json=JOB), sse(("running", running)),  # then the link drops
+                               sse(("running", running), ("succeeded", done), ("end", {"status": "succeeded"})))
+    with Client("http://x", transport=transport, retry=RetryPolicy(backoff_s=0.01)) as c:
+        job = c.jobs.get("j1")
+        events = list(job.stream())
+    assert [e.event for e in events] == ["running", "running", "succeeded", "end"]
+    assert [r.url.path for r in seen[1:]] == ["/jobs/j1/events"] * 2
+    assert job.status == "succeeded" and job.progress["done"] == 2
+
+
 def artifact_server(tmp_names: dict[str, bytes]) -> httpx.MockTransport:
     """``GET /jobs/j1/artifacts`` and each file, as the API serves them."""
 

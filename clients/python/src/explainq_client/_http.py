@@ -42,6 +42,9 @@ class RetryPolicy:
         return base * (0.5 + random.random() / 2)
 
 
+NO_RETRY = RetryPolicy(max_retries=0)
+
+
 def parse_retry_after(value: str | None) -> float | None:
     """``Retry-After`` as seconds: a number of seconds or an HTTP date (RFC 9110 §10.2.3)."""
     if not value:
@@ -77,6 +80,9 @@ class RetryState:
 
     def __init__(self, policy: RetryPolicy):
         self.policy = policy
+        self.attempt = 0
+
+    def reset(self) -> None:
         self.attempt = 0
 
     def after_error(self, exc: Exception, what: str) -> float:

@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 
 from explainq_client._http import (
+    NO_RETRY,
     ClientConfig,
     JobEvent,
     RetryPolicy,
@@ -48,13 +49,14 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
                  retry: RetryPolicy | None = None, transport: httpx.AsyncBaseTransport | None = None):
         self.config = ClientConfig.resolve(base_url, api_key, timeout, max_retries, retry)
         self._http = httpx.AsyncClient(base_url=self.config.base_url, headers=self.config.headers(),
-                                  timeout=self.config.timeout, transport=transport)
+                                       timeout=self.config.timeout, transport=transport)
         self.jobs = AsyncJobs(self)
         self.models = AsyncModels(self)
 
     # ---- transport
-    async def _send(self, method: str, path: str, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
-        retry = RetryState(self.config.retry)
+    async def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
+                    **kwargs: Any) -> httpx.Response:
+        retry = RetryState(retry_policy or self.config.retry)
         while True:
             request = self._http.build_request(method, path, **kwargs)
             try:
@@ -92,9 +94,10 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
         return (await self._send("GET", "/health")).json()
 
     async def ready(self) -> dict[str, Any]:
-        """``GET /ready``: ``{"status": "ready"|"unavailable", "workers", "reasons"}`` (no exception for 503)."""
+        """``GET /ready``: ``{"status": "ready"|"unavailable", "workers", "reasons"}``, asked once (its 503 is
+        an answer, not a reason to retry)."""
         try:
-            return (await self._send("GET", "/ready")).json()
+            return (await self._send("GET", "/ready", retry_policy=NO_RETRY)).json()
         except ServiceUnavailableError as exc:
             return exc.response.json()
 
@@ -105,7 +108,7 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+                        tb: TracebackType | None) -> None:
         await self.aclose()
 
 
@@ -145,6 +148,7 @@ class AsyncJob(JobBase):
                     async for line in response.aiter_lines():
                         event = self._on_line(parser, line)
                         if event is not None:
+                            retry.reset()  # the budget is for consecutive drops
                             yield event
                             if event.event in ("end", "gone"):
                                 return

@@ -13,6 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from explainq_client._http import (
+    NO_RETRY,
     ClientConfig,
     JobEvent,
     RetryPolicy,
@@ -52,8 +53,9 @@ class Client(KindMethods["Job"]):
         self.models = Models(self)
 
     # ---- transport
-    def _send(self, method: str, path: str, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
-        retry = RetryState(self.config.retry)
+    def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
+              **kwargs: Any) -> httpx.Response:
+        retry = RetryState(retry_policy or self.config.retry)
         while True:
             request = self._http.build_request(method, path, **kwargs)
             try:
@@ -91,9 +93,10 @@ class Client(KindMethods["Job"]):
         return self._send("GET", "/health").json()
 
     def ready(self) -> dict[str, Any]:
-        """``GET /ready``: ``{"status": "ready"|"unavailable", "workers", "reasons"}`` (no exception for 503)."""
+        """``GET /ready``: ``{"status": "ready"|"unavailable", "workers", "reasons"}``, asked once (its 503 is
+        an answer, not a reason to retry)."""
         try:
-            return self._send("GET", "/ready").json()
+            return self._send("GET", "/ready", retry_policy=NO_RETRY).json()
         except ServiceUnavailableError as exc:
             return exc.response.json()
 
@@ -144,6 +147,7 @@ class Job(JobBase):
                     for line in response.iter_lines():
                         event = self._on_line(parser, line)
                         if event is not None:
+                            retry.reset()  # the budget is for consecutive drops
                             yield event
                             if event.event in ("end", "gone"):
                                 return
