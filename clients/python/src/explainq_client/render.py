@@ -119,7 +119,7 @@ def attribution_html(result: Mapping[str, Any]) -> str:
             for name, v in views)
         rows.append([escape(str(s.get("id", ""))), escape(str(s.get("label") or "")), cells,
                      _num(s.get("score")), _num(s.get("baseline_score")), _num(s.get("delta"), 2)])
-    parts.append(_table(["id", "label", "candidate", "score", "baseline", "delta"], rows))
+    parts.append(_table(["id", "label", "candidate", "score", "baseline score", "completeness delta"], rows))
     parts.append(_more(min(len(samples), MAX_SAMPLES_SHOWN), len(samples), "samples"))
     errors = result.get("errors") or []
     if errors:
