@@ -292,7 +292,7 @@ def test_an_unreachable_server_is_a_connection_error():
         c.health()
 
 
-def test_result_renders_in_jupyter_by_kind(client):
+def test_job_renders_its_status_in_jupyter(client):
     job = client.submit(SLEEP, {"steps": 1, "step_s": 0})
     html = job.wait(timeout=60)._repr_html_()
     assert job.id in html and "succeeded" in html

@@ -138,7 +138,8 @@ class AsyncJob(JobBase):
 
     async def stream(self, interval_s: float | None = None) -> AsyncIterator[JobEvent]:
         """The job's events over SSE until it ends: a :class:`JobEvent` per change of its view (status or
-        progress), then ``end``. A dropped connection is reopened (within the retry budget)."""
+        progress), then ``end`` (or ``gone`` when the job vanished). A dropped connection is reopened, at most
+        ``max_retries`` times in a row."""
         params = {"interval_s": interval_s} if interval_s is not None else None
         retry = RetryState(self._client.config.retry)
         while True:
