@@ -158,7 +158,7 @@ def test_health_and_ready(client):
     ("tracin", {"model": "no-such-model", "test_triples": [["a", "b", "c"]]}, "model"),
     ("tracin", {"model": "m", "test_triples": [["a", "b"]]}, "test_triples.0"),
     ("train_bdh", {"epochs": 0}, "epochs"),
-    ("train_bdh", {"resume_from": "no-such-job"}, "resume_from"),
+    ("train_bdh", {"model": {"n_layer": 1, "n_embd": 30, "n_head": 4}}, "model.n_head"),
     ("train_conve", {"name": "bad name!"}, "name"),
     ("train_conve", {"name": "ok", "embedding_dim": 2}, "embedding_dim"),
     ("ablations", {"dataset": "no-such-dataset"}, "dataset"),
