@@ -113,15 +113,16 @@ def test_connection_failures_are_retried_then_typed():
 
 
 def test_models_delete_sends_delete_and_types_the_conflict():
-    conflict = httpx.Response(409, json={"detail": {"code": "not_owner", "message": "another owner's model"}})
-    transport, seen = scripted(httpx.Response(204), conflict)
+    conflict = httpx.Response(409, json={"detail": {"code": "owned_by_other", "message": "another owner's model"}})
+    deleted = {"deleted": "my model", "kind": "news", "owner": "alice"}
+    transport, seen = scripted(httpx.Response(200, json=deleted), conflict)
     with Client("http://x", transport=transport) as c:
-        c.models.delete("my model")
+        assert c.models.delete("my model") == deleted
         with pytest.raises(ConflictError) as info:
             c.models.delete("theirs")
     assert [(r.method, r.url.raw_path) for r in seen] == [("DELETE", b"/models/my%20model"),
                                                          ("DELETE", b"/models/theirs")]
-    assert info.value.code == "not_owner"
+    assert info.value.code == "owned_by_other"
 
 
 def test_parse_retry_after():

@@ -234,6 +234,7 @@ class AsyncModels:
         """``GET /models``."""
         return ModelList.from_json((await self._client._send("GET", "/models")).json())
 
-    async def delete(self, name: str) -> None:
-        """``DELETE /models/{name}`` (owner only; another owner's model is a :class:`ConflictError`)."""
-        await self._client._send("DELETE", f"/models/{quote(name)}")
+    async def delete(self, name: str) -> dict[str, Any]:
+        """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model
+        (another owner's is a :class:`ConflictError`, an unknown one a :class:`NotFoundError`)."""
+        return (await self._client._send("DELETE", f"/models/{quote(name)}")).json()

@@ -231,6 +231,7 @@ class Models:
         """``GET /models``."""
         return ModelList.from_json(self._client._send("GET", "/models").json())
 
-    def delete(self, name: str) -> None:
-        """``DELETE /models/{name}`` (owner only; another owner's model is a :class:`ConflictError`)."""
-        self._client._send("DELETE", f"/models/{quote(name)}")
+    def delete(self, name: str) -> dict[str, Any]:
+        """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model
+        (another owner's is a :class:`ConflictError`, an unknown one a :class:`NotFoundError`)."""
+        return (self._client._send("DELETE", f"/models/{quote(name)}")).json()
