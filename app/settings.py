@@ -7,8 +7,15 @@
 | ``EXPLAINQ_API_KEYS`` | ``name:key`` pairs, comma separated; empty disables auth (loopback only) | empty |
 | ``EXPLAINQ_DATA_ROOTS`` | ``os.pathsep``-separated directories user paths may point into | ``$EXPLAINQ_HOME/data`` |
 | ``EXPLAINQ_MAX_BODY_BYTES`` | request body limit | 8 MiB |
-| ``EXPLAINQ_RESULT_TTL_S`` | how long finished jobs and results stay in Redis | 7 days |
+| ``EXPLAINQ_RESULT_TTL_S`` | how long succeeded jobs and results stay in Redis | 7 days |
+| ``EXPLAINQ_FAILURE_TTL_S`` | how long failed and canceled jobs stay in Redis | 7 days |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
+| ``EXPLAINQ_MAX_ACTIVE_JOBS`` | queued-or-running jobs one API key may have; more is ``429`` | 100 |
+| ``EXPLAINQ_MAX_QUEUE_LENGTH`` | jobs waiting in one queue; more is ``429`` | 10000 |
+
+Retention: when ``EXPLAINQ_RESULT_TTL_S`` / ``EXPLAINQ_FAILURE_TTL_S`` are set (environment, ``.env`` or an explicit
+argument) every job kind follows them. Only when ``EXPLAINQ_RESULT_TTL_S`` is unset does a kind's own longer default
+(``JobKind.result_ttl_s``, e.g. 30 days for training runs) apply. A canceled queued job expires after the failure TTL.
 """
 
 from __future__ import annotations
@@ -37,6 +44,14 @@ class Settings(BaseSettings):
     failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
     redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
+    max_active_jobs: int = Field(100, ge=1, validation_alias=_alias("EXPLAINQ_MAX_ACTIVE_JOBS"))
+    max_queue_length: int = Field(10_000, ge=1, validation_alias=_alias("EXPLAINQ_MAX_QUEUE_LENGTH"))
+
+    def result_ttl_for(self, kind_default: int | None) -> int:
+        """A kind's result TTL: ``EXPLAINQ_RESULT_TTL_S`` when it is set, else the kind's default, else ours."""
+        if "result_ttl_s" in self.model_fields_set or kind_default is None:
+            return self.result_ttl_s
+        return kind_default
 
     @cached_property
     def home(self) -> Path:

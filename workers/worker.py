@@ -22,6 +22,7 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from app.metrics import record_job_end
 from app.routers.models import LOADED_SET, loaded_key
 from app.settings import Settings
 from workers import runner
@@ -85,8 +86,14 @@ class ExplainqWorker(SimpleWorker):
             job.retries_left = (job.retries_left or 0) + 1
             job.retry_intervals = None
             job.enqueue_at_front_on_retry = True
-        return super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
-                                          exc_string=exc_string, execution=execution)
+        result = super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                            exc_string=exc_string, execution=execution)
+        record_job_end(self.connection, job)
+        return result
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry, execution=None):
+        super().handle_job_success(job, queue, started_job_registry, execution)
+        record_job_end(self.connection, job)
 
     def request_stop(self, signum, frame):
         SHUTDOWN_REQUESTED["flag"] = True
