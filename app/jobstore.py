@@ -463,7 +463,7 @@ class JobStore:
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
         items: list[dict[str, Any]] = []
         scanned = 0
-        batch = min(max(limit * 2, 50), 1000)
+        batch = min(max(limit * 2, 50), 1000, scan_limit)
         while True:
             with self.redis.pipeline(transaction=False) as pipe:
                 if bound is None:
