@@ -33,7 +33,7 @@ from rq.registry import CanceledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from app.kinds.base import QUEUES, JobKind
-from app.metrics import record_finished
+from app.metrics import record_finished, record_submitted
 from app.settings import Settings
 
 RUNNER = "workers.runner.execute"
@@ -382,7 +382,8 @@ class JobStore:
 
     def _enqueue(self, kind: JobKind, payload: dict[str, Any], owner: str, job_id: str, digest: str,
                  idem_key: str | None) -> tuple[dict[bytes, bytes], int | None]:
-        """The job hash, the queue push, the owner index and the key's ``created`` state in one MULTI/EXEC."""
+        """The job hash, the queue push, the owner index, the submission count and the key's ``created`` state
+        in one MULTI/EXEC, which also reads back the job's view fields and the queue length."""
         s = self.settings
         queue = self.queue(kind.queue)
         with self.redis.pipeline(transaction=True) as pipe:
@@ -399,6 +400,7 @@ class JobStore:
                 description=f"{kind.name} job",
                 pipeline=pipe,
             )
+            record_submitted(pipe, kind.name)
             pipe.llen(queue.key)
             pipe.zrem(pending_key(kind.queue), job_id)
             pipe.zadd(owner_index_key(owner), {job_id: time.time()})

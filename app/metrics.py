@@ -3,7 +3,8 @@
 Everything that must read the same whichever API process is scraped lives in Redis and is read at scrape time
 by ``RedisCollector``:
 
-- ``explainq:metrics:submitted``  hash ``kind -> count`` (``record_submitted``, called by the submit route);
+- ``explainq:metrics:submitted``  hash ``kind -> count`` (``record_submitted``, written in the submission's
+  own MULTI/EXEC, so a job is counted exactly when it exists);
 - ``explainq:metrics:finished``   hash ``kind<TAB>status -> count`` (``record_finished``, called by the worker);
 - ``explainq:metrics:duration``   hash ``kind<TAB>le -> count`` per bucket, plus ``kind<TAB>sum`` / ``kind<TAB>count``;
 - ``explainq:metrics:model_loads`` hash ``model<TAB>count`` / ``model<TAB>sum`` (``record_model_load``);
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from redis import Redis
+from redis.client import Pipeline
 from redis.exceptions import RedisError
 
 log = logging.getLogger("explainq.metrics")
@@ -53,8 +55,8 @@ def _safely(what: str, fn) -> None:
 
 
 # ------------------------------------------------------------------------------------------ recording helpers
-def record_submitted(redis: Redis, kind: str) -> None:
-    """One job of ``kind`` was submitted."""
+def record_submitted(redis: Redis | Pipeline, kind: str) -> None:
+    """One job of ``kind`` was submitted; on a pipeline, the count is queued with the pipeline's other writes."""
     _safely("submitted", lambda: redis.hincrby(SUBMITTED, kind, 1))
 
 

@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse
 from app.deps import caller
 from app.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
 from app.kinds.base import FieldError, JobKind
-from app.metrics import record_submitted
 
 # Seconds a client should wait before retrying a 409 idempotency_in_progress / a 429.
 IN_PROGRESS_RETRY_S = 1
@@ -48,8 +47,6 @@ def _route_for(kind: JobKind):
         headers = {"Location": f"/jobs/{job_id}"}
         if replayed:
             headers["Idempotent-Replayed"] = "true"
-        else:
-            record_submitted(store.redis, kind.name)
         return JSONResponse(status_code=202, content=view, headers=headers)
 
     submit.__name__ = f"submit_{kind.name}"
