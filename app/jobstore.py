@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import re
 import time
 import uuid
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import WatchError
+from redis.exceptions import RedisError, WatchError
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry, StartedJobRegistry
@@ -35,6 +36,8 @@ from rq.serializers import JSONSerializer
 from app.kinds.base import QUEUES, JobKind
 from app.metrics import record_finished, record_submitted
 from app.settings import Settings
+
+log = logging.getLogger("explainq.jobs")
 
 RUNNER = "workers.runner.execute"
 JOB_PREFIX = Job.redis_job_namespace_prefix
@@ -254,12 +257,18 @@ def owner_of(raw: dict[bytes, bytes]) -> str | None:
 
 
 def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
-    """Drop entries past their expiry from RQ's canceled registries (RQ never cleans those itself)."""
+    """Drop entries past their expiry from RQ's canceled registries (RQ never cleans those itself).
+
+    Runs after each cancel and each ``/metrics`` scrape; housekeeping only, so a Redis error is logged, not raised.
+    """
     now = time.time()
-    with redis.pipeline(transaction=False) as pipe:
-        for q in queues:
-            pipe.zremrangebyscore(CanceledJobRegistry(q, connection=redis).key, "-inf", now)
-        pipe.execute()
+    try:
+        with redis.pipeline(transaction=False) as pipe:
+            for q in queues:
+                pipe.zremrangebyscore(CanceledJobRegistry(q, connection=redis).key, "-inf", now)
+            pipe.execute()
+    except RedisError as exc:
+        log.warning("canceled registries not pruned: %s", exc)
 
 
 # ------------------------------------------------------------------------------------------------ the store
