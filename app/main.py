@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import kinds as kinds_pkg
-from app.jobstore import VIEW_SCRIPT, JobStore
-from app.kinds.base import QUEUES, FieldError
-from app.metrics import build_registry
-from app.routers import health, jobs, metrics, models, submit
+from app import metrics
+from app.jobstore import JobStore
+from app.kinds.base import FieldError
+from app.routers import health, jobs, models, submit
 from app.settings import Settings
 
 log = logging.getLogger("explainq.api")
@@ -108,15 +108,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_connections=256,
     )
     app.state.store = JobStore(app.state.redis, settings)
-    app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
-    app.state.metrics_registry, app.state.redis_errors = build_registry(app.state.redis, QUEUES)
+    jobs.register_scripts(app)
+    metrics.install(app)
 
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": [exc.detail()]})
 
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
     @app.exception_handler(redis.exceptions.RedisError)
-    async def redis_error(_: Request, exc: Exception) -> JSONResponse:
+    async def redis_down(_: Request, exc: Exception) -> JSONResponse:
         # Unreachable, timed out, out of memory, read-only replica, loading, bad password: all transient or
         # operator problems on the server side, never the client's; the client should retry later.
         app.state.redis_errors.labels(type(exc).__name__).inc()
@@ -139,7 +141,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(models.router)
-    app.include_router(metrics.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
 

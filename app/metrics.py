@@ -30,6 +30,8 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
 
+from app.kinds.base import QUEUES
+
 log = logging.getLogger("explainq.metrics")
 
 SUBMITTED = "explainq:metrics:submitted"
@@ -207,10 +209,19 @@ class RedisCollector(Collector):
         yield s
 
 
-def build_registry(redis: Redis, queues: Iterable[str]) -> tuple[CollectorRegistry, Counter]:
+def build_registry(redis: Redis, queues: Iterable[str] = QUEUES) -> tuple[CollectorRegistry, Counter]:
     """A per-app registry: the Redis-backed collector and this process's Redis-error counter."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector(redis, queues))
     errors = Counter("explainq_api_redis_errors", "Redis errors seen by this API process", ["error"],
                      registry=registry)
     return registry, errors
+
+
+def install(app: Any) -> None:
+    """Give a FastAPI app its registry (``app.state.metrics_registry``), its Redis-error counter
+    (``app.state.redis_errors``) and the ``GET /metrics`` route."""
+    from app.routers.metrics import router
+
+    app.state.metrics_registry, app.state.redis_errors = build_registry(app.state.redis)
+    app.include_router(router)

@@ -17,6 +17,7 @@ from app.jobstore import (
     STATUSES,
     TERMINAL,
     VIEW_FIELDS,
+    VIEW_SCRIPT,
     decode_cursor,
     fields_to_raw,
     is_abandoned,
@@ -28,6 +29,11 @@ from app.jobstore import (
 )
 
 router = APIRouter(tags=["jobs"])
+
+
+def register_scripts(app: Any) -> None:
+    """The job view script (fields and queue position in one round trip) on the app's async Redis client."""
+    app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
 
 JOB_EXAMPLE = {
     "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain", "position": None,
