@@ -153,10 +153,11 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end
 return 1
 """
-# The job view's fields and, for a queued job, its position in its queue: one round trip.
-# KEYS: the job hash, then every queue list. ARGV: the job id, then the field names (status and origin first).
+# The job view's fields and, for a queued job, its position in its queue: one round trip. The field names are part
+# of the script (status and origin first), so a call sends only the keys and the id.
+# KEYS: the job hash, then every queue list. ARGV: the job id.
 VIEW_SCRIPT = """
-local values = redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+local values = redis.call('HMGET', KEYS[1], """ + ", ".join(f"'{f}'" for f in VIEW_FIELDS) + """)
 local position = false
 if values[1] == 'queued' and values[2] then
   local wanted = '""" + QUEUE_PREFIX + """' .. values[2]
@@ -171,11 +172,11 @@ QUEUE_KEYS = tuple(QUEUE_PREFIX + q for q in QUEUES)
 
 
 def view_script_args(job_id: str) -> tuple[list[str], list[str]]:
-    return [JOB_PREFIX + job_id, *QUEUE_KEYS], [job_id, *VIEW_FIELDS]
+    return [JOB_PREFIX + job_id, *QUEUE_KEYS], [job_id]
 
 
 def view_script_result(values: list[Any]) -> tuple[dict[bytes, bytes], int | None]:
-    """The ``_VIEW`` script's answer as (raw fields, queue position or None)."""
+    """The ``VIEW_SCRIPT`` answer as (raw fields, queue position or None)."""
     *fields, position = values
     return fields_to_raw(fields), (int(position) if position is not None else None)
 
