@@ -11,7 +11,8 @@ Quotas are on in both, with limits raised above what the run submits (``EXPLAINQ
 ``EXPLAINQ_MAX_QUEUE_LENGTH``) so that every request is admitted: the admission check still runs on every POST.
 Every server is a single uvicorn process. The load generator is a minimal asyncio HTTP/1.1 keep-alive client (so
 the client, not the server, is not the bottleneck) with 64 concurrent connections. Rounds alternate between the
-endpoints and the median round is reported.
+endpoints and the median round is reported, with each server process's own CPU time per request (from /proc), a
+cost that load from other processes on a shared machine disturbs less than req/s.
 
     python benchmarks/api_load.py [--connections 64] [--seconds 5] [--rounds 3]
 """
