@@ -22,7 +22,6 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from app.metrics import record_job_end
 from app.routers.models import LOADED_SET, loaded_key
 from app.settings import Settings
 from workers import runner
@@ -88,11 +87,15 @@ class ExplainqWorker(SimpleWorker):
             job.enqueue_at_front_on_retry = True
         result = super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
                                             exc_string=exc_string, execution=execution)
+        from app.metrics import record_job_end
+
         record_job_end(self.connection, job)
         return result
 
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry, execution=None):
         super().handle_job_success(job, queue, started_job_registry, execution)
+        from app.metrics import record_job_end
+
         record_job_end(self.connection, job)
 
     def request_stop(self, signum, frame):
