@@ -85,8 +85,18 @@ class ExplainqWorker(SimpleWorker):
             job.retries_left = (job.retries_left or 0) + 1
             job.retry_intervals = None
             job.enqueue_at_front_on_retry = True
-        return super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
-                                          exc_string=exc_string, execution=execution)
+        result = super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                            exc_string=exc_string, execution=execution)
+        from app.metrics import record_job_end
+
+        record_job_end(self.connection, job)
+        return result
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry, execution=None):
+        super().handle_job_success(job, queue, started_job_registry, execution)
+        from app.metrics import record_job_end
+
+        record_job_end(self.connection, job)
 
     def request_stop(self, signum, frame):
         SHUTDOWN_REQUESTED["flag"] = True

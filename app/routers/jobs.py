@@ -17,17 +17,26 @@ from app.jobstore import (
     STATUSES,
     TERMINAL,
     VIEW_FIELDS,
+    VIEW_SCRIPT,
     decode_cursor,
     fields_to_raw,
     is_abandoned,
     job_view,
     owner_of,
+    valid_job_id,
+    view_script_args,
+    view_script_result,
 )
 
 router = APIRouter(tags=["jobs"])
 
+
+def register_scripts(app: Any) -> None:
+    """The job view script (fields and queue position in one round trip) on the app's async Redis client."""
+    app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
+
 JOB_EXAMPLE = {
-    "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain",
+    "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain", "position": None,
     "created_at": "2026-01-01T12:00:00.000000Z", "started_at": "2026-01-01T12:00:01.000000Z", "finished_at": None,
     "progress": {"done": 120, "total": 400, "unit": "samples", "message": "...", "eta_s": 31.5},
     "metrics": None, "error": None, "result_url": None,
@@ -43,13 +52,25 @@ async def _fetch(request: Request, job_id: str) -> dict[bytes, bytes]:
     return fields_to_raw(await request.app.state.aredis.hmget(JOB_PREFIX + job_id, VIEW_FIELDS))
 
 
-async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
-    raw = await _fetch(request, job_id)
+async def _fetch_with_position(request: Request, job_id: str) -> tuple[dict[bytes, bytes], int | None]:
+    keys, args = view_script_args(job_id)
+    return view_script_result(await request.app.state.view_script(keys=keys, args=args))
+
+
+async def _owned(request: Request, job_id: str, owner: str) -> tuple[dict[bytes, bytes], int | None]:
+    """The job's fields and queue position; 404 for a malformed id, a missing job or another owner's job."""
+    if not valid_job_id(job_id):
+        raise _not_found(job_id)
+    raw, position = await _fetch_with_position(request, job_id)
     if not raw or owner_of(raw) != owner:
         raise _not_found(job_id)
     if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
         raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-    return raw
+    return raw, position
+
+
+async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
+    return (await _owned(request, job_id, owner))[0]
 
 
 @router.get(
@@ -60,11 +81,16 @@ async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, b
 async def get_job(job_id: str, request: Request) -> JSONResponse:
     # The hottest endpoint: auth is called inline rather than through Depends, which costs more per request
     # in FastAPI's dependency solver than the Redis round trip itself.
-    raw = await _owned_raw(request, job_id, await caller(request))
-    return JSONResponse(job_view(job_id, raw))
+    raw, position = await _owned(request, job_id, await caller(request))
+    return JSONResponse(job_view(job_id, raw, position=position))
 
 
-@router.get("/jobs", summary="List your jobs, newest first")
+@router.get(
+    "/jobs",
+    summary="List your jobs, newest first",
+    description="Keyset paging: follow `next_cursor` until it is null. Jobs added, finished or expired meanwhile "
+    "never shift a page. A page may hold fewer than `limit` items, with a cursor, when filters skip many jobs.",
+)
 def list_jobs(
     request: Request,
     kind: str | None = Query(None, description="only jobs of this kind"),
@@ -98,7 +124,8 @@ async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)
     view = job_view(job_id, raw)
     if view["status"] in TERMINAL:
         return JSONResponse(status_code=409, content={"detail": {
-            "code": "already_finished", "message": f"job is already {view['status']}"}, "job": view})
+            "code": "already_finished", "status": view["status"],
+            "message": f"job is already {view['status']}"}, "job": view})
     await run_in_threadpool(request.app.state.store.cancel, job_id)
     raw = await _fetch(request, job_id)
     return JSONResponse(status_code=202, content=job_view(job_id, raw))
@@ -134,13 +161,13 @@ async def job_events(
         while True:
             if await request.is_disconnected():
                 return
-            raw = await _fetch(request, job_id)
+            raw, position = await _fetch_with_position(request, job_id)
             if not raw:
                 yield "event: gone\ndata: {}\n\n"
                 return
             if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
                 raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-            view = job_view(job_id, raw)
+            view = job_view(job_id, raw, position=position)
             if view != last:
                 yield f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
                 last, last_sent = view, time.monotonic()
