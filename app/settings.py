@@ -9,6 +9,9 @@
 | ``EXPLAINQ_MAX_BODY_BYTES`` | request body limit | 8 MiB |
 | ``EXPLAINQ_RESULT_TTL_S`` | how long finished jobs and results stay in Redis | 7 days |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
+| ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
+| ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
+| ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks a worker calls at start to register extra kinds | empty |
 """
 
 from __future__ import annotations
@@ -70,3 +73,8 @@ class Settings(BaseSettings):
     @property
     def registry_path(self) -> Path:
         return self.home / "registry.json"
+
+    # Worker fault tolerance, logging and kind plugins.
+    redis_retry_s: float = Field(120.0, ge=0, validation_alias=_alias("EXPLAINQ_REDIS_RETRY_S"))
+    log_format: str = Field("json", pattern="^(json|text)$", validation_alias=_alias("EXPLAINQ_LOG_FORMAT"))
+    kind_plugins_raw: str = Field("", validation_alias=_alias("EXPLAINQ_KIND_PLUGINS"))

@@ -7,6 +7,9 @@
 
 Register test models in ``svc.settings`` (``app.registry.register_model``) before ``start()`` (or pass
 ``start=False`` to the constructor and call ``svc.start()``) so that workers preload them.
+
+Redis runs with a password (generated under ``<home>/redis/password``); ``svc.redis_server.url`` carries it. The
+workers register the test kinds of ``tests/jobkinds.py`` through ``EXPLAINQ_KIND_PLUGINS``.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class Service:
             "EXPLAINQ_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
             "PYTHONPATH": str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+            "EXPLAINQ_KIND_PLUGINS": "tests.jobkinds:register_test_kinds",
         })
         env.update(self.extra_env)
         return env
