@@ -48,6 +48,16 @@ def nonfinite_job(payload: dict, ctx) -> dict:
     return {"score": nan, "scores": [0.25, inf, -inf], "nested": {"x": (nan, 1)}}
 
 
+def threads_job(payload: dict, ctx) -> dict:
+    """What CPU budget the worker process runs under."""
+    import os
+
+    import torch
+
+    return {"torch_threads": torch.get_num_threads(), "nice": os.nice(0),
+            "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS")}
+
+
 def load_counter_model(path, device):
     """A registered 'model' whose loading is observable: it appends to a file each time it loads."""
     with open(path / "loads.txt", "a") as fh:
@@ -60,5 +70,7 @@ def register_test_kinds() -> None:
                      func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))
     register(JobKind(name="test_nonfinite", route="/test/nonfinite", request=NonFiniteRequest, queue="explain",
                      func="tests.jobkinds:nonfinite_job", timeout_s=60, summary="test only"))
+    register(JobKind(name="test_threads", route="/test/threads", request=NonFiniteRequest, queue="train",
+                     func="tests.jobkinds:threads_job", timeout_s=60, summary="test only"))
     register(JobKind(name="test_train_sleep", route="/test/train-sleep", request=SleepRequest, queue="train",
                      func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))

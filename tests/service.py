@@ -87,10 +87,11 @@ class Service:
         self.client.__enter__()
         return self
 
-    def start_worker(self, queues: str) -> subprocess.Popen:
+    def start_worker(self, queues: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
+        """Start one worker on ``queues`` (extra ``explainq worker`` arguments in ``args``)."""
         log = open(self.home / f"worker-{len(self.workers)}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--queues", queues],
+            [sys.executable, "-m", "app.cli", "worker", "--queues", queues, *args],
             env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.workers.append(proc)

@@ -152,7 +152,7 @@ class JobContext:
         self._bar: Any = None
         # Redis outages: meta not yet written (flushed at the next chance), and when to try Redis again.
         self._meta_dirty = False
-        self._redis = Backoff()
+        self._redis = Backoff(initial=0.5, cap=5.0)
 
     @property
     def home(self) -> Path:

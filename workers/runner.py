@@ -8,6 +8,7 @@ validated again against the kind's request schema. Results, progress and metrics
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from datetime import UTC, datetime
 from typing import Any
@@ -99,8 +100,11 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
         spec = resolve(settings, kind, payload)
         ctx.check_canceled()
         func = import_object(spec.func)
+        log.info("job started")
+        t0 = time.monotonic()
         result = json_safe(func(payload, ctx))
         ctx.flush(settings.redis_retry_s)
+        log.info("job finished in %.2f s", time.monotonic() - t0)
         return result
     except JobLost:
         if job is not None:

@@ -124,11 +124,16 @@ class ExplainqWorker(SimpleWorker):
 
     def perform_job(self, job: Job, queue: Queue, execution: Any) -> bool:
         """RQ's ``perform_job`` with the job's function checked first and its end written through Redis outages."""
+        try:
+            func_name = job.func_name
+        except Exception:  # call data this worker cannot read (e.g. pickled): not one of ours, never unpickled
+            func_name = None
+            job._func_name, job._instance, job._args, job._kwargs = "<unreadable>", None, (), {}
         self._persist(lambda: self.prepare_job_execution(job, len(self.queues) == 1), "start the job")
         job.started_at = now()
         try:
-            if job.func_name != runner.RUNNER:
-                raise ForeignJob(f"job function {job.func_name!r} is not {runner.RUNNER}")
+            if func_name != runner.RUNNER:
+                raise ForeignJob(f"job function {func_name!r} is not {runner.RUNNER}")
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 return_value = job.perform()
