@@ -15,13 +15,14 @@ Models: the demo models under ``--home`` when they are registered there (``expla
 builds its own small ones (``conve-nations-demo`` as the demo does, and a small ``nrms-minilm-demo`` from
 ``models.news.demo.build_small``) and says so.
 
-    python benchmarks/interactive_latency.py [--home DIR] [--reps 5]
+    python benchmarks/interactive_latency.py [--home DIR] [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -105,7 +106,8 @@ def scenario(home: Path, name: str, reps: int, worker_args: dict[str, tuple[str,
             training_id = r.json()["id"]
             svc.wait(training_id, statuses=("running",))
             time.sleep(3)  # past data loading, into the training loop
-        run_jobs(svc, 1)  # warm-up: model loads, first-call costs
+        warm = svc.client.post("/attributions", json=ATTRIBUTION).json()["id"]  # warm-up: first-call costs
+        svc.wait(warm, timeout_s=600)
         times = run_jobs(svc, reps)
         if training_id:
             body = svc.client.get(f"/jobs/{training_id}").json()
@@ -115,9 +117,10 @@ def scenario(home: Path, name: str, reps: int, worker_args: dict[str, tuple[str,
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the workers and Redis on the way out
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", type=Path, default=None, help="EXPLAINQ_HOME with the demo models")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=3)
     opts = parser.parse_args()
     home = opts.home or Path(tempfile.mkdtemp(prefix="explainq-latency-"))
     source = ensure_models(home)

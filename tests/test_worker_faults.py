@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rq import Queue
@@ -14,6 +15,7 @@ from rq.serializers import JSONSerializer
 
 from app import reaper
 from app.jobstore import job_view
+from app.redis_server import redis_client
 from tests.service import Service
 
 
@@ -167,3 +169,34 @@ def test_jobs_enqueued_before_an_upgrade_still_run_and_ignore_their_function_pat
         raw = _wait_raw(svc, job.id, lambda r: r.get(b"status") in (b"finished", b"failed"), 60, "never ran")
         assert raw[b"status"] == b"finished"
         assert Job.fetch(job.id, connection=svc.redis(), serializer=JSONSerializer).return_value()["steps"] == 1
+
+
+def test_the_reaping_rule(tmp_path):
+    from rq.utils import utcformat
+
+    from app.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=False).start()
+    try:
+        conn = redis_client(server.url)
+        job = Queue("explain", connection=conn, serializer=JSONSerializer).enqueue(
+            "workers.runner.execute", args=("test_sleep", {}), meta={"owner": "anonymous"})
+        key, ttl = f"rq:job:{job.id}", 5
+        stale = utcformat(datetime.now(UTC) - timedelta(seconds=3 * ttl))
+        conn.hset(key, mapping={"status": "started", "worker_name": "w1", "last_heartbeat": stale})
+        conn.zadd("rq:wip:explain", {f"{job.id}:exec1": time.time() + 100})
+        conn.set(reaper.alive_key("w1"), job.id, ex=ttl)
+        assert not reaper.is_abandoned(conn, job.id, ttl, uptime_s=100)  # its worker is alive
+        conn.delete(reaper.alive_key("w1"))
+        assert not reaper.is_abandoned(conn, job.id, ttl, uptime_s=ttl - 1)  # Redis restarted < 1 TTL ago
+        conn.hset(key, "last_heartbeat", utcformat(datetime.now(UTC)))
+        assert not reaper.is_abandoned(conn, job.id, ttl, uptime_s=100)  # beat recently (an older worker)
+        conn.hset(key, "last_heartbeat", stale)
+        assert reaper.is_abandoned(conn, job.id, ttl, uptime_s=100)
+        assert reaper.reap_job(conn, job.id, ttl, uptime_s=100)
+        assert not reaper.reap_job(conn, job.id, ttl, uptime_s=100)  # once
+        view = job_view(job.id, conn.hgetall(key))
+        assert view["status"] == "failed" and view["error"]["code"] == "worker_lost" and view["finished_at"]
+        assert conn.zcard("rq:wip:explain") == 0
+    finally:
+        server.stop()
