@@ -32,6 +32,7 @@ class ContextFilter(logging.Filter):
     """Adds the bound job fields (and the process's worker name) to each record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)  # uvicorn's ANSI-coloured duplicate of the message
         for key, value in _process_fields.items():
             if not hasattr(record, key):
                 setattr(record, key, value)
@@ -66,9 +67,9 @@ def make_formatter(fmt: str) -> logging.Formatter:
     if fmt != "json":
         raise ValueError(f"EXPLAINQ_LOG_FORMAT must be 'json' or 'text', got {fmt!r}")
     return JsonFormatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s",
-        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-        timestamp=False,
+        "%(levelname)s %(name)s %(message)s",
+        rename_fields={"levelname": "level", "name": "logger"},
+        timestamp="time",  # ISO 8601, UTC
     )
 
 
