@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from app import logs
 from app.logs import job_logging, set_process_fields, setup_logging
 
 
@@ -17,7 +18,7 @@ def restore_root_logger():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-    set_process_fields.__globals__["_process_fields"].clear()
+    logs._process_fields.clear()
 
 
 def test_json_lines_carry_job_fields_only_inside_the_job(capsys, restore_root_logger):
