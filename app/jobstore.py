@@ -30,11 +30,12 @@ from redis import Redis
 from redis.exceptions import RedisError, WatchError
 from rq import Queue
 from rq.job import Job, JobStatus
-from rq.registry import CanceledJobRegistry, StartedJobRegistry
+from rq.registry import CanceledJobRegistry
 from rq.serializers import JSONSerializer
 
 from app.kinds.base import QUEUES, JobKind
 from app.metrics import record_finished, record_submitted
+from app.reaper import reap_job
 from app.settings import Settings
 
 log = logging.getLogger("explainq.jobs")
@@ -443,14 +444,16 @@ class JobStore:
         return view_script_result(self._view(keys=keys, args=args))
 
     def reap_if_abandoned(self, raw: dict[bytes, bytes], job_id: str) -> dict[bytes, bytes]:
-        """Move an abandoned running job to failed now instead of waiting for a worker's maintenance pass."""
+        """Move an abandoned running job to failed now instead of waiting for a worker's maintenance pass.
+
+        ``is_abandoned`` (stale heartbeat) is only the cheap pre-check; ``app.reaper.reap_job`` decides with the
+        full rule (the worker's liveness key is gone and Redis has been up one TTL), so a Redis restart or a slow
+        poll never fails a job whose worker is alive."""
         if not is_abandoned(raw, self.settings.heartbeat_ttl_s):
             return raw
-        origin = _text(raw, "origin")
-        if origin:
-            registry = StartedJobRegistry(origin, connection=self.redis, serializer=self.serializer)
-            registry.cleanup()
-        return self.raw(job_id)
+        if reap_job(self.redis, job_id, self.settings.heartbeat_ttl_s):
+            return self.raw(job_id)
+        return raw
 
     def list(
         self,

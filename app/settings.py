@@ -15,6 +15,9 @@
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
 | ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
 | ``EXPLAINQ_MODEL_CACHE_BYTES`` | memory budget of a worker's loaded models (least recently used ones are dropped) | 4 GiB |
+| ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
+| ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
+| ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks a worker calls at start to register extra kinds | empty |
 """
 
 from __future__ import annotations
@@ -106,3 +109,8 @@ class Settings(BaseSettings):
     def work_dir(self) -> Path:
         """This host's scratch space for running jobs (their artifacts before they reach the store)."""
         return self.home / "work"
+
+    # Worker fault tolerance, logging and kind plugins.
+    redis_retry_s: float = Field(120.0, ge=0, validation_alias=_alias("EXPLAINQ_REDIS_RETRY_S"))
+    log_format: str = Field("json", pattern="^(json|text)$", validation_alias=_alias("EXPLAINQ_LOG_FORMAT"))
+    kind_plugins_raw: str = Field("", validation_alias=_alias("EXPLAINQ_KIND_PLUGINS"))
