@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import kinds as kinds_pkg
 from app.jobstore import JobStore
 from app.kinds.base import FieldError
-from app.routers import artifacts, health, jobs, models, submit
+from app.routers import artifacts, health, imports, jobs, models, submit
 from app.settings import Settings
 
 log = logging.getLogger("explainq.api")
@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(models.router)
     app.include_router(artifacts.router)
+    app.include_router(imports.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.news.data import MAX_HISTORY, recent_history
 from models.news.text import BertNewsTokenizer, Encoded, NewsTokenizer, WordTokenizer, resolve_pretrained
 
 
@@ -180,8 +181,11 @@ class NewsRecommender(nn.Module):
         candidates: Sequence[str],
         history_bodies: Sequence[str] | None = None,
         candidate_bodies: Sequence[str] | None = None,
+        max_history: int = MAX_HISTORY,
     ) -> torch.Tensor:
-        """The model's own scores of ``candidates`` for one user with this ``history`` (``(C,)``)."""
+        """The model's own scores of ``candidates`` for one user with this ``history`` (``(C,)``); the user vector
+        is built from the last ``max_history`` titles, as in training and attribution."""
+        history, history_bodies = recent_history(history, history_bodies, max_history)
         hist = self.encode_news(self.tokenize(history, history_bodies))  # (H, D)
         user = self.user_vector(hist[None], torch.ones(1, hist.shape[0], device=hist.device))  # (1, D)
         cand = self.encode_news(self.tokenize(candidates, candidate_bodies))  # (C, D)
