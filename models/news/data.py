@@ -251,6 +251,44 @@ def write_pairs(path: str | Path, split: MindSplit, max_history: int = MAX_HISTO
     return n
 
 
+def split_from_pairs(path: str | Path) -> MindSplit:
+    """A pairwise CSV as MIND impressions, for training: the rows of one user with one history form an impression
+    (clicks from ``label``); history titles get ids from their text (``H`` + a hash), candidates keep theirs."""
+    import hashlib
+
+    news: dict[str, NewsItem] = {}
+    impressions: dict[tuple[str, str], Impression] = {}
+    for s in iter_pairs(path):
+        hist_ids = []
+        bodies = s.history_bodies or [""] * len(s.history)
+        for title, body in zip(s.history, bodies, strict=True):
+            hid = "H" + hashlib.sha1(f"{title}\t{body}".encode()).hexdigest()[:16]
+            news.setdefault(hid, NewsItem(hid, "", title, body))
+            hist_ids.append(hid)
+        cid = s.meta["candidate_id"]
+        fake = None if s.label is None else s.label == "fake"
+        news[cid] = NewsItem(cid, "", s.candidate, s.candidate_body or "", fake)
+        key = (s.meta["user_id"], json.dumps(s.history))
+        imp = impressions.setdefault(key, Impression(str(len(impressions) + 1), s.meta["user_id"], hist_ids, []))
+        imp.candidates.append((cid, s.meta["click"]))
+    return MindSplit(news, list(impressions.values()))
+
+
+def read_split(root: str | Path, split: str) -> MindSplit:
+    """A dataset's split for training: ``root/split/`` (MIND) or ``root/pairs_{split}.csv``."""
+    root = Path(root)
+    if (root / split / "behaviors.tsv").is_file():
+        return read_mind(root / split)
+    if (root / f"pairs_{split}.csv").is_file():
+        return split_from_pairs(root / f"pairs_{split}.csv")
+    raise FileNotFoundError(f"the dataset has neither {split}/behaviors.tsv nor pairs_{split}.csv")
+
+
+def has_split(root: str | Path, split: str) -> bool:
+    root = Path(root)
+    return (root / split / "behaviors.tsv").is_file() or (root / f"pairs_{split}.csv").is_file()
+
+
 # ------------------------------------------------------------------------------------------------- sampling
 class LabelsMissing(ValueError):
     """``balanced`` sampling asked of data without real/fake labels."""
