@@ -3,16 +3,12 @@
 ``detect(path)`` looks at a directory under the data roots and answers which format it holds, the registry kind
 the jobs use for it, and its counts:
 
-==========================  ==========  ==============================================================
-format                      kind        what is looked for
-==========================  ==========  ==============================================================
-``mind``                    ``news``    ``{train,valid,test}/news.tsv`` + ``behaviors.tsv`` (or one split)
-``pairwise_csv``            ``news``    ``pairs_{train,valid,test}.csv`` with the pairwise columns
-``triples``                 ``triples`` ``train.txt`` (+ ``valid.txt``, ``test.txt``), ``head<TAB>rel<TAB>tail``
-``lora_safetensors``        ``lora``    ``*.safetensors`` + ``labels.csv``
-``hf_save_to_disk``         ``lora``    a ``datasets`` ``save_to_disk`` directory
-``cifar10`` / ``cifar100``  ``images``  the official python batches (``data_batch_1``... / ``train``, ``test``)
-==========================  ==========  ==============================================================
+- ``mind`` (kind ``news``): ``{train,valid,test}/news.tsv`` + ``behaviors.tsv``, or one split directory;
+- ``pairwise_csv`` (kind ``news``): ``pairs_{train,valid,test}.csv`` with the pairwise columns;
+- ``triples`` (kind ``triples``): ``train.txt`` (+ ``valid.txt``, ``test.txt``), ``head<TAB>relation<TAB>tail``;
+- ``lora_safetensors`` / ``hf_save_to_disk`` (kind ``lora``): ``*.safetensors`` + ``labels.csv``, or a
+  ``datasets`` ``save_to_disk`` directory;
+- ``cifar10`` / ``cifar100`` (kind ``image_classification``): the official python batches.
 
 Files are streamed line by line (a MIND-large ``behaviors.tsv`` is about 2 GB), never loaded whole.
 """
@@ -138,7 +134,7 @@ def _detect(path: Path) -> dict[str, Any]:
     for name, marker in (("cifar10", "data_batch_1"), ("cifar100", "train")):
         if (path / marker).is_file() and (path / "test" if name == "cifar100" else path / "test_batch").is_file():
             batches = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.endswith(".html"))
-            return {"format": name, "kind": "images", "counts": {"files": batches}}
+            return {"format": name, "kind": "image_classification", "counts": {"files": batches}}
     if any((path / f).is_file() for f in ("labels.csv", "dataset_info.json", "dataset_dict.json")):
         from models.lora.keys import DatasetFormatError, summarize_dataset
 
