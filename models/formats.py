@@ -5,15 +5,18 @@
 holding ``{"state_dict": ...}`` or ``{"model_state_dict": ...}`` (common training-script layouts) is unwrapped.
 
 ``check_state`` compares every tensor's name and shape with the model built from the config, before anything is
-loaded or registered; :class:`StateMismatch` lists the offending tensors.
+loaded or registered; :class:`StateMismatch` lists the offending tensors. ``shape_problems`` is the same check on
+plain shapes (the API runs it on a safetensors header, without torch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # this module is imported by the API, which never imports torch
+    import torch
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -30,6 +33,8 @@ class StateMismatch(ValueError):
 
 def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a safetensors file or a weights-only PyTorch pickle."""
+    import torch
+
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -63,19 +68,25 @@ def strip_prefix(state: Mapping[str, torch.Tensor], prefixes: Iterable[str] = ("
     return out
 
 
-def state_problems(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor],
+def shape_problems(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
                    optional: Iterable[str] = ()) -> list[str]:
     """Every missing, unexpected or mis-shaped tensor, by name (``optional`` name prefixes may be missing)."""
     optional = tuple(optional)
     problems = []
-    for name, t in expected.items():
+    for name, shape in expected.items():
         if name not in given:
             if not name.startswith(optional) and not name.endswith("num_batches_tracked"):
-                problems.append(f"missing tensor {name} {list(t.shape)}")
-        elif tuple(given[name].shape) != tuple(t.shape):
-            problems.append(f"tensor {name} has shape {list(given[name].shape)}, the config needs {list(t.shape)}")
-    problems += [f"unexpected tensor {name} {list(given[name].shape)}" for name in given if name not in expected]
+                problems.append(f"missing tensor {name} {list(shape)}")
+        elif tuple(given[name]) != tuple(shape):
+            problems.append(f"tensor {name} has shape {list(given[name])}, the config needs {list(shape)}")
+    problems += [f"unexpected tensor {name} {list(given[name])}" for name in given if name not in expected]
     return problems
+
+
+def state_problems(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor],
+                   optional: Iterable[str] = ()) -> list[str]:
+    return shape_problems({k: tuple(v.shape) for k, v in expected.items()},
+                          {k: tuple(v.shape) for k, v in given.items()}, optional)
 
 
 def check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str,

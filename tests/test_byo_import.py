@@ -110,10 +110,18 @@ def test_import_conve_pykeen_ids_safetensors_and_checks(svc, sources) -> None:
     res = _import(svc, {"name": "kg-pykeen", "kind": "conve", "path": "pykeen", "config": SHAPE,
                         "checkpoints": [{"file": "model.safetensors", "lr": 0.01}]})
     assert res["entities"] == len(sources["bundle"].dataset.entities)
-    bad = _import(svc, {"name": "kg-bad", "kind": "conve", "path": "pykeen",
+    # safetensors: the API reads the header and answers 422 naming the tensors
+    r = svc.client.post("/models/import", headers=ALICE, json={
+        "name": "kg-bad", "kind": "conve", "path": "pykeen", "config": {**SHAPE, "embedding_height": 5},
+        "checkpoints": [{"file": "model.safetensors", "lr": 0.01}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "weights"] and "fc.weight" in r.json()["detail"][0]["msg"]
+    # .pt: the job unpickles (weights only), checks and fails naming the tensors; nothing is registered
+    bad = _import(svc, {"name": "kg-bad", "kind": "conve", "path": "guide", "weights": "model.pt",
                         "config": {**SHAPE, "embedding_height": 5},
-                        "checkpoints": [{"file": "model.safetensors", "lr": 0.01}]}, ok=False)
+                        "checkpoints": [{"file": "checkpoint_1.pt", "lr": 0.01}]}, ok=False)
     assert bad["error"]["code"] == "shape_mismatch" and "fc.weight" in bad["error"]["message"]
+    assert "kg-bad" not in {m["name"] for m in svc.client.get("/models", headers=ALICE).json()["models"]}
     evil = _import(svc, {"name": "kg-evil", "kind": "conve", "path": "guide", "weights": "evil.pt",
                          "checkpoints": [{"file": "evil.pt", "lr": 0.01}]}, ok=False)
     assert evil["error"]["code"] == "invalid_model" and "weights_only" in evil["error"]["message"]

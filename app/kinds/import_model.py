@@ -7,6 +7,7 @@ name and shape against the config before anything is registered, and reports the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,6 +73,44 @@ def model_dir(settings: Settings, raw: str) -> Path:
     return path
 
 
+def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
+    """Names and shapes of the ConvE ``.safetensors`` files from their JSON headers (no torch): a mismatch with
+    the config is a 422 naming the tensors. ``.pt`` files are checked by the job, which can unpickle them."""
+    from models.formats import shape_problems
+    from models.kg.shapes import canonical_name, expected_shapes
+    from models.lora.keys import DatasetFormatError, read_safetensors_header
+
+    try:
+        shape = json.loads((directory / "config.json").read_text()) if (directory / "config.json").is_file() else {}
+    except (ValueError, OSError):
+        shape = {}
+    shape = {**shape, **(req.config or {})}
+    files: list[tuple[tuple, str]] = [(("weights",), req.weights or next(w for w in WEIGHT_DEFAULTS
+                                                                          if (directory / w).is_file()))]
+    files += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints)]
+    for loc, name in files:
+        if not name.endswith(".safetensors"):
+            continue
+        try:
+            header = read_safetensors_header(directory / name)
+        except (DatasetFormatError, OSError, ValueError) as exc:
+            raise FieldError(("body", *loc), f"{name}: {exc}", value=name) from None
+        given = {canonical_name(k): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        if "ent.weight" not in given or "rel.weight" not in given or "embedding_height" not in shape:
+            continue  # the job reports what is missing
+        n_ent, dim = given["ent.weight"]
+        try:
+            expected = expected_shapes(n_ent, given["rel.weight"][0], int(shape.get("embedding_dim", dim)),
+                                       int(shape["embedding_height"]), int(shape.get("num_filters", 32)),
+                                       int(shape.get("kernel_size", 3)))
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        problems = shape_problems(expected, given)
+        if problems:
+            raise FieldError(("body", *loc), f"{name} does not fit the config: " + "; ".join(problems[:12]),
+                             value=name)
+
+
 def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
     directory = model_dir(settings, req.path)
     if req.weights is not None:
@@ -92,6 +131,7 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
                              "(TracIn sums over checkpoints)", value=[])
         for i, ck in enumerate(req.checkpoints):
             _inside(settings, directory, ck.file, ("checkpoints", i, "file"))
+        _conve_header_check(req, directory)
     else:
         for field, value in conve_only.items():
             if value is not None:

@@ -28,16 +28,16 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from models.formats import check_state, load_state_file, strip_prefix
+from models.formats import check_state, load_state_file
 from models.kg.checkpoint import FORMAT
 from models.kg.conve import ConvE, ConvEConfig
+from models.kg.shapes import canonical_name
 from models.kg.train import rank_metrics, ranks_from_scores
 from models.kg.triples import TriplesDataset, Vocab, read_triples, write_dataset_dir
 
 ENTITY_FILES = ("node_dict", "entity_to_id", "entities.dict", "entity2id")
 RELATION_FILES = ("rel_dict", "relation_to_id", "relations.dict", "relation2id")
 ID_SUFFIXES = ("", ".txt", ".tsv", ".tsv.gz", ".json", ".dict")
-ALIASES = {"emb_e.": "ent.", "emb_rel.": "rel.", "conv1.": "conv."}
 SHAPE_FIELDS = ("embedding_dim", "embedding_height", "num_filters", "kernel_size", "input_dropout",
                 "feature_dropout", "hidden_dropout", "label_smoothing")
 
@@ -100,14 +100,7 @@ def vocab_for_rows(mapping: dict[str, int], rows: int, what: str) -> Vocab:
 
 def rename(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """This project's ConvE names from the reference code's (``emb_e`` -> ``ent``, ``b`` -> ``ent_bias``...)."""
-    state = strip_prefix(state)
-    out = {}
-    for k, v in state.items():
-        for old, new in ALIASES.items():
-            if k.startswith(old):
-                k = new + k[len(old):]
-        out["ent_bias" if k == "b" else k] = v
-    return out
+    return {canonical_name(k): v for k, v in state.items()}
 
 
 def _encode_triples(path: Path, ds: TriplesDataset) -> torch.Tensor:
