@@ -138,3 +138,31 @@ def test_reservoir_is_uniform_and_mind_sampling_streams(tmp_path: Path) -> None:
     assert len(samples) == 16 and len({s.id for s in samples}) == 16
     assert [s.id for s in sample_mind(split, 16, seed=3)] == [s.id for s in samples]
     assert peak < size / 10, (peak, size)  # far below the file size: the file is streamed
+
+
+def test_roberta_encoder_fine_tuned_last_layer_is_bundled_in_the_checkpoint(tmp_path: Path) -> None:
+    import shutil
+
+    from models.news import checkpoint
+    from models.news.train import TrainConfig, train
+
+    enc_dir = tiny_roberta(tmp_path / "roberta")
+    torch.manual_seed(0)
+    model = build_model({"kind": "nrms", "encoder": "bert", "pretrained": str(enc_dir), "fine_tune": True,
+                         "fine_tune_layers": 1, "heads": 2, "head_dim": 4, "query_dim": 8, "dropout": 0.0})
+    bert = model.token_encoder.bert
+    assert not bert.embeddings.word_embeddings.weight.requires_grad
+    assert all(p.requires_grad for p in bert.encoder.layer[-1].parameters())
+    before = bert.encoder.layer[-1].output.dense.weight.detach().clone()
+    root = mind_dir(tmp_path / "mind", n_news=200, n_users=10)
+    result = train(model, read_mind(root / "train"), read_mind(root / "valid"),
+                   TrainConfig(epochs=1, batch_size=8, lr=1e-2, negatives=2))
+    assert {"imp_auc", "mrr", "ndcg@5", "ndcg@10"} <= set(result["valid"])
+    assert not torch.equal(before, bert.encoder.layer[-1].output.dense.weight)
+    checkpoint.save(model, tmp_path / "ckpt")
+    shutil.rmtree(enc_dir)  # the checkpoint must not need the source directory any more
+    loaded = checkpoint.load(tmp_path / "ckpt").model
+    with torch.no_grad():
+        a = model.eval().score_texts(HISTORY, ["Apple unveils new smartphone"])
+        b = loaded.score_texts(HISTORY, ["Apple unveils new smartphone"])
+    assert torch.allclose(a, b, atol=1e-5)
