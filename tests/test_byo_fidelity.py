@@ -166,3 +166,21 @@ def test_roberta_encoder_fine_tuned_last_layer_is_bundled_in_the_checkpoint(tmp_
         a = model.eval().score_texts(HISTORY, ["Apple unveils new smartphone"])
         b = loaded.score_texts(HISTORY, ["Apple unveils new smartphone"])
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_pairwise_csv_becomes_impressions_for_training(tmp_path: Path) -> None:
+    from models.news.data import generate_synthetic, read_split
+
+    generate_synthetic(tmp_path / "d", n_news=120, n_users=12, impressions_per_user=2, seed=0)
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "d" / "pairs_train.csv").rename(tmp_path / "csv" / "pairs_train.csv")
+    mind, pairs = read_split(tmp_path / "d", "train"), read_split(tmp_path / "csv", "train")
+
+    def clicks(split) -> list:
+        return sorted((imp.user, split.news[n].title, lab, split.news[n].fake)
+                      for imp in split.behaviors for n, lab in imp.candidates)
+
+    assert clicks(pairs) == clicks(mind)
+    assert {tuple(split_titles) for split_titles in
+            ([pairs.news[h].title for h in imp.history] for imp in pairs.behaviors)} == \
+        {tuple(mind.news[h].title for h in imp.history) for imp in mind.behaviors}
