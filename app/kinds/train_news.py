@@ -14,6 +14,7 @@ from app import registry
 from app.kinds.base import FieldError, JobKind, register, require_new_name
 from app.paths import PathError, resolve_data_path
 from app.settings import Settings
+from models.news.data import has_split
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SPLITS = ("train", "valid", "test")
@@ -38,8 +39,9 @@ class TrainNewsRequest(BaseModel):
     filters: int = Field(256, ge=1, le=2048, description="NAML CNN filters")
     window: int = Field(3, ge=1, le=9, description="NAML CNN window")
     dropout: float = Field(0.2, ge=0, lt=1)
-    dataset: str = Field(..., min_length=1, max_length=1024, description="a registered news dataset, or a "
-                         "directory under the data roots holding {train,valid}/ MIND splits or pairs_{split}.csv")
+    dataset: str = Field(..., min_length=1, max_length=1024, description="a registered news dataset, a "
+                         "directory under the data roots holding {train,valid}/ MIND splits or pairs_{split}.csv, "
+                         "or one pairwise CSV file (training only: set valid_split to null)")
     train_split: Literal[SPLITS] = "train"  # type: ignore[valid-type]
     valid_split: Literal[SPLITS] | None = Field("valid", description="metrics per epoch; null: none")  # type: ignore[valid-type]
     npratio: int = Field(4, ge=1, le=64, description="non-clicked candidates per click")
@@ -73,10 +75,6 @@ def resolve_news_dataset(settings: Settings, name: str, field: str = "dataset") 
                          value=name) from None
 
 
-def _has_split(root: Path, split: str) -> bool:
-    return (root / split / "behaviors.tsv").is_file() or (root / f"pairs_{split}.csv").is_file()
-
-
 def _data_file(settings: Settings, raw: str, field: str) -> str:
     try:
         path = resolve_data_path(settings, raw)
@@ -89,7 +87,7 @@ def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -
     root = resolve_news_dataset(settings, req.dataset)
     for field in ("train_split", "valid_split"):
         split = getattr(req, field)
-        if split is not None and not _has_split(root, split):
+        if split is not None and not has_split(root, split):
             raise FieldError(("body", field), f"dataset {req.dataset!r} has no {split}/behaviors.tsv nor "
                              f"pairs_{split}.csv", value=split)
     if req.architecture == "naml" and req.encoder != "word":

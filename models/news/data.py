@@ -275,8 +275,11 @@ def split_from_pairs(path: str | Path) -> MindSplit:
 
 
 def read_split(root: str | Path, split: str) -> MindSplit:
-    """A dataset's split for training: ``root/split/`` (MIND) or ``root/pairs_{split}.csv``."""
+    """A dataset's split for training: ``root/split/`` (MIND) or ``root/pairs_{split}.csv``; ``root`` may also be
+    one pairwise CSV file (its only split)."""
     root = Path(root)
+    if root.is_file():
+        return split_from_pairs(root)
     if (root / split / "behaviors.tsv").is_file():
         return read_mind(root / split)
     if (root / f"pairs_{split}.csv").is_file():
@@ -286,6 +289,8 @@ def read_split(root: str | Path, split: str) -> MindSplit:
 
 def has_split(root: str | Path, split: str) -> bool:
     root = Path(root)
+    if root.is_file():  # one pairwise CSV file: it is the training split
+        return root.suffix == ".csv" and split == "train"
     return (root / split / "behaviors.tsv").is_file() or (root / f"pairs_{split}.csv").is_file()
 
 
