@@ -97,9 +97,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     run_id = f"{time.time_ns()}-{ctx.job_id[:8]}"
     staging = ctx.settings.work_dir / f"train-news-{ctx.job_id}"
     epochs: list[dict[str, Any]] = []
-    initial = None
-    if valid_split is not None and resume is None:
-        initial = evaluate(model, valid_split, cfg.max_history)  # the untrained model: the floor to beat
+    position = {"done": 0, "total": None}  # the batch counter, so epoch reports share the batches unit
 
     def on_epoch(epoch: int, model: Any, opt: Any, record: dict[str, Any]) -> None:
         out = staging / f"epoch_{epoch:04d}"
@@ -110,14 +108,18 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         shutil.rmtree(out, ignore_errors=True)
         epochs.append({**record, "checkpoint": key})
         ctx.set_meta("epochs", _clean(epochs))
-        ctx.progress(epoch, p["epochs"], "epochs", message=f"epoch {epoch}/{p['epochs']}",
+        ctx.progress(position["done"], position["total"], "batches", message=f"epoch {epoch}/{p['epochs']} done",
                      metrics=_clean({"epoch": epoch, "loss": record["loss"], **(record.get("valid") or {})}))
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+        position.update(done=step, total=total)
         ctx.progress(step, total, "batches", message=f"epoch {int(metrics['epoch'])}: loss {metrics['loss']:.4f}")
 
     t0 = time.perf_counter()
+    initial = None
     try:
+        if valid_split is not None and resume is None:
+            initial = evaluate(model, valid_split, cfg.max_history)  # the untrained model: the floor to beat
         result = train(model, train_split, valid_split, cfg, progress, on_epoch=on_epoch,
                        start_epoch=resume[1] if resume else 0, optimizer_state=opt_state)
         final = staging / "final"
