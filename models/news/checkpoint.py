@@ -36,7 +36,7 @@ class LoadedNewsModel:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _frozen_bert(model: NewsRecommender) -> bool:
+def frozen_bert(model: NewsRecommender) -> bool:
     return model.config.get("encoder") == "bert" and not model.config.get("fine_tune", False)
 
 
@@ -44,7 +44,7 @@ def save(model: NewsRecommender, path: str | Path, meta: dict[str, Any] | None =
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if _frozen_bert(model):
+    if frozen_bert(model):
         state = {k: v for k, v in state.items() if not k.startswith(FROZEN_PREFIX)}
     save_file(state, str(path / "model.safetensors"))
     config = {**model.config, "kind": model.kind}
@@ -74,7 +74,7 @@ def load(path: str | Path, device: torch.device | str = "cpu", trainable: bool =
     tokenizer = WordTokenizer.load(path / "vocab.json") if config.get("tokenizer") == "word" else None
     model = build_model(config, tokenizer)
     state = load_file(str(path / "model.safetensors"))
-    check_state(model, state, f"checkpoint {path.name}", (FROZEN_PREFIX,) if _frozen_bert(model) else ())
+    check_state(model, state, f"checkpoint {path.name}", (FROZEN_PREFIX,) if frozen_bert(model) else ())
     model.load_state_dict(state, strict=False)
     model.to(device).eval()
     encoder = getattr(model, "token_encoder", None)

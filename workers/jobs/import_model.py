@@ -47,7 +47,7 @@ def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
     except (ValueError, OSError, KeyError) as exc:
         raise JobError("invalid_model", f"config: {exc}") from None
     state = strip_prefix(load_state_file(src / _weights(src, p.get("weights"))))
-    frozen = checkpoint._frozen_bert(model)
+    frozen = checkpoint.frozen_bert(model)
     check_state(model, state, _weights(src, p.get("weights")), (checkpoint.FROZEN_PREFIX,) if frozen else ())
     model.load_state_dict(state, strict=False)
     model.eval()
