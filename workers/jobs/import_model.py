@@ -35,6 +35,12 @@ def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
     config = _config(src, p.get("config"))
     config.pop("meta", None)
     config["kind"] = p["kind"]
+    pretrained = config.get("pretrained")
+    if isinstance(pretrained, str) and (src / pretrained).is_dir():  # an encoder inside the model directory
+        if not (src / pretrained).resolve().is_relative_to(src):
+            raise JobError("invalid_model", "config.pretrained: the encoder directory must be inside the model "
+                           "directory")
+        config["pretrained"] = str((src / pretrained).resolve())
     vocab = src / (p.get("vocab") or "vocab.json")
     tokenizer = WordTokenizer.load(vocab) if vocab.is_file() else None
     if p["kind"] == "naml" or config.get("encoder") == "word":
