@@ -17,7 +17,7 @@ from app import kinds as kinds_pkg
 from app import metrics
 from app.jobstore import JobStore
 from app.kinds.base import FieldError
-from app.routers import artifacts, health, jobs, models, submit
+from app.routers import artifacts, health, imports, jobs, models, submit
 from app.settings import Settings
 from app.ui import router as ui
 
@@ -143,6 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(models.router)
     app.include_router(artifacts.router)
+    app.include_router(imports.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.include_router(ui.router)
     app.mount(ui.STATIC_URL, ui.static_files(), name="ui-static")

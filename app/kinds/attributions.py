@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from app import registry
+from app.formats import news_labelled
 from app.kinds.base import FieldError, JobKind, register, require_model
 from app.settings import Settings
 
@@ -28,6 +29,8 @@ class SampleIn(BaseModel):
     label: Literal["real", "fake"] | None = None
     candidate_body: Annotated[StrictStr, Field(max_length=20000)] | None = Field(
         None, description="the candidate's body, for models with a body view (NAML)")
+    history_bodies: list[Annotated[StrictStr, Field(max_length=20000)]] | None = Field(
+        None, max_length=500, description="one body per history title, for models with a body view (NAML)")
 
 
 class DatasetIn(BaseModel):
@@ -73,11 +76,19 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
             if s.id in seen:
                 raise FieldError(("body", "samples", i, "id"), f"duplicate sample id {s.id!r}", value=s.id)
             seen.add(s.id)
+            if s.history_bodies is not None and len(s.history_bodies) != len(s.history):
+                raise FieldError(("body", "samples", i, "history_bodies"), f"history_bodies has "
+                                 f"{len(s.history_bodies)} entries for {len(s.history)} history titles",
+                                 value=len(s.history_bodies))
     if req.dataset is not None:
         entry = registry.get_dataset(settings, req.dataset.name)
         if entry is None or entry.get("kind") != DATASET_KIND:
             raise FieldError(("body", "dataset", "name"), f"unknown news dataset {req.dataset.name!r}",
                              value=req.dataset.name)
+        if req.dataset.balanced and news_labelled(settings, entry, req.dataset.split) is False:
+            raise FieldError(("body", "dataset", "balanced"), f"dataset {req.dataset.name!r} has no real/fake "
+                             f"labels in its {req.dataset.split} split (no labels.tsv or candidate_is_fake), so "
+                             "it cannot be balanced", value=True)
     for field in ("alpha_batch_size", "batch_size"):
         value = getattr(req, field)
         if value != "auto" and value < 1:

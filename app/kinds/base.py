@@ -98,6 +98,22 @@ def require_name_free(settings: Settings, name: str, owner: str, field: str, sec
         raise FieldConflict(("body", field), str(exc), value=name) from None
 
 
+def require_new_name(settings: Settings, name: str, owner: str, kind: str, overwrite: bool,
+                     field: str = "name") -> None:
+    """The model name a job will register: 409 when another owner holds it; 422 when the caller's model of that
+    name exists and ``overwrite`` is false, or is of another kind."""
+    from app import registry
+
+    require_name_free(settings, name, owner, field)
+    existing = registry.get_model(settings, name)
+    if existing is not None and not overwrite:
+        raise FieldError(("body", field), f"a model named {name!r} exists; pass overwrite=true to replace it",
+                         value=name)
+    if existing is not None and existing.get("kind") != kind:
+        raise FieldError(("body", field), f"{name!r} is a {existing.get('kind')!r} model; overwrite replaces "
+                         f"{kind} models only", value=name)
+
+
 def require_model(settings: Settings, name: str, kind: str, field: str = "model",
                   kind_label: str | None = None) -> dict[str, Any]:
     """The registry entry of model ``name``, which must be of ``kind``; a FieldError on ``field`` otherwise."""

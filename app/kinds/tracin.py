@@ -15,10 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from app import registry
 from app.kinds.base import FieldError, JobKind, register, require_model
+from app.paths import PathError, resolve_data_path
 from app.settings import Settings
 from app.store import StoreError
 from models.kg.shapes import LAYER_NAMES
+from models.kg.tsv import TriplesFormatError, read_triples
 
+MAX_TEST_TRIPLES = 10_000
 Name = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[head, relation, tail] by name")]
 
@@ -34,8 +37,11 @@ class TracInRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(..., min_length=1)
-    test_triples: list[Triple] | None = Field(None, min_length=1, max_length=10_000,
+    test_triples: list[Triple] | None = Field(None, min_length=1, max_length=MAX_TEST_TRIPLES,
                                               description="required except in mode 'self'")
+    test_triples_path: str | None = Field(None, min_length=1, max_length=4096, description="instead of "
+                                          "test_triples: a TSV file of head<TAB>relation<TAB>tail under the data "
+                                          "roots (read at submission; the job keeps the triples)")
     mode: Literal["test", "self", "single"] = "test"
     top_k: int | None = Field(10, ge=0, description="null returns every candidate")
     checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1)] = "all"
@@ -97,8 +103,27 @@ def _check_triples(field: str, triples: list[list[str]], vocab: dict[str, Any]) 
                 raise FieldError(("body", field, i, j), f"unknown {kind} {name!r}", value=name)
 
 
+def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
+    """Replace ``test_triples_path`` by the triples it holds (so the job is reproducible from its payload)."""
+    loc = ("body", "test_triples_path")
+    if req.test_triples is not None:
+        raise FieldError(loc, "give test_triples or test_triples_path, not both", value=req.test_triples_path)
+    try:
+        rows = read_triples(resolve_data_path(settings, req.test_triples_path))
+    except (PathError, TriplesFormatError, UnicodeDecodeError, IsADirectoryError) as exc:
+        raise FieldError(loc, str(exc), value=req.test_triples_path) from None
+    if not rows:
+        raise FieldError(loc, "the file holds no triples", value=req.test_triples_path)
+    if len(rows) > MAX_TEST_TRIPLES:
+        raise FieldError(loc, f"the file holds {len(rows)} triples; at most {MAX_TEST_TRIPLES} per job",
+                         value=req.test_triples_path)
+    req.test_triples = [list(r) for r in rows]
+
+
 def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> None:
     vocab = model_vocab(settings, req.model)
+    if req.test_triples_path is not None:
+        _read_test_triples_path(req, settings)
     if req.mode != "self" and not req.test_triples:
         raise FieldError(("body", "test_triples"), f"mode {req.mode!r} needs test_triples", value=req.test_triples)
     if req.mode == "single" and not req.train_triples:
@@ -109,7 +134,8 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
     if req.filter is not None and not req.test_triples:
         raise FieldError(("body", "filter"), "the filter is centred on test_triples; give some", value=None)
     if req.test_triples:
-        _check_triples("test_triples", req.test_triples, vocab)
+        field = "test_triples_path" if req.test_triples_path is not None else "test_triples"
+        _check_triples(field, req.test_triples, vocab)
     if req.train_triples:
         _check_triples("train_triples", req.train_triples, vocab)
     if req.checkpoints != "all":

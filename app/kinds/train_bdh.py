@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app import registry
 from app.artifacts import artifacts_key, owner_record
 from app.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
 from app.paths import PathError, resolve_data_path
@@ -56,7 +57,8 @@ class TrainBDHRequest(BaseModel):
     data_dir: str | None = Field(
         None, max_length=4096,
         description="CIFAR: the python-pickle batch directory (or its parent) inside the data roots; default "
-        "cifar-10-batches-py / cifar-100-python in the first data root. Not used for digits.",
+        "cifar-10-batches-py / cifar-100-python in the first data root; or the name of a registered CIFAR "
+        "dataset. Not used for digits.",
     )
     epochs: int = Field(10, ge=1, le=10_000, description="total epochs (a resumed run continues up to this)")
     batch_size: int = Field(64, ge=1, le=8192)
@@ -102,6 +104,9 @@ def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") ->
                              value=req.data_dir)
     else:
         name, marker = CIFAR_DIRS[req.dataset]
+        entry = registry.get_dataset(settings, req.data_dir) if req.data_dir else None
+        if entry is not None and entry.get("kind") == "image_classification" and entry.get("path"):
+            req.data_dir = entry["path"]  # a dataset registered with POST /datasets, by name
         raw = req.data_dir or name
         try:
             directory = resolve_data_path(settings, raw, must_exist=False)

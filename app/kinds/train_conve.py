@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from app import registry
-from app.kinds.base import FieldError, JobKind, register, require_name_free
+from app.kinds.base import FieldError, JobKind, register, require_new_name
 from app.paths import PathError, resolve_data_path
 from app.settings import Settings
 from models.kg.shapes import check_image
@@ -71,15 +71,7 @@ def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") 
     if problem:
         loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", loc), problem, value=getattr(req, loc))
-    require_name_free(settings, req.name, owner, "name")
-    existing = registry.get_model(settings, req.name)
-    if existing is not None and not req.overwrite:
-        raise FieldError(("body", "name"), f"a model named {req.name!r} exists; pass overwrite=true to replace it",
-                         value=req.name)
-    if existing is not None and existing.get("kind") != "conve":
-        raise FieldError(("body", "name"), f"{req.name!r} is a {existing.get('kind')!r} model; "
-                         "overwrite replaces ConvE models only", value=req.name)
-
+    require_new_name(settings, req.name, owner, "conve", req.overwrite)
 
 register(JobKind(
     name="train_conve",

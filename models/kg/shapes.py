@@ -32,3 +32,35 @@ def check_image(dim: int, height: int | None, kernel_size: int = 3) -> str | Non
     if dim // h < kernel_size or 2 * h < kernel_size:
         return f"a {h}x{dim // h} embedding image is smaller than the {kernel_size}x{kernel_size} kernel"
     return None
+
+
+# The reference ConvE code's tensor names -> this project's (a state dict imported from elsewhere).
+REFERENCE_PREFIXES = {"emb_e.": "ent.", "emb_rel.": "rel.", "conv1.": "conv."}
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def canonical_name(name: str) -> str:
+    """This project's name for a ConvE tensor named by the reference code or a training wrapper."""
+    for p in WRAPPER_PREFIXES:
+        if name.startswith(p):
+            name = name[len(p):]
+    for old, new in REFERENCE_PREFIXES.items():
+        if name.startswith(old):
+            name = new + name[len(old):]
+    return "ent_bias" if name == "b" else name
+
+
+def expected_shapes(num_entities: int, relation_rows: int, dim: int, height: int, filters: int = 32,
+                    kernel_size: int = 3) -> dict[str, tuple[int, ...]]:
+    """Every ConvE tensor's shape (parameters and BatchNorm buffers) for this configuration."""
+    width = dim // height
+    flat = filters * (2 * height - kernel_size + 1) * (width - kernel_size + 1)
+    shapes: dict[str, tuple[int, ...]] = {
+        "ent.weight": (num_entities, dim), "rel.weight": (relation_rows, dim),
+        "conv.weight": (filters, 1, kernel_size, kernel_size), "conv.bias": (filters,),
+        "fc.weight": (dim, flat), "fc.bias": (dim,), "ent_bias": (num_entities,)}
+    for bn, size in (("bn0", 1), ("bn1", filters), ("bn2", dim)):
+        for t in ("weight", "bias", "running_mean", "running_var"):
+            shapes[f"{bn}.{t}"] = (size,)
+        shapes[f"{bn}.num_batches_tracked"] = ()
+    return shapes

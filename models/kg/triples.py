@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from models.kg.tsv import TriplesFormatError, read_triples  # noqa: F401  (re-exported)
+
 SPLITS = ("train", "valid", "test")
 NATIONS_DIR = Path(__file__).resolve().parent / "data" / "nations"
 
@@ -25,26 +27,6 @@ NATIONS_DIR = Path(__file__).resolve().parent / "data" / "nations"
 def nations_dir() -> Path:
     """Directory of the shipped Nations dataset (see its ``SOURCE.md``)."""
     return NATIONS_DIR
-
-
-class TriplesFormatError(ValueError):
-    """A triples or dictionary file that cannot be parsed; the message names the file and line."""
-
-
-def read_triples(path: Path) -> list[tuple[str, str, str]]:
-    """Read ``head<TAB>relation<TAB>tail`` lines (blank lines skipped)."""
-    out: list[tuple[str, str, str]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 3 or not all(p.strip() for p in parts):
-                raise TriplesFormatError(f"{path}:{lineno}: expected 3 tab-separated fields, got {line!r}")
-            h, r, t = (p.strip() for p in parts)
-            out.append((h, r, t))
-    return out
 
 
 def read_id_dict(path: Path) -> dict[str, int]:

@@ -11,8 +11,12 @@ LayerNorm, all six transformer layers, word-level multi-head self-attention and 
 are attributed one at a time while the other view's embeddings are held at their real values.
 
 Baselines: ``pad`` (default) puts the [PAD] id at every content position and passes it through the same embedding
-layer; ``zero`` uses zero vectors there. Special tokens ([CLS], [SEP]) keep their real embedding in the baseline, so
-their attribution is exactly zero and they are dropped from word reports.
+layer; ``zero`` uses zero vectors there. Structural tokens ([CLS], [SEP], or ``<s>``, ``</s>``) keep their real
+embedding in the baseline, so their attribution is exactly zero and they are dropped from word reports; ``[UNK]``
+is content like any word. Words are the fast tokenizer's word ids (:mod:`models.news.text`).
+
+History: the user vector is built from the last ``max_history`` history titles
+(:func:`models.news.data.recent_history`), exactly as ``NewsRecommender.score_texts`` and training do.
 
 Batching: samples are sorted by length and cut into chunks of ``batch_size`` (each padded only to its own longest
 sample; padded positions are masked out and equal in input and baseline, so they get exactly zero attribution);
@@ -40,7 +44,7 @@ from models.explain.ig import (
     integrated_gradients_reference,
 )
 from models.explain.occlusion import occlusion
-from models.news.data import Sample
+from models.news.data import Sample, recent_history
 from models.news.modules import NewsRecommender
 from models.news.summary import ReportAccumulator, compare
 
@@ -82,6 +86,7 @@ class _Prepared:
     sample: Sample
     user: torch.Tensor  # (D,)
     enc: dict[str, tuple[torch.Tensor, torch.Tensor]]  # view -> (ids (L,), mask (L,)), unpadded
+    word_ids: dict[str, list[int | None] | None] | None = None  # view -> the tokenizer's word id per token
 
 
 # ------------------------------------------------------------------------------------------------ preparation
@@ -101,9 +106,9 @@ def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history:
     """One user vector per sample from its history, computed once (no_grad). Titles shared across samples are
     encoded once."""
     keys: dict[tuple[str, str], int] = {}
-    for s in samples:
-        bodies = s.history_bodies or [""] * len(s.history)
-        for t, b in zip(s.history[-max_history:], bodies[-max_history:], strict=True):
+    recent = [recent_history(s.history, s.history_bodies or [""] * len(s.history), max_history) for s in samples]
+    for titles, bodies in recent:
+        for t, b in zip(titles, bodies, strict=True):
             keys.setdefault((t, b), len(keys))
     items = list(keys)
     vecs = []
@@ -112,9 +117,8 @@ def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history:
         vecs.append(model.encode_news(model.tokenize([t for t, _ in part], [b for _, b in part])))
     table = torch.cat(vecs) if vecs else torch.empty(0)
     out = []
-    for s in samples:
-        bodies = s.history_bodies or [""] * len(s.history)
-        idx = [keys[(t, b)] for t, b in zip(s.history[-max_history:], bodies[-max_history:], strict=True)]
+    for titles, bodies in recent:
+        idx = [keys[(t, b)] for t, b in zip(titles, bodies, strict=True)]
         h = table[torch.tensor(idx, device=table.device)]
         out.append(model.user_vector(h[None], torch.ones(1, len(idx), device=h.device))[0].float())
     return out
@@ -143,7 +147,7 @@ def _prepare(model: NewsRecommender, samples: Sequence[Sample], max_history: int
         if not torch.isfinite(u).all():
             errors.append({"id": s.id, "error": "user vector is not finite"})
             continue
-        prepared.append(_Prepared(s, u, views))
+        prepared.append(_Prepared(s, u, views, {v: e.word_ids[0] if e.word_ids else None for v, e in enc.items()}))
     return prepared
 
 
@@ -208,8 +212,7 @@ def _reference_score(model: NewsRecommender, p: _Prepared, view: str, max_histor
     others = {ov: (model.embed(ov, p.enc[ov][0][None].to(dev)).detach(), p.enc[ov][1][None].to(dev))
               for ov in model.views if ov != view}
     mask = p.enc[view][1][None].to(dev)
-    hist = s.history[-max_history:]
-    bodies = (s.history_bodies or [""] * len(s.history))[-max_history:]
+    hist, bodies = recent_history(s.history, s.history_bodies or [""] * len(s.history), max_history)
 
     def score(x: torch.Tensor) -> torch.Tensor:
         h = model.encode_news(model.tokenize(hist, bodies))
@@ -326,7 +329,7 @@ def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int
     ids = p.enc[run.view][0].tolist()
     tokens = model.tokenizer.convert_ids_to_tokens(ids)
     attr = run.token_attr[sid]
-    words = model.tokenizer.group_words(tokens, ids)
+    words = model.tokenizer.group_words(tokens, ids, (p.word_ids or {}).get(run.view))
     word_attr = [float(sum(attr[i] for i in pos)) for _, pos in words]
     ranked = sorted(zip([w for w, _ in words], word_attr, strict=True), key=lambda t: -t[1])
     diff = run.scores[sid] - run.baseline_scores[sid]

@@ -6,8 +6,17 @@ MIND layout (one directory per split)::
     behaviors.tsv  impression_id  user_id  time  history(space-separated ids)  impressions("N1-1 N2-0")
 
 MIND has no fake-news label; the synthetic generator writes it as a sidecar ``labels.tsv`` (``news_id  real|fake``)
-next to ``news.tsv``. The pairwise CSV has the columns ``user_id, history_titles, candidate_id, candidate_title,
-label, candidate_is_fake``; ``history_titles`` is a JSON list (a ``" ||| "``-joined string is also read).
+next to ``news.tsv``. Without the sidecar every item's label is ``None`` (unlabelled), never a guessed ``real``.
+An impression token without a click label (``N123`` instead of ``N123-1``, as in MIND's test split) is read with
+the label ``None``.
+
+The pairwise CSV needs the columns ``user_id, history_titles, candidate_id, candidate_title``; ``label`` (click),
+``candidate_is_fake``, ``history_bodies`` and ``candidate_body`` are optional (an empty cell is unlabelled).
+``history_titles`` and ``history_bodies`` are JSON lists (a ``" ||| "``-joined string is also read).
+
+Sampling reads ``behaviors.tsv`` as a stream and keeps a reservoir of ``n_samples`` (history, candidate) pairs, so
+MIND-large's 2 GB behaviors file is sampled in memory proportional to ``n_samples``; only the news items the
+samples name are then read from ``news.tsv``.
 """
 
 from __future__ import annotations
@@ -15,11 +24,23 @@ from __future__ import annotations
 import csv
 import json
 import random
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HISTORY_SEP = " ||| "
+MAX_HISTORY = 50  # the most recent titles a user vector is built from (training, scoring and attribution alike)
+_LABELLED_TOKEN = re.compile(r"^(.+)-([01])$")
+
+
+def recent_history(history: Sequence[str], bodies: Sequence[str] | None = None, max_history: int = MAX_HISTORY
+                   ) -> tuple[list[str], list[str] | None]:
+    """The last ``max_history`` history titles (and their bodies): the one truncation rule for a user's history."""
+    if max_history < 1:
+        raise ValueError("max_history must be >= 1")
+    return list(history[-max_history:]), (list(bodies[-max_history:]) if bodies is not None else None)
 
 
 @dataclass
@@ -28,7 +49,7 @@ class NewsItem:
     category: str
     title: str
     body: str = ""
-    fake: bool = False
+    fake: bool | None = None  # None: no real/fake label is known for this item
 
 
 @dataclass
@@ -36,7 +57,7 @@ class Impression:
     id: str
     user: str
     history: list[str]
-    candidates: list[tuple[str, int]]
+    candidates: list[tuple[str, int | None]]  # (news id, click 1/0, or None in an unlabelled impression)
 
 
 @dataclass
@@ -59,14 +80,34 @@ class Sample:
 
 
 # ---------------------------------------------------------------------------------------------------- MIND files
-def read_news(path: str | Path) -> dict[str, NewsItem]:
-    path = Path(path)
+def label_text(fake: bool | None) -> str | None:
+    return None if fake is None else ("fake" if fake else "real")
+
+
+def read_labels(path: str | Path) -> dict[str, bool]:
+    """The ``labels.tsv`` sidecar: ``news_id<TAB>real|fake`` -> {id: is_fake}."""
     labels: dict[str, bool] = {}
-    sidecar = path.parent / "labels.tsv"
-    if sidecar.exists():
-        for line in sidecar.read_text(encoding="utf-8").splitlines():
-            nid, lab = line.split("\t")
-            labels[nid] = lab.strip() == "fake"
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) != 2 or parts[1].strip() not in ("real", "fake"):
+                raise ValueError(f"{path}:{lineno}: expected news_id<TAB>real|fake")
+            labels[parts[0]] = parts[1].strip() == "fake"
+    return labels
+
+
+def split_labels(split_dir: str | Path) -> dict[str, bool] | None:
+    """The split's real/fake labels, or None when it has no ``labels.tsv`` sidecar."""
+    sidecar = Path(split_dir) / "labels.tsv"
+    return read_labels(sidecar) if sidecar.is_file() else None
+
+
+def read_news(path: str | Path, only: set[str] | None = None) -> dict[str, NewsItem]:
+    """``news.tsv`` (optionally only the ids in ``only``); labels come from a ``labels.tsv`` next to it."""
+    path = Path(path)
+    labels = split_labels(path.parent) or {}
     news: dict[str, NewsItem] = {}
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -74,25 +115,35 @@ def read_news(path: str | Path) -> dict[str, NewsItem]:
             if len(parts) < 4:
                 raise ValueError(f"{path}:{lineno}: expected at least 4 tab-separated columns")
             nid, cat, _sub, title = parts[:4]
+            if only is not None and nid not in only:
+                continue
             body = parts[4] if len(parts) > 4 else ""
-            news[nid] = NewsItem(nid, cat, title, body, labels.get(nid, False))
+            news[nid] = NewsItem(nid, cat, title, body, labels.get(nid))
     return news
 
 
-def read_behaviors(path: str | Path) -> list[Impression]:
-    out: list[Impression] = []
+def parse_impressions(text: str) -> list[tuple[str, int | None]]:
+    """``"N1-1 N2-0"`` -> [("N1", 1), ("N2", 0)]; a token without ``-0/-1`` (a test split) has the label None."""
+    out: list[tuple[str, int | None]] = []
+    for tok in text.split():
+        m = _LABELLED_TOKEN.match(tok)
+        out.append((m.group(1), int(m.group(2))) if m else (tok, None))
+    return out
+
+
+def iter_behaviors(path: str | Path) -> Iterator[Impression]:
+    """Stream ``behaviors.tsv`` one impression at a time (MIND-large's file is about 2 GB)."""
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 5:
                 raise ValueError(f"{path}:{lineno}: expected 5 tab-separated columns")
             imp_id, user, _time, hist, imps = parts
-            cands = []
-            for tok in imps.split():
-                nid, _, lab = tok.rpartition("-")
-                cands.append((nid, int(lab)))
-            out.append(Impression(imp_id, user, hist.split(), cands))
-    return out
+            yield Impression(imp_id, user, hist.split(), parse_impressions(imps))
+
+
+def read_behaviors(path: str | Path) -> list[Impression]:
+    return list(iter_behaviors(path))
 
 
 def read_mind(split_dir: str | Path) -> MindSplit:
@@ -106,59 +157,85 @@ def write_mind(split_dir: str | Path, news: Sequence[NewsItem], behaviors: Seque
     with open(split_dir / "news.tsv", "w", encoding="utf-8") as fh:
         for n in news:
             fh.write(f"{n.id}\t{n.category}\t{n.category}\t{n.title}\t{n.body}\t\t[]\t[]\n")
-    with open(split_dir / "labels.tsv", "w", encoding="utf-8") as fh:
-        for n in news:
-            fh.write(f"{n.id}\t{'fake' if n.fake else 'real'}\n")
+    if any(n.fake is not None for n in news):
+        with open(split_dir / "labels.tsv", "w", encoding="utf-8") as fh:
+            for n in news:
+                if n.fake is not None:
+                    fh.write(f"{n.id}\t{label_text(n.fake)}\n")
     with open(split_dir / "behaviors.tsv", "w", encoding="utf-8") as fh:
         for b in behaviors:
-            imps = " ".join(f"{nid}-{lab}" for nid, lab in b.candidates)
+            imps = " ".join(nid if lab is None else f"{nid}-{lab}" for nid, lab in b.candidates)
             fh.write(f"{b.id}\t{b.user}\t11/11/2019 9:00:00 AM\t{' '.join(b.history)}\t{imps}\n")
 
 
 # ---------------------------------------------------------------------------------------------- pairwise CSV
 PAIR_COLUMNS = ["user_id", "history_titles", "candidate_id", "candidate_title", "label", "candidate_is_fake"]
+PAIR_REQUIRED = ["user_id", "history_titles", "candidate_id", "candidate_title"]
+PAIR_OPTIONAL = ["label", "candidate_is_fake", "history_bodies", "candidate_body"]
 
 
-def _parse_history(text: str) -> list[str]:
+def _parse_list(text: str, column: str) -> list[str]:
     text = text.strip()
     if text.startswith("["):
         value = json.loads(text)
         if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-            raise ValueError("history_titles must be a JSON list of strings")
+            raise ValueError(f"{column} must be a JSON list of strings")
         return value
     return [t for t in text.split(HISTORY_SEP) if t]
 
 
-def _parse_bool(text: str) -> bool:
-    t = str(text).strip().lower()
+def _parse_history(text: str) -> list[str]:
+    return _parse_list(text, "history_titles")
+
+
+def _parse_bool(text: str | None) -> bool | None:
+    """1/true/yes/fake -> True, 0/false/no/real -> False, empty or missing -> None (unlabelled)."""
+    t = str(text or "").strip().lower()
     if t in ("1", "true", "yes", "fake"):
         return True
-    if t in ("0", "false", "no", "real", ""):
+    if t in ("0", "false", "no", "real"):
         return False
+    if t == "":
+        return None
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def read_pairs(path: str | Path) -> list[Sample]:
-    """Read the pairwise benchmark CSV into samples (label = real/fake of the candidate)."""
-    out = []
+def iter_pairs(path: str | Path) -> Iterator[Sample]:
+    """Stream the pairwise CSV as samples (label = real/fake of the candidate, None when not given)."""
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
-        missing = set(PAIR_COLUMNS) - set(reader.fieldnames or [])
+        missing = set(PAIR_REQUIRED) - set(reader.fieldnames or [])
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
         for i, row in enumerate(reader):
-            fake = _parse_bool(row["candidate_is_fake"])
-            out.append(Sample(
+            where = f"{path}: row {i + 2}"
+            try:
+                fake = _parse_bool(row.get("candidate_is_fake"))
+                click = _parse_bool(row.get("label"))
+                history = _parse_history(row["history_titles"])
+                bodies = _parse_list(row["history_bodies"], "history_bodies") if row.get("history_bodies") else None
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if bodies is not None and len(bodies) != len(history):
+                raise ValueError(f"{where}: history_bodies has {len(bodies)} entries for {len(history)} titles")
+            yield Sample(
                 id=f"{row['user_id']}:{row['candidate_id']}:{i}",
-                history=_parse_history(row["history_titles"]),
+                history=history,
                 candidate=row["candidate_title"],
-                label="fake" if fake else "real",
-                meta={"user_id": row["user_id"], "candidate_id": row["candidate_id"], "click": int(row["label"])},
-            ))
-    return out
+                label=label_text(fake),
+                history_bodies=bodies,
+                candidate_body=row.get("candidate_body") or None,
+                meta={"user_id": row["user_id"], "candidate_id": row["candidate_id"],
+                      "click": None if click is None else int(click)},
+            )
 
 
-def write_pairs(path: str | Path, split: MindSplit, max_history: int = 50) -> int:
+def read_pairs(path: str | Path) -> list[Sample]:
+    """Read the pairwise benchmark CSV into samples."""
+    return list(iter_pairs(path))
+
+
+def write_pairs(path: str | Path, split: MindSplit, max_history: int = MAX_HISTORY) -> int:
     """Flatten impressions into the pairwise CSV; returns the row count."""
     n = 0
     with open(path, "w", newline="", encoding="utf-8") as fh:
@@ -168,44 +245,164 @@ def write_pairs(path: str | Path, split: MindSplit, max_history: int = 50) -> in
             hist = json.dumps([split.news[h].title for h in imp.history[-max_history:]])
             for nid, lab in imp.candidates:
                 item = split.news[nid]
-                w.writerow([imp.user, hist, nid, item.title, lab, int(item.fake)])
+                w.writerow([imp.user, hist, nid, item.title, "" if lab is None else lab,
+                            "" if item.fake is None else int(item.fake)])
                 n += 1
     return n
 
 
+def split_from_pairs(path: str | Path) -> MindSplit:
+    """A pairwise CSV as MIND impressions, for training: the rows of one user with one history form an impression
+    (clicks from ``label``); history titles get ids from their text (``H`` + a hash), candidates keep theirs."""
+    import hashlib
+
+    news: dict[str, NewsItem] = {}
+    impressions: dict[tuple[str, str], Impression] = {}
+    for s in iter_pairs(path):
+        hist_ids = []
+        bodies = s.history_bodies or [""] * len(s.history)
+        for title, body in zip(s.history, bodies, strict=True):
+            hid = "H" + hashlib.sha1(f"{title}\t{body}".encode()).hexdigest()[:16]
+            news.setdefault(hid, NewsItem(hid, "", title, body))
+            hist_ids.append(hid)
+        cid = s.meta["candidate_id"]
+        fake = None if s.label is None else s.label == "fake"
+        news[cid] = NewsItem(cid, "", s.candidate, s.candidate_body or "", fake)
+        key = (s.meta["user_id"], json.dumps(s.history))
+        imp = impressions.setdefault(key, Impression(str(len(impressions) + 1), s.meta["user_id"], hist_ids, []))
+        imp.candidates.append((cid, s.meta["click"]))
+    return MindSplit(news, list(impressions.values()))
+
+
+def read_split(root: str | Path, split: str) -> MindSplit:
+    """A dataset's split for training: ``root/split/`` (MIND) or ``root/pairs_{split}.csv``; ``root`` may also be
+    one pairwise CSV file (its only split)."""
+    root = Path(root)
+    if root.is_file():
+        return split_from_pairs(root)
+    if (root / split / "behaviors.tsv").is_file():
+        return read_mind(root / split)
+    if (root / f"pairs_{split}.csv").is_file():
+        return split_from_pairs(root / f"pairs_{split}.csv")
+    raise FileNotFoundError(f"the dataset has neither {split}/behaviors.tsv nor pairs_{split}.csv")
+
+
+def has_split(root: str | Path, split: str) -> bool:
+    root = Path(root)
+    if root.is_file():  # one pairwise CSV file: it is the training split
+        return root.suffix == ".csv" and split == "train"
+    return (root / split / "behaviors.tsv").is_file() or (root / f"pairs_{split}.csv").is_file()
+
+
+# ------------------------------------------------------------------------------------------------- sampling
+class LabelsMissing(ValueError):
+    """``balanced`` sampling asked of data without real/fake labels."""
+
+
+class Reservoir:
+    """A uniform sample of ``n`` items from a stream of unknown length (Algorithm R), in memory O(n)."""
+
+    def __init__(self, n: int, rng: random.Random):
+        self.n, self.rng, self.seen, self.items = n, rng, 0, []
+
+    def add(self, item: Any) -> None:
+        if self.seen < self.n:
+            self.items.append(item)
+        else:
+            j = self.rng.randrange(self.seen + 1)
+            if j < self.n:
+                self.items[j] = item
+        self.seen += 1
+
+
+def reservoir_sample(items: Iterable[Any], n: int, rng: random.Random) -> list[Any]:
+    res = Reservoir(n, rng)
+    for item in items:
+        res.add(item)
+    return res.items
+
+
+def draw(items: Iterable[Any], n_samples: int, balanced: bool, seed: int,
+         label: Callable[[Any], str | None]) -> list[Any]:
+    """``n_samples`` items drawn uniformly from a stream, deterministically for a seed. ``balanced`` draws equal
+    numbers of fake and real items (as far as the stream has them); it raises LabelsMissing when no item carries
+    a label."""
+    rng = random.Random(seed)
+    if not balanced:
+        chosen = reservoir_sample(items, n_samples, rng)
+        rng.shuffle(chosen)
+        return chosen
+    pools = {"fake": Reservoir(n_samples, rng), "real": Reservoir(n_samples, rng)}
+    for item in items:
+        lab = label(item)
+        if lab in pools:
+            pools[lab].add(item)
+    if not pools["fake"].seen and not pools["real"].seen:
+        raise LabelsMissing("balanced sampling needs real/fake labels, and this data has none (no labels.tsv "
+                            "sidecar or candidate_is_fake column)")
+    fake, real = pools["fake"].items, pools["real"].items
+    n_fake = min(len(fake), n_samples // 2)
+    n_real = min(len(real), n_samples - n_fake)
+    n_fake = min(len(fake), n_samples - n_real)
+    chosen = fake[:n_fake] + real[:n_real]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def sample_mind(split_dir: str | Path, n_samples: int, balanced: bool = False, seed: int = 0,
+                max_history: int = MAX_HISTORY, with_bodies: bool = False) -> list[Sample]:
+    """Samples from a MIND split directory in bounded memory: ``behaviors.tsv`` is streamed through a reservoir
+    of (history, candidate) pairs, then only the news items those pairs name are read."""
+    split_dir = Path(split_dir)
+    labels = split_labels(split_dir)
+    if balanced and not labels:
+        raise LabelsMissing(f"balanced sampling needs real/fake labels, and {split_dir.name} has no labels.tsv")
+
+    def pairs() -> Iterator[tuple[str, str, list[str], str]]:
+        for imp in iter_behaviors(split_dir / "behaviors.tsv"):
+            if not imp.history:
+                continue
+            hist = imp.history[-max_history:]
+            for nid, _ in imp.candidates:
+                yield imp.id, imp.user, hist, nid
+
+    def label(pair: tuple[str, str, list[str], str]) -> str | None:
+        return label_text(labels.get(pair[3])) if labels else None
+
+    chosen = draw(pairs(), n_samples, balanced, seed, label)
+    news = read_news(split_dir / "news.tsv", only={n for _, _, h, c in chosen for n in (*h, c)})
+    out = []
+    for imp_id, user, hist_ids, nid in chosen:
+        missing = [n for n in (*hist_ids, nid) if n not in news]
+        if missing:
+            raise ValueError(f"{split_dir}: impression {imp_id} names news {missing[:3]} missing from news.tsv")
+        out.append(_mind_sample(imp_id, user, hist_ids, nid, news, with_bodies))
+    return out
+
+
+def _mind_sample(imp_id: str, user: str, hist_ids: Sequence[str], nid: str, news: dict[str, NewsItem],
+                 with_bodies: bool) -> Sample:
+    item = news[nid]
+    return Sample(
+        id=f"{imp_id}:{nid}",
+        history=[news[h].title for h in hist_ids],
+        candidate=item.title,
+        label=label_text(item.fake),
+        history_bodies=[news[h].body for h in hist_ids] if with_bodies else None,
+        candidate_body=item.body if with_bodies else None,
+        meta={"user_id": user, "candidate_id": nid, "category": item.category},
+    )
+
+
 def samples_from_split(
-    split: MindSplit, n_samples: int, balanced: bool = False, seed: int = 0, max_history: int = 50,
+    split: MindSplit, n_samples: int, balanced: bool = False, seed: int = 0, max_history: int = MAX_HISTORY,
     with_bodies: bool = False,
 ) -> list[Sample]:
-    """Draw (history, candidate) samples from impressions, deterministically. ``balanced`` draws equal numbers of
-    real and fake candidates (as far as the split has them)."""
-    pairs = [(imp, nid) for imp in split.behaviors if imp.history for nid, _ in imp.candidates]
-    rng = random.Random(seed)
-    rng.shuffle(pairs)
-    if balanced:
-        fake = [p for p in pairs if split.news[p[1]].fake]
-        real = [p for p in pairs if not split.news[p[1]].fake]
-        n_fake = min(len(fake), n_samples // 2)
-        n_real = min(len(real), n_samples - n_fake)
-        n_fake = min(len(fake), n_samples - n_real)
-        chosen = fake[:n_fake] + real[:n_real]
-        rng.shuffle(chosen)
-    else:
-        chosen = pairs[:n_samples]
-    out = []
-    for imp, nid in chosen:
-        hist_ids = imp.history[-max_history:]
-        item = split.news[nid]
-        out.append(Sample(
-            id=f"{imp.id}:{nid}",
-            history=[split.news[h].title for h in hist_ids],
-            candidate=item.title,
-            label="fake" if item.fake else "real",
-            history_bodies=[split.news[h].body for h in hist_ids] if with_bodies else None,
-            candidate_body=item.body if with_bodies else None,
-            meta={"user_id": imp.user, "candidate_id": nid, "category": item.category},
-        ))
-    return out
+    """Draw (history, candidate) samples from impressions already in memory, deterministically."""
+    pairs = ((imp, nid) for imp in split.behaviors if imp.history for nid, _ in imp.candidates)
+    chosen = draw(pairs, n_samples, balanced, seed, lambda p: label_text(split.news[p[1]].fake))
+    return [_mind_sample(imp.id, imp.user, imp.history[-max_history:], nid, split.news, with_bodies)
+            for imp, nid in chosen]
 
 
 # ------------------------------------------------------------------------------------------- synthetic data
@@ -410,26 +607,20 @@ def iter_titles(split: MindSplit) -> Iterator[str]:
 
 
 def load_samples(root: str | Path, split: str, n_samples: int, balanced: bool = False, seed: int = 0,
-                 with_bodies: bool = False, max_history: int = 50) -> list[Sample]:
-    """Samples from a dataset directory: the MIND split ``root/split/`` when present, else ``root/pairs_{split}.csv``."""
+                 with_bodies: bool = False, max_history: int = MAX_HISTORY) -> list[Sample]:
+    """Samples from a dataset directory: the MIND split ``root/split/`` when present, else ``root/pairs_{split}.csv``
+    (or ``root`` itself when it is a MIND split directory or a CSV file)."""
     root = Path(root)
     if (root / split / "behaviors.tsv").exists():
-        return samples_from_split(read_mind(root / split), n_samples, balanced, seed, max_history, with_bodies)
-    csv_path = root / f"pairs_{split}.csv"
+        return sample_mind(root / split, n_samples, balanced, seed, max_history, with_bodies)
+    if (root / "behaviors.tsv").exists():
+        return sample_mind(root, n_samples, balanced, seed, max_history, with_bodies)
+    csv_path = root if root.is_file() else root / f"pairs_{split}.csv"
     if not csv_path.exists():
         raise FileNotFoundError(f"dataset {root} has neither {split}/behaviors.tsv nor pairs_{split}.csv")
-    pairs = read_pairs(csv_path)
-    rng = random.Random(seed)
-    rng.shuffle(pairs)
-    if balanced:
-        fake = [s for s in pairs if s.label == "fake"]
-        real = [s for s in pairs if s.label == "real"]
-        n_fake = min(len(fake), n_samples // 2)
-        n_real = min(len(real), n_samples - n_fake)
-        n_fake = min(len(fake), n_samples - n_real)
-        pairs = fake[:n_fake] + real[:n_real]
-        rng.shuffle(pairs)
-    out = pairs[:n_samples]
+    out = draw(iter_pairs(csv_path), n_samples, balanced, seed, lambda s: s.label)
     for s in out:
-        s.history = s.history[-max_history:]
+        s.history, s.history_bodies = recent_history(s.history, s.history_bodies, max_history)
+        if not with_bodies:
+            s.history_bodies = s.candidate_body = None
     return out

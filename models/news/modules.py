@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.news.data import MAX_HISTORY, recent_history
 from models.news.text import BertNewsTokenizer, Encoded, NewsTokenizer, WordTokenizer, resolve_pretrained
 
 
@@ -72,7 +73,7 @@ class BertTokenEncoder(nn.Module):
     """A BERT-family encoder from a local transformers directory. ``embed`` is its word-embedding layer; the
     forward pass adds position/type embeddings, LayerNorm and every transformer layer (``inputs_embeds``)."""
 
-    def __init__(self, pretrained: str = "minilm", fine_tune: bool = False):
+    def __init__(self, pretrained: str = "minilm", fine_tune: bool = False, fine_tune_layers: int | None = None):
         super().__init__()
         from transformers import AutoModel
 
@@ -88,6 +89,15 @@ class BertTokenEncoder(nn.Module):
             for p in self.bert.parameters():
                 p.requires_grad_(False)
             self.bert.eval()
+        elif fine_tune_layers is not None:  # only the last k transformer layers learn
+            layers = self.bert.encoder.layer
+            if not 1 <= fine_tune_layers <= len(layers):
+                raise ValueError(f"fine_tune_layers must be in [1, {len(layers)}] for this encoder")
+            for p in self.bert.parameters():
+                p.requires_grad_(False)
+            for layer in layers[len(layers) - fine_tune_layers:]:
+                for p in layer.parameters():
+                    p.requires_grad_(True)
 
     def train(self, mode: bool = True) -> BertTokenEncoder:
         super().train(mode)
@@ -180,8 +190,11 @@ class NewsRecommender(nn.Module):
         candidates: Sequence[str],
         history_bodies: Sequence[str] | None = None,
         candidate_bodies: Sequence[str] | None = None,
+        max_history: int = MAX_HISTORY,
     ) -> torch.Tensor:
-        """The model's own scores of ``candidates`` for one user with this ``history`` (``(C,)``)."""
+        """The model's own scores of ``candidates`` for one user with this ``history`` (``(C,)``); the user vector
+        is built from the last ``max_history`` titles, as in training and attribution."""
+        history, history_bodies = recent_history(history, history_bodies, max_history)
         hist = self.encode_news(self.tokenize(history, history_bodies))  # (H, D)
         user = self.user_vector(hist[None], torch.ones(1, hist.shape[0], device=hist.device))  # (1, D)
         cand = self.encode_news(self.tokenize(candidates, candidate_bodies))  # (C, D)
@@ -293,7 +306,8 @@ def build_model(config: dict[str, Any], tokenizer: NewsTokenizer | None = None) 
     if kind == "nrms":
         cfg = {**NRMS_DEFAULTS, **config}
         if cfg["encoder"] == "bert":
-            encoder = BertTokenEncoder(cfg.get("pretrained", "minilm"), fine_tune=bool(cfg.get("fine_tune", False)))
+            encoder = BertTokenEncoder(cfg.get("pretrained", "minilm"), fine_tune=bool(cfg.get("fine_tune", False)),
+                                       fine_tune_layers=cfg.get("fine_tune_layers"))
             tok = tokenizer or BertNewsTokenizer(resolve_pretrained(cfg.get("pretrained", "minilm")))
         elif cfg["encoder"] == "word":
             if not isinstance(tokenizer, WordTokenizer):

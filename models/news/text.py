@@ -2,13 +2,19 @@
 
 Two families share one small interface (:class:`NewsTokenizer`):
 
-- :class:`BertNewsTokenizer` wraps a Hugging Face WordPiece tokenizer loaded from a local directory
-  (``local_files_only``; nothing is downloaded). Continuation pieces start with ``##``.
+- :class:`BertNewsTokenizer` wraps a Hugging Face *fast* tokenizer loaded from a local directory
+  (``local_files_only``; nothing is downloaded): WordPiece (BERT, MiniLM), byte-level BPE (RoBERTa, GPT-2) or
+  SentencePiece (DeBERTa-v3, XLM-R).
 - :class:`WordTokenizer` is a lower-cased regex word tokenizer with its own vocabulary, for word-embedding models.
 
-Word grouping rule (used by the attribution reports): a word is a token that does not start with ``##`` followed
-by every ``##`` continuation piece after it. Special tokens ([CLS], [SEP], [PAD], ...) are dropped. A word's
-attribution is the sum of its pieces' attributions, so grouping preserves completeness.
+Word grouping rule (used by the attribution reports): the pieces the fast tokenizer gives the same word id
+(``BatchEncoding.word_ids``) form one word, whatever the piece-marking convention (``##``, ``Ġ``, ``▁``); the
+word's text is the tokenizer's own ``convert_tokens_to_string`` of its pieces. A word's attribution is the sum of
+its pieces' attributions, so grouping preserves completeness.
+
+Structural tokens only (``[CLS]``, ``[SEP]``, ``[PAD]``, or the tokenizer's equivalents ``<s>``, ``</s>``,
+``<pad>``) are kept out of attribution: they keep their real embedding in the baseline. ``[UNK]`` is a word like
+any other: an out-of-vocabulary word is replaced in the baseline and gets its share of the attribution.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +38,7 @@ class Encoded:
 
     ids: torch.Tensor
     mask: torch.Tensor
+    word_ids: list[list[int | None]] | None = None  # per row: the word index of each token (None: structural)
 
 
 class NewsTokenizer:
@@ -46,8 +54,22 @@ class NewsTokenizer:
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def group_words(self, tokens: Sequence[str], ids: Sequence[int]) -> list[tuple[str, list[int]]]:
-        """Group token positions into words: ``[(word, [positions])]``; special tokens are dropped."""
+    def join_pieces(self, pieces: Sequence[str]) -> str:
+        return "".join(pieces)
+
+    def group_words(self, tokens: Sequence[str], ids: Sequence[int],
+                    word_ids: Sequence[int | None] | None = None) -> list[tuple[str, list[int]]]:
+        """Group token positions into words: ``[(word, [positions])]``; structural tokens are dropped. With
+        ``word_ids`` (from the fast tokenizer) pieces of one word id are one word; without them the
+        ``continuation_prefix`` rule applies."""
+        if word_ids is not None:
+            groups: dict[int, list[int]] = {}
+            for pos, (tid, wid) in enumerate(zip(ids, word_ids, strict=True)):
+                if wid is None or int(tid) in self.special_ids:
+                    continue
+                groups.setdefault(int(wid), []).append(pos)
+            return [(self.join_pieces([tokens[p] for p in positions]).strip(), positions)
+                    for positions in groups.values()]
         words: list[tuple[str, list[int]]] = []
         prefix = self.continuation_prefix
         for pos, (tok, tid) in enumerate(zip(tokens, ids, strict=True)):
@@ -62,7 +84,7 @@ class NewsTokenizer:
 
 
 class BertNewsTokenizer(NewsTokenizer):
-    """WordPiece tokenizer from a local transformers directory."""
+    """A fast Hugging Face tokenizer (WordPiece, byte-level BPE or SentencePiece) from a local directory."""
 
     continuation_prefix = "##"
 
@@ -71,12 +93,20 @@ class BertNewsTokenizer(NewsTokenizer):
 
         self.model_dir = str(model_dir)
         self.hf = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        if not self.hf.is_fast:
+            raise ValueError(f"{model_dir}: no fast tokenizer (tokenizer.json); words are grouped with the fast "
+                             "tokenizer's word ids")
+        if self.hf.pad_token_id is None:
+            raise ValueError(f"{model_dir}: the tokenizer has no padding token")
         self.pad_id = int(self.hf.pad_token_id)
-        self.special_ids = frozenset(int(i) for i in self.hf.all_special_ids)
+        self.special_ids = structural_ids(self.hf)
 
     def encode(self, texts: Sequence[str], max_len: int) -> Encoded:
         enc = self.hf(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-        return Encoded(enc["input_ids"], enc["attention_mask"])
+        return Encoded(enc["input_ids"], enc["attention_mask"], [enc.word_ids(i) for i in range(len(texts))])
+
+    def join_pieces(self, pieces: Sequence[str]) -> str:
+        return self.hf.convert_tokens_to_string(list(pieces))
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return list(self.hf.convert_ids_to_tokens([int(i) for i in ids]))
@@ -116,7 +146,7 @@ class WordTokenizer(NewsTokenizer):
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        return Encoded(ids, mask)
+        return Encoded(ids, mask, [list(range(len(s))) + [None] * (length - len(s)) for s in seqs])
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.itos[int(i)] for i in ids]
@@ -127,6 +157,12 @@ class WordTokenizer(NewsTokenizer):
     @classmethod
     def load(cls, path: str | Path) -> WordTokenizer:
         return cls(json.loads(Path(path).read_text()))
+
+
+def structural_ids(hf: Any) -> frozenset[int]:
+    """Ids of the tokenizer's sequence-structure tokens: [CLS]/[SEP]/[PAD] or <s>/</s>/<pad> (never [UNK])."""
+    ids = {getattr(hf, f"{name}_token_id", None) for name in ("cls", "sep", "pad", "bos", "eos")}
+    return frozenset(int(i) for i in ids if i is not None and i != hf.unk_token_id)
 
 
 def minilm_dir() -> Path:

@@ -1,8 +1,12 @@
 """Training and evaluation of news recommenders on MIND-format impressions.
 
-Loss: for each clicked candidate, K negatives from the same impression; softmax cross-entropy over the K+1 scores
-(the NRMS/NAML objective). Evaluation: per-impression AUC averaged over impressions (MIND's metric) and the global
-ROC AUC over all candidates.
+Loss: for each clicked candidate, ``npratio`` non-clicked candidates of the same impression (drawn with
+replacement when the impression has fewer); softmax cross-entropy over the ``npratio + 1`` scores (the NRMS/NAML
+objective). Candidates without a click label (a test split) are never trained on.
+
+Evaluation follows MIND's own ``evaluate.py``: per impression, AUC, MRR, nDCG@5 and nDCG@10 of the candidates'
+scores against the clicks, averaged over the impressions that have both a click and a non-click (``imp_auc``,
+``mrr``, ``ndcg@5``, ``ndcg@10``), plus the global ROC AUC over all candidates (``auc``).
 
 With a frozen BERT encoder the token states of every title are computed once (no_grad) and only the NRMS layers
 above them are trained, which keeps training to seconds on a CPU.
@@ -20,12 +24,13 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
-from models.common import seed_everything
-from models.news.data import Impression, MindSplit
+from models.common import autocast, resolve_precision, seed_everything
+from models.news.data import MAX_HISTORY, Impression, MindSplit
 from models.news.modules import NRMS, NewsRecommender
 from models.news.text import Encoded
 
 Progress = Callable[[int, int, dict[str, float]], None]
+EpochHook = Callable[[int, NewsRecommender, torch.optim.Optimizer, dict[str, Any]], None]
 
 
 @dataclass
@@ -33,10 +38,11 @@ class TrainConfig:
     epochs: int = 3
     batch_size: int = 32
     lr: float = 1e-3
-    negatives: int = 4
-    max_history: int = 50
+    negatives: int = 4  # npratio: non-clicked candidates per clicked one
+    max_history: int = MAX_HISTORY
     seed: int = 0
     encode_batch: int = 128
+    precision: str = "fp32"  # auto | fp32 | fp16 | bf16 (autocast; the loss and optimizer stay fp32)
 
 
 class NewsTable:
@@ -94,16 +100,10 @@ def _scores(model: NewsRecommender, table: NewsTable, hist: list[list[int]], can
     return torch.einsum("bcd,bd->bc", c, user)
 
 
-def train(
-    model: NewsRecommender, train_split: MindSplit, valid_split: MindSplit | None, cfg: TrainConfig,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Train in place; returns per-epoch losses and the validation metrics."""
-    seed_everything(cfg.seed)
-    rng = random.Random(cfg.seed)
-    table = NewsTable(model, train_split, cfg.encode_batch)
+def training_examples(split: MindSplit, table: NewsTable, max_history: int) -> list[tuple[list[int], int, list[int]]]:
+    """(history positions, clicked position, non-clicked positions) for every click with at least one non-click."""
     examples = []
-    for imp in train_split.behaviors:
+    for imp in split.behaviors:
         if not imp.history:
             continue
         pos = [table.index[n] for n, lab in imp.candidates if lab == 1]
@@ -111,24 +111,47 @@ def train(
         if not neg:
             continue
         for p in pos:
-            examples.append((_history(imp, table, cfg.max_history), p, neg))
+            examples.append((_history(imp, table, max_history), p, neg))
+    return examples
+
+
+def train(
+    model: NewsRecommender, train_split: MindSplit, valid_split: MindSplit | None, cfg: TrainConfig,
+    progress: Progress | None = None, on_epoch: EpochHook | None = None, start_epoch: int = 0,
+    optimizer_state: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train in place; returns per-epoch losses (and validation metrics when ``valid_split`` is given).
+
+    ``on_epoch(epoch, model, optimizer, metrics)`` runs after every epoch (checkpoints, live metrics); training
+    resumes after ``start_epoch`` epochs with ``optimizer_state`` (the model must hold that epoch's weights). The
+    negatives of epoch ``e`` depend only on the seed and ``e``, so a resumed run draws what the full run drew."""
+    seed_everything(cfg.seed)
+    precision = resolve_precision(cfg.precision, model.device, cuda_half="bf16", cpu_native_bf16=True)
+    table = NewsTable(model, train_split, cfg.encode_batch)
+    examples = training_examples(train_split, table, cfg.max_history)
     if not examples:
         raise ValueError("the training split has no impression with both a click and a non-click")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=cfg.lr)
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state)
     steps_per_epoch = (len(examples) + cfg.batch_size - 1) // cfg.batch_size
     total = cfg.epochs * steps_per_epoch
-    history: list[dict[str, float]] = []
-    step = 0
-    for epoch in range(cfg.epochs):
+    history: list[dict[str, Any]] = []
+    step = start_epoch * steps_per_epoch
+    for epoch in range(start_epoch, cfg.epochs):
+        rng = random.Random(f"{cfg.seed}-{epoch}")
+        torch.manual_seed(cfg.seed * 1000 + epoch)  # dropout masks, also reproducible after a resume
         model.train()
-        rng.shuffle(examples)
+        order = list(examples)
+        rng.shuffle(order)
         losses = []
-        for s in range(0, len(examples), cfg.batch_size):
-            batch = examples[s:s + cfg.batch_size]
+        for s in range(0, len(order), cfg.batch_size):
+            batch = order[s:s + cfg.batch_size]
             cands = [[p, *(rng.choice(neg) for _ in range(cfg.negatives))] for _, p, neg in batch]
-            scores = _scores(model, table, [h for h, _, _ in batch], cands)
-            loss = F.cross_entropy(scores, torch.zeros(len(batch), dtype=torch.long, device=scores.device))
+            with autocast(model.device, precision):
+                scores = _scores(model, table, [h for h, _, _ in batch], cands)
+            loss = F.cross_entropy(scores.float(), torch.zeros(len(batch), dtype=torch.long, device=scores.device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -136,48 +159,77 @@ def train(
             step += 1
             if progress is not None:
                 progress(step, total, {"epoch": epoch + 1, "loss": float(np.mean(losses))})
-        history.append({"epoch": epoch + 1, "loss": float(np.mean(losses))})
+        record: dict[str, Any] = {"epoch": epoch + 1, "loss": float(np.mean(losses))}
+        if valid_split is not None:
+            record["valid"] = evaluate(model, valid_split, cfg.max_history, cfg.encode_batch)
+        history.append(record)
+        if on_epoch is not None:
+            on_epoch(epoch + 1, model, opt, record)
     model.eval()
-    result: dict[str, Any] = {"epochs": history, "train_examples": len(examples)}
-    if valid_split is not None:
-        result["valid"] = evaluate(model, valid_split, cfg.max_history, cfg.encode_batch)
+    result: dict[str, Any] = {"epochs": history, "train_examples": len(examples), "precision": precision}
+    if valid_split is not None and history:
+        result["valid"] = history[-1]["valid"]
     return result
 
 
+def impression_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, float]:
+    """MIND's per-impression metrics: AUC, MRR, nDCG@5 and nDCG@10 (as in MIND's ``evaluate.py``)."""
+    order = np.argsort(scores)[::-1]
+    ranked = labels[order]
+    mrr = float(np.sum(ranked / (np.arange(len(ranked)) + 1)) / np.sum(ranked))
+
+    def dcg(y: np.ndarray, k: int) -> float:
+        y = y[:k]
+        return float(np.sum((2 ** y - 1) / np.log2(np.arange(len(y)) + 2)))
+
+    ideal = np.sort(labels)[::-1]
+    return {"auc": float(roc_auc_score(labels, scores)), "mrr": mrr,
+            "ndcg@5": dcg(ranked, 5) / dcg(ideal, 5), "ndcg@10": dcg(ranked, 10) / dcg(ideal, 10)}
+
+
 @torch.no_grad()
-def evaluate(model: NewsRecommender, split: MindSplit, max_history: int = 50, encode_batch: int = 128,
-             fake_as: str | None = None) -> dict[str, float]:
-    """Mean per-impression AUC (``imp_auc``), global AUC (``auc``) and the mean score of fake vs real candidates.
+def evaluate(model: NewsRecommender, split: MindSplit, max_history: int = MAX_HISTORY, encode_batch: int = 128,
+             fake_as: str | None = None) -> dict[str, Any]:
+    """MIND's metrics averaged over impressions (``imp_auc``, ``mrr``, ``ndcg@5``, ``ndcg@10``), the global AUC
+    (``auc``) and the mean score of fake vs real candidates (items without a label count in neither).
 
     ``fake_as`` = "negative" relabels fake candidates as non-clicks (to ask: does the model rank fakes low?)."""
     was_training = model.training
     model.eval()
     table = NewsTable(model, split, encode_batch)
     vecs = torch.cat([table.encode(torch.arange(s, min(s + encode_batch, len(table.ids))))
-                      for s in range(0, len(table.ids), encode_batch)])
-    labels_all, scores_all, imp_aucs, fake_scores, real_scores = [], [], [], [], []
+                      for s in range(0, len(table.ids), encode_batch)]).float()
+    labels_all, scores_all, fake_scores, real_scores = [], [], [], []
+    per_imp: dict[str, list[float]] = {"imp_auc": [], "mrr": [], "ndcg@5": [], "ndcg@10": []}
     for imp in split.behaviors:
-        if not imp.history:
+        cands = [(n, lab) for n, lab in imp.candidates if lab is not None]
+        if not imp.history or not cands:
             continue
         h = vecs[torch.tensor(_history(imp, table, max_history))]
-        user = model.user_vector(h[None], torch.ones(1, h.shape[0], device=h.device))[0]
-        idx = torch.tensor([table.index[n] for n, _ in imp.candidates])
+        user = model.user_vector(h[None], torch.ones(1, h.shape[0], device=h.device))[0].float()
+        idx = torch.tensor([table.index[n] for n, _ in cands])
         sc = (vecs[idx] @ user).cpu().numpy()
-        labs = np.array([lab for _, lab in imp.candidates])
-        fake = np.array([split.news[n].fake for n, _ in imp.candidates])
+        labs = np.array([lab for _, lab in cands])
+        fake = np.array([split.news[n].fake is True for n, _ in cands])
+        real = np.array([split.news[n].fake is False for n, _ in cands])
         if fake_as == "negative":
             labs = np.where(fake, 0, labs)
         fake_scores.extend(sc[fake].tolist())
-        real_scores.extend(sc[~fake].tolist())
+        real_scores.extend(sc[real].tolist())
         if 0 < labs.sum() < len(labs):
-            imp_aucs.append(roc_auc_score(labs, sc))
+            m = impression_metrics(labs, sc)
+            per_imp["imp_auc"].append(m["auc"])
+            for k in ("mrr", "ndcg@5", "ndcg@10"):
+                per_imp[k].append(m[k])
         labels_all.extend(labs.tolist())
         scores_all.extend(sc.tolist())
     model.train(was_training)
+    if len(set(labels_all)) < 2:
+        raise ValueError("the evaluation split has no labelled impression with both a click and a non-click")
     return {
         "auc": float(roc_auc_score(labels_all, scores_all)),
-        "imp_auc": float(np.mean(imp_aucs)) if imp_aucs else float("nan"),
-        "impressions": len(imp_aucs),
+        **{k: float(np.mean(v)) if v else float("nan") for k, v in per_imp.items()},
+        "impressions": len(per_imp["imp_auc"]),
         "mean_score_fake": float(np.mean(fake_scores)) if fake_scores else float("nan"),
         "mean_score_real": float(np.mean(real_scores)) if real_scores else float("nan"),
     }

@@ -15,11 +15,12 @@ NPZ_MIN_SAMPLES = 32  # runs with at least this many samples also write an npz a
 
 def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> list:
     from app import registry
-    from models.news.data import Sample, load_samples
+    from models.news.data import LabelsMissing, Sample, load_samples
 
     if payload.get("samples") is not None:
         return [Sample(id=s["id"], history=list(s["history"]), candidate=s["candidate"], label=s.get("label"),
-                       candidate_body=s.get("candidate_body")) for s in payload["samples"]]
+                       candidate_body=s.get("candidate_body"), history_bodies=s.get("history_bodies"))
+                for s in payload["samples"]]
     ds = payload["dataset"]
     entry = registry.get_dataset(ctx.settings, ds["name"])
     if entry is None:
@@ -28,8 +29,28 @@ def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> lis
     try:
         return load_samples(root, ds["split"], ds["n_samples"], ds["balanced"], ds["seed"], with_bodies,
                             payload.get("max_history", 50))
+    except LabelsMissing as exc:
+        raise JobError("invalid_request", f"dataset.balanced: dataset {ds['name']!r}: {exc}") from exc
     except (FileNotFoundError, ValueError) as exc:
         raise JobError("bad_dataset", f"dataset {ds['name']!r}: {exc}") from exc
+
+
+def input_warnings(samples: list, views: tuple[str, ...]) -> list[str]:
+    """What the caller should know about the inputs: missing labels, missing bodies for a body view."""
+    out = []
+    if all(s.label is None for s in samples):
+        out.append("no sample has a real/fake label: word_stats has the single group 'unlabelled' and no "
+                   "per-label statistics")
+    if "body" in views:
+        no_hist = [s.id for s in samples if s.history_bodies is None]
+        no_cand = [s.id for s in samples if s.candidate_body is None]
+        if no_hist:
+            out.append(f"{len(no_hist)} sample(s) have no history_bodies (e.g. {no_hist[:3]}): their user vectors "
+                       "were built with empty history bodies")
+        if no_cand:
+            out.append(f"{len(no_cand)} sample(s) have no candidate_body (e.g. {no_cand[:3]}): the body view "
+                       "was attributed over an empty body")
+    return out
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -68,6 +89,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         detail = "; ".join(f"{e['id']}: {e['error']}" for e in report["errors"][:10])
         raise JobError("all_samples_failed", f"no sample could be attributed ({detail})")
     report["model"] = payload["model"]
+    report["warnings"] = input_warnings(samples, model.views)
     if compare:
         other = ctx.model(compare)
         try:

@@ -1,0 +1,188 @@
+"""Dataset formats, detected and validated without torch (the API side of ``POST /datasets``).
+
+``detect(path)`` looks at a directory under the data roots and answers which format it holds, the registry kind
+the jobs use for it, and its counts:
+
+- ``mind`` (kind ``news``): ``{train,valid,test}/news.tsv`` + ``behaviors.tsv``, or one split directory;
+- ``pairwise_csv`` (kind ``news``): ``pairs_{train,valid,test}.csv`` with the pairwise columns;
+- ``triples`` (kind ``triples``): ``train.txt`` (+ ``valid.txt``, ``test.txt``), ``head<TAB>relation<TAB>tail``;
+- ``lora_safetensors`` / ``hf_save_to_disk`` (kind ``lora``): ``*.safetensors`` + ``labels.csv``, or a
+  ``datasets`` ``save_to_disk`` directory;
+- ``cifar10`` / ``cifar100`` (kind ``image_classification``): the official python batches.
+
+Files are streamed line by line (a MIND-large ``behaviors.tsv`` is about 2 GB), never loaded whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+from app.settings import Settings
+from models.kg.tsv import TriplesFormatError, read_triples
+
+SPLITS = ("train", "valid", "test")
+PAIR_REQUIRED = ("user_id", "history_titles", "candidate_id", "candidate_title")
+_LABELLED_TOKEN = re.compile(r"^.+-[01]$")
+
+
+class FormatError(ValueError):
+    """The directory holds no known dataset format, or a file in it is malformed (the message says which)."""
+
+
+def _count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            n += chunk.count(b"\n")
+    if path.stat().st_size and not _ends_with_newline(path):
+        n += 1
+    return n
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
+
+
+def _first_lines(path: Path, n: int = 5) -> list[str]:
+    out = []
+    with open(path, encoding="utf-8", errors="strict") as fh:
+        for line in fh:
+            if line.strip():
+                out.append(line.rstrip("\n"))
+            if len(out) >= n:
+                break
+    return out
+
+
+def _mind_split(split_dir: Path) -> dict[str, Any]:
+    news, behaviors = split_dir / "news.tsv", split_dir / "behaviors.tsv"
+    for line in _first_lines(news):
+        if len(line.split("\t")) < 4:
+            raise FormatError(f"{news.name} in {split_dir.name}: expected at least 4 tab-separated columns "
+                              "(news_id, category, subcategory, title, ...)")
+    lines = _first_lines(behaviors)
+    clicks_labelled = None
+    for line in lines:
+        parts = line.split("\t")
+        if len(parts) != 5:
+            raise FormatError(f"{behaviors.name} in {split_dir.name}: expected 5 tab-separated columns "
+                              "(impression_id, user_id, time, history, impressions)")
+        tokens = parts[4].split()
+        if tokens:
+            clicks_labelled = all(_LABELLED_TOKEN.match(t) for t in tokens)
+    return {"news": _count_lines(news), "impressions": _count_lines(behaviors),
+            "labelled": (split_dir / "labels.tsv").is_file(), "clicks_labelled": clicks_labelled}
+
+
+def _csv_split(path: Path) -> dict[str, Any]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None) or []
+        missing = [c for c in PAIR_REQUIRED if c not in header]
+        if missing:
+            raise FormatError(f"{path.name}: missing columns {missing}")
+        rows = sum(1 for _ in reader)
+    return {"rows": rows, "labelled": "candidate_is_fake" in header,
+            "history_bodies": "history_bodies" in header}
+
+
+def _triples_split(path: Path, entities: set[str], relations: set[str]) -> int:
+    try:
+        rows = read_triples(path)
+    except TriplesFormatError as exc:
+        raise FormatError(str(exc).replace(str(path.parent) + "/", "")) from None
+    for h, r, t in rows:
+        entities.update((h, t))
+        relations.add(r)
+    return len(rows)
+
+
+def detect(path: Path) -> dict[str, Any]:
+    """``{"format", "kind", "counts"}`` of the dataset directory ``path``; FormatError when none fits."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FormatError(f"{path.name} is not a directory")
+    try:
+        return _detect(path)
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"a text file is not UTF-8: {exc}") from None
+
+
+def _detect(path: Path) -> dict[str, Any]:
+    mind_splits = [s for s in SPLITS if (path / s / "behaviors.tsv").is_file() and (path / s / "news.tsv").is_file()]
+    if mind_splits:
+        return {"format": "mind", "kind": "news", "counts": {s: _mind_split(path / s) for s in mind_splits}}
+    if (path / "behaviors.tsv").is_file() and (path / "news.tsv").is_file():
+        return {"format": "mind", "kind": "news", "counts": {"split": _mind_split(path)}}
+    csvs = [s for s in SPLITS if (path / f"pairs_{s}.csv").is_file()]
+    if csvs:
+        return {"format": "pairwise_csv", "kind": "news",
+                "counts": {s: _csv_split(path / f"pairs_{s}.csv") for s in csvs}}
+    if (path / "train.txt").is_file():
+        entities: set[str] = set()
+        relations: set[str] = set()
+        counts: dict[str, Any] = {f"{s}_triples": _triples_split(path / f"{s}.txt", entities, relations)
+                                  for s in SPLITS if (path / f"{s}.txt").is_file()}
+        counts.update(entities=len(entities), relations=len(relations))
+        return {"format": "triples", "kind": "triples", "counts": counts}
+    for name, marker in (("cifar10", "data_batch_1"), ("cifar100", "train")):
+        if (path / marker).is_file() and (path / "test" if name == "cifar100" else path / "test_batch").is_file():
+            batches = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.endswith(".html"))
+            return {"format": name, "kind": "image_classification", "counts": {"files": batches}}
+    if any((path / f).is_file() for f in ("labels.csv", "dataset_info.json", "dataset_dict.json")):
+        from models.lora.keys import DatasetFormatError, summarize_dataset
+
+        try:
+            summary = summarize_dataset(path)
+        except (DatasetFormatError, OSError, ValueError) as exc:
+            raise FormatError(str(exc)) from None
+        fmt = "lora_safetensors" if summary.format == "safetensors_dir" else "hf_save_to_disk"
+        counts = {"adapters": summary.num_items if summary.num_items >= 0 else None,
+                  "classes": list(summary.classes), "layers": len(summary.layers)}
+        return {"format": fmt, "kind": "lora", "counts": counts}
+    raise FormatError("no known dataset format: expected a MIND directory ({train,valid,test}/news.tsv + "
+                      "behaviors.tsv), pairs_{split}.csv, a triples directory (train.txt), LoRA safetensors + "
+                      "labels.csv, a datasets save_to_disk directory, or CIFAR python batches")
+
+
+# ------------------------------------------------------------------------------------------- label checks
+def _header(fh: Any) -> list[str]:
+    return next(csv.reader(io.TextIOWrapper(fh, encoding="utf-8", newline="")), None) or []
+
+
+def news_labelled(settings: Settings, entry: dict[str, Any], split: str) -> bool | None:
+    """Whether a registered news dataset's ``split`` carries real/fake labels; None when it cannot tell cheaply.
+
+    Reads only a sidecar's existence or a CSV header, from the dataset's directory or the store."""
+    from app import registry
+    from app.store import StoreError, clean_key
+
+    meta_counts = (entry.get("meta") or {}).get("counts") or {}
+    if isinstance(meta_counts.get(split), dict) and "labelled" in meta_counts[split]:
+        return bool(meta_counts[split]["labelled"])
+    try:
+        if entry.get("location"):
+            store = registry.store(settings)
+            loc = entry["location"]
+            if store.exists(clean_key(loc, split, "behaviors.tsv")):
+                return store.exists(clean_key(loc, split, "labels.tsv"))
+            if store.exists(clean_key(loc, f"pairs_{split}.csv")):
+                with store.open(clean_key(loc, f"pairs_{split}.csv")) as fh:
+                    return "candidate_is_fake" in _header(fh)
+            return None
+        if entry.get("path"):
+            root = Path(entry["path"])
+            if (root / split / "behaviors.tsv").is_file():
+                return (root / split / "labels.tsv").is_file()
+            if (root / f"pairs_{split}.csv").is_file():
+                with open(root / f"pairs_{split}.csv", "rb") as fh:
+                    return "candidate_is_fake" in _header(fh)
+    except (OSError, StoreError):
+        return None
+    return None

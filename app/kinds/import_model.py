@@ -1,0 +1,157 @@
+"""``POST /models/import``: register a model trained elsewhere (ConvE, NRMS/NAML, Vision-BDH) for the caller.
+
+API side (no torch): the file names must exist inside the model directory, which must be under the data roots.
+The job reads the weights (``.safetensors``, or ``.pt`` with ``weights_only=True`` only), checks every tensor's
+name and shape against the config before anything is registered, and reports the parameters and a smoke score.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.kinds.base import FieldError, JobKind, register, require_new_name
+from app.paths import PathError, resolve_data_path
+from app.settings import Settings
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh"}
+WEIGHT_DEFAULTS = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin")
+
+
+class CheckpointIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    file: str = Field(..., min_length=1, max_length=512, description="a state dict in the model directory")
+    lr: float = Field(..., gt=0, description="the learning rate in use when it was saved (TracIn weight)")
+    epoch: int | None = Field(None, ge=0)
+
+
+class ImportModelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the model under")
+    kind: Literal["conve", "nrms", "naml", "vision_bdh"]
+    path: str = Field(..., min_length=1, max_length=4096, description="the model directory, under the data roots")
+    weights: str | None = Field(None, min_length=1, max_length=512,
+                                description=f"state dict file; default the first of {', '.join(WEIGHT_DEFAULTS)}")
+    config: dict[str, Any] | None = Field(None, description="ConvE shape hyper-parameters, or the NRMS/NAML/"
+                                          "Vision-BDH config; default the directory's config.json")
+    entities: str | None = Field(None, min_length=1, max_length=512, description="ConvE entity ids (node_dict, "
+                                 "entity_to_id.tsv[.gz]/.json, entities.dict); found by name when omitted")
+    relations: str | None = Field(None, min_length=1, max_length=512, description="ConvE relation ids (rel_dict, "
+                                  "relation_to_id..., relations.dict)")
+    reciprocal: bool | None = Field(None, description="ConvE: default from the relation table's rows")
+    train_triples: str | None = Field(None, min_length=1, max_length=512, description="ConvE: training triples "
+                                      "(names or ids, TSV); default train.txt")
+    valid_triples: str | None = Field(None, min_length=1, max_length=512)
+    test_triples: str | None = Field(None, min_length=1, max_length=512)
+    checkpoints: list[CheckpointIn] = Field(default_factory=list, max_length=1000,
+                                            description="ConvE: the TracIn checkpoints, each with its lr")
+    vocab: str | None = Field(None, min_length=1, max_length=512, description="NRMS/NAML word models: the "
+                              "vocabulary (JSON list starting [PAD], [UNK]); default vocab.json")
+    overwrite: bool = Field(False, description="replace your existing model of the same name")
+
+
+def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:
+    loc = ("body", *field) if isinstance(field, tuple) else ("body", field)
+    path = (directory / rel).resolve()
+    if not path.is_relative_to(directory) or not path.is_file():
+        raise FieldError(loc, f"no file {rel!r} inside the model directory", value=rel)
+    return path
+
+
+def model_dir(settings: Settings, raw: str) -> Path:
+    try:
+        path = resolve_data_path(settings, raw)
+    except PathError as exc:
+        raise FieldError(("body", "path"), str(exc), value=raw) from None
+    if not path.is_dir():
+        raise FieldError(("body", "path"), f"{raw!r} is not a directory", value=raw)
+    return path
+
+
+def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
+    """Names and shapes of the ConvE ``.safetensors`` files from their JSON headers (no torch): a mismatch with
+    the config is a 422 naming the tensors. ``.pt`` files are checked by the job, which can unpickle them."""
+    from models.formats import shape_problems
+    from models.kg.shapes import canonical_name, expected_shapes
+    from models.lora.keys import DatasetFormatError, read_safetensors_header
+
+    try:
+        shape = json.loads((directory / "config.json").read_text()) if (directory / "config.json").is_file() else {}
+    except (ValueError, OSError):
+        shape = {}
+    shape = {**shape, **(req.config or {})}
+    files: list[tuple[tuple, str]] = [(("weights",), req.weights or next(w for w in WEIGHT_DEFAULTS
+                                                                          if (directory / w).is_file()))]
+    files += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints)]
+    for loc, name in files:
+        if not name.endswith(".safetensors"):
+            continue
+        try:
+            header = read_safetensors_header(directory / name)
+        except (DatasetFormatError, OSError, ValueError) as exc:
+            raise FieldError(("body", *loc), f"{name}: {exc}", value=name) from None
+        given = {canonical_name(k): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        if "ent.weight" not in given or "rel.weight" not in given or "embedding_height" not in shape:
+            continue  # the job reports what is missing
+        n_ent, dim = given["ent.weight"]
+        try:
+            expected = expected_shapes(n_ent, given["rel.weight"][0], int(shape.get("embedding_dim", dim)),
+                                       int(shape["embedding_height"]), int(shape.get("num_filters", 32)),
+                                       int(shape.get("kernel_size", 3)))
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        problems = shape_problems(expected, given)
+        if problems:
+            raise FieldError(("body", *loc), f"{name} does not fit the config: " + "; ".join(problems[:12]),
+                             value=name)
+
+
+def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
+    directory = model_dir(settings, req.path)
+    if req.weights is not None:
+        _inside(settings, directory, req.weights, "weights")
+    elif not any((directory / w).is_file() for w in WEIGHT_DEFAULTS):
+        raise FieldError(("body", "weights"), f"no weights file given and none of {list(WEIGHT_DEFAULTS)} in "
+                         "the model directory", value=None)
+    for field in ("entities", "relations", "valid_triples", "test_triples", "vocab"):
+        if getattr(req, field) is not None:
+            _inside(settings, directory, getattr(req, field), field)
+    conve_only = {"entities": req.entities, "relations": req.relations, "reciprocal": req.reciprocal,
+                  "train_triples": req.train_triples, "valid_triples": req.valid_triples,
+                  "test_triples": req.test_triples, "checkpoints": req.checkpoints or None}
+    if req.kind == "conve":
+        _inside(settings, directory, req.train_triples or "train.txt", "train_triples")
+        if not req.checkpoints:
+            raise FieldError(("body", "checkpoints"), "a ConvE import needs at least one checkpoint with its lr "
+                             "(TracIn sums over checkpoints)", value=[])
+        for i, ck in enumerate(req.checkpoints):
+            _inside(settings, directory, ck.file, ("checkpoints", i, "file"))
+        _conve_header_check(req, directory)
+    else:
+        for field, value in conve_only.items():
+            if value is not None:
+                raise FieldError(("body", field), f"{field} is for ConvE imports", value=value)
+        if req.config is None and not (directory / "config.json").is_file():
+            raise FieldError(("body", "config"), "give the model's config or put config.json in the directory",
+                             value=None)
+    if req.vocab is not None and req.kind not in ("nrms", "naml"):
+        raise FieldError(("body", "vocab"), "vocab is for NRMS/NAML word models", value=req.vocab)
+    require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)
+
+
+register(JobKind(
+    name="import_model",
+    route="/models/import",
+    request=ImportModelRequest,
+    queue="train",
+    func="workers.jobs.import_model:run",
+    timeout_s=2 * 3600,
+    summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked); "
+            "registers it",
+    validate=validate,
+))

@@ -1,0 +1,123 @@
+"""``POST /train/news``: train an NRMS or NAML news recommender on MIND-format data, register it by name.
+
+API side only (no torch): the request schema and the checks that need the registry or the data roots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app import registry
+from app.kinds.base import FieldError, JobKind, register, require_new_name
+from app.paths import PathError, resolve_data_path
+from app.settings import Settings
+from models.news.data import has_split
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SPLITS = ("train", "valid", "test")
+
+
+class TrainNewsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
+    architecture: Literal["nrms", "naml"] = "nrms"
+    encoder: Literal["minilm", "pretrained", "word"] = Field(
+        "minilm", description="'minilm' (shipped), 'pretrained' (a BERT-family directory under the data roots: "
+        "BERT, RoBERTa, DeBERTa), or 'word' embeddings (from scratch or from glove_path). NAML uses 'word'.")
+    pretrained_path: str | None = Field(None, min_length=1, description="encoder 'pretrained': its directory")
+    fine_tune_layers: int = Field(0, ge=0, le=96, description="train the last k transformer layers (0: frozen)")
+    glove_path: str | None = Field(None, min_length=1, description="encoder 'word': a GloVe-format text file "
+                                   "under the data roots whose dimension is embedding_dim")
+    embedding_dim: int = Field(128, ge=4, le=1024, description="word-embedding size (encoder 'word')")
+    heads: int = Field(16, ge=1, le=64, description="NRMS attention heads")
+    head_dim: int = Field(16, ge=1, le=256, description="NRMS size per head")
+    query_dim: int = Field(200, ge=1, le=1024, description="additive-attention query size")
+    filters: int = Field(256, ge=1, le=2048, description="NAML CNN filters")
+    window: int = Field(3, ge=1, le=9, description="NAML CNN window")
+    dropout: float = Field(0.2, ge=0, lt=1)
+    dataset: str = Field(..., min_length=1, max_length=1024, description="a registered news dataset, a "
+                         "directory under the data roots holding {train,valid}/ MIND splits or pairs_{split}.csv, "
+                         "or one pairwise CSV file (training only: set valid_split to null)")
+    train_split: Literal[SPLITS] = "train"  # type: ignore[valid-type]
+    valid_split: Literal[SPLITS] | None = Field("valid", description="metrics per epoch; null: none")  # type: ignore[valid-type]
+    npratio: int = Field(4, ge=1, le=64, description="non-clicked candidates per click")
+    max_title_len: int = Field(30, ge=1, le=512)
+    max_body_len: int = Field(60, ge=1, le=1024, description="NAML body tokens")
+    max_history: int = Field(50, ge=1, le=500)
+    epochs: int = Field(3, ge=1, le=1000)
+    lr: float = Field(1e-3, gt=0, le=1)
+    batch_size: int = Field(32, ge=1, le=4096)
+    seed: int = 0
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    resume: bool = Field(False, description="continue your latest checkpointed run of this name")
+    overwrite: bool = Field(False, description="replace your existing model of the same name")
+
+
+def resolve_news_dataset(settings: Settings, name: str, field: str = "dataset") -> Path:
+    """A registered ``news`` dataset's directory, else ``name`` as a directory under the data roots."""
+    entry = registry.get_dataset(settings, name)
+    if entry is not None:
+        if entry.get("kind") != "news":
+            raise FieldError(("body", field), f"dataset {name!r} is a {entry.get('kind')!r} dataset, not news",
+                             value=name)
+        try:
+            return registry.local_path(settings, entry)
+        except FileNotFoundError as exc:
+            raise FieldError(("body", field), str(exc), value=name) from None
+    try:
+        return resolve_data_path(settings, name)
+    except PathError as exc:
+        raise FieldError(("body", field), f"unknown dataset {name!r}: not registered, and {exc}",
+                         value=name) from None
+
+
+def _data_file(settings: Settings, raw: str, field: str) -> str:
+    try:
+        path = resolve_data_path(settings, raw)
+    except PathError as exc:
+        raise FieldError(("body", field), str(exc), value=raw) from None
+    return str(path)
+
+
+def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> None:
+    root = resolve_news_dataset(settings, req.dataset)
+    for field in ("train_split", "valid_split"):
+        split = getattr(req, field)
+        if split is not None and not has_split(root, split):
+            raise FieldError(("body", field), f"dataset {req.dataset!r} has no {split}/behaviors.tsv nor "
+                             f"pairs_{split}.csv", value=split)
+    if req.architecture == "naml" and req.encoder != "word":
+        raise FieldError(("body", "encoder"), "NAML reads word embeddings: use encoder 'word'", value=req.encoder)
+    if req.encoder == "pretrained":
+        if req.pretrained_path is None:
+            raise FieldError(("body", "pretrained_path"), "encoder 'pretrained' needs pretrained_path", value=None)
+        path = Path(_data_file(settings, req.pretrained_path, "pretrained_path"))
+        if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
+            raise FieldError(("body", "pretrained_path"), f"{req.pretrained_path!r} needs config.json and a fast "
+                             "tokenizer (tokenizer.json), as written by save_pretrained", value=req.pretrained_path)
+    elif req.pretrained_path is not None:
+        raise FieldError(("body", "pretrained_path"), "pretrained_path is for encoder 'pretrained'",
+                         value=req.pretrained_path)
+    if req.fine_tune_layers and req.encoder == "word":
+        raise FieldError(("body", "fine_tune_layers"), "fine_tune_layers is for transformer encoders",
+                         value=req.fine_tune_layers)
+    if req.glove_path is not None:
+        if req.encoder != "word":
+            raise FieldError(("body", "glove_path"), "glove_path is for encoder 'word'", value=req.glove_path)
+        _data_file(settings, req.glove_path, "glove_path")
+    require_new_name(settings, req.name, owner, "news", req.overwrite or req.resume)
+
+register(JobKind(
+    name="train_news",
+    route="/train/news",
+    request=TrainNewsRequest,
+    queue="train",
+    func="workers.jobs.train_news:run",
+    timeout_s=24 * 3600,
+    summary="Train an NRMS or NAML news recommender (MIND metrics per epoch, checkpoints, resume); registers it",
+    validate=validate,
+))

@@ -1,0 +1,96 @@
+"""Weight files brought from elsewhere: reading a state dict safely and checking it against a model.
+
+``load_state_file`` reads ``.safetensors`` or a PyTorch pickle (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) with
+``torch.load(weights_only=True)`` only: a file that needs arbitrary code to unpickle is refused, never run. A pickle
+holding ``{"state_dict": ...}`` or ``{"model_state_dict": ...}`` (common training-script layouts) is unwrapped.
+
+``check_state`` compares every tensor's name and shape with the model built from the config, before anything is
+loaded or registered; :class:`StateMismatch` lists the offending tensors. ``shape_problems`` is the same check on
+plain shapes (the API runs it on a safetensors header, without torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # this module is imported by the API, which never imports torch
+    import torch
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
+
+
+class StateMismatch(ValueError):
+    """A state dict whose tensor names or shapes do not fit the config; ``problems`` names the tensors."""
+
+    def __init__(self, source: str, problems: list[str]):
+        shown = "; ".join(problems[:12]) + (f"; and {len(problems) - 12} more" if len(problems) > 12 else "")
+        super().__init__(f"{source}: {shown}")
+        self.problems = problems
+
+
+def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A flat ``{name: tensor}`` from a safetensors file or a weights-only PyTorch pickle."""
+    import torch
+
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    if path.suffix not in PICKLE_SUFFIXES:
+        raise ValueError(f"{path.name}: expected .safetensors or one of {', '.join(PICKLE_SUFFIXES)}")
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # the unpickler refuses anything but tensors and plain containers
+        raise ValueError(f"{path.name} cannot be read with weights_only=True (only tensors and plain containers "
+                         f"are accepted): {str(exc).splitlines()[0][:300]}") from None
+    for key in WRAPPER_KEYS:
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not isinstance(obj.get(key), torch.Tensor):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{path.name} does not hold a state dict (a mapping of names to tensors)")
+    return {str(k): v for k, v in obj.items()}
+
+
+def strip_prefix(state: Mapping[str, torch.Tensor], prefixes: Iterable[str] = ("module.", "_orig_mod.")
+                 ) -> dict[str, torch.Tensor]:
+    """Drop the wrappers' name prefixes (DataParallel's ``module.``, torch.compile's ``_orig_mod.``)."""
+    out = {}
+    for k, v in state.items():
+        for p in prefixes:
+            if k.startswith(p):
+                k = k[len(p):]
+        out[k] = v
+    return out
+
+
+def shape_problems(expected: Mapping[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]],
+                   optional: Iterable[str] = ()) -> list[str]:
+    """Every missing, unexpected or mis-shaped tensor, by name (``optional`` name prefixes may be missing)."""
+    optional = tuple(optional)
+    problems = []
+    for name, shape in expected.items():
+        if name not in given:
+            if not name.startswith(optional) and not name.endswith("num_batches_tracked"):
+                problems.append(f"missing tensor {name} {list(shape)}")
+        elif tuple(given[name]) != tuple(shape):
+            problems.append(f"tensor {name} has shape {list(given[name])}, the config needs {list(shape)}")
+    problems += [f"unexpected tensor {name} {list(given[name])}" for name in given if name not in expected]
+    return problems
+
+
+def state_problems(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor],
+                   optional: Iterable[str] = ()) -> list[str]:
+    return shape_problems({k: tuple(v.shape) for k, v in expected.items()},
+                          {k: tuple(v.shape) for k, v in given.items()}, optional)
+
+
+def check_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str,
+                optional: Iterable[str] = ()) -> None:
+    problems = state_problems(model.state_dict(), state, optional)
+    if problems:
+        raise StateMismatch(source, problems)

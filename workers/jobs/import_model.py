@@ -1,0 +1,131 @@
+"""Worker side of ``POST /models/import``: check a model trained elsewhere against its config, convert it into
+this project's model directory, smoke-test it and register it for the job's owner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from app.kinds.import_model import REGISTRY_KIND, WEIGHT_DEFAULTS, model_dir
+from workers.context import JobContext, JobError
+from workers.jobs.attributions import _clean
+
+LOADERS = {"conve": "models.kg.checkpoint:load", "nrms": "models.news.checkpoint:load",
+           "naml": "models.news.checkpoint:load", "vision_bdh": "models.vision.checkpoint:load"}
+
+
+def _weights(src: Path, given: str | None) -> str:
+    return given or next(w for w in WEIGHT_DEFAULTS if (src / w).is_file())
+
+
+def _config(src: Path, given: dict[str, Any] | None) -> dict[str, Any]:
+    return dict(given) if given is not None else json.loads((src / "config.json").read_text())
+
+
+def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from models.formats import check_state, load_state_file, strip_prefix
+    from models.news import checkpoint
+    from models.news.modules import build_model
+    from models.news.text import WordTokenizer
+
+    config = _config(src, p.get("config"))
+    config.pop("meta", None)
+    config["kind"] = p["kind"]
+    pretrained = config.get("pretrained")
+    if isinstance(pretrained, str) and (src / pretrained).is_dir():  # an encoder inside the model directory
+        if not (src / pretrained).resolve().is_relative_to(src):
+            raise JobError("invalid_model", "config.pretrained: the encoder directory must be inside the model "
+                           "directory")
+        config["pretrained"] = str((src / pretrained).resolve())
+    vocab = src / (p.get("vocab") or "vocab.json")
+    tokenizer = WordTokenizer.load(vocab) if vocab.is_file() else None
+    if p["kind"] == "naml" or config.get("encoder") == "word":
+        if tokenizer is None:
+            raise JobError("invalid_model", "vocab: a word-embedding model needs its vocabulary (vocab.json)")
+    elif config.get("encoder") != "bert":
+        raise JobError("invalid_model", "config.encoder: NRMS needs 'bert' or 'word'")
+    try:
+        model = build_model(config, tokenizer)
+    except (ValueError, OSError, KeyError) as exc:
+        raise JobError("invalid_model", f"config: {exc}") from None
+    state = strip_prefix(load_state_file(src / _weights(src, p.get("weights"))))
+    frozen = checkpoint.frozen_bert(model)
+    check_state(model, state, _weights(src, p.get("weights")), (checkpoint.FROZEN_PREFIX,) if frozen else ())
+    model.load_state_dict(state, strict=False)
+    model.eval()
+    checkpoint.save(model, out, meta={"imported_from": src.name})
+    with torch.no_grad():
+        scores = model.score_texts(["Team wins the championship final", "New phone released with faster chip"],
+                                   ["Coach praises defense after the game", "Senate passes the budget bill"])
+    return {"parameters": sum(t.numel() for t in model.parameters()),
+            "smoke": {"scores": [float(s) for s in scores], "finite": bool(torch.isfinite(scores).all())}}
+
+
+def _import_bdh(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from models.formats import check_state, load_state_file, strip_prefix
+    from models.vision.bdh import VisionBDH
+    from models.vision.checkpoint import save_model_dir
+    from models.vision.config import Optimizations, VisionBDHConfig
+
+    raw = _config(src, p.get("config"))
+    model_cfg = raw.get("model", raw)
+    try:
+        config = VisionBDHConfig.from_dict(model_cfg)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise JobError("invalid_model", f"config: {exc}") from None
+    model = VisionBDH(config, Optimizations())
+    state = strip_prefix(load_state_file(src / _weights(src, p.get("weights"))))
+    check_state(model, state, _weights(src, p.get("weights")))
+    model.load_state_dict(state)
+    model.eval()
+    meta = {k: v for k, v in raw.items() if k != "model"} if "model" in raw else {}
+    save_model_dir(out, model, config, meta)
+    with torch.no_grad():
+        x = torch.randn(2, config.in_channels, config.img_size, config.img_size, generator=torch.Generator()
+                        .manual_seed(0))
+        logits = model(x)
+    return {"parameters": sum(t.numel() for t in model.parameters()),
+            "smoke": {"logits_shape": list(logits.shape), "finite": bool(torch.isfinite(logits).all())}}
+
+
+def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    from models.formats import StateMismatch
+
+    p = payload
+    src = model_dir(ctx.settings, p["path"])
+    out = ctx.settings.work_dir / f"import-{ctx.job_id}"
+    ctx.progress(0, 2, "steps", message="checking names and shapes")
+    try:
+        if p["kind"] == "conve":
+            from models.kg.importer import ImportError_, import_conve
+
+            spec = {**p, "weights": _weights(src, p.get("weights")),
+                    "train_triples": p.get("train_triples") or "train.txt",
+                    "checkpoints": p["checkpoints"], "dataset_name": p["name"]}
+            try:
+                report = import_conve(src, out, spec)
+            except ImportError_ as exc:
+                raise JobError("invalid_model", str(exc)) from None
+        elif p["kind"] in ("nrms", "naml"):
+            report = _import_news(src, out, p)
+        else:
+            report = _import_bdh(src, out, p)
+        ctx.progress(1, 2, "steps", message="registering")
+        ctx.register_model(p["name"], kind=REGISTRY_KIND[p["kind"]], loader=LOADERS[p["kind"]], path=out,
+                           parameters=report["parameters"],
+                           meta=_clean({"imported": True, "architecture": p["kind"], "source": p["path"],
+                                        "smoke": report.get("smoke")}))
+    except StateMismatch as exc:
+        raise JobError("shape_mismatch", str(exc)) from None
+    except ValueError as exc:
+        raise JobError("invalid_model", str(exc)) from None
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    ctx.progress(2, 2, "steps", message="registered")
+    return _clean({"model": p["name"], "kind": p["kind"], "registry_kind": REGISTRY_KIND[p["kind"]], **report})

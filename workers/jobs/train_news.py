@@ -1,0 +1,142 @@
+"""Worker side of ``POST /train/news``: train NRMS/NAML with MIND metrics per epoch, a checkpoint per epoch in
+the store (``runs/train_news/<owner>/<name>/<run>/epoch_NNNN``), resume, and registration for the job's owner."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+from app import registry
+from app.kinds.train_news import resolve_news_dataset
+from app.store import clean_key
+from workers.context import JobContext, JobError
+from workers.jobs.attributions import _clean
+
+LOADER = "models.news.checkpoint:load"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def runs_key(owner: str, name: str) -> str:
+    return clean_key("runs", "train_news", owner, name)
+
+
+def _model_config(p: dict[str, Any]) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"kind": p["architecture"], "query_dim": p["query_dim"], "dropout": p["dropout"],
+                           "max_title_len": p["max_title_len"], "emb_dim": p["embedding_dim"]}
+    if p["architecture"] == "nrms":
+        cfg.update(heads=p["heads"], head_dim=p["head_dim"])
+        if p["encoder"] == "word":
+            cfg["encoder"] = "word"
+        else:
+            cfg.update(encoder="bert", pretrained=p["pretrained_path"] if p["encoder"] == "pretrained" else "minilm",
+                       fine_tune=p["fine_tune_layers"] > 0, fine_tune_layers=p["fine_tune_layers"] or None)
+    else:
+        cfg.update(filters=p["filters"], window=p["window"], max_body_len=p["max_body_len"])
+    return cfg
+
+
+def _latest_checkpoint(ctx: JobContext, name: str, epochs: int) -> tuple[str, int] | None:
+    """(store key, epoch) of the newest run's last checkpoint of this owner's ``name``, at most ``epochs``."""
+    store = registry.store(ctx.settings)
+    base = runs_key(ctx.owner, name)
+    for run in reversed(store.list_dirs(base)):
+        done = [d for d in store.list_dirs(clean_key(base, run)) if d.startswith("epoch_")]
+        done = [d for d in done if int(d.split("_")[1]) <= epochs
+                and store.exists(clean_key(base, run, d, OPTIMIZER_FILE))]
+        if done:
+            return clean_key(base, run, done[-1]), int(done[-1].split("_")[1])
+    return None
+
+
+def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    import torch
+
+    from models.news import checkpoint
+    from models.news.data import read_split
+    from models.news.modules import build_model
+    from models.news.text import WordTokenizer
+    from models.news.train import TrainConfig, evaluate, train
+
+    p = payload
+    root = resolve_news_dataset(ctx.settings, p["dataset"])
+    try:
+        train_split = read_split(root, p["train_split"])
+        valid_split = read_split(root, p["valid_split"]) if p.get("valid_split") else None
+    except (FileNotFoundError, ValueError) as exc:
+        raise JobError("bad_dataset", f"dataset {p['dataset']!r}: {exc}") from None
+    config = _model_config(p)
+    if p.get("glove_path"):
+        from app.paths import resolve_data_path
+
+        config["glove"] = str(resolve_data_path(ctx.settings, p["glove_path"]))
+    store = registry.store(ctx.settings)
+    resume = _latest_checkpoint(ctx, p["name"], p["epochs"]) if p.get("resume") else None
+    if p.get("resume") and resume is None:
+        raise JobError("nothing_to_resume", f"no checkpointed run of {p['name']!r} for {ctx.owner!r} to resume")
+    try:
+        if resume is not None:
+            loaded = checkpoint.load(store.local_dir(resume[0]), ctx.device, trainable=True)
+            model = loaded.model
+            opt_state = torch.load(str(store.local_dir(resume[0]) / OPTIMIZER_FILE), map_location=ctx.device,
+                                   weights_only=True)
+        else:
+            tokenizer = None
+            if config.get("encoder") == "word" or config["kind"] == "naml":
+                texts = [t for n in train_split.news.values() for t in (n.title, n.body) if t]
+                tokenizer = WordTokenizer.build(texts)
+            model = build_model(config, tokenizer).to(ctx.device)
+            opt_state = None
+    except (ValueError, OSError) as exc:
+        raise JobError("invalid_request", f"cannot build the model: {exc}") from None
+    encoder = getattr(model, "token_encoder", None)
+    if hasattr(encoder, "use_device_attention"):
+        encoder.use_device_attention(ctx.device)
+    cfg = TrainConfig(epochs=p["epochs"], batch_size=p["batch_size"], lr=p["lr"], negatives=p["npratio"],
+                      max_history=p["max_history"], seed=p["seed"], precision=p["precision"])
+    run_id = f"{time.time_ns()}-{ctx.job_id[:8]}"
+    staging = ctx.settings.work_dir / f"train-news-{ctx.job_id}"
+    epochs: list[dict[str, Any]] = []
+    position = {"done": 0, "total": None}  # the batch counter, so epoch reports share the batches unit
+
+    def on_epoch(epoch: int, model: Any, opt: Any, record: dict[str, Any]) -> None:
+        out = staging / f"epoch_{epoch:04d}"
+        checkpoint.save(model, out, meta={"epoch": epoch, **record})
+        torch.save(opt.state_dict(), str(out / OPTIMIZER_FILE))
+        key = clean_key(runs_key(ctx.owner, p["name"]), run_id, out.name)
+        store.put_dir(out, key)
+        shutil.rmtree(out, ignore_errors=True)
+        epochs.append({**record, "checkpoint": key})
+        ctx.set_meta("epochs", _clean(epochs))
+        ctx.progress(position["done"], position["total"], "batches", message=f"epoch {epoch}/{p['epochs']} done",
+                     metrics=_clean({"epoch": epoch, "loss": record["loss"], **(record.get("valid") or {})}))
+
+    def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+        position.update(done=step, total=total)
+        ctx.progress(step, total, "batches", message=f"epoch {int(metrics['epoch'])}: loss {metrics['loss']:.4f}")
+
+    t0 = time.perf_counter()
+    initial = None
+    try:
+        if valid_split is not None and resume is None:
+            initial = evaluate(model, valid_split, cfg.max_history)  # the untrained model: the floor to beat
+        result = train(model, train_split, valid_split, cfg, progress, on_epoch=on_epoch,
+                       start_epoch=resume[1] if resume else 0, optimizer_state=opt_state)
+        final = staging / "final"
+        meta = {"architecture": config["kind"], "encoder": p["encoder"], "dataset": p["dataset"],
+                "epochs": p["epochs"], "valid": result.get("valid"), "run": run_id}
+        checkpoint.save(model, final, meta=meta)
+        params = sum(t.numel() for t in model.parameters())
+        ctx.register_model(p["name"], kind="news", loader=LOADER, path=final, parameters=params,
+                           meta=_clean(meta))
+    except ValueError as exc:
+        raise JobError("invalid_request", str(exc)) from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _clean({"model": p["name"], "architecture": config["kind"], "encoder": p["encoder"],
+                   "parameters": params, "train_examples": result["train_examples"], "precision": result["precision"],
+                   "resumed_from_epoch": resume[1] if resume else None, "initial_valid": initial,
+                   "epochs": epochs, "valid": result.get("valid"),
+                   "train_seconds": round(time.perf_counter() - t0, 2), "run": run_id})
+
+
