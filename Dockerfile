@@ -15,6 +15,11 @@ COPY app ./app
 COPY workers ./workers
 COPY models ./models
 RUN pip install .
+# Everything runs as an unprivileged user that owns only the data volume.
+RUN groupadd --system --gid 10001 explainq \
+ && useradd --system --uid 10001 --gid explainq --home-dir /data --shell /usr/sbin/nologin explainq \
+ && mkdir -p /data && chown explainq:explainq /data
+USER explainq:explainq
 VOLUME ["/data"]
 EXPOSE 8000
 CMD ["explainq", "api", "--host", "0.0.0.0", "--port", "8000"]

@@ -6,7 +6,6 @@ This module imports no torch: ``worker`` and ``demo`` import the worker side onl
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import signal
@@ -15,22 +14,17 @@ import sys
 import time
 from pathlib import Path
 
+from app.logs import setup_logging
+from app.redis_server import is_loopback
 from app.settings import Settings
 
 log = logging.getLogger("explainq")
 
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+TRAIN_NICE = 10  # the training worker's CPU priority under `explainq up` (interactive workers stay at 0)
 
 
 def _check_bind(host: str, settings: Settings) -> None:
-    if not _is_loopback(host) and not settings.api_keys:
+    if not is_loopback(host) and not settings.api_keys:
         sys.exit(
             f"refusing to listen on {host}: no API keys are configured. Set EXPLAINQ_API_KEYS=name:key[,...] "
             "or listen on 127.0.0.1."
@@ -43,23 +37,40 @@ def cmd_api(args: argparse.Namespace) -> None:
 
     settings = Settings()
     _check_bind(args.host, settings)
+    # log_config=None: uvicorn's records go through the root handler set up by main() (JSON or text).
     uvicorn.run("app.main:app", host=args.host, port=args.port, workers=args.workers, log_level="info",
-                access_log=not args.no_access_log)
+                access_log=not args.no_access_log, log_config=None)
 
 
 def cmd_worker(args: argparse.Namespace) -> None:
+    from workers.worker import apply_thread_budget
+
+    apply_thread_budget(args.threads)  # before torch is imported
+    if args.nice:
+        os.nice(args.nice)
     from workers.worker import run_worker
 
     queues = [q.strip() for q in args.queues.split(",") if q.strip()]
-    run_worker(Settings(), queues, burst=args.burst, preload=not args.no_preload)
+    run_worker(Settings(), queues, burst=args.burst, preload=not args.no_preload, threads=args.threads)
 
 
 def cmd_redis(args: argparse.Namespace) -> None:
-    from app.redis_server import EmbeddedRedis
+    from app.redis_server import EmbeddedRedis, read_password_file
 
     settings = Settings()
-    server = EmbeddedRedis(settings.home / "redis", port=args.port).start()
-    print(f"REDIS_URL={server.url}", flush=True)
+    if args.no_password and not is_loopback(args.host):
+        sys.exit(f"refusing to bind redis to {args.host} without a password: drop --no-password")
+    if args.no_password:
+        password: str | None = ""
+    elif args.password_file and Path(args.password_file).exists():
+        password = read_password_file(Path(args.password_file))
+    else:
+        password = None  # generated into --password-file (default EXPLAINQ_HOME/redis/password) on first start
+    server = EmbeddedRedis(settings.home / "redis", port=args.port, host=args.host, password=password,
+                           password_file=Path(args.password_file) if args.password_file else None).start()
+    where = f" (password in {server.password_file})" if server.password else ""
+    print(f"REDIS_URL={server.redacted_url}{where}", flush=True)
+    log.info("redis listening on %s:%s%s", args.host, server.port, where)
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     signal.signal(signal.SIGINT, lambda *_: stop.update(flag=True))
@@ -84,10 +95,64 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ up
-class Supervisor:
-    """Redis (embedded unless REDIS_URL is set), the API, and one worker per queue; restarts what dies."""
+def worker_specs(args: argparse.Namespace) -> list[str]:
+    """The queue list of each worker ``explainq up`` starts: ``--workers "explain,bulk;train"`` (workers separated by
+    ``;``, each worker's queues in priority order), or the older ``--queues explain,train`` (one worker per queue)."""
+    if getattr(args, "queues", None):
+        return [q.strip() for q in args.queues.split(",") if q.strip()]
+    return [",".join(q.strip() for q in w.split(",") if q.strip()) for w in args.workers.split(";") if w.strip()]
 
-    def __init__(self, args: argparse.Namespace):
+
+def split_threads(queues: list[str], cores: int) -> dict[str, tuple[int, int]]:
+    """``queue spec -> (threads, nice)`` for the workers ``explainq up`` starts on a host with ``cores`` cores.
+
+    Interactive workers (any spec other than ``train`` alone) share all cores at normal priority; training workers
+    share half of them at nice ``TRAIN_NICE``, so they only take what the interactive work leaves idle.
+    """
+    cores = max(cores, 1)
+    train = [q for q in queues if q == "train"]
+    interactive = [q for q in queues if q != "train"]
+    plan: dict[str, tuple[int, int]] = {}
+    for q in interactive:
+        plan[q] = (max(1, cores // len(interactive)), 0)
+    for q in train:
+        share = cores // 2 if interactive else cores
+        plan[q] = (max(1, share // len(train)), TRAIN_NICE if interactive else 0)
+    return plan
+
+
+def exit_reason(returncode: int) -> str:
+    """``exit code 3`` or ``signal SIGKILL`` for a child's return code."""
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class Restarts:
+    """Exponential backoff for restarting one crashing process: ``initial`` s doubling up to ``cap`` s, back to
+    ``initial`` once it has run ``healthy_s`` without dying."""
+
+    def __init__(self, initial: float = 1.0, cap: float = 60.0, healthy_s: float = 60.0):
+        self.initial, self.cap, self.healthy_s = initial, cap, healthy_s
+        self.delay = initial
+
+    def next_delay(self, ran_s: float) -> float:
+        if ran_s >= self.healthy_s:
+            self.delay = self.initial
+        delay = self.delay
+        self.delay = min(self.delay * 2, self.cap)
+        return delay
+
+
+class Supervisor:
+    """Redis (embedded unless REDIS_URL is set), the API, and one worker per queue; restarts what dies, with
+    exponential backoff for a process that keeps crashing."""
+
+    def __init__(self, args: argparse.Namespace, backoff_s: float = 1.0, backoff_cap_s: float = 60.0,
+                 healthy_s: float = 60.0):
         self.args = args
         self.settings = Settings()
         self.redis = None
@@ -96,14 +161,28 @@ class Supervisor:
         root = str(Path(__file__).resolve().parent.parent)
         self.env["PYTHONPATH"] = root + (os.pathsep + self.env["PYTHONPATH"] if self.env.get("PYTHONPATH") else "")
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started_at: dict[str, float] = {}
+        self.restart_at: dict[str, float] = {}
+        self.restarts: dict[str, Restarts] = {}
+        self.backoff = (backoff_s, backoff_cap_s, healthy_s)
         self.stopping = False
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.plan = split_threads(worker_specs(args), cores)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def argv(self, name: str) -> list[str]:
+        """The command line of process ``name`` (``api`` or ``worker:<queues>``)."""
+        if name == "api":
+            return [sys.executable, "-m", "app.cli", "api", "--host", self.args.host, "--port", str(self.args.port)]
+        queue = name.split(":", 1)[1]
+        threads, nice = self.plan[queue]
+        return [sys.executable, "-m", "app.cli", "worker", "--queues", queue, "--threads", str(threads),
+                "--nice", str(nice)]
+
+    def _spawn(self, name: str) -> None:
         log.info("starting %s", name)
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], env=self.env)
-
-    def _worker_argv(self, queue: str) -> list[str]:
-        return ["worker", "--queues", queue]
+        self.procs[name] = subprocess.Popen(self.argv(name), env=self.env)
+        self.started_at[name] = time.monotonic()
+        self.restart_at.pop(name, None)
 
     def start(self) -> None:
         self.settings.home.mkdir(parents=True, exist_ok=True)
@@ -112,16 +191,18 @@ class Supervisor:
 
             self.redis = EmbeddedRedis(self.settings.home / "redis").start()
             self.env["REDIS_URL"] = self.redis.url
-            log.info("embedded redis on %s (AOF under %s)", self.redis.url, self.redis.data_dir)
-        self._spawn("api", ["api", "--host", self.args.host, "--port", str(self.args.port)])
+            log.info("embedded redis on %s (password in %s, AOF under %s)", self.redis.redacted_url,
+                     self.redis.password_file, self.redis.data_dir)
+        self._spawn("api")
         if not self.args.no_demo:
             log.info("preparing demo models and data (first start only; cached under %s)", self.settings.home)
             demo = subprocess.run([sys.executable, "-m", "app.cli", "demo"], env=self.env)
             if demo.returncode != 0:
                 log.error("demo preparation failed (exit %s); the service runs without the missing demos",
                           demo.returncode)
-        for queue in self.args.queues.split(","):
-            self._spawn(f"worker:{queue}", self._worker_argv(queue))
+        for queue, (threads, nice) in self.plan.items():
+            log.info("worker %s: %d cpu thread(s), nice %d", queue, threads, nice)
+            self._spawn(f"worker:{queue}")
         print(f"explainq is up: http://{self.args.host}:{self.args.port}/docs  (Ctrl-C stops)", flush=True)
 
     def _maybe_gc(self) -> None:
@@ -134,22 +215,34 @@ class Supervisor:
         self.gc_proc = subprocess.Popen([sys.executable, "-m", "app.cli", "gc"], env=self.env,
                                         stdout=subprocess.DEVNULL)
 
+    def check(self) -> None:
+        """One supervision pass: restart Redis if it died, schedule and perform process restarts."""
+        if self.redis is not None and not self.redis.alive():
+            log.error("embedded redis died; restarting it on the same port")
+            self.redis.start()
+        now = time.monotonic()
+        for name, proc in list(self.procs.items()):
+            if self.stopping:
+                return
+            if name in self.restart_at:
+                if now >= self.restart_at[name]:
+                    self._spawn(name)
+                continue
+            if proc.poll() is None:
+                continue
+            ran = now - self.started_at[name]
+            delay = self.restarts.setdefault(name, Restarts(*self.backoff)).next_delay(ran)
+            log.error("%s died (%s) after %.1f s; restarting it in %.1f s", name, exit_reason(proc.returncode),
+                      ran, delay)
+            self.restart_at[name] = now + delay
+
     def supervise(self) -> None:
         self.next_gc = time.monotonic() + min(self.args.gc_interval_s, 60.0)
         self.gc_proc: subprocess.Popen | None = None
         while not self.stopping:
             self._maybe_gc()
-            if self.redis is not None and not self.redis.alive():
-                log.error("embedded redis died; restarting it on the same port")
-                self.redis.start()
-            for name, proc in list(self.procs.items()):
-                if proc.poll() is not None and not self.stopping:
-                    log.error("%s exited with %s; restarting it", name, proc.returncode)
-                    argv = ["api", "--host", self.args.host, "--port", str(self.args.port)] if name == "api" \
-                        else self._worker_argv(name.split(":", 1)[1])
-                    time.sleep(0.5)
-                    self._spawn(name, argv)
-            time.sleep(0.5)
+            self.check()
+            time.sleep(0.2)
 
     def stop(self, *_: object) -> None:
         self.stopping = True
@@ -192,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start Redis (embedded unless REDIS_URL is set), workers and the API")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--queues", default="explain,train", help="one worker is started per queue")
+    up.add_argument("--workers", default="explain,bulk;train",
+                    help="the workers to start, separated by ';', each with its queues in priority order: the "
+                    "default serves interactive requests before dataset-scale shards on one worker and trains on "
+                    "another")
+    up.add_argument("--queues", default=None, help="older form: one worker per comma-separated queue")
     up.add_argument("--no-demo", action="store_true", help="skip preparing the demo models and data")
     up.add_argument("--grace-s", type=float, default=30.0, help="how long workers get to stop on shutdown")
     up.add_argument("--gc-interval-s", type=float, default=3600.0,
@@ -207,13 +304,21 @@ def build_parser() -> argparse.ArgumentParser:
     api.set_defaults(func=cmd_api)
 
     worker = sub.add_parser("worker", help="run one worker (models preloaded from the registry)")
-    worker.add_argument("--queues", default="explain,train", help="comma-separated, in priority order")
+    worker.add_argument("--queues", default="explain,bulk,train", help="comma-separated, in priority order")
     worker.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     worker.add_argument("--no-preload", action="store_true", help="load models on first use instead")
+    worker.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (intra-op), OpenMP and MKL in this worker; default: all cores")
+    worker.add_argument("--nice", type=int, default=0, help="lower this worker's CPU priority by this much")
     worker.set_defaults(func=cmd_worker)
 
     red = sub.add_parser("redis", help="run the embedded redis-server alone (data under EXPLAINQ_HOME/redis)")
+    red.add_argument("--host", default="127.0.0.1", help="address to bind; other hosts need a password")
     red.add_argument("--port", type=int, default=None)
+    red.add_argument("--password-file", default=None,
+                     help="file holding the password (created, mode 0600, if missing); "
+                     "default EXPLAINQ_HOME/redis/password")
+    red.add_argument("--no-password", action="store_true", help="no password (loopback addresses only)")
     red.set_defaults(func=cmd_redis)
 
     gc = sub.add_parser("gc", help="delete artifacts of expired jobs and unreferenced model/dataset versions")
@@ -228,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     args = build_parser().parse_args(argv)
     args.func(args)
 

@@ -8,6 +8,7 @@ from fastapi import HTTPException, Request
 
 from app.jobstore import JobStore
 from app.settings import Settings
+from app.ui import session
 
 ANONYMOUS = "anonymous"
 
@@ -21,12 +22,21 @@ def get_store(request: Request) -> JobStore:
 
 
 async def caller(request: Request) -> str:
-    """The owner name of the API key in ``Authorization: Bearer <key>``; ``anonymous`` when auth is off."""
+    """The owner name of the API key in ``Authorization: Bearer <key>``; ``anonymous`` when auth is off.
+
+    Without an Authorization header, the dashboard's signed session cookie is accepted too: for GET and HEAD
+    (a browser's EventSource cannot send headers), and for other methods only with the session's CSRF token
+    in ``X-CSRF-Token``."""
     keys: dict[str, str] = request.app.state.settings.api_keys
     if not keys:
         return ANONYMOUS
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
+    if not header and session.COOKIE in request.cookies:
+        found = session.sessions(request).read(request)
+        if found is not None and (request.method in ("GET", "HEAD")
+                                  or session.csrf_ok(found, request.headers.get(session.CSRF_HEADER))):
+            return found.owner
     if scheme.lower() != "bearer" or not token:
         raise HTTPException(
             status_code=401,

@@ -133,3 +133,32 @@ def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, An
     view["fanout"] = {"shard_size": fan.get("shard_size"), "reduce": reduce_id(parent_id),
                       "max_failed_fraction": fan.get("max_failed_fraction")}
     return view
+
+
+def is_parent(meta: dict[str, Any]) -> bool:
+    return bool(meta.get("fanout"))
+
+
+def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes]) -> dict[str, Any]:
+    """``view`` with the fan-out overlay when the job is a parent (one more pipelined read); unchanged otherwise."""
+    meta = _parse_meta(raw.get(b"meta"))
+    if not is_parent(meta) or view["status"] in ("queued", "failed"):
+        return view  # still planning, or the planning itself failed: the parent's own status is the truth
+    if redis.exists(f"explainq:cancel:{job_id}"):
+        meta = {**meta, "canceled": True}
+    return overlay(redis, job_id, view, meta)
+
+
+def children(redis: Any, parent: str) -> list[str]:
+    """The parent's shard ids in order, then its reduce step when it exists."""
+    ids = [m.decode() for m in redis.zrange(children_key(parent), 0, -1)]
+    if redis.exists(f"rq:job:{reduce_id(parent)}"):
+        ids.append(reduce_id(parent))
+    return ids
+
+
+def related(redis: Any, parent: str, meta: dict[str, Any]) -> list[str]:
+    """Every job a cancel of the parent must reach: its shards (planned or indexed) and its reduce step."""
+    n = int((meta.get("fanout") or {}).get("shards", 0))
+    ids = {shard_id(parent, i) for i in range(n)} | set(children(redis, parent))
+    return sorted(ids) + [reduce_id(parent)]

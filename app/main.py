@@ -14,10 +14,12 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import kinds as kinds_pkg
+from app import metrics
 from app.jobstore import JobStore
 from app.kinds.base import FieldError
 from app.routers import artifacts, health, jobs, models, submit
 from app.settings import Settings
+from app.ui import router as ui
 
 log = logging.getLogger("explainq.api")
 
@@ -25,7 +27,11 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class BodySizeLimit:
-    """Reject request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent."""
+    """Reject request bodies over ``limit`` bytes with 413, whether or not Content-Length is sent.
+
+    The body is buffered here, up to the limit, before the application sees it; a chunked body that crosses the
+    limit is answered 413 by this middleware itself, and an accepted body is replayed to the application.
+    """
 
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
@@ -39,21 +45,30 @@ class BodySizeLimit:
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
                 await self._reject(send)
                 return
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await self._reject(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._reject(send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
         body = (
@@ -63,12 +78,9 @@ class BodySizeLimit:
         )
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -97,6 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_connections=256,
     )
     app.state.store = JobStore(app.state.redis, settings)
+    jobs.register_scripts(app)
+    metrics.install(app)
 
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
@@ -104,12 +118,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
+    @app.exception_handler(redis.exceptions.RedisError)
     async def redis_down(_: Request, exc: Exception) -> JSONResponse:
-        log.warning("redis unavailable: %s", exc)
+        # Unreachable, timed out, out of memory, read-only replica, loading, bad password: all transient or
+        # operator problems on the server side, never the client's; the client should retry later.
+        app.state.redis_errors.labels(type(exc).__name__).inc()
+        log.warning("redis error (%s): %s", type(exc).__name__, exc)
         return JSONResponse(
             status_code=503,
             content={"detail": {"code": "redis_unavailable",
-                                "message": "the job store (Redis) is unreachable; retry shortly"}},
+                                "message": f"the job store (Redis) cannot serve this request "
+                                f"({type(exc).__name__}); retry shortly"}},
             headers={"Retry-After": "2"},
         )
 
@@ -125,6 +144,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(artifacts.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
+    app.include_router(ui.router)
+    app.mount(ui.STATIC_URL, ui.static_files(), name="ui-static")
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
 
     return app

@@ -1,12 +1,22 @@
-"""A private redis-server for ``explainq up`` and the tests: free loopback port, AOF under a data dir."""
+"""A private redis-server for ``explainq up`` and the tests: free loopback port, AOF under a data dir, a password.
+
+The password is generated on first start and kept at ``<data dir>/password`` (mode 0600); every client gets it
+through the URL (``redis://:<password>@host:port/0``). It is handed to redis-server on stdin, never on the command
+line, so ``ps`` does not show it. ``redact_url`` is what logs print instead of a URL.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import secrets
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis
 
@@ -33,24 +43,104 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class EmbeddedRedis:
-    """Start, supervise and stop one redis-server process."""
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
-    def __init__(self, data_dir: Path, port: int | None = None, host: str = "127.0.0.1", appendonly: bool = True):
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (for logs and messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def read_password_file(path: Path) -> str:
+    password = Path(path).read_text().strip()
+    if not password:
+        raise ValueError(f"password file {path} is empty")
+    if any(c.isspace() for c in password) or '"' in password:
+        raise ValueError(f"password file {path}: the password must not contain whitespace or quotes")
+    return password
+
+
+def ensure_password_file(path: Path) -> str:
+    """Read the password at ``path``; create it (random, mode 0600) when it does not exist."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return read_password_file(path)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(32) + "\n")
+    return read_password_file(path)
+
+
+def redis_client(url: str, timeout_s: float = 2.0, **kwargs: Any) -> redis.Redis:
+    """A client for ``url`` (``redis://`` or ``rediss://``, password in the URL) with TCP keepalive and timeouts."""
+    options: dict[str, Any] = {
+        "socket_connect_timeout": timeout_s,
+        "socket_timeout": timeout_s * 5,
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+        "retry_on_timeout": False,
+    }
+    keepalive = {name: value for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3))
+                 if hasattr(socket, name)}
+    if keepalive:
+        options["socket_keepalive_options"] = {getattr(socket, name): value for name, value in keepalive.items()}
+    options.update(kwargs)
+    return redis.Redis.from_url(url, **options)
+
+
+class EmbeddedRedis:
+    """Start, supervise and stop one redis-server process.
+
+    ``password``: the password itself; ``None`` (the default) reads ``password_file`` (default
+    ``<data_dir>/password``), generating it on first start; ``""`` runs without a password, allowed on loopback only.
+    """
+
+    def __init__(self, data_dir: Path, port: int | None = None, host: str = "127.0.0.1", appendonly: bool = True,
+                 password: str | None = None, password_file: Path | None = None):
         self.data_dir = Path(data_dir)
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port(host if host != "0.0.0.0" else "127.0.0.1")
         self.appendonly = appendonly
+        self.password_file = Path(password_file) if password_file else self.data_dir / "password"
+        self.password = password if password is not None else ensure_password_file(self.password_file)
+        if not self.password and not is_loopback(host):
+            raise ValueError(f"refusing to bind redis to {host} without a password")
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        """The URL clients use, password included: pass it through the environment, never print it."""
+        client_host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        if ":" in client_host:
+            client_host = f"[{client_host}]"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}{client_host}:{self.port}/0"
+
+    @property
+    def redacted_url(self) -> str:
+        return redact_url(self.url)
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_redis_server(),
+            "-",  # the rest of the configuration (the password) comes on stdin
             "--port", str(self.port),
             "--bind", self.host,
             "--dir", str(self.data_dir),
@@ -61,9 +151,12 @@ class EmbeddedRedis:
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
-        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.5)
+        config = f'requirepass "{self.password}"\n' if self.password else ""
+        self.proc.stdin.write(config.encode())
+        self.proc.stdin.close()
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -74,7 +167,7 @@ class EmbeddedRedis:
                 if client.ping():
                     client.close()
                     return self
-            except redis.exceptions.ConnectionError:
+            except (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError):
                 time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"redis-server did not answer PING on port {self.port} within {timeout_s}s")

@@ -7,11 +7,17 @@
 | ``EXPLAINQ_API_KEYS`` | ``name:key`` pairs, comma separated; empty disables auth (loopback only) | empty |
 | ``EXPLAINQ_DATA_ROOTS`` | ``os.pathsep``-separated directories user paths may point into | ``$EXPLAINQ_HOME/data`` |
 | ``EXPLAINQ_MAX_BODY_BYTES`` | request body limit | 8 MiB |
-| ``EXPLAINQ_RESULT_TTL_S`` | how long finished jobs and results stay in Redis | 7 days |
+| ``EXPLAINQ_MAX_ACTIVE_JOBS`` | queued-or-running jobs one API key may have; more is ``429`` | 100 |
+| ``EXPLAINQ_MAX_QUEUE_LENGTH`` | jobs waiting in one queue; more is ``429`` | 10000 |
+| ``EXPLAINQ_RESULT_TTL_S`` | how long succeeded jobs and results stay in Redis | 7 days |
+| ``EXPLAINQ_FAILURE_TTL_S`` | how long failed and canceled jobs stay in Redis | 7 days |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
 | ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
 | ``EXPLAINQ_MODEL_CACHE_BYTES`` | memory budget of a worker's loaded models (least recently used ones are dropped) | 4 GiB |
+| ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
+| ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
+| ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks a worker calls at start to register extra kinds | empty |
 """
 
 from __future__ import annotations
@@ -29,6 +35,14 @@ def _alias(name: str) -> AliasChoices:
 
 
 class Settings(BaseSettings):
+    """The settings in the module's table.
+
+    Retention: when ``EXPLAINQ_RESULT_TTL_S`` / ``EXPLAINQ_FAILURE_TTL_S`` are set (environment, ``.env`` or an
+    explicit argument) every job kind follows them. Only when ``EXPLAINQ_RESULT_TTL_S`` is unset does a kind's own
+    longer default (``JobKind.result_ttl_s``, e.g. 30 days for training runs) apply (``result_ttl_for``). Failed and
+    canceled jobs (a canceled queued job included) expire after ``EXPLAINQ_FAILURE_TTL_S``.
+    """
+
     model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
 
     redis_url: str | None = Field(None, validation_alias=_alias("REDIS_URL"))
@@ -36,6 +50,8 @@ class Settings(BaseSettings):
     api_keys_raw: str = Field("", validation_alias=_alias("EXPLAINQ_API_KEYS"))
     data_roots_raw: str = Field("", validation_alias=_alias("EXPLAINQ_DATA_ROOTS"))
     max_body_bytes: int = Field(8 * 1024 * 1024, validation_alias=_alias("EXPLAINQ_MAX_BODY_BYTES"))
+    max_active_jobs: int = Field(100, ge=1, validation_alias=_alias("EXPLAINQ_MAX_ACTIVE_JOBS"))
+    max_queue_length: int = Field(10_000, ge=1, validation_alias=_alias("EXPLAINQ_MAX_QUEUE_LENGTH"))
     result_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_RESULT_TTL_S"))
     failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
@@ -43,6 +59,12 @@ class Settings(BaseSettings):
     store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))
     store_cache_mode: str = Field("auto", pattern="^(auto|always)$", validation_alias=_alias("EXPLAINQ_STORE_CACHE"))
     model_cache_bytes: int = Field(4 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_MODEL_CACHE_BYTES"))
+
+    def result_ttl_for(self, kind_default: int | None) -> int:
+        """A kind's result TTL: ``EXPLAINQ_RESULT_TTL_S`` when it is set, else the kind's default, else ours."""
+        if "result_ttl_s" in self.model_fields_set or kind_default is None:
+            return self.result_ttl_s
+        return kind_default
 
     @cached_property
     def home(self) -> Path:
@@ -87,3 +109,8 @@ class Settings(BaseSettings):
     def work_dir(self) -> Path:
         """This host's scratch space for running jobs (their artifacts before they reach the store)."""
         return self.home / "work"
+
+    # Worker fault tolerance, logging and kind plugins.
+    redis_retry_s: float = Field(120.0, ge=0, validation_alias=_alias("EXPLAINQ_REDIS_RETRY_S"))
+    log_format: str = Field("json", pattern="^(json|text)$", validation_alias=_alias("EXPLAINQ_LOG_FORMAT"))
+    kind_plugins_raw: str = Field("", validation_alias=_alias("EXPLAINQ_KIND_PLUGINS"))

@@ -1,9 +1,18 @@
 """API throughput: `GET /jobs/{id}` and `POST` submission against a bare FastAPI endpoint doing one HGETALL.
 
-All three run in the same session against the same private redis-server, each server a single uvicorn process
-with the same settings. The load generator is a minimal asyncio HTTP/1.1 keep-alive client (so the client, not
-the server, is not the bottleneck) with 64 concurrent connections. Rounds alternate between the endpoints and the
-median round is reported.
+Two configurations of the service are measured in the same run, against the same private redis-server:
+
+- ``service``: the app alone, no API keys, uvicorn quiet (the earlier measurement, kept for comparison);
+- ``as up``: the app as ``explainq up`` runs it: API keys on (every request authenticated), uvicorn at log level
+  info with its access log (to /dev/null here), and a worker per queue started the way ``up`` starts them, idle
+  (RQ-suspended, so submitted jobs stay queued and the worker takes no CPU from the API).
+
+Quotas are on in both, with limits raised above what the run submits (``EXPLAINQ_MAX_ACTIVE_JOBS`` and
+``EXPLAINQ_MAX_QUEUE_LENGTH``) so that every request is admitted: the admission check still runs on every POST.
+Every server is a single uvicorn process. The load generator is a minimal asyncio HTTP/1.1 keep-alive client (so
+the client, not the server, is not the bottleneck) with 64 concurrent connections. Rounds alternate between the
+endpoints and the median round is reported, with each server process's own CPU time per request (from /proc), a
+cost that load from other processes on a shared machine disturbs less than req/s.
 
     python benchmarks/api_load.py [--connections 64] [--seconds 5] [--rounds 3]
 """
@@ -97,14 +106,34 @@ async def _load(host, port, request: bytes, connections: int, seconds: float):
     }
 
 
-def _get(path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: keep-alive\r\n\r\n".encode()
+API_KEY = "bench-key-0123456789"
 
 
-def _post(path: str, body: dict) -> bytes:
+def _auth(token: str | None) -> str:
+    return f"Authorization: Bearer {token}\r\n" if token else ""
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc), the load-independent cost measure."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(pid: int, host, port, request: bytes, connections: int, seconds: float) -> dict:
+    cpu0 = _cpu_s(pid)
+    out = asyncio.run(_load(host, port, request, connections, seconds))
+    out["cpu_ms"] = 1000 * (_cpu_s(pid) - cpu0) / max(out["requests"], 1)
+    return out
+
+
+def _get(path: str, token: str | None = None) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: keep-alive\r\n{_auth(token)}\r\n".encode()
+
+
+def _post(path: str, body: dict, token: str | None = None) -> bytes:
     data = json.dumps(body).encode()
     head = (f"POST {path} HTTP/1.1\r\nHost: bench\r\nConnection: keep-alive\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n")
+            f"{_auth(token)}Content-Length: {len(data)}\r\n\r\n")
     return head.encode() + data
 
 
@@ -113,12 +142,32 @@ def _serve(cmd: list[str], env: dict, port: int) -> subprocess.Popen:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            httpx.get(f"http://127.0.0.1:{port}/openapi.json", timeout=1)
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
             return proc
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"server {cmd} did not start")
+
+
+def _idle_workers(env: dict, redis_url: str) -> list[subprocess.Popen]:
+    """One worker per queue, started as ``explainq up`` starts them, then RQ-suspended (idle)."""
+    import redis
+    from rq import Worker
+    from rq.suspension import suspend
+
+    from app.kinds.base import QUEUES
+
+    conn = redis.Redis.from_url(redis_url)
+    suspend(conn)
+    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--queues", q], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for q in QUEUES]
+    deadline = time.monotonic() + 120
+    while len(Worker.all(connection=conn)) < len(QUEUES):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError("workers did not start")
+        time.sleep(0.2)
+    return procs
 
 
 def main() -> None:
@@ -134,46 +183,67 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="explainq-bench-"))
     redis_server = EmbeddedRedis(tmp / "redis", appendonly=False).start()
     procs: list[subprocess.Popen] = []
+    load_before = os.getloadavg()[0]
     try:
+        limits = {"EXPLAINQ_MAX_ACTIVE_JOBS": str(10**9), "EXPLAINQ_MAX_QUEUE_LENGTH": str(10**9)}
         env = {**os.environ, "REDIS_URL": redis_server.url, "EXPLAINQ_HOME": str(tmp), "EXPLAINQ_API_KEYS": "",
-               "PYTHONPATH": str(ROOT)}
-        app_port, bare_port = free_port(), free_port()
-        uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log", "--log-level",
-                   "warning"]
+               "PYTHONPATH": str(ROOT), **limits}
+        app_port, up_port, bare_port = free_port(), free_port(), free_port()
+        uvicorn = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1"]
+        quiet = ["--no-access-log", "--log-level", "warning"]
         (tmp / "service_app.py").write_text(SERVICE_APP)
         app_env = {**env, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp}"}
-        procs.append(_serve([*uvicorn, "--port", str(app_port), "service_app:app"], app_env, app_port))
+        app_proc = _serve([*uvicorn, *quiet, "--port", str(app_port), "service_app:app"], app_env, app_port)
+        procs.append(app_proc)
+        # As `explainq up` runs `explainq api`: log level info, access log on, API keys on; idle workers.
+        up_env = {**app_env, "EXPLAINQ_API_KEYS": f"bench:{API_KEY},other:another-key-0123456789"}
+        procs += _idle_workers(up_env, redis_server.url)
+        up_proc = _serve([*uvicorn, "--log-level", "info", "--port", str(up_port), "service_app:app"], up_env,
+                         up_port)
+        procs.append(up_proc)
         # A real job submitted through the API; its hash is what both GET endpoints read.
         submit_route, submit_body = "/test/sleep", {"steps": 1, "step_s": 0}
         r = httpx.post(f"http://127.0.0.1:{app_port}{submit_route}", json=submit_body)
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
+        r = httpx.post(f"http://127.0.0.1:{up_port}{submit_route}", json=submit_body,
+                       headers={"Authorization": f"Bearer {API_KEY}"})
+        assert r.status_code == 202, r.text
+        up_job_id = r.json()["id"]
         (tmp / "bare_app.py").write_text(BARE_APP)
         bare_env = {**env, "BENCH_KEY": f"rq:job:{job_id}", "PYTHONPATH": str(tmp)}
-        procs.append(_serve([*uvicorn, "--port", str(bare_port), "bare_app:app"], bare_env, bare_port))
+        bare_proc = _serve([*uvicorn, *quiet, "--port", str(bare_port), "bare_app:app"], bare_env, bare_port)
+        procs.append(bare_proc)
 
         targets = {
-            "bare FastAPI + HGETALL": (bare_port, _get("/bare")),
-            "GET /jobs/{id}": (app_port, _get(f"/jobs/{job_id}")),
-            f"POST {submit_route}": (app_port, _post(submit_route, submit_body)),
+            "bare FastAPI + HGETALL": (bare_proc.pid, bare_port, _get("/bare")),
+            "GET /jobs/{id} (service)": (app_proc.pid, app_port, _get(f"/jobs/{job_id}")),
+            f"POST {submit_route} (service)": (app_proc.pid, app_port, _post(submit_route, submit_body)),
+            "GET /jobs/{id} (as up)": (up_proc.pid, up_port, _get(f"/jobs/{up_job_id}", API_KEY)),
+            f"POST {submit_route} (as up)": (up_proc.pid, up_port, _post(submit_route, submit_body, API_KEY)),
         }
         rounds: dict[str, list[dict]] = {name: [] for name in targets}
-        for port, req in targets.values():  # warm-up
+        for _, port, req in targets.values():  # warm-up
             asyncio.run(_load("127.0.0.1", port, req, args.connections, 1.0))
         for _ in range(args.rounds):
-            for name, (port, req) in targets.items():
-                rounds[name].append(asyncio.run(_load("127.0.0.1", port, req, args.connections, args.seconds)))
+            for name, (pid, port, req) in targets.items():
+                rounds[name].append(_measure(pid, "127.0.0.1", port, req, args.connections, args.seconds))
         bare_rps = statistics.median(r["rps"] for r in rounds["bare FastAPI + HGETALL"])
+        load = os.getloadavg()
         print(f"\nAPI load: {args.connections} connections, {args.rounds} round(s) x {args.seconds:.0f} s, "
-              f"median round; 1 uvicorn process per server, {os.cpu_count()} CPU(s)\n")
-        print("| endpoint | requests | errors | req/s | p50 ms | p99 ms | vs bare |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+              f"median round; 1 uvicorn process per server, {os.cpu_count()} CPU(s), "
+              f"load average {load_before:.1f} before, {load[0]:.1f} at the end\n")
+        bare_cpu = statistics.median(r["cpu_ms"] for r in rounds["bare FastAPI + HGETALL"])
+        print("| endpoint | requests | errors | req/s | p50 ms | p99 ms | vs bare | server CPU ms/req | "
+              "bare CPU / CPU |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, rs in rounds.items():
             med = sorted(rs, key=lambda r: r["rps"])[len(rs) // 2]
             total = sum(r["requests"] for r in rs)
             errors = sum(r["errors"] for r in rs)
+            cpu = statistics.median(r["cpu_ms"] for r in rs)
             print(f"| {name} | {total} | {errors} | {med['rps']:.0f} | {med['p50_ms']:.1f} | {med['p99_ms']:.1f} "
-                  f"| {med['rps'] / bare_rps:.2f}x |")
+                  f"| {med['rps'] / bare_rps:.2f}x | {cpu:.2f} | {bare_cpu / cpu:.2f}x |")
     finally:
         for proc in procs:
             proc.terminate()

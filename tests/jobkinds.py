@@ -35,6 +35,29 @@ def sleep_job(payload: dict, ctx) -> dict:
     return {"steps": payload["steps"], "model_loads": loads, "artifacts": ctx.artifacts()}
 
 
+class NonFiniteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def nonfinite_job(payload: dict, ctx) -> dict:
+    """Reports NaN and infinities everywhere a job can: progress, metrics, meta and its result."""
+    nan, inf = float("nan"), float("inf")
+    ctx.progress(1, 2, "steps", metrics={"loss": nan, "grad_norm": inf, "history": [1.0, -inf]})
+    ctx.set_meta("summary", {"best": nan, "ok": 0.5})
+    ctx.progress(2, 2, "steps", metrics={"loss": -inf})
+    return {"score": nan, "scores": [0.25, inf, -inf], "nested": {"x": (nan, 1)}}
+
+
+def threads_job(payload: dict, ctx) -> dict:
+    """What CPU budget the worker process runs under."""
+    import os
+
+    import torch
+
+    return {"torch_threads": torch.get_num_threads(), "nice": os.nice(0),
+            "omp": os.environ.get("OMP_NUM_THREADS"), "mkl": os.environ.get("MKL_NUM_THREADS")}
+
+
 def load_counter_model(path, device):
     """A registered 'model' whose loading is observable: it appends to a file each time it loads."""
     with open(path / "loads.txt", "a") as fh:
@@ -45,5 +68,9 @@ def load_counter_model(path, device):
 def register_test_kinds() -> None:
     register(JobKind(name="test_sleep", route="/test/sleep", request=SleepRequest, queue="explain",
                      func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))
+    register(JobKind(name="test_nonfinite", route="/test/nonfinite", request=NonFiniteRequest, queue="explain",
+                     func="tests.jobkinds:nonfinite_job", timeout_s=60, summary="test only"))
+    register(JobKind(name="test_threads", route="/test/threads", request=NonFiniteRequest, queue="train",
+                     func="tests.jobkinds:threads_job", timeout_s=60, summary="test only"))
     register(JobKind(name="test_train_sleep", route="/test/train-sleep", request=SleepRequest, queue="train",
                      func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))

@@ -8,6 +8,9 @@
 Register test models in ``svc.settings`` (``app.registry.register_model``; Redis runs from construction on) before
 ``start()`` (pass ``start=False`` to the constructor and call ``svc.start()``) with ``preload=True`` so that workers
 preload them; other models load on first use.
+
+Redis runs with a password (generated under ``<home>/redis/password``); ``svc.redis_server.url`` carries it. The
+workers register the test kinds of ``tests/jobkinds.py`` through ``EXPLAINQ_KIND_PLUGINS``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class Service:
     def __init__(
         self,
         home: Path,
-        queues: tuple[str, ...] = ("explain,train",),
+        queues: tuple[str, ...] = ("explain,bulk,train",),
         env: dict[str, str] | None = None,
         api_keys: str = "",
         heartbeat_ttl_s: int = 60,
@@ -69,6 +72,7 @@ class Service:
             "EXPLAINQ_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
             "PYTHONPATH": str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+            "EXPLAINQ_KIND_PLUGINS": "tests.jobkinds:register_test_kinds",
         })
         env.update(self.extra_env)
         return env
@@ -89,10 +93,11 @@ class Service:
         self.client.__enter__()
         return self
 
-    def start_worker(self, queues: str) -> subprocess.Popen:
+    def start_worker(self, queues: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
+        """Start one worker on ``queues`` (extra ``explainq worker`` arguments in ``args``)."""
         log = open(self.home / f"worker-{len(self.workers)}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--queues", queues],
+            [sys.executable, "-m", "app.cli", "worker", "--queues", queues, *args],
             env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.workers.append(proc)

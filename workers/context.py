@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app import registry
 from app.artifacts import artifacts_key, record_owner
@@ -29,6 +34,10 @@ class WorkerShutdown(Exception):
     """Raised at a progress step when the worker was asked to stop: the job goes back on its queue."""
 
 
+class JobLost(Exception):
+    """The job is no longer ``started`` in Redis (failed as ``worker_lost`` or deleted): stop computing it."""
+
+
 class JobError(Exception):
     """A failure a person can act on; ``code`` and ``message`` become the job's ``error``."""
 
@@ -40,6 +49,58 @@ class JobError(Exception):
 
 # Set by the worker's SIGTERM handler; checked at every progress step.
 SHUTDOWN_REQUESTED = {"flag": False}
+
+# Redis errors a worker rides out (Redis restarting, a network blip) instead of failing the job.
+REDIS_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+log = logging.getLogger("explainq.jobs")
+
+# Writes the job's meta only while the job is still ``started``: a job failed as ``worker_lost`` (or deleted) is
+# never overwritten by the worker that lost it. Returns 1 when written, 0 otherwise.
+_SAVE_META_IF_STARTED = """
+if redis.call('HGET', KEYS[1], 'status') == ARGV[2] then
+    redis.call('HSET', KEYS[1], 'meta', ARGV[1])
+    return 1
+end
+return 0
+"""
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy of ``obj`` that is valid JSON: non-finite floats (NaN, +-inf) become ``None``, tuples lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+class Backoff:
+    """Exponential backoff between attempts at an unreachable Redis: ``initial`` s doubling up to ``cap`` s."""
+
+    def __init__(self, initial: float = 0.5, cap: float = 10.0):
+        self.initial = initial
+        self.cap = cap
+        self.delay = 0.0
+        self.next_try = 0.0
+        self.failures = 0
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self.next_try
+
+    def failed(self) -> float:
+        """Record a failed attempt; returns the delay before the next one."""
+        self.failures += 1
+        self.delay = min(self.delay * 2, self.cap) if self.delay else self.initial
+        self.next_try = time.monotonic() + self.delay
+        return self.delay
+
+    def succeeded(self) -> None:
+        self.delay = 0.0
+        self.next_try = 0.0
+        self.failures = 0
 
 
 def _utc_now() -> str:
@@ -92,6 +153,9 @@ class JobContext:
         # Outside the service (a CLI or notebook run) the same progress calls drive a tqdm bar.
         self._show_bar = progress_bar and job is None
         self._bar: Any = None
+        # Redis outages: meta not yet written (flushed at the next chance), and when to try Redis again.
+        self._meta_dirty = False
+        self._redis = Backoff(initial=0.5, cap=5.0)
 
     @property
     def home(self) -> Path:
@@ -112,13 +176,15 @@ class JobContext:
         final = total is not None and done >= total
         if self.job is not None and (final or metrics is not None or now - self._last_report >= self._min_interval):
             self._last_report = now
-            self.job.meta["progress"] = {
+            self.job.meta["progress"] = json_safe({
                 "done": done, "total": total, "unit": unit, "message": message, "eta_s": eta,
                 "updated_at": _utc_now(),
-            }
+            })
             if metrics is not None:
-                self.job.meta["metrics"] = metrics
-            self.job.save_meta()
+                self.job.meta["metrics"] = json_safe(metrics)
+            self._save_meta()
+        elif self._meta_dirty:
+            self._save_meta()
         if self._show_bar:
             self._update_bar(done, total, unit, message)
         self.check_canceled()
@@ -140,17 +206,72 @@ class JobContext:
             self._bar = None
 
     def check_canceled(self) -> None:
+        """Raise JobCanceled when the cancel flag is set. Fails open: with Redis unreachable the job goes on."""
         if self.job is None:
             return
-        if self.job.connection.exists(cancel_key(self.job.id)):
-            raise JobCanceled("canceled on request")
+        if self._redis.ready():
+            try:
+                canceled = self.job.connection.exists(cancel_key(self.job.id))
+            except REDIS_DOWN_ERRORS as exc:
+                self._redis_failed("cancel check", exc)
+            else:
+                self._redis.succeeded()
+                if canceled:
+                    raise JobCanceled("canceled on request")
         if SHUTDOWN_REQUESTED["flag"]:
             raise WorkerShutdown("worker is shutting down")
 
     def set_meta(self, key: str, value: Any) -> None:
+        self.update_meta({key: value})
+
+    def update_meta(self, values: dict[str, Any]) -> None:
+        """Set several meta fields in one write (non-finite floats become null)."""
         if self.job is not None:
-            self.job.meta[key] = value
-            self.job.save_meta()
+            self.job.meta.update(json_safe(values))
+            self._save_meta()
+
+    # ---- meta writes that survive Redis outages
+    def _redis_failed(self, what: str, exc: BaseException) -> None:
+        delay = self._redis.failed()
+        level = logging.WARNING if self._redis.failures == 1 else logging.DEBUG
+        log.log(level, "redis unreachable during %s (%s); the job goes on, next try in %.1f s", what, exc, delay)
+
+    def _write_meta(self) -> None:
+        """One attempt. Raises a REDIS_DOWN_ERRORS error when Redis is unreachable, JobLost when the job is gone."""
+        job = self.job
+        written = job.connection.eval(_SAVE_META_IF_STARTED, 1, job.key, job.serializer.dumps(job.meta),
+                                      "started")
+        self._meta_dirty = False
+        self._redis.succeeded()
+        if not written:
+            raise JobLost(f"job {job.id} is no longer running on this worker (failed as worker_lost or deleted)")
+
+    def _save_meta(self) -> None:
+        """Write the job's meta now, or keep it for later while Redis is unreachable (never raises for that)."""
+        self._meta_dirty = True
+        if not self._redis.ready():
+            return
+        try:
+            self._write_meta()
+        except REDIS_DOWN_ERRORS as exc:
+            self._redis_failed("progress write", exc)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Write pending meta, retrying with backoff for up to ``timeout_s``; returns whether it was written."""
+        if self.job is None or not self._meta_dirty:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self._write_meta()
+                return True
+            except REDIS_DOWN_ERRORS as exc:
+                delay = self._redis.failed()
+                if time.monotonic() + delay > deadline:
+                    log.error("redis unreachable for %.0f s; the job's progress could not be saved: %s",
+                              timeout_s, exc)
+                    return False
+                time.sleep(delay)
 
     # ---- models
     @property
@@ -213,10 +334,19 @@ class JobContext:
         """Copy the job's files (or one sub-directory of them) into the store, and record the owner."""
         if self._artifacts_dir is None or not self._artifacts_dir.exists():
             return
-        record_owner(self.settings, self.job_id, self.owner, self.job.meta.get("kind") if self.job else None)
         local = self._artifacts_dir / subdir if subdir else self._artifacts_dir
         key = artifacts_key(self.job_id, subdir) if subdir else artifacts_key(self.job_id)
         get_store(self.settings).sync_dir(local, key)
+
+    def record_owner(self) -> None:
+        """Record who owns this job's files (checked by the artifact routes and resume_from even after the job's
+        record expired). Done at start, while Redis is known to be reachable; best effort."""
+        if self.job is None:
+            return
+        try:
+            record_owner(self.settings, self.job_id, self.owner, self.job.meta.get("kind"))
+        except Exception:
+            log.warning("could not record the owner of job %s's files", self.job_id, exc_info=True)
 
     def cleanup(self) -> None:
         """Remove the local scratch copy (after the files reached the store)."""

@@ -117,7 +117,10 @@ class ModelCache:
             return obj
 
     def _record_load(self, name: str, seconds: float) -> None:
-        """Hook for load metrics (kept separate so a metrics failure never fails a load)."""
+        """Count the load for ``GET /metrics`` (never raises: a metrics failure never fails a load)."""
+        from app.metrics import record_model_load
+
+        record_model_load(registry.connection(self.settings), name, seconds)
 
     def _enforce_budget(self, keep: str) -> None:
         total = sum(item["nbytes"] for item in self._items.values())

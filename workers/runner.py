@@ -1,25 +1,38 @@
-"""The one function RQ runs for every job: build the context, call the kind's job function, record failures."""
+"""The one function RQ runs for every job: look the kind up, build the context, call the job function.
+
+Nothing read from Redis decides what code runs: the job names a kind, and the function comes from this worker's own
+kind table (``app.kinds.load_all()`` plus the ``EXPLAINQ_KIND_PLUGINS`` hooks run at start). The payload is
+validated again against the kind's request schema. Results, progress and metrics never carry NaN or infinity.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
+from app.kinds.base import JobKind
+from app.logs import job_logging
 from app.settings import Settings
-from workers.context import JobCanceled, JobContext, JobError, WorkerShutdown
+from workers.context import JobCanceled, JobContext, JobError, JobLost, WorkerShutdown, json_safe
 from workers.model_cache import ModelCache, UnknownModel, import_object
 
 log = logging.getLogger("explainq.jobs")
 
+# The only function a worker runs; any other RQ job is refused (see workers/worker.py).
+RUNNER = "workers.runner.execute"
+
 # Set by the worker at start: the settings, the device and the preloaded models shared by all jobs.
 STATE: dict[str, Any] = {"settings": None, "models": None, "device": None}
-# Jobs that ended through cancellation or shutdown; the worker maps their failure onto canceled / requeued.
+# Jobs that ended through cancellation, shutdown or loss; the worker maps their failure onto canceled / requeued.
 OUTCOMES: dict[str, str] = {}
+_PLUGINS_LOADED: set[str] = set()
 
 
 def _state() -> tuple[Settings, ModelCache]:
@@ -32,34 +45,85 @@ def _state() -> tuple[Settings, ModelCache]:
     return STATE["settings"], STATE["models"]
 
 
-def execute(func_path: str, kind: str, payload: dict[str, Any]) -> Any:
+def kind_table(settings: Settings) -> dict[str, JobKind]:
+    """This worker's kinds: the product's, plus those the ``EXPLAINQ_KIND_PLUGINS`` hooks register (once each)."""
+    from app import kinds
+
+    table = kinds.load_all()
+    for hook in (h.strip() for h in settings.kind_plugins_raw.split(",")):
+        if hook and hook not in _PLUGINS_LOADED:
+            import_object(hook)()
+            _PLUGINS_LOADED.add(hook)
+    return table
+
+
+def unpack_args(args: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    """``(kind, payload)``; the older ``(func_path, kind, payload)`` is accepted and its function path ignored."""
+    if len(args) == 3:
+        args = args[1:]
+    if len(args) != 2 or not isinstance(args[0], str) or not isinstance(args[1], dict):
+        raise JobError("unknown_kind", "the job's arguments are not (kind, payload)")
+    return args[0], args[1]
+
+
+def resolve(settings: Settings, kind_name: str, payload: dict[str, Any]) -> JobKind:
+    """The registered kind ``kind_name`` after checking ``payload`` against its request schema."""
+    spec = kind_table(settings).get(kind_name)
+    if spec is None:
+        raise JobError("unknown_kind", f"kind {kind_name!r} is not registered on this worker")
+    try:
+        spec.request.model_validate(payload)
+    except ValidationError as exc:
+        fields = ", ".join(".".join(str(p) for p in e["loc"]) or "<body>" for e in exc.errors()[:5])
+        raise JobError("invalid_payload", f"the {kind_name} payload does not match its schema ({fields})") from exc
+    return spec
+
+
+def execute(*args: Any) -> Any:
     job = get_current_job()
     settings, models = _state()
     ctx = JobContext(settings, job, models, STATE["device"])
+    kind = args[1] if len(args) == 3 else (args[0] if args else None)
+    owner = job.meta.get("owner") if job is not None else None
+    with job_logging(job_id=ctx.job_id, kind=kind if isinstance(kind, str) else None, owner=owner):
+        return _run(job, ctx, settings, args)
+
+
+def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -> Any:
+    kind = "?"
 
     def fail(code: str, message: str) -> None:
-        if job is not None:
-            job.meta["error"] = {"code": code, "message": message}
-            job.save_meta()
+        _save(job, ctx, settings, {"error": {"code": code, "message": message}})
 
     published = False
     try:
+        kind, payload = unpack_args(args)
+        spec = resolve(settings, kind, payload)
         ctx.check_canceled()
-        func = import_object(func_path)
-        result = func(payload, ctx)
+        ctx.record_owner()
+        func = import_object(spec.func)
+        log.info("job started")
+        t0 = time.monotonic()
+        result = json_safe(func(payload, ctx))
         try:
             ctx.publish_artifacts()
         except Exception as exc:
             raise JobError("store_unavailable", f"the job finished but its files could not be written to the "
                            f"store: {type(exc).__name__}: {exc}") from exc
         published = True
+        ctx.flush(settings.redis_retry_s)
+        log.info("job finished in %.2f s", time.monotonic() - t0)
         return result
+    except JobLost:
+        if job is not None:
+            OUTCOMES[job.id] = "lost"
+        log.warning("job stopped: it was failed as worker_lost while this worker ran it")
+        raise
     except JobCanceled:
         if job is not None:
             OUTCOMES[job.id] = "canceled"
-            job.meta["canceled"] = True
-            job.meta["canceled_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            job.save_meta()
+            _save(job, ctx, settings, {"canceled": True,
+                                       "canceled_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")})
         raise
     except WorkerShutdown:
         if job is not None:
@@ -83,7 +147,7 @@ def execute(func_path: str, kind: str, payload: dict[str, Any]) -> Any:
             fail("out_of_memory", f"the device ran out of memory: {exc}; use smaller batch sizes")
         else:
             fail("internal", f"{name}: {exc}")
-        log.error("job %s (%s) failed:\n%s", job.id if job else "-", kind, traceback.format_exc())
+        log.error("job failed:\n%s", traceback.format_exc())
         raise
     finally:
         _finish_artifacts(ctx, published)
@@ -97,3 +161,14 @@ def _finish_artifacts(ctx: JobContext, published: bool) -> None:
         ctx.cleanup()
     except Exception:  # the job's own outcome stands; the scratch copy stays for the next gc pass
         log.exception("could not publish the artifacts of job %s", ctx.job_id)
+
+
+def _save(job: Any, ctx: JobContext, settings: Settings, values: dict[str, Any]) -> None:
+    """Record ``values`` in the job's meta, riding out a Redis outage; a lost job keeps its worker_lost error."""
+    if job is None:
+        return
+    try:
+        ctx.update_meta(values)
+        ctx.flush(settings.redis_retry_s)
+    except JobLost:
+        OUTCOMES[job.id] = "lost"

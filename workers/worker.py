@@ -1,8 +1,14 @@
 """The explainq worker: an ``rq.SimpleWorker`` (no fork, so CUDA works) that keeps models loaded.
 
 - Models listed in the registry are loaded once at start and shared by every job.
-- A heartbeat thread keeps a running job's registration fresh, so a live job is never reaped while a dead
-  worker's job is found abandoned within ``EXPLAINQ_HEARTBEAT_TTL_S`` and moved to failed.
+- A heartbeat thread runs for the whole of every job (model loads included). It refreshes the job's registration
+  and the worker's liveness key ``explainq:alive:<name>`` (value: the running job's id, TTL
+  ``EXPLAINQ_HEARTBEAT_TTL_S``); ``app.reaper`` fails a running job as ``worker_lost`` only once that key is gone.
+- Redis outages: the job keeps computing (progress is kept and written later, cancel checks fail open), the
+  heartbeat thread keeps trying, and the job's end (result or failure) is written with retries for up to
+  ``EXPLAINQ_REDIS_RETRY_S``. A job failed as ``worker_lost`` meanwhile is left failed.
+- Only ``workers.runner.execute`` jobs run: any other RQ job is failed with ``unknown_kind`` before anything of it
+  is imported.
 - SIGTERM: the running job stops at its next progress step and goes back on its queue (a job that reports no
   progress runs to completion); a second SIGTERM stops at once.
 - A job canceled through the API ends ``canceled``, not ``failed``.
@@ -14,56 +20,233 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from redis import Redis
-from rq import Queue, SimpleWorker
-from rq.job import Job
+from rq import Queue, SimpleWorker, worker_registration
+from rq.job import Job, JobStatus
+from rq.registry import DeferredJobRegistry, FailedJobRegistry, FinishedJobRegistry, ReadyJobRegistry
 from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException
+from rq.utils import now
 
+from app.logs import set_process_fields, setup_logging
+from app.reaper import alive_key, reap_queue
+from app.redis_server import redact_url, redis_client
 from app.routers.models import LOADED_SET, loaded_key
 from app.settings import Settings
 from workers import runner
-from workers.context import SHUTDOWN_REQUESTED
+from workers.context import REDIS_DOWN_ERRORS, SHUTDOWN_REQUESTED, Backoff
 from workers.model_cache import ModelCache
 
 log = logging.getLogger("explainq.worker")
+
+T = TypeVar("T")
+# Where a job's end is final; anything else (still "started") means its end was not written yet.
+_ENDED = {s.value for s in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.QUEUED,
+                            JobStatus.CANCELED)}
+
+
+class ForeignJob(Exception):
+    """An RQ job whose function is not ``workers.runner.execute``: refused without importing anything."""
 
 
 class ExplainqWorker(SimpleWorker):
     models: ModelCache | None = None
     settings: Settings | None = None
+    _current_job_id: str | None = None
+    _redis_down_logged = False
 
-    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+    @property
+    def _ttl(self) -> int:
         return int(self.settings.heartbeat_ttl_s if self.settings else 60)
 
+    @property
+    def _retry_s(self) -> float:
+        return self.settings.redis_retry_s if self.settings else 120.0
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        return self._ttl
+
+    # ---- Redis outages
+    def _redis_down(self, what: str, exc: BaseException) -> None:
+        if not self._redis_down_logged:
+            log.warning("redis unreachable (%s): %s; retrying", what, exc)
+            self._redis_down_logged = True
+
+    def _redis_up(self) -> None:
+        if self._redis_down_logged:
+            log.info("redis reachable again")
+            self._redis_down_logged = False
+
+    def _persist(self, action: Callable[[], T], what: str) -> T:
+        """Run ``action`` (Redis writes), retrying with backoff while Redis is unreachable, up to the retry budget."""
+        backoff = Backoff(initial=0.5, cap=10.0)
+        deadline = time.monotonic() + self._retry_s
+        while True:
+            try:
+                result = action()
+                self._redis_up()
+                return result
+            except REDIS_DOWN_ERRORS as exc:
+                self._redis_down(what, exc)
+                delay = backoff.failed()
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+
+    def _quietly(self, action: Callable[[], Any], what: str) -> None:
+        """Run ``action``; while Redis is unreachable log once and go on (the work loop retries on its own)."""
+        try:
+            action()
+            self._redis_up()
+        except REDIS_DOWN_ERRORS as exc:
+            self._redis_down(what, exc)
+
+    # ---- the job
     def execute_job(self, job: Job, queue: Queue) -> None:
-        execution = self.prepare_execution(job)
+        self._current_job_id = job.id
+        execution = self._persist(lambda: self.prepare_execution(job), "start the job")
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, execution, stop), daemon=True, name="heartbeat")
         beat.start()
         try:
             self.perform_job(job, queue, execution)
         finally:
+            self._current_job_id = None
             stop.set()
             beat.join(timeout=5)
-            self._publish_models()
-        self.set_state("idle")
+            self._quietly(self._publish_models, "publish models")
+        self._quietly(lambda: self.set_state("idle"), "set state")
 
+    def perform_job(self, job: Job, queue: Queue, execution: Any) -> bool:
+        """RQ's ``perform_job`` with the job's function checked first and its end written through Redis outages."""
+        try:
+            func_name = job.func_name
+        except Exception:  # call data this worker cannot read (e.g. pickled): not one of ours, never unpickled
+            func_name = None
+            job._func_name, job._instance, job._args, job._kwargs = "<unreadable>", None, (), {}
+        self._persist(lambda: self.prepare_job_execution(job, len(self.queues) == 1), "start the job")
+        job.started_at = now()
+        try:
+            if func_name != runner.RUNNER:
+                raise ForeignJob(f"job function {func_name!r} is not {runner.RUNNER}")
+            timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
+            with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
+                return_value = job.perform()
+        except:  # noqa: E722  (as RQ: every exception, SystemExit included, fails the job)
+            exc_info = sys.exc_info()
+            if isinstance(exc_info[1], ForeignJob):
+                log.error("refused job %s: %s", job.id, exc_info[1])
+                job.meta["error"] = {"code": "unknown_kind",
+                                     "message": "this job does not name a registered kind; it was not run"}
+                self._persist(job.save_meta, "record the refusal")
+            self._end(job, lambda: self._finalize_failure(job, queue, execution, exc_info), execution)
+            return False
+        self._end(job, lambda: self._finalize_success(job, queue, execution, return_value), execution)
+        return True
+
+    def _end(self, job: Job, finalize: Callable[[], None], execution: Any) -> None:
+        """Write the job's end with retries; a job that is no longer ``started`` (failed as lost) is left alone."""
+        retries_left = job.retries_left
+        attempted = False
+        backoff = Backoff(initial=0.5, cap=10.0)
+        deadline = time.monotonic() + self._retry_s
+        try:
+            while True:
+                try:
+                    status = self.connection.hget(job.key, "status")
+                    status = status.decode() if status is not None else None
+                    if status != JobStatus.STARTED.value:
+                        if not attempted or status not in _ENDED:
+                            log.warning("job %s is %s, no longer running here (failed as worker_lost?); its "
+                                        "outcome on this worker is dropped", job.id, status or "gone")
+                            self._quietly(lambda: self._drop_execution(job, execution), "clean up")
+                        return
+                    attempted = True
+                    job.retries_left = retries_left
+                    finalize()
+                    self._redis_up()
+                except REDIS_DOWN_ERRORS as exc:
+                    self._redis_down(f"write the end of job {job.id}", exc)
+                    delay = backoff.failed()
+                    if time.monotonic() + delay > deadline:
+                        log.error("redis unreachable for %.0f s: the end of job %s was not written; it will be "
+                                  "failed as worker_lost", self._retry_s, job.id)
+                        return
+                    time.sleep(delay)
+        finally:
+            runner.OUTCOMES.pop(job.id, None)
+
+    def _drop_execution(self, job: Job, execution: Any) -> None:
+        with self.connection.pipeline() as pipe:
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            pipe.execute()
+
+    # ---- heartbeats
     def _beat(self, job: Job, execution: Any, stop: threading.Event) -> None:
-        interval = max(self.get_heartbeat_ttl(job) / 4, 0.5)
+        interval = max(self._ttl / 4, 0.25)
         while not stop.wait(interval):
             try:
                 self.maintain_heartbeats(job, execution)
                 self._publish_models()
-            except Exception:  # a missed beat is retried at the next interval; the job itself goes on
+                self._redis_up()
+            except REDIS_DOWN_ERRORS as exc:  # retried at the next interval; the job itself goes on
+                self._redis_down("heartbeat", exc)
+            except Exception:
                 log.exception("heartbeat failed")
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        super().heartbeat(timeout, pipeline=pipeline)
-        if pipeline is None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+            pipeline.set(alive_key(self.name), self._current_job_id or "", ex=self._ttl)
+            return
+
+        def beat() -> None:
+            with self.connection.pipeline() as pipe:
+                super(ExplainqWorker, self).heartbeat(timeout, pipeline=pipe)
+                pipe.set(alive_key(self.name), self._current_job_id or "", ex=self._ttl)
+                pipe.execute()
             self._publish_models()
+
+        self._quietly(beat, "heartbeat")
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            return super().set_state(state, pipeline=pipeline)
+        self._quietly(lambda: super(ExplainqWorker, self).set_state(state), "set state")
+
+    def check_for_suspension(self, burst: bool) -> None:
+        self._quietly(lambda: super(ExplainqWorker, self).check_for_suspension(burst), "suspension check")
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()
+        except REDIS_DOWN_ERRORS as exc:
+            self._redis_down("maintenance", exc)
+            self.last_cleaned_at = now()  # next try at the next maintenance interval
+
+    def clean_registries(self) -> None:
+        """RQ's registry maintenance, with started jobs reaped by ``app.reaper``'s rule instead of RQ's."""
+        for queue in self.queues:
+            if not queue.acquire_maintenance_lock():
+                continue
+            try:
+                reaped = reap_queue(self.connection, queue.name, self._ttl)
+                if reaped:
+                    log.warning("queue %s: failed %d job(s) whose worker is gone: %s", queue.name, len(reaped),
+                                ", ".join(reaped))
+                for registry_class in (FinishedJobRegistry, FailedJobRegistry, DeferredJobRegistry,
+                                       ReadyJobRegistry):
+                    registry_class(queue.name, connection=self.connection, serializer=self.serializer).cleanup()
+                worker_registration.clean_worker_registry(queue)
+                queue.intermediate_queue.cleanup(self, queue)
+            finally:
+                queue.release_maintenance_lock()
+        self.last_cleaned_at = now()
 
     def _publish_models(self) -> None:
         if self.models is None:
@@ -78,15 +261,25 @@ class ExplainqWorker(SimpleWorker):
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string="",
                            execution=None):
-        outcome = runner.OUTCOMES.pop(job.id, None)
+        outcome = runner.OUTCOMES.get(job.id)
         if outcome == "canceled":
             self._stopped_job_id = job.id  # RQ marks it STOPPED (shown as canceled) and never retries it
         elif outcome == "requeue":
             job.retries_left = (job.retries_left or 0) + 1
             job.retry_intervals = None
             job.enqueue_at_front_on_retry = True
-        return super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
-                                          exc_string=exc_string, execution=execution)
+        result = super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                            exc_string=exc_string, execution=execution)
+        from app.metrics import record_job_end
+
+        record_job_end(self.connection, job)
+        return result
+
+    def handle_job_success(self, job: Job, queue: Queue, started_job_registry, execution=None):
+        super().handle_job_success(job, queue, started_job_registry, execution)
+        from app.metrics import record_job_end
+
+        record_job_end(self.connection, job)
 
     def request_stop(self, signum, frame):
         SHUTDOWN_REQUESTED["flag"] = True
@@ -94,31 +287,56 @@ class ExplainqWorker(SimpleWorker):
 
     def register_death(self):
         try:
-            self.connection.delete(loaded_key(self.name))
-            self.connection.srem(LOADED_SET, self.name)
-        finally:
-            super().register_death()
+            with self.connection.pipeline() as pipe:
+                pipe.delete(loaded_key(self.name), alive_key(self.name))
+                pipe.srem(LOADED_SET, self.name)
+                pipe.execute()
+        except REDIS_DOWN_ERRORS as exc:
+            log.warning("could not unregister (redis unreachable): %s", exc)
+            return
+        super().register_death()
 
 
-def run_worker(settings: Settings, queues: list[str], burst: bool = False, preload: bool = True) -> None:
+def apply_thread_budget(threads: int | None) -> None:
+    """Cap this process's CPU threads (torch intra-op, OpenMP, MKL); call before torch is imported."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError("--threads must be at least 1")
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
+def run_worker(settings: Settings, queues: list[str], burst: bool = False, preload: bool = True,
+               threads: int | None = None) -> None:
+    apply_thread_budget(threads)
     from models.common import default_device
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    name = f"{socket.gethostname()}.{os.getpid()}"
+    setup_logging(settings.log_format)
+    set_process_fields(worker=name)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        log.info("cpu threads: %d", threads)
     url = settings.redis_url or "redis://127.0.0.1:6379/0"
-    connection = Redis.from_url(url, socket_connect_timeout=settings.redis_timeout_s, health_check_interval=30)
+    connection = redis_client(url, settings.redis_timeout_s)
+    log.info("redis: %s", redact_url(url))
     device = default_device()
     models = ModelCache(settings, device)
     if preload:
         names = models.preload()
         log.info("preloaded %d model(s) on %s: %s", len(names), device, ", ".join(names) or "-")
     runner.STATE.update(settings=settings, device=device, models=models)
+    runner.kind_table(settings)  # the kinds this worker runs are fixed at start
     ExplainqWorker.models = models
     ExplainqWorker.settings = settings
     worker = ExplainqWorker(
         [Queue(q, connection=connection, serializer=JSONSerializer) for q in queues],
         connection=connection,
         serializer=JSONSerializer,
-        name=f"{socket.gethostname()}.{os.getpid()}",
+        name=name,
         worker_ttl=max(settings.heartbeat_ttl_s, 20),
         maintenance_interval=max(settings.heartbeat_ttl_s, 10),
     )

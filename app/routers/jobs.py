@@ -11,23 +11,33 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from app import fanout
 from app.deps import caller
 from app.jobstore import (
     JOB_PREFIX,
     STATUSES,
     TERMINAL,
     VIEW_FIELDS,
+    VIEW_SCRIPT,
     decode_cursor,
     fields_to_raw,
     is_abandoned,
     job_view,
     owner_of,
+    valid_job_id,
+    view_script_args,
+    view_script_result,
 )
 
 router = APIRouter(tags=["jobs"])
 
+
+def register_scripts(app: Any) -> None:
+    """The job view script (fields and queue position in one round trip) on the app's async Redis client."""
+    app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
+
 JOB_EXAMPLE = {
-    "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain",
+    "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain", "position": None,
     "created_at": "2026-01-01T12:00:00.000000Z", "started_at": "2026-01-01T12:00:01.000000Z", "finished_at": None,
     "progress": {"done": 120, "total": 400, "unit": "samples", "message": "...", "eta_s": 31.5},
     "metrics": None, "error": None, "result_url": None,
@@ -43,13 +53,35 @@ async def _fetch(request: Request, job_id: str) -> dict[bytes, bytes]:
     return fields_to_raw(await request.app.state.aredis.hmget(JOB_PREFIX + job_id, VIEW_FIELDS))
 
 
-async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
-    raw = await _fetch(request, job_id)
+async def _fetch_with_position(request: Request, job_id: str) -> tuple[dict[bytes, bytes], int | None]:
+    keys, args = view_script_args(job_id)
+    return view_script_result(await request.app.state.view_script(keys=keys, args=args))
+
+
+async def _owned(request: Request, job_id: str, owner: str) -> tuple[dict[bytes, bytes], int | None]:
+    """The job's fields and queue position; 404 for a malformed id, a missing job or another owner's job."""
+    if not valid_job_id(job_id):
+        raise _not_found(job_id)
+    raw, position = await _fetch_with_position(request, job_id)
     if not raw or owner_of(raw) != owner:
         raise _not_found(job_id)
     if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
         raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-    return raw
+    return raw, position
+
+
+async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
+    return (await _owned(request, job_id, owner))[0]
+
+
+async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None
+                ) -> dict[str, Any]:
+    """The job view; a fanned-out parent's status, shards and progress come from its shards (app/fanout.py).
+    The byte check keeps the common case at zero extra cost."""
+    view = job_view(job_id, raw, position=position)
+    if b'"fanout"' in raw.get(b"meta", b""):
+        view = await run_in_threadpool(fanout.apply, request.app.state.redis, job_id, view, raw)
+    return view
 
 
 @router.get(
@@ -60,19 +92,27 @@ async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, b
 async def get_job(job_id: str, request: Request) -> JSONResponse:
     # The hottest endpoint: auth is called inline rather than through Depends, which costs more per request
     # in FastAPI's dependency solver than the Redis round trip itself.
-    raw = await _owned_raw(request, job_id, await caller(request))
-    return JSONResponse(job_view(job_id, raw))
+    raw, position = await _owned(request, job_id, await caller(request))
+    return JSONResponse(await _view(request, job_id, raw, position))
 
 
-@router.get("/jobs", summary="List your jobs, newest first")
+@router.get(
+    "/jobs",
+    summary="List your jobs, newest first",
+    description="Keyset paging: follow `next_cursor` until it is null. Jobs added, finished or expired meanwhile "
+    "never shift a page. A page may hold fewer than `limit` items, with a cursor, when filters skip many jobs.",
+)
 def list_jobs(
     request: Request,
     kind: str | None = Query(None, description="only jobs of this kind"),
     status: str | None = Query(None, description="queued, running, succeeded, failed or canceled"),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, description="the next_cursor of the previous page"),
+    parent: str | None = Query(None, description="list the shards (then the reduce step) of this fanned-out job"),
     owner: str = Depends(caller),
 ) -> dict[str, Any]:
+    if parent is not None:
+        return _list_children(request, parent, owner, limit, cursor)
     if status is not None and status not in STATUSES:
         raise HTTPException(
             status_code=422,
@@ -92,22 +132,43 @@ def list_jobs(
     return {"items": items, "next_cursor": next_cursor}
 
 
+def _list_children(request: Request, parent: str, owner: str, limit: int, cursor: str | None) -> dict[str, Any]:
+    store = request.app.state.store
+    raw = store.raw(parent) if valid_job_id(parent) else {}
+    if not raw or owner_of(raw) != owner:
+        raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no job {parent!r}",
+                                                     "loc": ["query", "parent"]})
+    if cursor is not None and not cursor.isdigit():
+        raise HTTPException(status_code=422, detail=[{"loc": ["query", "cursor"], "msg": "malformed cursor",
+                                                      "type": "value_error", "input": cursor}])
+    start = int(cursor or 0)
+    ids = fanout.children(request.app.state.redis, parent)
+    page = ids[start:start + limit]
+    with request.app.state.redis.pipeline(transaction=False) as pipe:
+        for jid in page:
+            pipe.hmget(JOB_PREFIX + jid, VIEW_FIELDS)
+        raws = [fields_to_raw(v) for v in pipe.execute()]
+    items = [job_view(jid, r) for jid, r in zip(page, raws, strict=True) if r]
+    return {"items": items, "next_cursor": str(start + limit) if start + limit < len(ids) else None}
+
+
 @router.delete("/jobs/{job_id}", summary="Cancel a job: at once when queued, at its next step when running")
 async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
     raw = await _owned_raw(request, job_id, owner)
-    view = job_view(job_id, raw)
+    view = await _view(request, job_id, raw)
     if view["status"] in TERMINAL:
         return JSONResponse(status_code=409, content={"detail": {
-            "code": "already_finished", "message": f"job is already {view['status']}"}, "job": view})
+            "code": "already_finished", "status": view["status"],
+            "message": f"job is already {view['status']}"}, "job": view})
     await run_in_threadpool(request.app.state.store.cancel, job_id)
     raw = await _fetch(request, job_id)
-    return JSONResponse(status_code=202, content=job_view(job_id, raw))
+    return JSONResponse(status_code=202, content=await _view(request, job_id, raw))
 
 
 @router.get("/jobs/{job_id}/result", summary="The result of a succeeded job (JSON)")
 async def get_result(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
     raw = await _owned_raw(request, job_id, owner)
-    view = job_view(job_id, raw)
+    view = await _view(request, job_id, raw)
     if view["status"] != "succeeded":
         return JSONResponse(status_code=409, content={"detail": {
             "code": "not_ready" if view["status"] in ("queued", "running") else view["status"],
@@ -134,13 +195,13 @@ async def job_events(
         while True:
             if await request.is_disconnected():
                 return
-            raw = await _fetch(request, job_id)
+            raw, position = await _fetch_with_position(request, job_id)
             if not raw:
                 yield "event: gone\ndata: {}\n\n"
                 return
             if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
                 raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-            view = job_view(job_id, raw)
+            view = await _view(request, job_id, raw, position)
             if view != last:
                 yield f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
                 last, last_sent = view, time.monotonic()

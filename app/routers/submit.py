@@ -8,8 +8,12 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
-from app.jobstore import IdempotencyConflict, job_view
+from app.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
 from app.kinds.base import FieldError, JobKind
+
+# Seconds a client should wait before retrying a 409 idempotency_in_progress / a 429.
+IN_PROGRESS_RETRY_S = 1
+QUOTA_RETRY_S = 30
 
 
 def _route_for(kind: JobKind):
@@ -30,10 +34,16 @@ def _route_for(kind: JobKind):
         payload: dict[str, Any] = json.loads(body.model_dump_json())
         store = request.app.state.store
         try:
-            job_id, replayed = store.submit(kind, payload, owner, idempotency_key)
+            job_id, replayed, view = store.submit_with_view(kind, payload, owner, idempotency_key)
         except IdempotencyConflict as exc:
             raise FieldError(("header", "Idempotency-Key"), str(exc), value=idempotency_key) from None
-        view = job_view(job_id, store.raw(job_id))
+        except IdempotencyInProgress as exc:
+            return JSONResponse(status_code=409, headers={"Retry-After": str(IN_PROGRESS_RETRY_S)}, content={
+                "detail": {"code": "idempotency_in_progress", "message": str(exc)}})
+        except QuotaExceeded as exc:
+            return JSONResponse(status_code=429, headers={"Retry-After": str(QUOTA_RETRY_S)}, content={
+                "detail": {"code": "quota_exceeded", "limit": exc.limit, "value": exc.value,
+                           "message": exc.message}})
         headers = {"Location": f"/jobs/{job_id}"}
         if replayed:
             headers["Idempotent-Replayed"] = "true"
@@ -54,7 +64,9 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
             methods=["POST"],
             status_code=202,
             summary=kind.summary or f"Submit a {kind.name} job",
-            description=f"Queue: `{kind.queue}`. Returns 202 with `Location: /jobs/<id>` and the job.",
+            description=f"Queue: `{kind.queue}`. Returns 202 with `Location: /jobs/<id>` and the job; 409 "
+            "`idempotency_in_progress` while the same Idempotency-Key's job is being created; 429 "
+            "`quota_exceeded` (with Retry-After) over `EXPLAINQ_MAX_ACTIVE_JOBS` or `EXPLAINQ_MAX_QUEUE_LENGTH`.",
             name=f"submit_{kind.name}",
         )
     return router

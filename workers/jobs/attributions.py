@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from typing import Any
@@ -12,6 +11,7 @@ import numpy as np
 from app.artifacts import artifacts_key
 from app.store import get_store
 from workers.context import JobContext, JobError
+from workers.context import json_safe as _clean
 from workers.fanout import (
     auto_shard_size,
     failed_fraction,
@@ -23,17 +23,6 @@ from workers.fanout import (
 from workers.fanout import run_shard as run_shard_once
 
 NPZ_MIN_SAMPLES = 32  # runs with at least this many samples also write an npz artifact
-
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe: non-finite floats become None (RQ's JSON serializer would write NaN)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> list:

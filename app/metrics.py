@@ -1,0 +1,227 @@
+"""Service metrics in the Prometheus text format (no torch).
+
+Everything that must read the same whichever API process is scraped lives in Redis and is read at scrape time
+by ``RedisCollector``:
+
+- ``explainq:metrics:submitted``  hash ``kind -> count`` (``record_submitted``, written in the submission's
+  own MULTI/EXEC, so a job is counted exactly when it exists);
+- ``explainq:metrics:finished``   hash ``kind<TAB>status -> count`` (``record_finished``, called by the worker);
+- ``explainq:metrics:duration``   hash ``kind<TAB>le -> count`` per bucket, plus ``kind<TAB>sum`` / ``kind<TAB>count``;
+- ``explainq:metrics:model_loads`` hash ``model<TAB>count`` / ``model<TAB>sum`` (``record_model_load``);
+- queue depth and the oldest queued job's age from RQ's queues, live workers from RQ's worker registry.
+
+Redis errors seen by this API process are an ordinary in-process counter (``REDIS_ERRORS``).
+The recording helpers never raise: a metric that cannot be written is logged and dropped, never a job's failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from redis import Redis
+from redis.client import Pipeline
+from redis.exceptions import RedisError
+
+from app.kinds.base import QUEUES
+
+log = logging.getLogger("explainq.metrics")
+
+SUBMITTED = "explainq:metrics:submitted"
+FINISHED = "explainq:metrics:finished"
+DURATION = "explainq:metrics:duration"
+MODEL_LOADS = "explainq:metrics:model_loads"
+SEP = "\t"
+# Job durations span milliseconds (tests, tiny explanations) to hours (training runs).
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, math.inf)
+
+_TERMINAL_RQ = {"finished": "succeeded", "failed": "failed", "stopped": "canceled", "canceled": "canceled"}
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(bound)
+
+
+def _safely(what: str, fn) -> None:
+    try:
+        fn()
+    except (RedisError, OSError) as exc:
+        log.warning("metric %s not recorded: %s", what, exc)
+
+
+# ------------------------------------------------------------------------------------------ recording helpers
+def record_submitted(redis: Redis | Pipeline, kind: str) -> None:
+    """One job of ``kind`` was submitted; on a pipeline, the count is queued with the pipeline's other writes."""
+    _safely("submitted", lambda: redis.hincrby(SUBMITTED, kind, 1))
+
+
+def record_finished(redis: Redis, kind: str, status: str, duration_s: float | None) -> None:
+    """A job of ``kind`` ended with ``status``; ``duration_s`` (run time) feeds the duration histogram."""
+
+    def write() -> None:
+        with redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(FINISHED, f"{kind}{SEP}{status}", 1)
+            if duration_s is not None and math.isfinite(duration_s) and duration_s >= 0:
+                bound = next(b for b in DURATION_BUCKETS if duration_s <= b)
+                pipe.hincrby(DURATION, f"{kind}{SEP}{_le(bound)}", 1)
+                pipe.hincrbyfloat(DURATION, f"{kind}{SEP}sum", duration_s)
+                pipe.hincrby(DURATION, f"{kind}{SEP}count", 1)
+            pipe.execute()
+
+    _safely("finished", write)
+
+
+def record_model_load(redis: Redis, model: str, seconds: float) -> None:
+    """Model ``model`` was loaded in ``seconds``."""
+
+    def write() -> None:
+        with redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(MODEL_LOADS, f"{model}{SEP}count", 1)
+            pipe.hincrbyfloat(MODEL_LOADS, f"{model}{SEP}sum", seconds)
+            pipe.execute()
+
+    _safely("model_load", write)
+
+
+def record_job_end(redis: Redis, job: Any) -> None:
+    """``record_finished`` for an RQ job the worker just handled; a job put back on its queue is not finished."""
+    try:
+        status = _TERMINAL_RQ.get(job.get_status(refresh=True) or "")
+        if status is None:
+            return
+        if status == "failed" and job.meta.get("canceled"):
+            status = "canceled"
+        duration = None
+        if job.started_at is not None:
+            ended = job.ended_at or datetime.now(UTC).replace(tzinfo=None)
+            started = job.started_at
+            duration = (ended.replace(tzinfo=None) - started.replace(tzinfo=None)).total_seconds()
+        record_finished(redis, job.meta.get("kind") or "unknown", status, duration)
+    except (RedisError, OSError) as exc:
+        log.warning("metric finished not recorded: %s", exc)
+
+
+# ----------------------------------------------------------------------------------------------- scraping
+def _split(raw: dict[bytes, bytes]) -> Iterator[tuple[str, str, bytes]]:
+    for field, value in raw.items():
+        name, _, sub = field.decode().rpartition(SEP)
+        if name:
+            yield name, sub, value
+
+
+def _rq_time(value: bytes | None) -> float | None:
+    if not value:
+        return None
+    text = value.decode()
+    for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(text, fmt).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+class RedisCollector(Collector):
+    """Reads the shared counters, histograms, queue and worker state from Redis at each scrape."""
+
+    def __init__(self, redis: Redis, queues: Iterable[str]):
+        self.redis = redis
+        self.queues = tuple(queues)
+
+    def collect(self) -> Iterator[Any]:
+        r = self.redis
+        with r.pipeline(transaction=False) as pipe:
+            for key in (SUBMITTED, FINISHED, DURATION, MODEL_LOADS):
+                pipe.hgetall(key)
+            for q in self.queues:
+                pipe.llen(f"rq:queue:{q}")
+                pipe.lindex(f"rq:queue:{q}", 0)
+                pipe.smembers(f"rq:workers:{q}")
+            submitted, finished, duration, loads, *per_queue = pipe.execute()
+        heads = [per_queue[3 * i + 1] for i in range(len(self.queues))]
+        worker_sets = [sorted(per_queue[3 * i + 2]) for i in range(len(self.queues))]
+        with r.pipeline(transaction=False) as pipe:
+            for head in heads:
+                if head:
+                    pipe.hget(b"rq:job:" + head, "enqueued_at")
+            for members in worker_sets:
+                for key in members:
+                    pipe.exists(key)
+            answers = iter(pipe.execute())
+        enqueued = [next(answers) if head else None for head in heads]
+        live = [sum(int(next(answers)) for _ in members) for members in worker_sets]
+
+        fam = CounterMetricFamily("explainq_jobs_submitted", "Jobs submitted, by kind", labels=["kind"])
+        for field, value in submitted.items():
+            fam.add_metric([field.decode()], int(value))
+        yield fam
+
+        fam = CounterMetricFamily("explainq_jobs_finished", "Jobs that ended, by kind and final status",
+                                  labels=["kind", "status"])
+        for kind, status, value in _split(finished):
+            fam.add_metric([kind, status], int(value))
+        yield fam
+
+        hist: dict[str, dict[str, float]] = {}
+        for kind, sub, value in _split(duration):
+            hist.setdefault(kind, {})[sub] = float(value)
+        fam = HistogramMetricFamily("explainq_job_duration_seconds", "Run time of jobs that ended, by kind",
+                                    labels=["kind"])
+        for kind, fields in sorted(hist.items()):
+            cumulative, buckets = 0.0, []
+            for bound in DURATION_BUCKETS:
+                cumulative += fields.get(_le(bound), 0.0)
+                buckets.append((_le(bound), cumulative))
+            fam.add_metric([kind], buckets, sum_value=fields.get("sum", 0.0))
+        yield fam
+
+        now = time.time()
+        depth = GaugeMetricFamily("explainq_queue_depth", "Jobs waiting in each queue", labels=["queue"])
+        age = GaugeMetricFamily("explainq_queue_oldest_age_seconds",
+                                "Age of the job at the head of each queue (0 when empty)", labels=["queue"])
+        workers = GaugeMetricFamily("explainq_workers_live", "Live workers listening on each queue",
+                                    labels=["queue"])
+        for i, q in enumerate(self.queues):
+            depth.add_metric([q], int(per_queue[3 * i]))
+            t = _rq_time(enqueued[i])
+            age.add_metric([q], max(0.0, now - t) if t is not None else 0.0)
+            workers.add_metric([q], live[i])
+        yield depth
+        yield age
+        yield workers
+
+        counts: dict[str, dict[str, float]] = {}
+        for model, sub, value in _split(loads):
+            counts.setdefault(model, {})[sub] = float(value)
+        n = CounterMetricFamily("explainq_model_loads", "Model loads by workers", labels=["model"])
+        s = CounterMetricFamily("explainq_model_load_seconds", "Time spent loading models", labels=["model"])
+        for model, fields in sorted(counts.items()):
+            n.add_metric([model], fields.get("count", 0.0))
+            s.add_metric([model], fields.get("sum", 0.0))
+        yield n
+        yield s
+
+
+def build_registry(redis: Redis, queues: Iterable[str] = QUEUES) -> tuple[CollectorRegistry, Counter]:
+    """A per-app registry: the Redis-backed collector and this process's Redis-error counter."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisCollector(redis, queues))
+    errors = Counter("explainq_api_redis_errors", "Redis errors seen by this API process", ["error"],
+                     registry=registry)
+    return registry, errors
+
+
+def install(app: Any) -> None:
+    """Give a FastAPI app its registry (``app.state.metrics_registry``), its Redis-error counter
+    (``app.state.redis_errors``) and the ``GET /metrics`` route."""
+    from app.routers.metrics import router
+
+    app.state.metrics_registry, app.state.redis_errors = build_registry(app.state.redis)
+    app.include_router(router)

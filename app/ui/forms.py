@@ -1,0 +1,273 @@
+"""New-job forms generated from the request schemas in the service's public OpenAPI document.
+
+Each submit route's JSON schema becomes a list of ``FormField``: numbers keep their limits, enums become
+selects, booleans checkboxes, nested models fieldsets, and anything else (lists of triples, unions) a JSON
+text field. The posted form is turned back into the JSON body; the API validates it and its 422 ``loc`` is
+mapped back onto the field that caused it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import FormData
+
+# Fields whose values are registry names: (kind, dotted field) -> ("models" | "datasets", registry kind)
+PICKERS: dict[tuple[str, str], tuple[str, str]] = {
+    ("attributions", "model"): ("models", "news"),
+    ("attributions", "compare_with"): ("models", "news"),
+    ("attributions", "dataset.name"): ("datasets", "news"),
+    ("tracin", "model"): ("models", "conve"),
+    ("train_conve", "dataset"): ("datasets", "triples"),
+    ("ablations", "dataset"): ("datasets", "lora"),
+}
+TOGGLE = ".__on"  # the checkbox that includes an optional nested object
+
+
+@dataclass
+class FormField:
+    name: str  # dotted path in the JSON body
+    label: str
+    widget: str  # number | text | select | checkbox | checkboxes | json | lines | textarea | group
+    required: bool = False
+    default: Any = None
+    description: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+    options: list[str] = field(default_factory=list)
+    children: list[FormField] = field(default_factory=list)
+    optional_group: bool = False
+    number_type: str = "number"
+
+    @property
+    def dom_id(self) -> str:
+        return "f-" + self.name.replace(".", "-")
+
+    def display_default(self) -> str:
+        if self.default is None:
+            return ""
+        if self.widget == "json":
+            return self.default if isinstance(self.default, str) else json.dumps(self.default)
+        return str(self.default)
+
+
+def submit_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """kind name -> {route, summary, schema} for every ``POST`` route tagged ``submit``."""
+    out: dict[str, dict[str, Any]] = {}
+    for path, ops in openapi.get("paths", {}).items():
+        op = ops.get("post")
+        if not op or "submit" not in op.get("tags", []):
+            continue
+        schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+        name = path.strip("/").replace("/", "_").replace("-", "_")
+        out[name] = {"route": path, "summary": op.get("summary", ""), "schema": schema}
+    return dict(sorted(out.items()))
+
+
+def _resolve(schema: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref")
+    if ref:
+        return components.get(ref.rsplit("/", 1)[-1], {})
+    return schema
+
+
+def _nullable(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the non-null alternative, nullable) of an ``anyOf [X, null]``; the schema itself otherwise."""
+    alts = schema.get("anyOf")
+    if not alts:
+        return schema, False
+    real = [a for a in alts if a.get("type") != "null"]
+    if len(real) == 1:
+        return {**real[0], **{k: v for k, v in schema.items() if k not in ("anyOf",)}}, len(real) < len(alts)
+    return schema, len(real) < len(alts)
+
+
+def _label(name: str, schema: dict[str, Any]) -> str:
+    return schema.get("title") or name.replace("_", " ").capitalize()
+
+
+def fields_for(kind: str, schema: dict[str, Any], components: dict[str, Any], prefix: str = "",
+               required: frozenset[str] | None = None) -> list[FormField]:
+    schema = _resolve(schema, components)
+    req = frozenset(schema.get("required", [])) if required is None else required
+    out: list[FormField] = []
+    for name, raw in schema.get("properties", {}).items():
+        path = f"{prefix}{name}"
+        if kind == "attributions" and path == "samples":
+            out.append(_sample_composer(raw, components))
+            continue
+        prop, nullable = _nullable(raw)
+        prop = {**_resolve(prop, components), **{k: v for k, v in prop.items() if k != "$ref"}}
+        f = FormField(name=path, label=_label(name, raw), widget="json", required=name in req,
+                      default=raw.get("default"), description=raw.get("description", "")
+                      or prop.get("description", ""))
+        if prop.get("properties"):
+            f.widget = "group"
+            f.children = fields_for(kind, prop, components, prefix=path + ".")
+            f.optional_group = nullable
+        elif prop.get("type") in ("integer", "number"):
+            f.widget, f.number_type = "number", prop["type"]
+            for key, attr in (("minimum", "min"), ("maximum", "max")):
+                if key in prop:
+                    f.attrs[attr] = _num(prop[key])
+            for key in ("exclusiveMinimum", "exclusiveMaximum"):
+                if key in prop:
+                    f.attrs["data-" + key.lower()] = _num(prop[key])
+            f.attrs["step"] = "1" if prop["type"] == "integer" else "any"
+        elif prop.get("type") == "boolean":
+            f.widget = "checkbox"
+        elif prop.get("enum") and prop.get("type") == "string":
+            f.widget, f.options = "select", list(prop["enum"])
+        elif prop.get("type") == "array" and (prop.get("items") or {}).get("enum"):
+            f.widget, f.options = "checkboxes", list(prop["items"]["enum"])
+        elif prop.get("type") == "string":
+            f.widget = "text"
+            for key, attr in (("maxLength", "maxlength"), ("minLength", "minlength"), ("pattern", "pattern")):
+                if key in prop:
+                    f.attrs[attr] = prop[key]
+        if nullable and f.widget != "group":
+            f.required = False
+        if f.widget == "json" and "anyOf" in raw:
+            f.description = (f.description + " " if f.description else "") + "(JSON, or a plain word such as auto)"
+        out.append(f)
+    return out
+
+
+def _num(v: float) -> int | float:
+    return int(v) if float(v).is_integer() else v
+
+
+def _sample_composer(raw: dict[str, Any], components: dict[str, Any]) -> FormField:
+    """One inline sample, composed field by field (a dataset can replace it)."""
+    sample = components.get("SampleIn", {}).get("properties", {})
+    label_enum = next((a.get("enum") for a in sample.get("label", {}).get("anyOf", []) if a.get("enum")), [])
+    cand = sample.get("candidate", {})
+    return FormField(
+        name="sample", label="Sample", widget="group",
+        description="one user and one candidate headline; leave the headline empty to use a dataset instead",
+        children=[
+            FormField("sample.id", "Id", "text", default="s1", attrs={"maxlength": 200}),
+            FormField("sample.candidate", "Candidate headline", "text",
+                      attrs={"maxlength": cand.get("maxLength", 2000)}),
+            FormField("sample.history", "History", "lines",
+                      description="titles the user clicked, one per line"),
+            FormField("sample.label", "Label", "select", options=[""] + list(label_enum)),
+            FormField("sample.candidate_body", "Candidate body", "textarea",
+                      description="for models with a body view (NAML)"),
+        ],
+    )
+
+
+def apply_pickers(kind: str, fields: list[FormField], models: dict[str, Any]) -> None:
+    """Turn registry-name fields into selects of the registered models or datasets of the right kind."""
+    for f in fields:
+        if f.children:
+            apply_pickers(kind, f.children, models)
+            continue
+        picker = PICKERS.get((kind, f.name))
+        if not picker:
+            continue
+        section, reg_kind = picker
+        names = [m["name"] for m in models.get(section, []) if m.get("kind") == reg_kind]
+        if f.default is not None and str(f.default) not in names:
+            names.insert(0, str(f.default))
+        if names:
+            f.widget = "select"
+            f.options = ([""] if not f.required else []) + names
+
+
+def body_from_form(fields: list[FormField], form: FormData) -> dict[str, Any]:
+    """The JSON body for the API from the posted form (empty optional fields are left out)."""
+    body: dict[str, Any] = {}
+    for f in fields:
+        if f.name == "sample":
+            sample = _sample_from_form(form)
+            if sample is not None:
+                body["samples"] = [sample]
+            continue
+        key = f.name.rsplit(".", 1)[-1]
+        if f.widget == "group":
+            if f.optional_group and not form.get(f.name + TOGGLE):
+                continue
+            body[key] = body_from_form(f.children, form)
+            continue
+        if f.widget == "checkbox":
+            body[key] = form.get(f.name) is not None
+            continue
+        if f.widget == "checkboxes":
+            body[key] = [str(v) for v in form.getlist(f.name)]
+            continue
+        raw = str(form.get(f.name) or "").strip()
+        if raw == "":
+            continue
+        if f.widget == "number":
+            body[key] = _number(raw, f.number_type)
+        elif f.widget == "json":
+            try:
+                body[key] = json.loads(raw)
+            except ValueError:
+                body[key] = raw
+        elif f.widget == "lines":
+            body[key] = [line.strip() for line in raw.splitlines() if line.strip()]
+        else:
+            body[key] = raw
+    return body
+
+
+def _number(raw: str, number_type: str) -> int | float | str:
+    try:
+        return int(raw) if number_type == "integer" else float(raw)
+    except ValueError:
+        return raw  # the API names the field in its 422
+
+
+def _sample_from_form(form: FormData) -> dict[str, Any] | None:
+    candidate = str(form.get("sample.candidate") or "").strip()
+    if not candidate:
+        return None
+    out: dict[str, Any] = {
+        "id": str(form.get("sample.id") or "").strip() or "s1",
+        "candidate": candidate,
+        "history": [t.strip() for t in str(form.get("sample.history") or "").splitlines() if t.strip()],
+    }
+    if form.get("sample.label"):
+        out["label"] = str(form.get("sample.label"))
+    body = str(form.get("sample.candidate_body") or "").strip()
+    if body:
+        out["candidate_body"] = body
+    return out
+
+
+def field_names(fields: list[FormField]) -> set[str]:
+    out: set[str] = set()
+    for f in fields:
+        out.add(f.name)
+        out |= field_names(f.children)
+    return out
+
+
+def errors_by_field(detail: Any, fields: list[FormField]) -> tuple[dict[str, str], list[str]]:
+    """Map a 422's ``detail[].loc`` onto form field names; errors no field owns come back as a list."""
+    names = field_names(fields)
+    by_field: dict[str, str] = {}
+    general: list[str] = []
+    for d in detail if isinstance(detail, list) else []:
+        loc = [p for p in d.get("loc", []) if p != "body"]
+        msg = str(d.get("msg", "invalid"))
+        if loc and loc[0] == "samples":
+            loc = ["sample"] + [p for p in loc[2:] if isinstance(p, str)]
+        parts = [str(p) for p in loc if isinstance(p, str)]
+        target = None
+        for n in range(len(parts), 0, -1):
+            cand = ".".join(parts[:n])
+            if cand in names:
+                target = cand
+                break
+        where = ".".join(str(p) for p in loc)
+        if target is None:
+            general.append(f"{where or 'request'}: {msg}")
+        else:
+            extra = "" if where == target else f" ({where})"
+            by_field[target] = (by_field[target] + "; " if target in by_field else "") + msg + extra
+    return by_field, general

@@ -1,0 +1,117 @@
+"""The dashboard's sign-in session: a signed cookie naming an API key by its fingerprint, never the key itself.
+
+The cookie holds ``{"f": fingerprint, "c": csrf}`` signed with itsdangerous under a server secret that is
+generated once under ``$EXPLAINQ_HOME`` (mode 0600), so every API process sharing that directory accepts the
+same cookies. The fingerprint is an HMAC of the key under that secret: removing a key from
+``EXPLAINQ_API_KEYS`` ends its sessions. ``csrf`` is the synchronizer token every dashboard form (and any
+non-GET API call made with the cookie) must echo back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from starlette.requests import HTTPConnection
+
+from app.settings import Settings
+
+COOKIE = "explainq_session"
+CSRF_HEADER = "x-csrf-token"
+CSRF_FIELD = "csrf_token"
+MAX_AGE_S = 12 * 3600
+SECRET_FILE = "ui-secret"
+_SALT = "explainq-ui-session"
+
+
+def _secret_path(settings: Settings) -> Path:
+    return settings.home / SECRET_FILE
+
+
+def load_secret(settings: Settings) -> bytes:
+    """The server secret, created on first use with mode 0600 (O_EXCL: concurrent first starts agree)."""
+    path = _secret_path(settings)
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process won the race; its secret is the one
+        return bytes.fromhex(path.read_text().strip())
+    value = secrets.token_bytes(32)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value.hex())
+    return value
+
+
+@dataclass(frozen=True)
+class Session:
+    owner: str
+    key: str | None  # the API key the dashboard calls the API with; None when auth is off
+    csrf: str
+
+
+class Sessions:
+    """Issue and verify session cookies for one app (its settings and secret)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.secret = load_secret(settings)
+        self.serializer = URLSafeTimedSerializer(self.secret, salt=_SALT)
+
+    def fingerprint(self, key: str) -> str:
+        return hmac.new(self.secret, key.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def key_for(self, supplied: str) -> str | None:
+        """The configured key equal to ``supplied`` (constant-time), or None."""
+        for key in self.settings.api_keys:
+            if hmac.compare_digest(key.encode(), supplied.encode()):
+                return key
+        return None
+
+    def issue(self, key: str | None) -> tuple[str, Session]:
+        """A new cookie value for ``key`` (None when auth is off) with a fresh CSRF token."""
+        csrf = secrets.token_urlsafe(24)
+        value = self.serializer.dumps({"f": self.fingerprint(key) if key else "", "c": csrf})
+        owner = self.settings.api_keys[key] if key else "anonymous"
+        return value, Session(owner=owner, key=key, csrf=csrf)
+
+    def read(self, conn: HTTPConnection) -> Session | None:
+        """The session of the request's cookie, or None when absent, forged, expired or for a removed key."""
+        value = conn.cookies.get(COOKIE)
+        if not value:
+            return None
+        try:
+            data = self.serializer.loads(value, max_age=MAX_AGE_S)
+        except BadSignature:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("c"), str):
+            return None
+        keys = self.settings.api_keys
+        if not keys:
+            return Session(owner="anonymous", key=None, csrf=data["c"])
+        fp = data.get("f")
+        for key, name in keys.items():
+            if isinstance(fp, str) and hmac.compare_digest(self.fingerprint(key), fp):
+                return Session(owner=name, key=key, csrf=data["c"])
+        return None
+
+
+def sessions(conn: HTTPConnection) -> Sessions:
+    """The app's ``Sessions`` (created on first use so an app that never serves the dashboard writes no secret)."""
+    state = conn.app.state
+    found = getattr(state, "ui_sessions", None)
+    if found is None:
+        found = state.ui_sessions = Sessions(state.settings)
+    return found
+
+
+def csrf_ok(session: Session, token: str | None) -> bool:
+    return bool(token) and hmac.compare_digest(session.csrf.encode(), token.encode())

@@ -1,0 +1,178 @@
+"""Presentation helpers: colours, numbers and times, and the per-kind shapes the templates draw."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+TERMINAL = ("succeeded", "failed", "canceled")
+STATUSES = ("queued", "running", "succeeded", "failed", "canceled")
+# ColorBrewer-style diverging ends that stay distinct under the common colour-vision deficiencies.
+POSITIVE_RGB = (230, 97, 1)   # orange
+NEGATIVE_RGB = (33, 102, 172)  # blue
+
+
+def attr_style(value: float | None, scale: float) -> str:
+    """Background for an attribution on a diverging blue (negative) / white / orange (positive) scale."""
+    if value is None or not scale:
+        return ""
+    t = max(-1.0, min(1.0, value / scale))
+    end = POSITIVE_RGB if t >= 0 else NEGATIVE_RGB
+    a = abs(t)
+    rgb = tuple(round(255 + (c - 255) * a) for c in end)
+    fg = "#fff" if a > 0.6 else "#111"
+    return f"background:rgb{rgb};color:{fg}"
+
+
+def sign(value: float | None) -> str:
+    if value is None or value == 0:
+        return "0"
+    return "+" if value > 0 else "−"
+
+
+def num(value: Any, digits: int = 4) -> str:
+    """A compact number: fixed point for moderate magnitudes, scientific otherwise."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 10 ** -(digits - 1) or abs(value) >= 10**6):
+        return f"{value:.{max(digits - 2, 1)}e}"
+    return f"{value:.{digits}f}".rstrip("0").rstrip(".") or "0"
+
+
+def signed(value: Any, digits: int = 4) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return "+" + num(value, digits)
+    return num(value, digits).replace("-", "−")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def fmt_time(value: str | None) -> str:
+    t = parse_time(value)
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else "–"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "–"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h} h {m:02d} min"
+    if m:
+        return f"{m} min {s:02d} s"
+    return f"{s} s"
+
+
+def between(start: str | None, end: str | None) -> float | None:
+    a, b = parse_time(start), parse_time(end)
+    if a is None:
+        return None
+    return ((b or datetime.now(UTC)) - a).total_seconds()
+
+
+def size(n: Any) -> str:
+    if not isinstance(n, int | float):
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def percent(progress: dict[str, Any] | None) -> float | None:
+    if not progress or not progress.get("total"):
+        return None
+    return max(0.0, min(100.0, 100.0 * float(progress.get("done") or 0) / float(progress["total"])))
+
+
+def progress_text(progress: dict[str, Any] | None) -> str:
+    if not progress:
+        return ""
+    done, total, unit = progress.get("done"), progress.get("total"), progress.get("unit") or ""
+    text = f"{num(done)} / {num(total)} {unit}" if total else f"{num(done)} {unit}"
+    return text.strip()
+
+
+def eta(progress: dict[str, Any] | None) -> str:
+    value = (progress or {}).get("eta_s")
+    return f"ETA {duration(value)}" if isinstance(value, int | float) else ""
+
+
+# ------------------------------------------------------------------------------------------- per kind
+def word_cells(words: list[str], values: list[float], scale: float | None = None,
+               marked: set[str] | None = None) -> list[dict[str, Any]]:
+    """The words of one text with their attribution, colour, sign and whether the comparison changed them."""
+    scale = scale if scale else max((abs(v) for v in values if v is not None), default=0.0)
+    marked = marked or set()
+    return [{"word": w, "value": v, "style": attr_style(v, scale), "sign": sign(v),
+             "cls": "pos" if (v or 0) > 0 else "neg" if (v or 0) < 0 else "zero",
+             "changed": w.lower() in marked}
+            for w, v in zip(words, values, strict=False)]
+
+
+def word_stat_bars(word_stats: dict[str, list[dict[str, Any]]], n: int = 10) -> list[dict[str, Any]]:
+    """Per label, the ``n`` most positive and ``n`` most negative mean attributions, as bar widths (%)."""
+    out = []
+    for label, rows in sorted(word_stats.items()):
+        top = rows[:n]
+        bottom = [r for r in rows[-n:] if r not in top]
+        chosen = top + bottom
+        scale = max((abs(r["mean"]) for r in chosen), default=0.0) or 1.0
+        out.append({"label": label, "rows": [{**r, "width": 50.0 * abs(r["mean"]) / scale,
+                                               "cls": "pos" if r["mean"] > 0 else "neg"} for r in chosen]})
+    return out
+
+
+def influence_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    scale = max((abs(r.get(key) or 0.0) for r in rows), default=0.0) or 1.0
+    return [{**r, "width": 100.0 * abs(r.get(key) or 0.0) / scale} for r in rows]
+
+
+def conve_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ConvE's per-epoch history flattened for a chart: loss every epoch, validation metrics at checkpoints."""
+    out = []
+    for row in history or []:
+        valid = row.get("valid") or {}
+        out.append({"epoch": row.get("epoch"), "loss": row.get("loss"), "valid_mrr": valid.get("mrr",
+                    row.get("valid_mrr")), "valid_hits@1": valid.get("hits@1"), "valid_hits@10": valid.get("hits@10")})
+    return out
+
+
+def ablation_view(result: dict[str, Any]) -> dict[str, Any]:
+    """Representations × layer sets with test accuracy mean ± std, the all → visual drop, and bar widths."""
+    results = result.get("results") or {}
+    sets = list(results)
+    reps: list[str] = []
+    for cells in results.values():
+        reps += [r for r in cells if r not in reps]
+    rows = []
+    for rep in reps:
+        cells = []
+        for ls in sets:
+            acc = ((results.get(ls) or {}).get(rep) or {}).get("test_acc") or {}
+            mean, std = acc.get("mean"), acc.get("std")
+            cells.append({"set": ls, "mean": mean, "std": std,
+                          "width": 100.0 * mean if isinstance(mean, int | float) else 0.0,
+                          "err": 100.0 * std if isinstance(std, int | float) else 0.0})
+        rows.append({"rep": rep, "cells": cells, "drop": (result.get("drop") or {}).get(rep)})
+    classes = result.get("num_classes")
+    return {"sets": sets, "rows": rows, "chance": 1.0 / classes if classes else None}

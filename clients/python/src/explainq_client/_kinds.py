@@ -1,0 +1,221 @@
+"""One typed submit method per job kind, written once for the sync and the async client.
+
+A parameter left at ``NOT_GIVEN`` is not sent, so the server's default applies (the defaults in the docstrings
+are the server's). ``**extra`` passes fields this version of the SDK does not know yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Literal, TypeVar
+
+__all__ = ["KIND_ROUTES", "NOT_GIVEN", "KindMethods", "NotGiven", "route_for"]
+
+KIND_ROUTES = {
+    "attributions": "/attributions",
+    "tracin": "/tracin",
+    "train_bdh": "/train/bdh",
+    "train_conve": "/train/conve",
+    "ablations": "/ablations",
+}
+
+
+def route_for(kind: str) -> str:
+    """The submit route of a kind: a known kind name (``train_bdh``, also ``train/bdh`` or ``train-bdh``), or
+    a route given as is (``/test/sleep``)."""
+    if kind.startswith("/"):
+        return kind
+    name = kind.replace("/", "_").replace("-", "_")
+    if name not in KIND_ROUTES:
+        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(KIND_ROUTES)}, or a route such as '/x'")
+    return KIND_ROUTES[name]
+
+
+class NotGiven:
+    """The type of :data:`NOT_GIVEN`: a parameter the caller left out (so ``None`` can mean JSON null)."""
+
+    _instance: NotGiven | None = None
+
+    def __new__(cls) -> NotGiven:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN = NotGiven()
+
+R = TypeVar("R")
+Precision = Literal["auto", "fp32", "fp16", "bf16"]
+Triple = Sequence[str]
+
+
+def _body(params: dict[str, Any]) -> dict[str, Any]:
+    """A method's ``locals()`` as a request body: the given parameters plus ``extra``."""
+    extra = params.pop("extra", {})
+    for name in ("self", "idempotency_key"):
+        params.pop(name, None)
+    body = {k: v for k, v in params.items() if v is not NOT_GIVEN}
+    return {**body, **extra}
+
+
+class KindMethods(Generic[R]):
+    """The per-kind submit methods. ``R`` is ``Job`` for :class:`Client`, an awaitable ``AsyncJob`` for
+    :class:`AsyncClient`."""
+
+    def submit(self, kind: str, body: Mapping[str, Any], *, idempotency_key: str | None = None) -> R:
+        """Submit a job of ``kind`` (a kind name or a route) with a raw request ``body``.
+
+        An ``Idempotency-Key`` is generated when none is given, so retries never create a second job."""
+        return self._submit(route_for(kind), dict(body), idempotency_key)
+
+    def _submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> R:
+        raise NotImplementedError
+
+    def attributions(
+        self, *, model: str,
+        samples: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
+        dataset: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        n_steps: int | NotGiven = NOT_GIVEN,
+        method: Literal["gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid",
+                        "occlusion"] | NotGiven = NOT_GIVEN,
+        tolerance: float | None | NotGiven = NOT_GIVEN,
+        alpha_batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
+        batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
+        precision: Precision | NotGiven = NOT_GIVEN,
+        baseline: Literal["pad", "zero"] | NotGiven = NOT_GIVEN,
+        top_k: int | NotGiven = NOT_GIVEN,
+        optimized: bool | NotGiven = NOT_GIVEN,
+        compare_with: str | None | NotGiven = NOT_GIVEN,
+        compare_threshold: float | NotGiven = NOT_GIVEN,
+        max_history: int | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Integrated Gradients of a news recommender's score over the words of candidate headlines.
+
+        Give exactly one of ``samples`` (``[{"id", "history": [titles], "candidate", "label"?,
+        "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced", "seed"}``).
+        Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (or a ``riemann_*`` rule, ``occlusion``),
+        ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
+        poisoned twin) whose word statistics are compared.
+        """
+        return self._submit("/attributions", _body(dict(locals())), idempotency_key)
+
+    def tracin(
+        self, *, model: str,
+        test_triples: Sequence[Triple] | None | NotGiven = NOT_GIVEN,
+        mode: Literal["test", "self", "single"] | NotGiven = NOT_GIVEN,
+        top_k: int | None | NotGiven = NOT_GIVEN,
+        checkpoints: Literal["all"] | Sequence[str] | NotGiven = NOT_GIVEN,
+        layers: Literal["all", "last"] | Sequence[str] | NotGiven = NOT_GIVEN,
+        loss: Literal["train", "score_bce"] | NotGiven = NOT_GIVEN,
+        projection_dim: int | None | NotGiven = NOT_GIVEN,
+        precision: Precision | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        filter: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
+        train_triples: Sequence[Triple] | None | NotGiven = NOT_GIVEN,
+        method: Literal["ghost", "vmap"] | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """TracIn-CP influence of training triples on ConvE predictions.
+
+        ``test_triples`` are ``[head, relation, tail]`` names (required except in ``mode="self"``, which ranks
+        training triples by self-influence). Server defaults: ``mode="test"``, ``top_k=10`` (None: every
+        candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="train"``, ``method="ghost"``.
+        ``filter={"n_hops": 1, "min_degree": 0}`` keeps candidates near the test triples.
+        """
+        return self._submit("/tracin", _body(dict(locals())), idempotency_key)
+
+    def train_bdh(
+        self, *,
+        dataset: Literal["digits", "cifar10", "cifar100"] | NotGiven = NOT_GIVEN,
+        data_dir: str | None | NotGiven = NOT_GIVEN,
+        epochs: int | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        grad_accum_steps: int | NotGiven = NOT_GIVEN,
+        lr: float | NotGiven = NOT_GIVEN,
+        weight_decay: float | NotGiven = NOT_GIVEN,
+        warmup_steps: int | NotGiven = NOT_GIVEN,
+        model: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        compile: Literal["off", "default", "max-autotune"] | NotGiven = NOT_GIVEN,
+        precision: Precision | NotGiven = NOT_GIVEN,
+        deterministic: bool | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        resume_from: str | None | NotGiven = NOT_GIVEN,
+        val_fraction: float | NotGiven = NOT_GIVEN,
+        max_train_samples: int | None | NotGiven = NOT_GIVEN,
+        augment: bool | NotGiven = NOT_GIVEN,
+        num_workers: int | None | NotGiven = NOT_GIVEN,
+        register_as: str | None | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Train a Vision-BDH image classifier (queue ``train``); ``metrics.history`` grows while it runs.
+
+        ``model`` is the architecture ``{"n_layer", "n_embd", "n_head", "mlp_multiplier", "dropout", ...}``.
+        Server defaults: ``dataset="digits"``, ``epochs=10``, ``batch_size=64``, ``lr=1e-3``. ``resume_from``
+        continues an earlier train_bdh job from its checkpoint.
+        """
+        return self._submit("/train/bdh", _body(dict(locals())), idempotency_key)
+
+    def train_conve(
+        self, *, name: str,
+        dataset: str | NotGiven = NOT_GIVEN,
+        epochs: int | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        lr: float | NotGiven = NOT_GIVEN,
+        lr_decay: float | NotGiven = NOT_GIVEN,
+        weight_decay: float | NotGiven = NOT_GIVEN,
+        label_smoothing: float | NotGiven = NOT_GIVEN,
+        embedding_dim: int | NotGiven = NOT_GIVEN,
+        embedding_height: int | None | NotGiven = NOT_GIVEN,
+        num_filters: int | NotGiven = NOT_GIVEN,
+        input_dropout: float | NotGiven = NOT_GIVEN,
+        feature_dropout: float | NotGiven = NOT_GIVEN,
+        hidden_dropout: float | NotGiven = NOT_GIVEN,
+        reciprocal: bool | NotGiven = NOT_GIVEN,
+        checkpoint_every: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        overwrite: bool | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Train ConvE on knowledge-graph triples with TracIn checkpoints and register it as ``name``.
+
+        Server defaults: ``dataset="nations"``, ``epochs=20``, ``embedding_dim=200``, ``checkpoint_every=5``.
+        The result carries filtered MRR and Hits@1/3/10 and the per-epoch ``history``.
+        """
+        return self._submit("/train/conve", _body(dict(locals())), idempotency_key)
+
+    def ablations(
+        self, *, dataset: str,
+        representations: Sequence[str] | Literal["all"] | NotGiven = NOT_GIVEN,
+        layer_sets: Sequence[Literal["all", "visual", "text"]] | NotGiven = NOT_GIVEN,
+        num_runs: int | NotGiven = NOT_GIVEN,
+        quick: bool | NotGiven = NOT_GIVEN,
+        sample_layers: float | NotGiven = NOT_GIVEN,
+        cache_features: bool | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        max_epochs: int | NotGiven = NOT_GIVEN,
+        patience: int | NotGiven = NOT_GIVEN,
+        hidden_dim: int | NotGiven = NOT_GIVEN,
+        dropout: float | NotGiven = NOT_GIVEN,
+        weight_decay: float | NotGiven = NOT_GIVEN,
+        precision: Precision | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """The LoRA weight-space ablation: probe a LoRA's concept from all layers vs visual-only layers.
+
+        Server defaults: ``representations="all"``, ``layer_sets=["all", "visual"]``, ``num_runs=10``
+        (``quick=True``: 3 runs). The result has mean ± std per representation and layer set, and the drop.
+        """
+        return self._submit("/ablations", _body(dict(locals())), idempotency_key)

@@ -1,0 +1,240 @@
+"""The asynchronous client: :class:`AsyncClient` and :class:`AsyncJob`, the same surface as the sync client
+with ``await`` (and ``async for`` over :meth:`AsyncJob.stream` and :meth:`AsyncJobs.iter`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from explainq_client._http import (
+    NO_RETRY,
+    ClientConfig,
+    JobEvent,
+    RetryPolicy,
+    RetryState,
+    SSEParser,
+    artifact_target,
+    new_idempotency_key,
+)
+from explainq_client._kinds import KindMethods
+from explainq_client.errors import ServiceUnavailableError
+from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, list_params
+from explainq_client.results import Result
+
+__all__ = ["AsyncClient", "AsyncJob", "AsyncJobs", "AsyncModels"]
+
+
+class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
+    """An asynchronous connection to an explainq server (see :class:`explainq_client.Client`).
+
+    ``base_url`` and ``api_key`` default to ``EXPLAINQ_URL`` (else ``http://127.0.0.1:8000``) and
+    ``EXPLAINQ_API_KEY``. 429 and 503 answers and connection failures are retried (``max_retries`` times,
+    after the server's ``Retry-After``); every submission carries an ``Idempotency-Key``, so a retried
+    submission never creates a second job.
+
+        async with AsyncClient() as client:
+            job = await client.attributions(model="nrms-minilm-demo", samples=[...])
+            result = await (await job.wait()).result()
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
+                 timeout: float | httpx.Timeout = 30.0, max_retries: int | None = None,
+                 retry: RetryPolicy | None = None, transport: httpx.AsyncBaseTransport | None = None):
+        self.config = ClientConfig.resolve(base_url, api_key, timeout, max_retries, retry)
+        self._http = httpx.AsyncClient(base_url=self.config.base_url, headers=self.config.headers(),
+                                       timeout=self.config.timeout, transport=transport)
+        self.jobs = AsyncJobs(self)
+        self.models = AsyncModels(self)
+
+    # ---- transport
+    async def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
+                    **kwargs: Any) -> httpx.Response:
+        retry = RetryState(retry_policy or self.config.retry)
+        while True:
+            request = self._http.build_request(method, path, **kwargs)
+            try:
+                response = await self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                await asyncio.sleep(retry.after_error(exc, f"{method} {request.url}"))
+                continue
+            if not response.is_success:
+                await response.aread()
+                await response.aclose()
+            delay = retry.after_response(response)
+            if delay is None:
+                return response
+            await asyncio.sleep(delay)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Any API call, with the client's auth, retries and typed errors (``kwargs`` go to httpx)."""
+        return await self._send(method, path, **kwargs)
+
+    @asynccontextmanager
+    async def _stream(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[httpx.Response]:
+        response = await self._send("GET", path, stream=True, params=params, timeout=self.config.stream_timeout())
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def _submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> AsyncJob:
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return AsyncJob(self, (await self._send("POST", route, json=body, headers=headers)).json())
+
+    # ---- service
+    async def health(self) -> dict[str, Any]:
+        """``GET /health``: the API process is alive."""
+        return (await self._send("GET", "/health")).json()
+
+    async def ready(self) -> dict[str, Any]:
+        """``GET /ready``: ``{"status": "ready"|"unavailable", "workers", "reasons"}``, asked once (its 503 is
+        an answer, not a reason to retry)."""
+        try:
+            return (await self._send("GET", "/ready", retry_policy=NO_RETRY)).json()
+        except ServiceUnavailableError as exc:
+            return exc.response.json()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+class AsyncJob(JobBase):
+    """A submitted job (asynchronous). Its view is refreshed by :meth:`refresh`, :meth:`wait` and :meth:`stream`."""
+
+    def __init__(self, client: AsyncClient, view: dict[str, Any]):
+        super().__init__(view)
+        self._client = client
+
+    async def refresh(self) -> AsyncJob:
+        """Fetch the job's current view."""
+        self._update((await self._client._send("GET", self.path)).json())
+        return self
+
+    async def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> AsyncJob:
+        """Block until the job ends; returns the job when it succeeded.
+
+        Raises :class:`JobFailedError` / :class:`JobCanceledError` (with the job's ``code``) when it failed or
+        was canceled, :class:`WaitTimeoutError` when ``timeout`` seconds passed first."""
+        clock = WaitClock(self, timeout, poll_interval)
+        while not self.done:
+            await asyncio.sleep(clock.next_sleep())
+            await self.refresh()
+        self._check_outcome()
+        return self
+
+    async def stream(self, interval_s: float | None = None) -> AsyncIterator[JobEvent]:
+        """The job's events over SSE until it ends: a :class:`JobEvent` per change of its view (status or
+        progress), then ``end`` (or ``gone`` when the job vanished). A dropped connection is reopened, at most
+        ``max_retries`` times in a row."""
+        params = {"interval_s": interval_s} if interval_s is not None else None
+        retry = RetryState(self._client.config.retry)
+        while True:
+            parser = SSEParser()
+            try:
+                async with self._client._stream(self.path + "/events", params) as response:
+                    async for line in response.aiter_lines():
+                        event = self._on_line(parser, line)
+                        if event is not None:
+                            retry.reset()  # the budget is for consecutive drops
+                            yield event
+                            if event.event in ("end", "gone"):
+                                return
+                raise httpx.RemoteProtocolError("the event stream closed before its end event")
+            except httpx.TransportError as exc:
+                await asyncio.sleep(retry.after_error(exc, f"GET {self.path}/events"))
+
+    async def result(self) -> Result:
+        """The result of the succeeded job (a dict that renders itself in Jupyter). A job that has not
+        succeeded raises :class:`ConflictError` (code ``not_ready``, ``failed`` or ``canceled``)."""
+        if self._result is None:
+            self._keep_result((await self._client._send("GET", self.path + "/result")).json())
+        assert self._result is not None
+        return self._result
+
+    async def cancel(self) -> AsyncJob:
+        """Cancel: at once when queued, at its next step when running. A finished job raises
+        :class:`ConflictError` (``already_finished``)."""
+        self._update((await self._client._send("DELETE", self.path)).json())
+        return self
+
+    async def artifacts(self) -> list[Artifact]:
+        """The files the job wrote (``GET /jobs/{id}/artifacts``)."""
+        return self._artifacts_from((await self._client._send("GET", self.path + "/artifacts")).json())
+
+    async def download(self, dest: str | Path = ".", names: Iterable[str] | None = None) -> list[Path]:
+        """Download the job's artifacts (all, or those ``names``) under ``dest``, keeping their relative paths.
+        Each file is written under a temporary name and renamed when complete."""
+        paths = []
+        for artifact in self._select(await self.artifacts(), names):
+            target = artifact_target(Path(dest), artifact.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".part")
+            async with self._client._stream(artifact.url) as response:
+                with open(part, "wb") as fh:
+                    async for chunk in response.aiter_bytes():
+                        fh.write(chunk)
+            part.replace(target)
+            paths.append(target)
+        return paths
+
+
+class AsyncJobs:
+    """``client.jobs``: read, list and cancel jobs by id."""
+
+    def __init__(self, client: AsyncClient):
+        self._client = client
+
+    async def get(self, job_id: str) -> AsyncJob:
+        """The job ``job_id``; :class:`NotFoundError` when there is none for this API key."""
+        return AsyncJob(self._client, (await self._client._send("GET", f"/jobs/{quote(job_id)}")).json())
+
+    async def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
+             cursor: str | None = None) -> JobPage[AsyncJob]:
+        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``."""
+        body = (await self._client._send("GET", "/jobs", params=list_params(kind, status, limit, cursor))).json()
+        return JobPage.from_json(body, lambda view: AsyncJob(self._client, view))
+
+    async def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100) -> AsyncIterator[AsyncJob]:
+        """Every job (of ``kind`` and ``status``), newest first, following the pages."""
+        cursor = None
+        while True:
+            page = await self.list(kind=kind, status=status, limit=page_size, cursor=cursor)
+            for job in page.items:
+                yield job
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel(self, job_id: str) -> AsyncJob:
+        """Cancel job ``job_id``; returns its view after the request."""
+        return AsyncJob(self._client, (await self._client._send("DELETE", f"/jobs/{quote(job_id)}")).json())
+
+
+class AsyncModels:
+    """``client.models``: the registered models and datasets."""
+
+    def __init__(self, client: AsyncClient):
+        self._client = client
+
+    async def list(self) -> ModelList:
+        """``GET /models``."""
+        return ModelList.from_json((await self._client._send("GET", "/models")).json())
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model
+        (another owner's is a :class:`ConflictError`, an unknown one a :class:`NotFoundError`)."""
+        return (await self._client._send("DELETE", f"/models/{quote(name)}")).json()

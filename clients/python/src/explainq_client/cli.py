@@ -1,0 +1,293 @@
+"""``explainq-client``: submit and follow explainq jobs from a shell.
+
+Exit codes: 0 success; 1 the job failed; 2 bad usage or a request the server refused (422); 3 the job was
+canceled; 4 any other API or connection error (401, 404, 409, 413, 429, 503...); 5 ``--timeout`` passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from explainq_client._kinds import KIND_ROUTES, route_for
+from explainq_client.client import Client, Job
+from explainq_client.errors import (
+    APIConnectionError,
+    APIError,
+    ExplainqError,
+    JobCanceledError,
+    JobFailedError,
+    ValidationError,
+    WaitTimeoutError,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TIMEOUT = 0, 1, 2, 3, 4, 5
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal; one line per change otherwise (logs stay readable)."""
+
+    def __init__(self, out: TextIO, width: int = 30):
+        self.out = out
+        self.width = width
+        self.tty = out.isatty()
+        self.last = ""
+
+    def update(self, job: Job) -> None:
+        p = job.progress or {}
+        done, total = p.get("done"), p.get("total")
+        if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+            filled = int(self.width * min(done / total, 1.0))
+            bar = f"[{'#' * filled}{'.' * (self.width - filled)}] {done:g}/{total:g} {p.get('unit') or ''}"
+        elif done is not None:
+            bar = f"{done:g} {p.get('unit') or ''}"
+        else:
+            bar = ""
+        eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None and not job.done else ""
+        message = f"  {p['message']}" if p.get("message") else ""
+        where = f" (position {job.position} in {job.queue})" if job.status == "queued" and job.position is not None \
+            else ""
+        line = f"{job.status:<9}{where} {bar}{eta}{message}".rstrip()
+        if line == self.last:
+            return
+        self.last = line
+        if self.tty:
+            self.out.write("\r\033[K" + line)
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.tty and self.last:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str("" if v is None else v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _read_request(path: str) -> dict[str, Any]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise UsageError(f"{path} must hold a JSON object (the request body)")
+    return body
+
+
+class UsageError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def _finish(job: Job, args: argparse.Namespace) -> int:
+    """Wait (quietly, or with a progress bar when following); print the final job; raise when it ended badly."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    if args.follow:
+        bar = ProgressBar(sys.stderr)
+        bar.update(job)
+        try:
+            for event in job.stream():
+                if event.job is not None:
+                    bar.update(job)
+                if deadline is not None and time.monotonic() > deadline and not job.done:
+                    raise WaitTimeoutError(job, args.timeout)
+        finally:
+            bar.close()
+    try:
+        job.wait(timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+    except WaitTimeoutError:
+        raise WaitTimeoutError(job, args.timeout) from None  # report the timeout as given
+    _print_json(job.data)
+    return EXIT_OK
+
+
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    try:
+        route = route_for(args.kind)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    job = client.submit(route, _read_request(args.request), idempotency_key=args.idempotency_key)
+    if not (args.wait or args.follow):
+        _print_json(job.data)
+        return EXIT_OK
+    print(f"submitted {job.kind} job {job.id}", file=sys.stderr)
+    return _finish(job, args)
+
+
+def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
+    page = client.jobs.list(kind=args.kind, status=args.status, limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _print_json({"items": [j.data for j in page], "next_cursor": page.next_cursor})
+        return EXIT_OK
+    rows = []
+    for job in page:
+        p = job.progress or {}
+        progress = f"{p.get('done'):g}/{p.get('total'):g} {p.get('unit') or ''}" \
+            if isinstance(p.get("done"), int | float) and isinstance(p.get("total"), int | float) else ""
+        code = (job.error or {}).get("code", "")
+        rows.append([job.id, job.kind, job.status, progress, code, job.created_at])
+    _table(["id", "kind", "status", "progress", "error", "created_at"], rows)
+    if page.next_cursor:
+        print(f"more: --cursor {page.next_cursor}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    job = client.jobs.get(args.id)
+    if args.wait or args.follow:
+        return _finish(job, args)
+    _print_json(job.data)
+    return EXIT_OK
+
+
+def cmd_result(client: Client, args: argparse.Namespace) -> int:
+    _print_json(dict(client.jobs.get(args.id).result()))
+    return EXIT_OK
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    _print_json(client.jobs.cancel(args.id).data)
+    return EXIT_OK
+
+
+def cmd_artifacts(client: Client, args: argparse.Namespace) -> int:
+    job = client.jobs.get(args.id)
+    if args.download:
+        for path in job.download(args.download, names=args.name or None):
+            print(path)
+        return EXIT_OK
+    _table(["name", "size", "media_type", "url"], [[a.name, a.size, a.media_type, a.url] for a in job.artifacts()])
+    return EXIT_OK
+
+
+def cmd_models(client: Client, args: argparse.Namespace) -> int:
+    listing = client.models.list()
+    if args.json:
+        _print_json({"models": [m.__dict__ for m in listing.models],
+                     "datasets": [d.__dict__ for d in listing.datasets]})
+        return EXIT_OK
+    _table(["model", "kind", "owner", "parameters", "devices", "loaded on"],
+           [[m.name, m.kind, m.owner, m.parameters, ",".join(m.devices),
+             ",".join(str(w.get("worker")) for w in m.loaded_on)] for m in listing.models])
+    if listing.datasets:
+        print()
+        _table(["dataset", "kind", "owner"], [[d.name, d.kind, d.owner] for d in listing.datasets])
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------------------------ parser
+def _add_wait_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", action="store_true", help="wait for the job to end; exit code says how")
+    parser.add_argument("--follow", action="store_true", help="like --wait, with a progress bar on stderr")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="give up waiting after this many seconds (with --follow: checked at each event, "
+                        "which the server sends at least every 15 s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="explainq-client", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=None, help="the server (default: $EXPLAINQ_URL or http://127.0.0.1:8000)")
+    parser.add_argument("--api-key", default=None, help="the API key (default: $EXPLAINQ_API_KEY)")
+    parser.add_argument("--max-retries", type=int, default=None, help="retries on 429, 503 and lost connections")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("submit", help="submit a job from a JSON request file ('-' for stdin)")
+    p.add_argument("kind", help=f"one of {', '.join(KIND_ROUTES)} (or a route such as /train/bdh)")
+    p.add_argument("request", help="the request body as a JSON file, or - for stdin")
+    p.add_argument("--idempotency-key", default=None, help="default: a fresh random key")
+    _add_wait_flags(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("jobs", help="list your jobs, newest first")
+    p.add_argument("--kind", default=None)
+    p.add_argument("--status", default=None, choices=("queued", "running", "succeeded", "failed", "canceled"))
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--cursor", default=None, help="the next page's cursor")
+    p.add_argument("--json", action="store_true", help="print the JSON page")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("status", help="a job's status and progress (JSON)")
+    p.add_argument("id")
+    _add_wait_flags(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("result", help="a succeeded job's result (JSON)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_result)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("artifacts", help="list a job's artifacts, or download them")
+    p.add_argument("id")
+    p.add_argument("--download", metavar="DIR", default=None, help="download into DIR")
+    p.add_argument("--name", action="append", help="only this artifact (repeatable)")
+    p.set_defaults(func=cmd_artifacts)
+
+    p = sub.add_parser("models", help="registered models and datasets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+    return parser
+
+
+def _report(prefix: str, message: str) -> None:
+    print(f"{prefix}: {message}", file=sys.stderr)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    handlers: list[tuple[type[BaseException], int, Callable[[Any], str]]] = [
+        (UsageError, EXIT_USAGE, str),
+        (ValidationError, EXIT_USAGE, lambda e: "request refused: " + "; ".join(map(str, e.errors))),
+        (JobFailedError, EXIT_FAILED, lambda e: f"job {e.job.id} failed: {e.code}: {e.message}"),
+        (JobCanceledError, EXIT_CANCELED, lambda e: f"job {e.job.id} canceled: {e.code}: {e.message}"),
+        (WaitTimeoutError, EXIT_TIMEOUT, str),
+        (APIError, EXIT_API, lambda e: f"{e.status_code} {e.code}: {e.message}"),
+        (APIConnectionError, EXIT_API, lambda e: f"cannot reach the server: {e}"),
+        (ExplainqError, EXIT_API, str),
+    ]
+    try:
+        with Client(args.url, args.api_key, max_retries=args.max_retries) as client:
+            return args.func(client, args)
+    except tuple(h[0] for h in handlers) as exc:
+        for cls, code, describe in handlers:
+            if isinstance(exc, cls):
+                if isinstance(exc, JobFailedError | JobCanceledError):
+                    _print_json(exc.job.data)
+                _report("error", describe(exc))
+                return code
+        raise
+
+
+def main() -> None:
+    """The ``explainq-client`` console script."""
+    try:
+        sys.exit(run())
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+__all__ = ["ProgressBar", "build_parser", "main", "run"]

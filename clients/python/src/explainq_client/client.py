@@ -1,0 +1,237 @@
+"""The synchronous client: :class:`Client`, its :class:`Job`, and the ``jobs`` and ``models`` resources."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from explainq_client._http import (
+    NO_RETRY,
+    ClientConfig,
+    JobEvent,
+    RetryPolicy,
+    RetryState,
+    SSEParser,
+    artifact_target,
+    new_idempotency_key,
+)
+from explainq_client._kinds import KindMethods
+from explainq_client.errors import ServiceUnavailableError
+from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, list_params
+from explainq_client.results import Result
+
+__all__ = ["Client", "Job", "Jobs", "Models"]
+
+
+class Client(KindMethods["Job"]):
+    """A connection to an explainq server.
+
+    ``base_url`` and ``api_key`` default to ``EXPLAINQ_URL`` (else ``http://127.0.0.1:8000``) and
+    ``EXPLAINQ_API_KEY``. 429 and 503 answers and connection failures are retried (``max_retries`` times,
+    after the server's ``Retry-After``); every submission carries an ``Idempotency-Key``, so a retried
+    submission never creates a second job.
+
+        client = Client()
+        job = client.attributions(model="nrms-minilm-demo", samples=[...], n_steps=64)
+        result = job.wait().result()
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *,
+                 timeout: float | httpx.Timeout = 30.0, max_retries: int | None = None,
+                 retry: RetryPolicy | None = None, transport: httpx.BaseTransport | None = None):
+        self.config = ClientConfig.resolve(base_url, api_key, timeout, max_retries, retry)
+        self._http = httpx.Client(base_url=self.config.base_url, headers=self.config.headers(),
+                                  timeout=self.config.timeout, transport=transport)
+        self.jobs = Jobs(self)
+        self.models = Models(self)
+
+    # ---- transport
+    def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
+              **kwargs: Any) -> httpx.Response:
+        retry = RetryState(retry_policy or self.config.retry)
+        while True:
+            request = self._http.build_request(method, path, **kwargs)
+            try:
+                response = self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                time.sleep(retry.after_error(exc, f"{method} {request.url}"))
+                continue
+            if not response.is_success:
+                response.read()
+                response.close()
+            delay = retry.after_response(response)
+            if delay is None:
+                return response
+            time.sleep(delay)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Any API call, with the client's auth, retries and typed errors (``kwargs`` go to httpx)."""
+        return self._send(method, path, **kwargs)
+
+    @contextmanager
+    def _stream(self, path: str, params: dict[str, Any] | None = None) -> Iterator[httpx.Response]:
+        response = self._send("GET", path, stream=True, params=params, timeout=self.config.stream_timeout())
+        try:
+            yield response
+        finally:
+            response.close()
+
+    def _submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> Job:
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return Job(self, self._send("POST", route, json=body, headers=headers).json())
+
+    # ---- service
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: the API process is alive."""
+        return self._send("GET", "/health").json()
+
+    def ready(self) -> dict[str, Any]:
+        """``GET /ready``: ``{"status": "ready"|"unavailable", "workers", "reasons"}``, asked once (its 503 is
+        an answer, not a reason to retry)."""
+        try:
+            return self._send("GET", "/ready", retry_policy=NO_RETRY).json()
+        except ServiceUnavailableError as exc:
+            return exc.response.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Job(JobBase):
+    """A submitted job. Its view is refreshed by :meth:`refresh`, :meth:`wait` and :meth:`stream`."""
+
+    def __init__(self, client: Client, view: dict[str, Any]):
+        super().__init__(view)
+        self._client = client
+
+    def refresh(self) -> Job:
+        """Fetch the job's current view."""
+        self._update(self._client._send("GET", self.path).json())
+        return self
+
+    def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
+        """Block until the job ends; returns the job when it succeeded.
+
+        Raises :class:`JobFailedError` / :class:`JobCanceledError` (with the job's ``code``) when it failed or
+        was canceled, :class:`WaitTimeoutError` when ``timeout`` seconds passed first."""
+        clock = WaitClock(self, timeout, poll_interval)
+        while not self.done:
+            time.sleep(clock.next_sleep())
+            self.refresh()
+        self._check_outcome()
+        return self
+
+    def stream(self, interval_s: float | None = None) -> Iterator[JobEvent]:
+        """The job's events over SSE until it ends: a :class:`JobEvent` per change of its view (status or
+        progress), then ``end`` (or ``gone`` when the job vanished). A dropped connection is reopened, at most
+        ``max_retries`` times in a row."""
+        params = {"interval_s": interval_s} if interval_s is not None else None
+        retry = RetryState(self._client.config.retry)
+        while True:
+            parser = SSEParser()
+            try:
+                with self._client._stream(self.path + "/events", params) as response:
+                    for line in response.iter_lines():
+                        event = self._on_line(parser, line)
+                        if event is not None:
+                            retry.reset()  # the budget is for consecutive drops
+                            yield event
+                            if event.event in ("end", "gone"):
+                                return
+                raise httpx.RemoteProtocolError("the event stream closed before its end event")
+            except httpx.TransportError as exc:
+                time.sleep(retry.after_error(exc, f"GET {self.path}/events"))
+
+    def result(self) -> Result:
+        """The result of the succeeded job (a dict that renders itself in Jupyter). A job that has not
+        succeeded raises :class:`ConflictError` (code ``not_ready``, ``failed`` or ``canceled``)."""
+        if self._result is None:
+            self._keep_result(self._client._send("GET", self.path + "/result").json())
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> Job:
+        """Cancel: at once when queued, at its next step when running. A finished job raises
+        :class:`ConflictError` (``already_finished``)."""
+        self._update(self._client._send("DELETE", self.path).json())
+        return self
+
+    def artifacts(self) -> list[Artifact]:
+        """The files the job wrote (``GET /jobs/{id}/artifacts``)."""
+        return self._artifacts_from(self._client._send("GET", self.path + "/artifacts").json())
+
+    def download(self, dest: str | Path = ".", names: Iterable[str] | None = None) -> list[Path]:
+        """Download the job's artifacts (all, or those ``names``) under ``dest``, keeping their relative paths.
+        Each file is written under a temporary name and renamed when complete."""
+        paths = []
+        for artifact in self._select(self.artifacts(), names):
+            target = artifact_target(Path(dest), artifact.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".part")
+            with self._client._stream(artifact.url) as response, open(part, "wb") as fh:
+                for chunk in response.iter_bytes():
+                    fh.write(chunk)
+            part.replace(target)
+            paths.append(target)
+        return paths
+
+
+class Jobs:
+    """``client.jobs``: read, list and cancel jobs by id."""
+
+    def __init__(self, client: Client):
+        self._client = client
+
+    def get(self, job_id: str) -> Job:
+        """The job ``job_id``; :class:`NotFoundError` when there is none for this API key."""
+        return Job(self._client, self._client._send("GET", f"/jobs/{quote(job_id)}").json())
+
+    def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
+             cursor: str | None = None) -> JobPage[Job]:
+        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``."""
+        body = self._client._send("GET", "/jobs", params=list_params(kind, status, limit, cursor)).json()
+        return JobPage.from_json(body, lambda view: Job(self._client, view))
+
+    def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100) -> Iterator[Job]:
+        """Every job (of ``kind`` and ``status``), newest first, following the pages."""
+        cursor = None
+        while True:
+            page = self.list(kind=kind, status=status, limit=page_size, cursor=cursor)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel job ``job_id``; returns its view after the request."""
+        return Job(self._client, self._client._send("DELETE", f"/jobs/{quote(job_id)}").json())
+
+
+class Models:
+    """``client.models``: the registered models and datasets."""
+
+    def __init__(self, client: Client):
+        self._client = client
+
+    def list(self) -> ModelList:
+        """``GET /models``."""
+        return ModelList.from_json(self._client._send("GET", "/models").json())
+
+    def delete(self, name: str) -> dict[str, Any]:
+        """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model
+        (another owner's is a :class:`ConflictError`, an unknown one a :class:`NotFoundError`)."""
+        return (self._client._send("DELETE", f"/models/{quote(name)}")).json()

@@ -1,0 +1,297 @@
+"""HTML for Jupyter: attribution heatmaps, training curves, TracIn tables, ablation tables.
+
+Self-contained HTML and inline SVG (no JavaScript, nothing fetched). Every piece of text from a result is
+escaped with :func:`html.escape`. Attributions use one diverging, colour-blind-safe scale,
+:func:`diverging_color`: blue for negative, white for zero, orange for positive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from typing import Any
+
+__all__ = [
+    "NEGATIVE_RGB", "NEUTRAL_RGB", "POSITIVE_RGB", "ablation_html", "attribution_html", "curves_html",
+    "diverging_color", "job_html", "tracin_html",
+]
+
+# The scale's three anchors, the same as the dashboard's (ColorBrewer ends, distinct under the common colour-vision
+# deficiencies). Values between are interpolated linearly in sRGB.
+NEGATIVE_RGB = (33, 102, 172)   # #2166ac
+NEUTRAL_RGB = (255, 255, 255)   # white
+POSITIVE_RGB = (230, 97, 1)     # #e66101
+# Line colours for curves: the Okabe-Ito palette (colour-blind safe).
+SERIES_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
+MAX_SAMPLES_SHOWN = 50
+MAX_ROWS_SHOWN = 25
+
+
+def diverging_color(value: float, scale: float) -> str:
+    """The ``#rrggbb`` colour of ``value`` on the diverging scale whose ends are ``-scale`` and ``+scale``.
+
+    0 is neutral, ``-scale`` (or below) full blue, ``+scale`` (or above) full orange. A zero or non-finite
+    ``scale`` gives the neutral colour; a non-finite value is clamped by its sign."""
+    if not scale or not math.isfinite(scale) or math.isnan(value):
+        return _hex(NEUTRAL_RGB)
+    t = max(-1.0, min(1.0, value / abs(scale)))
+    end = POSITIVE_RGB if t > 0 else NEGATIVE_RGB
+    return _hex(round(n + (e - n) * abs(t)) for n, e in zip(NEUTRAL_RGB, end, strict=True))
+
+
+def _hex(rgb: Iterable[int]) -> str:
+    return "#" + "".join(f"{c:02x}" for c in rgb)
+
+
+def _text_on(value: float, scale: float) -> str:
+    strong = bool(scale) and math.isfinite(scale) and abs(value) / abs(scale) > 0.6
+    return "#ffffff" if strong else "#1a1a1a"
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return escape(str(value)) if value is not None else "–"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.4g}"
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], caption: str = "") -> str:
+    """A table from already-escaped cells (headers are escaped here)."""
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{c}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    cap = f"<caption style='text-align:left;font-weight:600'>{escape(caption)}</caption>" if caption else ""
+    return f"<table style='border-collapse:collapse;font-size:13px'>{cap}<tr>{head}</tr>{body}</table>"
+
+
+def _bar(value: float, scale: float, width_px: int = 120) -> str:
+    """A horizontal bar for ``value`` in ``[-scale, scale]``, coloured on the diverging scale, with the value."""
+    frac = min(abs(value) / scale, 1.0) if scale else 0.0
+    colour = diverging_color(value, scale)
+    return (f"<span style='display:inline-block;width:{width_px}px;background:#eee;vertical-align:middle'>"
+            f"<span style='display:block;height:10px;width:{frac * 100:.1f}%;background:{colour}'></span></span>"
+            f" <code>{_signed(value)}</code>")
+
+
+def _more(shown: int, total: int, what: str) -> str:
+    return f"<p><em>showing {shown} of {total} {escape(what)}; the full result is in the returned dict</em></p>" \
+        if total > shown else ""
+
+
+# ------------------------------------------------------------------------------------------------ attributions
+def words_html(words: Sequence[str], attributions: Sequence[float]) -> str:
+    """Words as spans coloured by attribution (scale: the largest magnitude), the signed value on hover."""
+    scale = max((abs(a) for a in attributions if math.isfinite(a)), default=0.0)
+    spans = []
+    for word, value in zip(words, attributions, strict=True):
+        spans.append(
+            f"<span title='{escape(_signed(value))}' data-attribution='{value!r}' style='background:"
+            f"{diverging_color(value, scale)};color:{_text_on(value, scale)};padding:1px 3px;margin:1px;"
+            f"border-radius:3px;display:inline-block'>{escape(word)}</span>")
+    return "<span style='line-height:1.9'>" + " ".join(spans) + "</span>"
+
+
+def _legend() -> str:
+    stops = ", ".join(diverging_color(v, 1.0) for v in (-1, -0.5, 0, 0.5, 1))
+    return ("<div style='font-size:12px;margin:4px 0'>negative "
+            f"<span style='display:inline-block;width:120px;height:10px;background:linear-gradient(to right, "
+            f"{stops})'></span> positive (hover a word for its attribution)</div>")
+
+
+def attribution_html(result: Mapping[str, Any]) -> str:
+    """Each sample's candidate (and body, when attributed) as coloured words, its score, baseline score and
+    completeness delta; the comparison's changed words; per-label word statistics."""
+    samples = list(result.get("samples") or [])
+    parts = [f"<div><b>attributions</b> of model <code>{escape(str(result.get('model', '')))}</code>",
+             _legend()]
+    rows = []
+    for s in samples[:MAX_SAMPLES_SHOWN]:
+        views = [("title", s), *((name, v) for name, v in (s.get("views") or {}).items() if isinstance(v, Mapping))]
+        cells = "<br>".join(
+            (f"<small>{escape(name)}</small> " if len(views) > 1 else "")
+            + words_html(v.get("words") or [], v.get("word_attributions") or [])
+            for name, v in views)
+        rows.append([escape(str(s.get("id", ""))), escape(str(s.get("label") or "")), cells,
+                     _num(s.get("score")), _num(s.get("baseline_score")), _num(s.get("delta"), 2)])
+    parts.append(_table(["id", "label", "candidate", "score", "baseline score", "completeness delta"], rows))
+    parts.append(_more(min(len(samples), MAX_SAMPLES_SHOWN), len(samples), "samples"))
+    errors = result.get("errors") or []
+    if errors:
+        parts.append(_table(["sample", "error"], ([escape(str(e.get("id"))), escape(str(e.get("error")))]
+                                                  for e in errors), caption="samples not attributed"))
+    comparison = result.get("comparison")
+    if isinstance(comparison, Mapping):
+        changed = list(comparison.get("changed") or [])
+        scale = max((abs(c.get("change", 0.0)) for c in changed), default=0.0)
+        parts.append(_table(
+            ["word", "mean before", "mean after", "change"],
+            ([escape(str(c.get("word"))), _num(c.get("mean_before")), _num(c.get("mean_after")),
+              _bar(float(c.get("change", 0.0)), scale)] for c in changed[:MAX_ROWS_SHOWN]),
+            caption=f"words that changed vs {comparison.get('model')} (|change| > {comparison.get('threshold')})"))
+        parts.append(_more(min(len(changed), MAX_ROWS_SHOWN), len(changed), "changed words"))
+    for label, stats in sorted((result.get("word_stats") or {}).items()):
+        top = list(stats)[:10]
+        scale = max((abs(r.get("mean", 0.0)) for r in top), default=0.0)
+        parts.append(_table(["word", "mean attribution", "count"],
+                            ([escape(str(r.get("word"))), _bar(float(r.get("mean", 0.0)), scale),
+                              _num(r.get("count"))] for r in top),
+                            caption=f"top words for label {label}"))
+    return "".join(parts) + "</div>"
+
+
+# ------------------------------------------------------------------------------------------------ curves
+_SKIP = {"epoch", "lr", "epoch_time_s", "batch", "step"}
+
+
+def _flat(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat(value, name + "."))
+        elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+                and key not in _SKIP:
+            out[name] = float(value)
+    return out
+
+
+def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 380, h: int = 220) -> str:
+    points = [p for pts in series.values() for p in pts]
+    if not points:
+        return ""
+    x0, x1 = min(p[0] for p in points), max(p[0] for p in points)
+    y0, y1 = min(p[1] for p in points), max(p[1] for p in points)
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + abs(y0) * 0.1 + 1e-9)
+    left, right, top, bottom = 48, 10, 22, 30
+
+    def xy(p: tuple[float, float]) -> str:
+        x = left + (p[0] - x0) / (x1 - x0) * (w - left - right)
+        y = top + (1 - (p[1] - y0) / (y1 - y0)) * (h - top - bottom)
+        return f"{x:.1f},{y:.1f}"
+
+    lines, legend = [], []
+    for i, (name, pts) in enumerate(sorted(series.items())):
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        lines.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{' '.join(map(xy, pts))}'>"
+                     f"<title>{escape(name)}</title></polyline>")
+        lines += [f"<circle cx='{xy(p).split(',')[0]}' cy='{xy(p).split(',')[1]}' r='2.5' fill='{colour}'>"
+                  f"<title>{escape(name)} epoch {_num(p[0])}: {_num(p[1])}</title></circle>" for p in pts]
+        legend.append(f"<span style='color:{colour}'>&#9632;</span> {escape(name)}")
+    axes = (f"<line x1='{left}' y1='{h - bottom}' x2='{w - right}' y2='{h - bottom}' stroke='#888'/>"
+            f"<line x1='{left}' y1='{top}' x2='{left}' y2='{h - bottom}' stroke='#888'/>"
+            f"<text x='{left - 4}' y='{top + 4}' font-size='10' text-anchor='end'>{_num(y1, 3)}</text>"
+            f"<text x='{left - 4}' y='{h - bottom}' font-size='10' text-anchor='end'>{_num(y0, 3)}</text>"
+            f"<text x='{left}' y='{h - bottom + 14}' font-size='10'>{_num(x0)}</text>"
+            f"<text x='{w - right}' y='{h - bottom + 14}' font-size='10' text-anchor='end'>{_num(x1)}</text>"
+            f"<text x='{(w + left) / 2}' y='{h - 4}' font-size='10' text-anchor='middle'>epoch</text>"
+            f"<text x='{left}' y='14' font-size='12' font-weight='600'>{escape(title)}</text>")
+    return (f"<div style='display:inline-block;margin:4px'><svg xmlns='http://www.w3.org/2000/svg' width='{w}' "
+            f"height='{h}' role='img' aria-label='{escape(title)}'>{axes}{''.join(lines)}</svg>"
+            f"<div style='font-size:12px'>{' '.join(legend)}</div></div>")
+
+
+def curves_html(history: Sequence[Mapping[str, Any]], title: str = "training") -> str:
+    """Per-epoch curves from a training ``history``: every loss in one chart, every other metric (accuracy,
+    MRR, Hits@k...) in another. Nested dicts (``valid: {mrr}``) become ``valid.mrr``."""
+    losses: dict[str, list[tuple[float, float]]] = {}
+    others: dict[str, list[tuple[float, float]]] = {}
+    for i, row in enumerate(history):
+        x = row.get("epoch", i + 1)
+        x = float(x) if isinstance(x, int | float) else float(i + 1)
+        for name, value in _flat(row).items():
+            (losses if "loss" in name else others).setdefault(name, []).append((x, value))
+    charts = _chart(f"{title}: loss", losses) + _chart(f"{title}: metrics", others)
+    return f"<div>{charts or '<em>no epochs finished yet</em>'}</div>"
+
+
+def training_html(result: Mapping[str, Any]) -> str:
+    """Curves, then the final metrics (scalars, and one level of nesting such as ``test: {mrr, hits@10}``)."""
+    final = {k: v for k, v in _flat({k: v for k, v in result.items()
+                                     if k in ("metrics", "best_val_accuracy", "test_accuracy", "best_epoch",
+                                              "epochs_completed", "parameters")}).items()}
+    table = _table(["metric", "value"], ([escape(k), _num(v)] for k, v in final.items()), caption="final")
+    return curves_html(result.get("history") or [], str(result.get("model_name") or result.get("model") or
+                                                          "training")) + table
+
+
+# ------------------------------------------------------------------------------------------------ tracin
+def _triple(t: Any) -> str:
+    return escape(" · ".join(map(str, t))) if isinstance(t, Sequence) and not isinstance(t, str) else escape(str(t))
+
+
+def tracin_html(result: Mapping[str, Any]) -> str:
+    """Per test triple: proponents and opponents with influence bars; or the self-influence ranking."""
+    parts = [f"<div><b>TracIn</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
+             f"{escape(str(result.get('mode', '')))}"]
+    if result.get("filter"):
+        parts.append(f", filter <code>{escape(str(result['filter']))}</code>")
+    for entry in result.get("results") or []:
+        parts.append(f"<h4 style='margin:8px 0 2px'>{_triple(entry.get('test_triple'))} "
+                     f"<small>(self-influence {_num(entry.get('self_influence'))}, "
+                     f"{_num(entry.get('n_candidates'))} candidates)</small></h4>")
+        groups = [(k, entry.get(k) or []) for k in ("proponents", "opponents", "pairs") if k in entry]
+        scale = max((abs(r.get("influence", 0.0)) for _, rows in groups for r in rows), default=0.0)
+        for name, rows in groups:
+            parts.append(_table(["training triple", "influence", "train self-influence"],
+                                ([_triple(r.get("train_triple")), _bar(float(r.get("influence", 0.0)), scale),
+                                  _num(r.get("train_self_influence"))] for r in rows[:MAX_ROWS_SHOWN]),
+                                caption=name))
+            parts.append(_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name))
+    ranking = result.get("ranking")
+    if ranking:
+        parts.append(_table(["rank", "training triple", "self-influence"],
+                            ([str(i + 1), _triple(r.get("train_triple")), _num(r.get("self_influence"))]
+                             for i, r in enumerate(ranking[:MAX_ROWS_SHOWN])),
+                            caption="self-influence ranking (highest first: candidates for mislabelled facts)"))
+        parts.append(_more(min(len(ranking), MAX_ROWS_SHOWN), len(ranking), "ranked triples"))
+    return "".join(parts) + "</div>"
+
+
+# ------------------------------------------------------------------------------------------------ ablations
+def ablation_html(result: Mapping[str, Any]) -> str:
+    """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
+    cells: Mapping[str, Mapping[str, Any]] = result.get("results") or {}
+    sets = list(cells)
+    reps = list(dict.fromkeys(rep for ls in sets for rep in cells[ls]))
+    drop = result.get("drop") or {}
+    rows = []
+    for rep in reps:
+        row = [escape(rep)]
+        for ls in sets:
+            m = (cells[ls].get(rep) or {}).get("test_acc") or {}
+            row.append(f"{_num(m.get('mean'), 3)} ± {_num(m.get('std'), 2)}" if m else "–")
+        d = drop.get(rep)
+        if drop:
+            row.append(_num(d.get("absolute"), 3) if d else "–")
+        rows.append(row)
+    headers = ["representation", *(f"{ls} test acc" for ls in sets)] + (["drop all→visual"] if drop else [])
+    return f"<div><b>LoRA ablation</b> on <code>{escape(str(result.get('dataset', '')))}</code>" + \
+        _table(headers, rows) + "</div>"
+
+
+# ------------------------------------------------------------------------------------------------ a job
+def job_html(view: Mapping[str, Any], curves: bool = True) -> str:
+    """A job's status line and progress bar; with ``curves``, a training job's curves from its live
+    ``metrics.history``."""
+    status = str(view.get("status"))
+    progress = view.get("progress") or {}
+    done, total = progress.get("done"), progress.get("total")
+    bar = ""
+    if isinstance(done, int | float) and isinstance(total, int | float) and total:
+        eta = progress.get("eta_s")
+        bar = (f"<progress value='{done}' max='{total}'></progress> {_num(done)}/{_num(total)} "
+               f"{escape(str(progress.get('unit') or ''))}" + (f", ETA {eta:.0f}s" if eta is not None else ""))
+    error = view.get("error")
+    err = f"<br><b>{escape(str(error.get('code')))}</b>: {escape(str(error.get('message')))}" \
+        if isinstance(error, Mapping) else ""
+    message = f" <small>{escape(str(progress.get('message')))}</small>" if progress.get("message") else ""
+    head = (f"<div><code>{escape(str(view.get('id')))}</code> <b>{escape(str(view.get('kind')))}</b> "
+            f"{escape(status)} {bar}{message}{err}</div>")
+    history = (view.get("metrics") or {}).get("history")
+    return head + (curves_html(history, str(view.get("kind"))) if history and curves else "")

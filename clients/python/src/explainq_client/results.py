@@ -1,0 +1,70 @@
+"""Job results: plain dicts (the server's JSON) that render themselves in Jupyter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from explainq_client import render
+
+__all__ = ["AblationResult", "AttributionResult", "Result", "TracInResult", "TrainingResult", "make_result"]
+
+
+class Result(dict[str, Any]):
+    """The JSON result of a succeeded job, as a dict; ``kind`` is the job's kind."""
+
+    def __init__(self, data: Mapping[str, Any], kind: str | None = None):
+        super().__init__(data)
+        self.kind = kind
+
+    @property
+    def artifacts(self) -> list[dict[str, Any]]:
+        """The artifacts the result lists (``name``, ``size``, ``media_type``); download them with the job."""
+        return list(self.get("artifacts") or [])
+
+
+class AttributionResult(Result):
+    """``attributions``: renders each sample's headline as words coloured by attribution."""
+
+    def _repr_html_(self) -> str:
+        return render.attribution_html(self)
+
+
+class TracInResult(Result):
+    """``tracin``: renders proponents and opponents (or the self-influence ranking) as tables."""
+
+    def _repr_html_(self) -> str:
+        return render.tracin_html(self)
+
+
+class TrainingResult(Result):
+    """``train_bdh`` / ``train_conve``: renders the per-epoch curves and the final metrics."""
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return list(self.get("history") or [])
+
+    def _repr_html_(self) -> str:
+        return render.training_html(self)
+
+
+class AblationResult(Result):
+    """``ablations``: renders the representation × layer-set table and the all → visual drop."""
+
+    def _repr_html_(self) -> str:
+        return render.ablation_html(self)
+
+
+RESULT_TYPES: dict[str, type[Result]] = {
+    "attributions": AttributionResult,
+    "tracin": TracInResult,
+    "train_bdh": TrainingResult,
+    "train_conve": TrainingResult,
+    "ablations": AblationResult,
+}
+
+
+def make_result(kind: str | None, data: Any) -> Result:
+    """The result class for ``kind`` around ``data`` (a non-object result is kept under ``"value"``)."""
+    cls = RESULT_TYPES.get(kind or "", Result)
+    return cls(data if isinstance(data, Mapping) else {"value": data}, kind)

@@ -1,0 +1,313 @@
+"""The SDK's own logic with a scripted transport: retries and Retry-After, idempotency keys, SSE parsing,
+artifact downloads, request bodies, and the Jupyter HTML (escaping, the colour scale)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import httpx
+import pytest
+from explainq_client import (
+    APIConnectionError,
+    AsyncClient,
+    Client,
+    ConflictError,
+    ExplainqError,
+    RateLimitError,
+    RetryPolicy,
+    ServiceUnavailableError,
+    TracInResult,
+    TrainingResult,
+    ValidationError,
+    diverging_color,
+)
+from explainq_client._http import SSEParser, parse_retry_after
+from explainq_client._kinds import route_for
+from explainq_client.render import NEGATIVE_RGB, NEUTRAL_RGB, POSITIVE_RGB, attribution_html
+from explainq_client.results import make_result
+
+JOB = {"id": "j1", "kind": "tracin", "status": "queued", "progress": None, "error": None}
+
+
+def scripted(*answers: httpx.Response | Callable[[httpx.Request], httpx.Response]):
+    """A transport answering each request with the next scripted response; records the requests."""
+    seen: list[httpx.Request] = []
+    queue = list(answers)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        answer = queue.pop(0)
+        return answer(request) if callable(answer) else answer
+
+    return httpx.MockTransport(handler), seen
+
+
+def unavailable(retry_after: str | None = "1") -> httpx.Response:
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return httpx.Response(503, json={"detail": {"code": "redis_unavailable", "message": "retry"}}, headers=headers)
+
+
+def test_503_then_success_waits_retry_after_and_keeps_the_idempotency_key():
+    transport, seen = scripted(unavailable("1"), httpx.Response(202, json=JOB))
+    with Client("http://x", transport=transport) as c:
+        start = time.monotonic()
+        job = c.tracin(model="m", test_triples=[["a", "b", "c"]])
+        elapsed = time.monotonic() - start
+    assert job.id == "j1" and len(seen) == 2 and elapsed >= 1.0
+    keys = [r.headers["Idempotency-Key"] for r in seen]
+    assert keys[0] == keys[1] and len(keys[0]) == 32
+    assert json.loads(seen[0].content) == {"model": "m", "test_triples": [["a", "b", "c"]]}  # nothing unset sent
+
+
+def test_429_with_an_http_date_retry_after_is_honoured():
+    when = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
+    transport, seen = scripted(httpx.Response(429, json={"detail": {"code": "rate_limited", "message": "slow"}},
+                                              headers={"Retry-After": when}), httpx.Response(200, json={"items": []}))
+    with Client("http://x", transport=transport) as c:
+        start = time.monotonic()
+        assert c.jobs.list().items == []
+        assert time.monotonic() - start >= 0.9  # the date has one-second resolution
+    assert len(seen) == 2
+
+
+def test_a_retry_after_longer_than_max_delay_is_raised_at_once():
+    transport, seen = scripted(httpx.Response(429, json={"detail": {"code": "quota", "message": "later"}},
+                                              headers={"Retry-After": "3600"}))
+    with Client("http://x", transport=transport) as c, pytest.raises(RateLimitError) as info:
+        c.jobs.list()
+    assert info.value.retry_after == 3600 and info.value.code == "quota" and len(seen) == 1
+
+
+def test_retries_run_out_into_the_typed_error():
+    transport, seen = scripted(*(unavailable("0") for _ in range(3)))
+    with Client("http://x", transport=transport, max_retries=2) as c, pytest.raises(ServiceUnavailableError):
+        c.models.list()
+    assert len(seen) == 3
+
+
+def test_idempotency_in_progress_is_retried():
+    busy = httpx.Response(409, json={"detail": {"code": "idempotency_in_progress", "message": "wait"}},
+                          headers={"Retry-After": "0"})
+    transport, seen = scripted(busy, httpx.Response(202, json=JOB))
+    with Client("http://x", transport=transport) as c:
+        assert c.submit("tracin", {"model": "m"}, idempotency_key="k").id == "j1"
+    assert [r.headers["Idempotency-Key"] for r in seen] == ["k", "k"]
+
+
+def test_connection_failures_are_retried_then_typed():
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    transport, seen = scripted(refuse, refuse, refuse)
+    policy = RetryPolicy(max_retries=2, backoff_s=0.01)
+    with Client("http://x", transport=transport, retry=policy) as c, pytest.raises(APIConnectionError):
+        c.health()
+    assert len(seen) == 3
+
+
+def test_models_delete_sends_delete_and_types_the_conflict():
+    conflict = httpx.Response(409, json={"detail": {"code": "owned_by_other", "message": "another owner's model"}})
+    deleted = {"deleted": "my model", "kind": "news", "owner": "alice"}
+    transport, seen = scripted(httpx.Response(200, json=deleted), conflict)
+    with Client("http://x", transport=transport) as c:
+        assert c.models.delete("my model") == deleted
+        with pytest.raises(ConflictError) as info:
+            c.models.delete("theirs")
+    assert [(r.method, r.url.raw_path) for r in seen] == [("DELETE", b"/models/my%20model"),
+                                                         ("DELETE", b"/models/theirs")]
+    assert info.value.code == "owned_by_other"
+
+
+def test_parse_retry_after():
+    assert parse_retry_after("2") == 2 and parse_retry_after("0.5") == 0.5 and parse_retry_after(None) is None
+    assert parse_retry_after("garbage") is None
+    past = format_datetime(datetime.now(UTC) - timedelta(seconds=30), usegmt=True)
+    assert parse_retry_after(past) == 0
+
+
+def test_errors_without_the_json_shape_are_still_typed():
+    transport, _ = scripted(httpx.Response(422, json={"detail": [{"loc": ["body", "samples", 0, "id"],
+                                                                  "msg": "duplicate", "type": "value_error"}]}),
+                            httpx.Response(404, text="Not Found"))
+    with Client("http://x", transport=transport) as c:
+        with pytest.raises(ValidationError) as info:
+            c.attributions(model="m", samples=[])
+        assert info.value.fields == ["samples.0.id"] and "samples.0.id: duplicate" in str(info.value)
+        with pytest.raises(ExplainqError):
+            c.jobs.get("x")
+
+
+def test_route_for_and_bad_urls():
+    assert route_for("train_bdh") == route_for("train/bdh") == route_for("train-bdh") == "/train/bdh"
+    assert route_for("/test/sleep") == "/test/sleep"
+    with pytest.raises(ValueError, match="unknown job kind"):
+        route_for("bogus")
+    with pytest.raises(ExplainqError, match="base_url"):
+        Client("localhost:8000")
+
+
+def test_sse_parser():
+    parser = SSEParser()
+    lines = [": keep-alive", "", "event: running", 'data: {"id": "j1",', 'data: "status": "running"}', "",
+             "event: end", 'data: {"status": "succeeded"}', ""]
+    events = [e for e in map(parser.feed, lines) if e is not None]
+    assert [e.event for e in events] == ["running", "end"]
+    assert events[0].job == {"id": "j1", "status": "running"} and events[1].job is None
+    assert events[1].status == "succeeded"
+
+
+def test_ready_is_asked_once_and_its_503_is_an_answer():
+    body = {"status": "unavailable", "workers": {"explain": 0}, "reasons": ["no live worker on queue 'explain'"]}
+    transport, seen = scripted(httpx.Response(503, json=body))
+    with Client("http://x", transport=transport) as c:
+        assert c.ready() == body
+    assert len(seen) == 1
+
+
+def test_stream_reopens_a_dropped_connection_and_follows_the_job():
+    def sse(*events: tuple[str, dict]) -> httpx.Response:
+        text = ": keep-alive\n\n" + "".join(f"event: {e}\ndata: {json.dumps(d)}\n\n" for e, d in events)
+        return httpx.Response(200, content=text.encode(), headers={"Content-Type": "text/event-stream"})
+
+    running = {**JOB, "status": "running", "progress": {"done": 1, "total": 2, "unit": "steps"}}
+    done = {**JOB, "status": "succeeded", "progress": {"done": 2, "total": 2, "unit": "steps"}}
+    transport, seen = scripted(httpx.Response(200, json=JOB), sse(("running", running)),  # then the link drops
+                               sse(("running", running), ("succeeded", done), ("end", {"status": "succeeded"})))
+    with Client("http://x", transport=transport, retry=RetryPolicy(backoff_s=0.01)) as c:
+        job = c.jobs.get("j1")
+        events = list(job.stream())
+    assert [e.event for e in events] == ["running", "running", "succeeded", "end"]
+    assert [r.url.path for r in seen[1:]] == ["/jobs/j1/events"] * 2
+    assert job.status == "succeeded" and job.progress["done"] == 2
+
+
+def artifact_server(tmp_names: dict[str, bytes]) -> httpx.MockTransport:
+    """``GET /jobs/j1/artifacts`` and each file, as the API serves them."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/jobs/j1":
+            return httpx.Response(200, json={**JOB, "status": "succeeded"})
+        if path == "/jobs/j1/artifacts":
+            return httpx.Response(200, json={"items": [
+                {"name": n, "size": len(b), "media_type": "text/csv", "url": f"/jobs/j1/artifacts/{n}"}
+                for n, b in tmp_names.items()]})
+        name = path.removeprefix("/jobs/j1/artifacts/")
+        if name in tmp_names:
+            return httpx.Response(200, content=tmp_names[name], headers={"Content-Type": "text/csv"})
+        return httpx.Response(404, json={"detail": {"code": "not_found", "message": name}})
+
+    return httpx.MockTransport(handler)
+
+
+def test_artifacts_and_download_keep_relative_paths(tmp_path):
+    files = {"influence.csv": b"a,b\n1,2\n", "checkpoints/last/model.bin": b"\x00" * 70_000}
+    with Client("http://x", transport=artifact_server(files)) as c:
+        job = c.jobs.get("j1")
+        listed = job.artifacts()
+        assert [(a.name, a.size) for a in listed] == [("influence.csv", 8), ("checkpoints/last/model.bin", 70_000)]
+        paths = job.download(tmp_path / "out")
+        assert [p.relative_to(tmp_path / "out").as_posix() for p in paths] == list(files)
+        assert all(p.read_bytes() == files[n] for p, n in zip(paths, files, strict=True))
+        assert not list((tmp_path / "out").rglob("*.part"))
+        only = job.download(tmp_path / "one", names=["influence.csv"])
+        assert [p.name for p in only] == ["influence.csv"]
+        with pytest.raises(ExplainqError, match="no artifact"):
+            job.download(tmp_path / "x", names=["missing.csv"])
+
+
+def test_download_refuses_names_that_leave_the_target(tmp_path):
+    with Client("http://x", transport=artifact_server({"../evil.txt": b"x"})) as c:
+        with pytest.raises(ExplainqError, match="refusing"):
+            c.jobs.get("j1").download(tmp_path / "out")
+    assert not (tmp_path / "evil.txt").exists()
+
+
+def test_async_download_and_retry(tmp_path):
+    files = {"a/b.txt": b"hello"}
+
+    async def scenario() -> None:
+        async with AsyncClient("http://x", transport=artifact_server(files)) as c:
+            job = await c.jobs.get("j1")
+            (path,) = await job.download(tmp_path)
+            assert path.read_bytes() == b"hello"
+        transport, seen = scripted(unavailable("0"), httpx.Response(202, json=JOB))
+        async with AsyncClient("http://x", transport=transport) as c:
+            job = await c.train_conve(name="kg", epochs=1)
+            assert job.id == "j1" and len(seen) == 2
+            assert seen[0].headers["Idempotency-Key"] == seen[1].headers["Idempotency-Key"]
+            assert json.loads(seen[1].content) == {"name": "kg", "epochs": 1}
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def test_diverging_color_scale():
+    hexed = ["#" + "".join(f"{c:02x}" for c in rgb) for rgb in (NEGATIVE_RGB, NEUTRAL_RGB, POSITIVE_RGB)]
+    assert [diverging_color(v, 2.0) for v in (-2.0, 0.0, 2.0)] == hexed
+    assert diverging_color(-9.0, 2.0) == hexed[0] and diverging_color(9.0, 2.0) == hexed[2]
+    assert diverging_color(1.0, 0.0) == hexed[1] and diverging_color(float("nan"), 1.0) == hexed[1]
+    half = diverging_color(1.0, 2.0)
+    assert half not in hexed and int(half[1:3], 16) > POSITIVE_RGB[0]  # between neutral and orange
+
+
+def test_attribution_html_escapes_and_signs_every_word():
+    result = make_result("attributions", {"model": "<m>", "samples": [{
+        "id": "s<1>", "label": "fake", "words": ["<script>alert(1)</script>", "fine", "bad"],
+        "word_attributions": [0.5, 0.0, -0.25], "score": 1.0, "baseline_score": 0.25, "delta": 1e-6}],
+        "word_stats": {"fake": [{"word": "<b>", "mean": 0.5, "count": 1}]},
+        "comparison": {"model": "twin", "threshold": 0.1, "changed": [
+            {"word": "&x", "mean_before": 0.0, "mean_after": 0.3, "change": 0.3}]}})
+    html = result._repr_html_()
+    assert html == attribution_html(result)
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "&lt;b&gt;" in html and "&amp;x" in html and "s&lt;1&gt;" in html
+    assert "title='+0.5'" in html and "title='-0.25'" in html and "title='+0'" in html
+    assert diverging_color(0.5, 0.5) in html and diverging_color(-0.25, 0.5) in html
+
+
+def test_training_result_renders_curves():
+    history = [{"epoch": e, "train_loss": 1.0 / e, "val_accuracy": 0.5 + e / 10, "lr": 0.1} for e in (1, 2, 3)]
+    html = make_result("train_bdh", {"history": history, "best_val_accuracy": 0.8})._repr_html_()
+    assert isinstance(make_result("train_bdh", {}), TrainingResult)
+    assert html.count("<polyline") == 2 and "train_loss" in html and "val_accuracy" in html and "lr<" not in html
+    conve = [{"epoch": 1, "loss": 0.9}, {"epoch": 2, "loss": 0.5, "valid": {"mrr": 0.3, "hits@10": 0.7}}]
+    html = make_result("train_conve", {"history": conve, "metrics": {"test": {"mrr": 0.31}}})._repr_html_()
+    assert "valid.mrr" in html and "valid.hits@10" in html and "metrics.test.mrr" in html
+
+
+def test_tracin_result_renders_tables():
+    result = make_result("tracin", {"model": "kg", "mode": "test", "filter": {"n_hops": 1}, "results": [{
+        "test_triple": ["usa", "embassy", "<uk>"], "self_influence": 2.0, "n_candidates": 3,
+        "proponents": [{"train_triple": ["usa", "aid", "uk"], "influence": 0.4, "train_self_influence": 1.0}],
+        "opponents": [{"train_triple": ["uk", "war", "usa"], "influence": -0.2, "train_self_influence": 0.5}]}]})
+    assert isinstance(result, TracInResult)
+    html = result._repr_html_()
+    assert "proponents" in html and "opponents" in html and "usa · embassy · &lt;uk&gt;" in html
+    assert "+0.4" in html and "-0.2" in html and "n_hops" in html
+
+
+def test_self_influence_ranking_and_ablation_tables():
+    ranking = make_result("tracin", {"model": "kg", "mode": "self", "ranking": [
+        {"train_triple": ["a", "r", "b"], "self_influence": 3.5}, {"train_triple": ["c", "r", "d"],
+                                                                   "self_influence": 1.25}]})._repr_html_()
+    assert "self-influence ranking" in ranking and ranking.index("a · r · b") < ranking.index("c · r · d")
+    ablation = make_result("ablations", {"dataset": "lora-demo", "results": {
+        "all": {"spectral": {"test_acc": {"mean": 0.95, "std": 0.01}}},
+        "visual": {"spectral": {"test_acc": {"mean": 0.5, "std": 0.05}}}},
+        "drop": {"spectral": {"absolute": 0.45, "relative": 0.47}}})._repr_html_()
+    assert "0.95 ± 0.01" in ablation and "0.5 ± 0.05" in ablation and "0.45" in ablation
+    assert "drop all→visual" in ablation
+
+
+def test_the_sdk_never_imports_torch():
+    code = "import sys, explainq_client, explainq_client.cli; assert 'torch' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
