@@ -95,6 +95,14 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ up
+def worker_specs(args: argparse.Namespace) -> list[str]:
+    """The queue list of each worker ``explainq up`` starts: ``--workers "explain,bulk;train"`` (workers separated by
+    ``;``, each worker's queues in priority order), or the older ``--queues explain,train`` (one worker per queue)."""
+    if getattr(args, "queues", None):
+        return [q.strip() for q in args.queues.split(",") if q.strip()]
+    return [",".join(q.strip() for q in w.split(",") if q.strip()) for w in args.workers.split(";") if w.strip()]
+
+
 def split_threads(queues: list[str], cores: int) -> dict[str, tuple[int, int]]:
     """``queue spec -> (threads, nice)`` for the workers ``explainq up`` starts on a host with ``cores`` cores.
 
@@ -158,9 +166,8 @@ class Supervisor:
         self.restarts: dict[str, Restarts] = {}
         self.backoff = (backoff_s, backoff_cap_s, healthy_s)
         self.stopping = False
-        queues = [q.strip() for q in args.queues.split(",") if q.strip()]
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.plan = split_threads(queues, cores)
+        self.plan = split_threads(worker_specs(args), cores)
 
     def argv(self, name: str) -> list[str]:
         """The command line of process ``name`` (``api`` or ``worker:<queues>``)."""
@@ -278,7 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start Redis (embedded unless REDIS_URL is set), workers and the API")
     up.add_argument("--host", default="127.0.0.1")
     up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--queues", default="explain,train", help="one worker is started per queue")
+    up.add_argument("--workers", default="explain,bulk;train",
+                    help="the workers to start, separated by ';', each with its queues in priority order: the "
+                    "default serves interactive requests before dataset-scale shards on one worker and trains on "
+                    "another")
+    up.add_argument("--queues", default=None, help="older form: one worker per comma-separated queue")
     up.add_argument("--no-demo", action="store_true", help="skip preparing the demo models and data")
     up.add_argument("--grace-s", type=float, default=30.0, help="how long workers get to stop on shutdown")
     up.add_argument("--gc-interval-s", type=float, default=3600.0,
@@ -293,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     api.set_defaults(func=cmd_api)
 
     worker = sub.add_parser("worker", help="run one worker (models preloaded from the registry)")
-    worker.add_argument("--queues", default="explain,train", help="comma-separated, in priority order")
+    worker.add_argument("--queues", default="explain,bulk,train", help="comma-separated, in priority order")
     worker.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     worker.add_argument("--no-preload", action="store_true", help="load models on first use instead")
     worker.add_argument("--threads", type=int, default=None,

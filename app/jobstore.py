@@ -33,6 +33,7 @@ from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry
 from rq.serializers import JSONSerializer
 
+from app import fanout
 from app.kinds.base import QUEUES, JobKind
 from app.metrics import record_finished, record_submitted
 from app.reaper import reap_job
@@ -510,7 +511,7 @@ class JobStore:
                 if not raw:
                     stale.append(member)
                     continue
-                view = job_view(job_id, raw, base_url)
+                view = fanout.apply(self.redis, job_id, job_view(job_id, raw, base_url), raw)
                 if (kind and view["kind"] != kind) or (status and view["status"] != status):
                     continue
                 items.append(view)
@@ -524,12 +525,18 @@ class JobStore:
                 return items, None
 
     # ---- cancel
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, _cascade: bool = True) -> None:
         """Cancel at once when queued; otherwise raise the flag the running job checks at its next step.
 
         A canceled queued job leaves its queue, is kept for ``EXPLAINQ_FAILURE_TTL_S`` and then expires, with its
-        entry in RQ's canceled registry.
+        entry in RQ's canceled registry. Canceling a fanned-out parent cancels its shards and its reduce step.
         """
+        if _cascade:
+            meta = _meta(self.raw(job_id))
+            if fanout.is_parent(meta):
+                for child in fanout.related(self.redis, job_id, meta):
+                    if self.redis.exists(JOB_PREFIX + child):
+                        self.cancel(child, _cascade=False)
         self.redis.set(cancel_key(job_id), "1", ex=self.settings.result_ttl_s)
         ttl = self.settings.failure_ttl_s
         job_key = JOB_PREFIX + job_id
@@ -543,7 +550,11 @@ class JobStore:
                     pipe.multi()
                     job.meta["canceled_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
                     pipe.hset(job_key, "meta", self.serializer.dumps(job.meta))
-                    job.cancel(pipeline=pipe)
+                    try:
+                        job.cancel(pipeline=pipe)
+                    except ValueError:  # a worker started the job meanwhile (RQ read its half-written execution)
+                        pipe.reset()
+                        continue
                     pipe.zadd(CanceledJobRegistry(job.origin, connection=self.redis).key, {job_id: time.time() + ttl})
                     pipe.expire(job_key, ttl)
                     pipe.execute()
@@ -554,6 +565,8 @@ class JobStore:
         prune_canceled(self.redis)
 
     def result(self, job_id: str) -> Any:
+        if fanout.is_parent(_meta(self.raw(job_id))):  # a fanned-out request's result is its reduce step's
+            job_id = fanout.reduce_id(job_id)
         job = Job.fetch(job_id, connection=self.redis, serializer=FiniteJSONSerializer)
         return job.return_value(refresh=True)
 

@@ -153,7 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def kinds_summary() -> dict[str, Any]:
-    return {name: {"route": k.route, "queue": k.queue} for name, k in kinds_pkg.load_all().items()}
+    return {name: {"route": k.route, "queue": k.queue} for name, k in kinds_pkg.load_all().items()
+            if not k.internal}
 
 
 app = create_app()

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import WatchError
+from rq import Queue
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import StartedJobRegistry
@@ -86,6 +87,18 @@ def reap_job(redis: Redis, job_id: str, heartbeat_ttl_s: float, uptime_s: float 
             registry = StartedJobRegistry(job.origin, connection=redis, serializer=JSONSerializer)
             entries = [e for e in pipe.zrange(registry.key, 0, -1)
                        if parse_composite_key(e.decode())[0] == job_id]
+            queue = Queue(job.origin, connection=redis, serializer=JSONSerializer)
+            if job.retries_left:  # a job enqueued with Retry goes back on its queue, as RQ does for a failure
+                job.meta["lost_attempts"] = int(job.meta.get("lost_attempts", 0)) + 1
+                pipe.multi()
+                if entries:
+                    pipe.zrem(registry.key, *entries)
+                pipe.hset(key, "meta", JSONSerializer.dumps(job.meta))
+                job.retry(queue, pipe)
+                pipe.execute()
+                log.warning("job %s requeued (%s retries left): its worker %s is gone", job_id, job.retries_left,
+                            job.worker_name)
+                return True
             job.meta["error"] = dict(LOST_ERROR)
             ended = rq_now()
             job.meta["lost_at"] = utcformat(ended)
@@ -99,6 +112,10 @@ def reap_job(redis: Redis, job_id: str, heartbeat_ttl_s: float, uptime_s: float 
         except WatchError:  # the job changed meanwhile (its worker wrote to it): it is not abandoned
             return False
     log.warning("job %s failed: its worker %s is gone", job_id, job.worker_name)
+    try:  # jobs that depend on it with failures allowed (a fan-out's reduce step) may run now
+        queue.enqueue_dependents(job)
+    except Exception:
+        log.exception("could not release the dependents of job %s", job_id)
     return True
 
 

@@ -36,7 +36,7 @@ class Service:
     def __init__(
         self,
         home: Path,
-        queues: tuple[str, ...] = ("explain,train",),
+        queues: tuple[str, ...] = ("explain,bulk,train",),
         env: dict[str, str] | None = None,
         api_keys: str = "",
         heartbeat_ttl_s: int = 60,

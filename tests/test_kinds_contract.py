@@ -9,7 +9,8 @@ from app.kinds import load_all
 from app.redis_server import EmbeddedRedis
 from app.settings import Settings
 
-PRODUCT_KINDS = {name: kind for name, kind in load_all().items() if not kind.func.startswith("tests.")}
+PRODUCT_KINDS = {name: kind for name, kind in load_all().items()
+                 if not kind.func.startswith("tests.") and not kind.internal}
 WRONG_VALUES = [{"nested": ["wrong"]}, -10**12, "definitely-not-valid-\u2603", [None], None]
 
 

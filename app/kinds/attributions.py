@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from app import registry
 from app.formats import news_labelled
-from app.kinds.base import FieldError, JobKind, register, require_model
+from app.kinds.base import FieldError, JobKind, register, register_fanout, require_model
 from app.settings import Settings
 
 METHODS = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "occlusion")
@@ -37,7 +37,7 @@ class DatasetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200)
     split: Literal["train", "valid", "test"] = "test"
-    n_samples: int = Field(32, ge=1, le=20000)
+    n_samples: int = Field(32, ge=1, le=1_000_000, description="large runs fan out over the workers (shard_size)")
     balanced: bool = False
     seed: int = 0
 
@@ -60,6 +60,13 @@ class AttributionsRequest(BaseModel):
     compare_with: str | None = Field(None, min_length=1, max_length=200)
     compare_threshold: float = Field(0.1, ge=0)
     max_history: int = Field(50, ge=1, le=500)
+    shard_size: int | Literal["auto"] = Field(
+        "auto", description="samples per shard when a large request fans out over the workers: 'auto' sizes "
+        "shards from the model's measured throughput (about two minutes each); a request of at most one shard "
+        "runs as one job")
+    max_failed_fraction: float = Field(0.01, ge=0, le=1, description="a fanned-out run fails when more samples "
+                                       "than this fraction fail; otherwise it succeeds and lists them in errors")
+    shard_retries: int = Field(1, ge=0, le=5, description="retries of a failed shard")
 
 
 def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:
@@ -85,11 +92,8 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
         if entry is None or entry.get("kind") != DATASET_KIND:
             raise FieldError(("body", "dataset", "name"), f"unknown news dataset {req.dataset.name!r}",
                              value=req.dataset.name)
-        if req.dataset.balanced and news_labelled(settings, entry, req.dataset.split) is False:
-            raise FieldError(("body", "dataset", "balanced"), f"dataset {req.dataset.name!r} has no real/fake "
-                             f"labels in its {req.dataset.split} split (no labels.tsv or candidate_is_fake), so "
-                             "it cannot be balanced", value=True)
-    for field in ("alpha_batch_size", "batch_size"):
+from app.formats import news_labelled
+from app.kinds.base import FieldError, JobKind, register, register_fanout, require_model
         value = getattr(req, field)
         if value != "auto" and value < 1:
             raise FieldError(("body", field), f"{field} must be >= 1 or 'auto'", value=value)
@@ -108,3 +112,4 @@ register(JobKind(
     summary="Integrated Gradients of a news recommender's score over the words of a headline",
     validate=validate,
 ))
+register_fanout("attributions", "workers.jobs.attributions", timeout_s=2 * 3600)

@@ -6,11 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.settings import Settings
 
-QUEUES = ("explain", "train")
+# Workers list their queues in priority order: "explain,bulk" serves an interactive request before the next shard
+# of a dataset-scale run; "train" runs long training jobs on workers of its own.
+QUEUES = ("explain", "bulk", "train")
 
 
 class FieldError(ValueError):
@@ -65,17 +67,51 @@ class JobKind:
     # validate(request, settings, owner): registry and cross-field checks at submission; raises FieldError
     validate: Callable[[Any, Settings, str], None] | None = None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # run only by other jobs (the shards and reduce step of a fanned-out request): no HTTP route
+    internal: bool = False
 
     def __post_init__(self) -> None:
         if self.queue not in QUEUES:
             raise ValueError(f"queue must be one of {QUEUES}, got {self.queue!r}")
         if ":" not in self.func:
             raise ValueError("func must be 'module.path:function'")
-        if not self.route.startswith("/"):
+        if not self.internal and not self.route.startswith("/"):
             raise ValueError("route must start with '/'")
 
 
 KINDS: dict[str, JobKind] = {}
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+
+
+class ShardRequest(BaseModel):
+    """One shard of a fanned-out request: items ``[start, end)`` of the parent's ``request``."""
+
+    model_config = ConfigDict(extra="forbid")
+    parent: str = Field(..., pattern=JOB_ID_PATTERN)
+    index: int = Field(..., ge=0)
+    start: int = Field(..., ge=0)
+    end: int = Field(..., ge=0)
+    request: dict[str, Any]
+
+
+class ReduceRequest(BaseModel):
+    """The step that merges a parent's ``shards`` shards."""
+
+    model_config = ConfigDict(extra="forbid")
+    parent: str = Field(..., pattern=JOB_ID_PATTERN)
+    shards: int = Field(..., ge=1)
+    request: dict[str, Any]
+
+
+def register_fanout(kind: str, module: str, timeout_s: int) -> None:
+    """Register ``<kind>_shard`` and ``<kind>_reduce`` (functions ``run_shard`` / ``run_reduce`` of ``module``)."""
+    register(JobKind(name=f"{kind}_shard", route="", request=ShardRequest, queue="bulk",
+                     func=f"{module}:run_shard", timeout_s=timeout_s, internal=True,
+                     summary=f"one shard of a fanned-out {kind} request"))
+    register(JobKind(name=f"{kind}_reduce", route="", request=ReduceRequest, queue="bulk",
+                     func=f"{module}:run_reduce", timeout_s=timeout_s, internal=True,
+                     summary=f"merges the shards of a fanned-out {kind} request"))
 
 
 def register(kind: JobKind) -> JobKind:

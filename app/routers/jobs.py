@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from app import fanout
 from app.deps import caller
 from app.jobstore import (
     JOB_PREFIX,
@@ -73,6 +74,16 @@ async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, b
     return (await _owned(request, job_id, owner))[0]
 
 
+async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None
+                ) -> dict[str, Any]:
+    """The job view; a fanned-out parent's status, shards and progress come from its shards (app/fanout.py).
+    The byte check keeps the common case at zero extra cost."""
+    view = job_view(job_id, raw, position=position)
+    if b'"fanout"' in raw.get(b"meta", b""):
+        view = await run_in_threadpool(fanout.apply, request.app.state.redis, job_id, view, raw)
+    return view
+
+
 @router.get(
     "/jobs/{job_id}",
     summary="A job's status, progress and error",
@@ -82,7 +93,7 @@ async def get_job(job_id: str, request: Request) -> JSONResponse:
     # The hottest endpoint: auth is called inline rather than through Depends, which costs more per request
     # in FastAPI's dependency solver than the Redis round trip itself.
     raw, position = await _owned(request, job_id, await caller(request))
-    return JSONResponse(job_view(job_id, raw, position=position))
+    return JSONResponse(await _view(request, job_id, raw, position))
 
 
 @router.get(
@@ -97,8 +108,11 @@ def list_jobs(
     status: str | None = Query(None, description="queued, running, succeeded, failed or canceled"),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, description="the next_cursor of the previous page"),
+    parent: str | None = Query(None, description="list the shards (then the reduce step) of this fanned-out job"),
     owner: str = Depends(caller),
 ) -> dict[str, Any]:
+    if parent is not None:
+        return _list_children(request, parent, owner, limit, cursor)
     if status is not None and status not in STATUSES:
         raise HTTPException(
             status_code=422,
@@ -118,23 +132,43 @@ def list_jobs(
     return {"items": items, "next_cursor": next_cursor}
 
 
+def _list_children(request: Request, parent: str, owner: str, limit: int, cursor: str | None) -> dict[str, Any]:
+    store = request.app.state.store
+    raw = store.raw(parent) if valid_job_id(parent) else {}
+    if not raw or owner_of(raw) != owner:
+        raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no job {parent!r}",
+                                                     "loc": ["query", "parent"]})
+    if cursor is not None and not cursor.isdigit():
+        raise HTTPException(status_code=422, detail=[{"loc": ["query", "cursor"], "msg": "malformed cursor",
+                                                      "type": "value_error", "input": cursor}])
+    start = int(cursor or 0)
+    ids = fanout.children(request.app.state.redis, parent)
+    page = ids[start:start + limit]
+    with request.app.state.redis.pipeline(transaction=False) as pipe:
+        for jid in page:
+            pipe.hmget(JOB_PREFIX + jid, VIEW_FIELDS)
+        raws = [fields_to_raw(v) for v in pipe.execute()]
+    items = [job_view(jid, r) for jid, r in zip(page, raws, strict=True) if r]
+    return {"items": items, "next_cursor": str(start + limit) if start + limit < len(ids) else None}
+
+
 @router.delete("/jobs/{job_id}", summary="Cancel a job: at once when queued, at its next step when running")
 async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
     raw = await _owned_raw(request, job_id, owner)
-    view = job_view(job_id, raw)
+    view = await _view(request, job_id, raw)
     if view["status"] in TERMINAL:
         return JSONResponse(status_code=409, content={"detail": {
             "code": "already_finished", "status": view["status"],
             "message": f"job is already {view['status']}"}, "job": view})
     await run_in_threadpool(request.app.state.store.cancel, job_id)
     raw = await _fetch(request, job_id)
-    return JSONResponse(status_code=202, content=job_view(job_id, raw))
+    return JSONResponse(status_code=202, content=await _view(request, job_id, raw))
 
 
 @router.get("/jobs/{job_id}/result", summary="The result of a succeeded job (JSON)")
 async def get_result(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
     raw = await _owned_raw(request, job_id, owner)
-    view = job_view(job_id, raw)
+    view = await _view(request, job_id, raw)
     if view["status"] != "succeeded":
         return JSONResponse(status_code=409, content={"detail": {
             "code": "not_ready" if view["status"] in ("queued", "running") else view["status"],
@@ -167,7 +201,7 @@ async def job_events(
                 return
             if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
                 raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-            view = job_view(job_id, raw, position=position)
+            view = await _view(request, job_id, raw, position)
             if view != last:
                 yield f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
                 last, last_sent = view, time.monotonic()

@@ -56,6 +56,8 @@ def _route_for(kind: JobKind):
 def build_router(kinds: dict[str, JobKind]) -> APIRouter:
     router = APIRouter(tags=["submit"])
     for kind in kinds.values():
+        if kind.internal:
+            continue
         router.add_api_route(
             kind.route,
             _route_for(kind),

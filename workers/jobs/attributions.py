@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import shutil
+import time
 from typing import Any
 
 import numpy as np
 
+from app.artifacts import artifacts_key
+from app.store import get_store
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
+from workers.fanout import (
+    auto_shard_size,
+    failed_fraction,
+    fan_out,
+    record_rate,
+    shard_done,
+    shard_records,
+)
+from workers.fanout import run_shard as run_shard_once
 
 NPZ_MIN_SAMPLES = 32  # runs with at least this many samples also write an npz artifact
 
@@ -53,10 +65,20 @@ def input_warnings(samples: list, views: tuple[str, ...]) -> list[str]:
     return out
 
 
+def _options(payload: dict[str, Any]) -> Any:
+    from models.news.attribution import IGOptions
+
+    return IGOptions(
+        n_steps=payload["n_steps"], method=payload["method"], tolerance=payload.get("tolerance"),
+        alpha_batch_size=payload["alpha_batch_size"], batch_size=payload["batch_size"],
+        precision=payload["precision"], baseline=payload["baseline"], top_k=payload["top_k"],
+        optimized=payload["optimized"], max_history=payload.get("max_history", 50),
+    )
+
+
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     from models.news.attribution import (
         AttributionError,
-        IGOptions,
         compare_reports,
         explain,
         samples_to_arrays,
@@ -67,12 +89,10 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     samples = _samples(payload, ctx, with_bodies="body" in model.views)
     if not samples:
         raise JobError("no_samples", "the request selected no samples")
-    opts = IGOptions(
-        n_steps=payload["n_steps"], method=payload["method"], tolerance=payload.get("tolerance"),
-        alpha_batch_size=payload["alpha_batch_size"], batch_size=payload["batch_size"],
-        precision=payload["precision"], baseline=payload["baseline"], top_k=payload["top_k"],
-        optimized=payload["optimized"], max_history=payload.get("max_history", 50),
-    )
+    shard_size = _shard_size(payload, ctx)
+    if len(samples) > shard_size:  # a dataset-scale run: shards on every worker, then a reduce step
+        return _fan_out(payload, ctx, len(samples), shard_size)
+    opts = _options(payload)
     compare = payload.get("compare_with")
     passes = 2 if compare else 1
 
@@ -150,3 +170,187 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
                                 meta={"architecture": spec.config["kind"], "encoder": spec.config.get("encoder"),
                                       "dataset": spec.dataset, "valid_auc": metrics["valid"]["auc"]})
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ fan-out
+DEFAULT_SAMPLE_STEPS_PER_S = 100.0  # before any shard of this model has run (a 2-core CPU does ~250 in fp32)
+SUMMARY_TOP_WORDS = 50
+
+
+def _shard_size(payload: dict[str, Any], ctx: JobContext) -> int:
+    if payload.get("shard_size", "auto") != "auto":
+        return int(payload["shard_size"])
+    cost = payload["n_steps"] * (2 if payload.get("compare_with") else 1)
+    return auto_shard_size(ctx, "attributions", payload["model"], cost, DEFAULT_SAMPLE_STEPS_PER_S)
+
+
+def _fan_out(payload: dict[str, Any], ctx: JobContext, n: int, shard_size: int) -> dict[str, Any]:
+    inline = payload.get("samples") is not None
+
+    def shard_payload(index: int, start: int, end: int) -> dict[str, Any]:
+        request = dict(payload)
+        if inline:  # a shard carries only its own samples
+            request["samples"] = payload["samples"][start:end]
+        return {"parent": ctx.job_id, "index": index, "start": 0 if inline else start,
+                "end": end - start if inline else end, "request": request}
+
+    return fan_out(ctx, shard_kind="attributions_shard", reduce_kind="attributions_reduce", request=payload,
+                   n_items=n, shard_size=shard_size, unit="samples", shard_payload=shard_payload,
+                   timeout_s=2 * 3600, retries=payload.get("shard_retries", 1),
+                   max_failed_fraction=payload.get("max_failed_fraction", 0.01))
+
+
+def _write_jsonl(path: Any, records: list[dict[str, Any]]) -> None:
+    import json
+
+    with open(path, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(_clean(rec)) + "\n")
+
+
+def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Attribute samples ``[start, end)`` of the parent's request; write ``samples.jsonl`` (and ``compare.jsonl``)."""
+    from models.news.attribution import AttributionError, explain
+
+    request, start, end = payload["request"], payload["start"], payload["end"]
+
+    def work() -> dict[str, Any]:
+        model = ctx.model(request["model"]).model
+        samples = _samples(request, ctx, with_bodies="body" in model.views)[start:end]
+        opts = _options(request)
+        compare = request.get("compare_with")
+        passes = 2 if compare else 1
+
+        def progress_for(k: int):
+            def progress(done: int, total: int, message: str) -> None:
+                ctx.progress(k * total + done, passes * total, "samples", message=message)
+            return progress
+
+        t0 = time.perf_counter()
+        try:
+            report = explain(model, samples, opts, progress_for(0))
+            _write_jsonl(ctx.artifact_path("samples.jsonl"), report["samples"])
+            out = {"n": len(samples), "errors": report["errors"], "summary": report["summary"],
+                   "warnings": input_warnings(samples, model.views)}
+            if compare:
+                report_b = explain(ctx.model(compare).model, samples, opts, progress_for(1))
+                _write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
+                out["compare_errors"] = report_b["errors"]
+                out["compare_summary"] = report_b["summary"]
+        except AttributionError as exc:
+            raise JobError("attribution_failed", str(exc)) from exc
+        record_rate(ctx, "attributions", request["model"], len(samples) * opts.n_steps * passes,
+                    time.perf_counter() - t0)
+        return _clean(out)
+
+    return run_shard_once(ctx, work)
+
+
+def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    """Merge the shards in sample order: ``samples.jsonl`` for the parent, and a compact summary as the result."""
+    import json
+
+    from models.news.summary import ReportAccumulator, compare
+
+    parent, n_shards, request = payload["parent"], payload["shards"], payload["request"]
+    store = get_store(ctx.settings)
+    out_dir = ctx.settings.work_dir / f"{ctx.job_id}-merged"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    acc, acc_b = ReportAccumulator(), ReportAccumulator() if request.get("compare_with") else None
+    errors: list[dict[str, Any]] = []
+    failed_shards: list[int] = []
+    shard_summaries: list[dict[str, Any]] = []
+    warnings: list[str] = []  # per shard (counts are a shard's)
+    n_total = 0
+    try:
+        with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as merged, \
+                open(out_dir / "compare.jsonl", "w", encoding="utf-8") as merged_b:
+            for i in range(n_shards):
+                ctx.progress(i, n_shards, "shards", message=f"merging shard {i + 1}/{n_shards}")
+                done = shard_done(ctx, parent, i)
+                if done is None:
+                    failed_shards.append(i)
+                    continue
+                n_total += done["n"]
+                errors.extend(done["errors"])
+                shard_summaries.append(done["summary"])
+                warnings.extend(w for w in done.get("warnings", []) if w not in warnings)
+                for rec in shard_records(ctx, parent, i, "samples.jsonl"):
+                    acc.add(rec)
+                    merged.write(json.dumps(rec) + "\n")
+                if acc_b is not None:
+                    for rec in shard_records(ctx, parent, i, "compare.jsonl"):
+                        acc_b.add(rec)
+                        merged_b.write(json.dumps(rec) + "\n")
+        if failed_shards:  # name every sample of a shard that failed for good
+            ids = _parent_sample_ids(request, ctx)
+            ranges = (ctx.job.connection and _parent_ranges(ctx, parent)) or []
+            for i in failed_shards:
+                start, end = ranges[i] if i < len(ranges) else (0, 0)
+                n_total += end - start
+                errors.extend({"id": sid, "error": f"shard {i} failed"} for sid in ids[start:end])
+        fraction = failed_fraction(len(errors), n_total)
+        limit = request.get("max_failed_fraction", 0.01)
+        if n_total and fraction > limit:
+            raise JobError("too_many_failures", f"{len(errors)} of {n_total} samples failed ({fraction:.1%} > "
+                           f"max_failed_fraction {limit:.1%}); first: {errors[:3]}")
+        stats = acc.word_stats()
+        (out_dir / "word_stats.json").write_text(json.dumps(stats))
+        top_k = request.get("top_k", 10)
+        result: dict[str, Any] = {
+            "model": request["model"],
+            "n_samples": acc.n,
+            "n_errors": len(errors),
+            "errors": errors[:1000],
+            "errors_truncated": len(errors) > 1000,
+            "relative_delta": acc.delta_distribution(),
+            "top_words": acc.top_words(top_k),
+            "word_stats": {label: {"top": rows[:SUMMARY_TOP_WORDS], "bottom": rows[-SUMMARY_TOP_WORDS:][::-1],
+                                   "words": len(rows)} for label, rows in stats.items()},
+            "labels": sorted(acc.n_label.items()),
+            "summary": _merge_summaries(shard_summaries),
+            "shards": {"total": n_shards, "failed": failed_shards},
+            "warnings": warnings,
+        }
+        if acc_b is not None:
+            cmp = compare(acc, acc_b, request.get("compare_threshold", 0.1))
+            (out_dir / "comparison.json").write_text(json.dumps(cmp))
+            result["comparison"] = {"model": request["compare_with"], **cmp,
+                                    "changed": cmp["changed"][:SUMMARY_TOP_WORDS],
+                                    "changed_total": len(cmp["changed"]),
+                                    "relative_delta": acc_b.delta_distribution()}
+        else:
+            (out_dir / "compare.jsonl").unlink()
+        (out_dir / "summary.json").write_text(json.dumps(_clean(result)))
+        store.sync_dir(out_dir, artifacts_key(parent))
+        result["artifacts"] = store.list_files(artifacts_key(parent))
+        return _clean(result)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _merge_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    if not summaries:
+        return {}
+    first = summaries[0]
+    keep = ("method", "n_steps", "precision", "baseline", "optimized", "views", "tolerance")
+    return {**{k: first.get(k) for k in keep},
+            "n_steps_max": max((s.get("n_steps") or 0) for s in summaries),
+            "seconds_total": round(sum(s.get("seconds") or 0 for s in summaries), 3)}
+
+
+def _parent_sample_ids(request: dict[str, Any], ctx: JobContext) -> list[str]:
+    """The parent's samples' ids in order (for naming the samples of a failed shard)."""
+    if request.get("samples") is not None:
+        return [s["id"] for s in request["samples"]]
+    try:
+        return [s.id for s in _samples(request, ctx, with_bodies=False)]
+    except JobError:
+        return []
+
+
+def _parent_ranges(ctx: JobContext, parent: str) -> list[tuple[int, int]]:
+    from rq.job import Job
+
+    meta = Job.fetch(parent, connection=ctx.job.connection, serializer=ctx.job.serializer).meta
+    return [tuple(r) for r in (meta.get("fanout") or {}).get("ranges", [])]

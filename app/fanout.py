@@ -1,0 +1,164 @@
+"""Fan-out bookkeeping shared by the API and the workers (no torch).
+
+A large request is a **parent** job. Its job function plans the work into shards and enqueues, as ordinary RQ jobs:
+
+- shard jobs ``<parent>-s00000``, ``<parent>-s00001``, ... on the ``bulk`` queue (any worker on any host takes
+  them; ids are deterministic, so re-running the parent never enqueues a shard twice);
+- one reduce job ``<parent>-reduce`` on the ``bulk`` queue that depends on every shard (failures allowed), and
+  merges their outputs.
+
+The parent's own RQ job ends as soon as it has enqueued them. What a client sees of the parent is derived at read
+time from its shards and its reduce step: status, ``shards: {total, queued, running, succeeded, failed}``, progress
+summed over the shards with an ETA, and the reduce step's result as the parent's result. ``explainq:children:
+<parent>`` indexes the shards for ``GET /jobs?parent=``. Canceling the parent cancels every shard and the reduce.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+BULK = "bulk"
+SHARD_DIGITS = 5
+
+
+def shard_id(parent: str, index: int) -> str:
+    return f"{parent}-s{index:0{SHARD_DIGITS}d}"
+
+
+def reduce_id(parent: str) -> str:
+    return f"{parent}-reduce"
+
+
+def children_key(parent: str) -> str:
+    return f"explainq:children:{parent}"
+
+
+def plan(n_items: int, shard_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges covering ``n_items`` in order, each of at most ``shard_size`` items, as even as
+    possible (no tiny last shard)."""
+    if n_items <= 0:
+        return []
+    shard_size = max(1, int(shard_size))
+    n = -(-n_items // shard_size)
+    base, extra = divmod(n_items, n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + base + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _parse_meta(raw: bytes | None) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw, parse_constant=lambda _: None)
+    except ValueError:
+        return {}
+
+
+def _ts(value: bytes | None) -> float | None:
+    if not value:
+        return None
+    return datetime.strptime(value.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+
+
+_RQ_TO_STATUS = {"queued": "queued", "deferred": "queued", "scheduled": "queued", "started": "running",
+                 "finished": "succeeded", "failed": "failed", "stopped": "canceled", "canceled": "canceled"}
+
+
+def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The parent's public view from its shards and reduce step (one pipelined read of their status fields)."""
+    fan = meta.get("fanout") or {}
+    n = int(fan.get("shards", 0))
+    ids = [shard_id(parent_id, i) for i in range(n)] + [reduce_id(parent_id)]
+    with redis.pipeline(transaction=False) as pipe:
+        for jid in ids:
+            pipe.hmget(f"rq:job:{jid}", "status", "meta", "started_at", "ended_at")
+        rows = pipe.execute()
+    counts = {"total": n, "queued": 0, "running": 0, "succeeded": 0, "failed": 0, "canceled": 0}
+    done = 0.0
+    first_start: float | None = None
+    for i, (status, meta_raw, started, _ended) in enumerate(rows[:n]):
+        state = _RQ_TO_STATUS.get(status.decode() if status else "", "queued")
+        m = _parse_meta(meta_raw)
+        if state == "failed" and m.get("canceled"):
+            state = "canceled"
+        counts[state] += 1
+        size = fan["ranges"][i][1] - fan["ranges"][i][0] if fan.get("ranges") else 0
+        if state == "succeeded":
+            done += size
+        elif state == "running" and m.get("progress"):
+            p = m["progress"]
+            if p.get("total"):
+                done += min(size, size * float(p.get("done") or 0) / float(p["total"]))
+        t = _ts(started)
+        if t is not None and (first_start is None or t < first_start):
+            first_start = t
+    r_status, r_meta_raw, _, r_ended = rows[n]
+    r_state = _RQ_TO_STATUS.get(r_status.decode() if r_status else "", "queued")
+    r_meta = _parse_meta(r_meta_raw)
+    total = float(fan.get("items") or 0)
+    view = dict(view)
+    view["shards"] = counts
+    canceled = meta.get("canceled") or view["status"] == "canceled"
+    if canceled:
+        view["status"] = "canceled"
+    elif r_state == "succeeded":
+        view["status"] = "succeeded"
+        view["finished_at"] = r_ended.decode() if r_ended else view.get("finished_at")
+    elif r_state in ("failed", "canceled"):
+        view["status"] = "failed" if r_state == "failed" else "canceled"
+        view["error"] = r_meta.get("error") or {"code": "reduce_failed",
+                                                "message": "the step that merges the shards failed"}
+        view["finished_at"] = r_ended.decode() if r_ended else view.get("finished_at")
+    else:
+        view["status"] = "running"
+        view["finished_at"] = None
+        view["error"] = None
+    if view["status"] != "succeeded":
+        view["result_url"] = None
+    else:
+        view["result_url"] = view["links"]["result"]
+    eta = None
+    if view["status"] == "running" and first_start is not None and 0 < done < total:
+        rate = done / max(datetime.now(UTC).timestamp() - first_start, 1e-6)
+        eta = round((total - done) / rate, 1) if rate > 0 else None
+    view["progress"] = {"done": round(done, 3), "total": total, "unit": fan.get("unit", "items"),
+                        "message": f"{counts['succeeded']}/{n} shards done" + (
+                            ", merging" if r_state == "running" else ""), "eta_s": eta}
+    view["fanout"] = {"shard_size": fan.get("shard_size"), "reduce": reduce_id(parent_id),
+                      "max_failed_fraction": fan.get("max_failed_fraction")}
+    return view
+
+
+def is_parent(meta: dict[str, Any]) -> bool:
+    return bool(meta.get("fanout"))
+
+
+def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes]) -> dict[str, Any]:
+    """``view`` with the fan-out overlay when the job is a parent (one more pipelined read); unchanged otherwise."""
+    meta = _parse_meta(raw.get(b"meta"))
+    if not is_parent(meta) or view["status"] in ("queued", "failed"):
+        return view  # still planning, or the planning itself failed: the parent's own status is the truth
+    if redis.exists(f"explainq:cancel:{job_id}"):
+        meta = {**meta, "canceled": True}
+    return overlay(redis, job_id, view, meta)
+
+
+def children(redis: Any, parent: str) -> list[str]:
+    """The parent's shard ids in order, then its reduce step when it exists."""
+    ids = [m.decode() for m in redis.zrange(children_key(parent), 0, -1)]
+    if redis.exists(f"rq:job:{reduce_id(parent)}"):
+        ids.append(reduce_id(parent))
+    return ids
+
+
+def related(redis: Any, parent: str, meta: dict[str, Any]) -> list[str]:
+    """Every job a cancel of the parent must reach: its shards (planned or indexed) and its reduce step."""
+    n = int((meta.get("fanout") or {}).get("shards", 0))
+    ids = {shard_id(parent, i) for i in range(n)} | set(children(redis, parent))
+    return sorted(ids) + [reduce_id(parent)]

@@ -1,0 +1,167 @@
+"""Dataset-scale attributions fanned out over real worker processes: complete, equal to one job, cancelable,
+surviving a killed shard, and never holding back an interactive request for more than one shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from app import registry
+from models.news.demo import build_small
+
+SMALL = {"n_news": 240, "n_users": 60}
+MODEL = "nrms-word-fan"
+N = 240
+BASE = {"model": MODEL, "n_steps": 8, "top_k": 3, "batch_size": 16}
+DATASET = {"name": "news-fan", "split": "test", "n_samples": N, "seed": 1}
+
+
+def _setup(tmp_path_factory, name: str, queues: tuple[str, ...], heartbeat_ttl_s: int = 30):
+    from tests.service import Service
+
+    root = tmp_path_factory.getbasetemp() / "news-small"
+    paths = build_small(root, ("nrms-word-demo",), **SMALL)
+    home = tmp_path_factory.mktemp(name)
+    svc = Service(home, queues=queues, heartbeat_ttl_s=heartbeat_ttl_s, start=False)
+    registry.register_model(svc.settings, MODEL, kind="news", loader="models.news.checkpoint:load",
+                            path=paths["nrms-word-demo"], preload=True)
+    registry.register_dataset(svc.settings, "news-fan", kind="news", path=root / "data" / "news-synthetic")
+    return svc.start()
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    service = _setup(tmp_path_factory, "fan-home", ("explain,bulk", "explain,bulk"))
+    yield service
+    service.stop()
+
+
+def _post(svc, body):
+    r = svc.client.post("/attributions", json=body)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def _jsonl(svc, job_id, name):
+    return [json.loads(line) for line in svc.artifact(job_id, name).decode().splitlines() if line.strip()]
+
+
+def test_a_dataset_run_fans_out_over_two_workers_and_equals_one_job(svc):
+    fanned = _post(svc, {**BASE, "dataset": DATASET, "shard_size": 64})
+    job = svc.wait(fanned, timeout_s=300)
+    assert job["status"] == "succeeded", (job, svc.worker_logs())
+    assert job["shards"] == {"total": 4, "queued": 0, "running": 0, "succeeded": 4, "failed": 0, "canceled": 0}
+    assert job["progress"]["done"] == job["progress"]["total"] == N and job["progress"]["unit"] == "samples"
+
+    children = svc.client.get(f"/jobs?parent={fanned}").json()["items"]
+    assert [c["id"] for c in children] == [f"{fanned}-s{i:05d}" for i in range(4)] + [f"{fanned}-reduce"]
+    assert all(c["status"] == "succeeded" and c["queue"] == "bulk" for c in children)
+    workers = {svc.redis().hget(f"rq:job:{c['id']}", "worker_name") for c in children[:4]}
+    assert len(workers) == 2  # the shards ran on both worker processes
+
+    single = _post(svc, {**BASE, "dataset": DATASET, "shard_size": N})  # one shard: runs as one job
+    one = svc.wait(single, timeout_s=300)
+    assert one["status"] == "succeeded", (one, svc.worker_logs())
+    assert "shards" not in one
+
+    full = svc.client.get(f"/jobs/{single}/result").json()
+    summary = svc.client.get(f"/jobs/{fanned}/result").json()
+    merged = _jsonl(svc, fanned, "samples.jsonl")
+    ids = [r["id"] for r in merged]
+    assert len(ids) == len(set(ids)) == N == summary["n_samples"] + summary["n_errors"]
+    assert ids == [s["id"] for s in full["samples"]]  # every sample once, in the request's order
+    by_id = {s["id"]: s for s in full["samples"]}
+    for rec in merged:  # per-sample values equal, element-wise
+        ref = by_id[rec["id"]]
+        assert rec["words"] == ref["words"]
+        np.testing.assert_allclose(rec["token_attributions"], ref["token_attributions"], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose([rec["score"], rec["baseline_score"]], [ref["score"], ref["baseline_score"]],
+                                   rtol=1e-5, atol=1e-6)
+    # the reduce step's statistics equal the single job's
+    for label, rows in full["word_stats"].items():
+        top = summary["word_stats"][label]["top"]
+        assert [r["word"] for r in top] == [r["word"] for r in rows[:len(top)]]
+        np.testing.assert_allclose([r["mean"] for r in top], [r["mean"] for r in rows[:len(top)]],
+                                   rtol=1e-4, atol=1e-6)
+        assert [r["count"] for r in top] == [r["count"] for r in rows[:len(top)]]
+    # completeness deltas agree to fp32 rounding (batches differ; a relative delta of ~1e-6 carries noise of that
+    # order where F(x) - F(x') is small), and the reduce's distribution is exactly that of the merged records
+    np.testing.assert_allclose([r["relative_delta"] for r in merged],
+                               [by_id[r["id"]]["relative_delta"] for r in merged], rtol=0, atol=1e-4)
+    rel = np.array([r["relative_delta"] for r in merged])
+    assert summary["relative_delta"] == {"median": float(np.median(rel)), "p95": float(np.quantile(rel, 0.95)),
+                                         "max": float(rel.max())}
+    names = {a["name"] for a in svc.client.get(f"/jobs/{fanned}/artifacts").json()["items"]}
+    assert {"samples.jsonl", "summary.json", "word_stats.json"} <= names
+
+
+def test_cancel_stops_every_shard(svc):
+    parent = _post(svc, {**BASE, "n_steps": 64, "dataset": DATASET, "shard_size": 8})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        view = svc.client.get(f"/jobs/{parent}").json()
+        if view.get("shards", {}).get("running"):
+            break
+        time.sleep(0.1)
+    assert view.get("shards", {}).get("running"), view
+    r = svc.client.delete(f"/jobs/{parent}")
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        children = svc.client.get(f"/jobs?parent={parent}&limit=500").json()["items"]
+        if all(c["status"] in ("canceled", "succeeded", "failed") for c in children):
+            break
+        time.sleep(0.2)
+    statuses = [c["status"] for c in children]
+    assert all(s in ("canceled", "succeeded") for s in statuses), statuses
+    assert statuses.count("canceled") >= 20  # 30 shards; at most the few already running or done finished
+    view = svc.client.get(f"/jobs/{parent}").json()
+    assert view["status"] == "canceled"
+    assert svc.client.delete(f"/jobs/{parent}").status_code == 409
+
+
+def test_an_interactive_request_overtakes_a_bulk_run(tmp_path_factory):
+    svc = _setup(tmp_path_factory, "fan-priority", ("explain,bulk",))
+    try:
+        parent = _post(svc, {**BASE, "n_steps": 32, "dataset": DATASET, "shard_size": 24})  # 10 shards
+        deadline = time.monotonic() + 120
+        while svc.client.get(f"/jobs/{parent}").json().get("shards", {}).get("running", 0) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        quick = _post(svc, {**BASE, "samples": [
+            {"id": f"q{i}", "history": ["Lakers beat Celtics in overtime thriller"],
+             "candidate": "Yankees rally to win the league title"} for i in range(2)]})
+        done = svc.wait(quick, timeout_s=300)
+        assert done["status"] == "succeeded"
+        view = svc.client.get(f"/jobs/{parent}").json()
+        assert view["status"] == "running" and view["shards"]["succeeded"] <= 3, view["shards"]
+        svc.client.delete(f"/jobs/{parent}")
+    finally:
+        svc.stop()
+
+
+def test_a_shard_whose_worker_is_killed_is_retried_and_the_result_is_complete(tmp_path_factory):
+    svc = _setup(tmp_path_factory, "fan-kill", ("explain,bulk",), heartbeat_ttl_s=3)
+    try:
+        parent = _post(svc, {**BASE, "n_steps": 32, "dataset": {**DATASET, "n_samples": 96}, "shard_size": 32})
+        deadline = time.monotonic() + 120
+        while svc.client.get(f"/jobs/{parent}").json().get("shards", {}).get("running", 0) == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(svc.workers[0].pid, signal.SIGKILL)
+        svc.workers[0].wait()
+        svc.start_worker("explain,bulk")
+        job = svc.wait(parent, timeout_s=300)
+        assert job["status"] == "succeeded", (job, svc.worker_logs())
+        assert job["shards"]["succeeded"] == 3
+        ids = [r["id"] for r in _jsonl(svc, parent, "samples.jsonl")]
+        assert len(ids) == len(set(ids)) == 96
+        lost = [svc.client.get(f"/jobs/{parent}-s{i:05d}").json() for i in range(3)]
+        assert all(s["status"] == "succeeded" for s in lost)
+    finally:
+        svc.stop()

@@ -1,0 +1,146 @@
+"""The worker side of fan-out (see app/fanout.py): plan shards, enqueue them and the reduce step, run a shard once.
+
+- ``fan_out`` is called by a parent job function: it enqueues the shard jobs and the reduce job (deterministic ids;
+  existing ones are left alone, so a parent re-run after its worker died enqueues nothing twice), records the plan in
+  the parent's meta and indexes the shards, then returns at once.
+- ``run_shard`` wraps a shard's work: a shard whose output is already in the store (``done.json`` is written last)
+  returns it without recomputing, so finished shards are never redone when a parent or a shard is retried.
+- ``auto_shard_size`` sizes shards from the throughput measured by earlier shards of the same kind and model
+  (an exponential moving average in Redis), so that one shard takes about two minutes: an interactive request on a
+  worker that serves ``explain,bulk`` waits at most that long.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rq import Queue
+from rq.job import Dependency, Job, Retry
+from rq.serializers import JSONSerializer
+
+from app import registry
+from app.artifacts import artifacts_key, record_owner
+from app.fanout import BULK, children_key, plan, reduce_id, shard_id
+from app.store import StoreError, get_store
+from workers.context import JobContext
+
+log = logging.getLogger("explainq.fanout")
+
+RUNNER = "workers.runner.execute"
+TARGET_SHARD_S = 120.0
+RATE_KEY = "explainq:rate:{kind}:{model}"
+
+
+def record_rate(ctx: JobContext, kind: str, model: str, units: float, seconds: float) -> None:
+    """Fold a measured rate (cost units per second) into the kind's and model's moving average."""
+    if seconds <= 0 or units <= 0:
+        return
+    key = RATE_KEY.format(kind=kind, model=model)
+    r = registry.connection(ctx.settings)
+    try:
+        old = r.get(key)
+        rate = units / seconds
+        new = rate if old is None else 0.7 * float(old) + 0.3 * rate
+        r.set(key, repr(new), ex=30 * 24 * 3600)
+    except Exception:  # a rate is advice; never fail a shard for it
+        log.warning("could not record the throughput of %s/%s", kind, model, exc_info=True)
+
+
+def auto_shard_size(ctx: JobContext, kind: str, model: str, cost_per_item: float, default_rate: float,
+                    lo: int = 8, hi: int = 20_000) -> int:
+    """Items per shard so that a shard takes about ``TARGET_SHARD_S`` at the measured (or default) rate."""
+    try:
+        raw = registry.connection(ctx.settings).get(RATE_KEY.format(kind=kind, model=model))
+    except Exception:
+        raw = None
+    rate = float(raw) if raw else default_rate
+    return int(min(hi, max(lo, rate * TARGET_SHARD_S / max(cost_per_item, 1e-9))))
+
+
+def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict[str, Any], n_items: int,
+            shard_size: int, unit: str, shard_payload: Callable[[int, int, int], dict[str, Any]],
+            timeout_s: int, retries: int = 1, max_failed_fraction: float = 0.01) -> dict[str, Any]:
+    """Enqueue the shards and the reduce step of the current (parent) job; returns the plan."""
+    job = ctx.job
+    if job is None:
+        raise RuntimeError("fan_out runs inside a service job")
+    parent = job.id
+    ranges = plan(n_items, shard_size)
+    owner = ctx.owner
+    settings = ctx.settings
+    conn = job.connection
+    queue = Queue(BULK, connection=conn, serializer=JSONSerializer)
+    plan_meta = {"shards": len(ranges), "shard_size": shard_size, "items": n_items, "unit": unit,
+                 "ranges": ranges, "max_failed_fraction": max_failed_fraction}
+    ctx.set_meta("fanout", plan_meta)
+    record_owner(settings, parent, owner, job.meta.get("kind"))
+    ids = []
+    common = dict(job_timeout=timeout_s, result_ttl=settings.result_ttl_s, failure_ttl=settings.failure_ttl_s,
+                  ttl=None)
+    for i, (start, end) in enumerate(ranges):
+        sid = shard_id(parent, i)
+        ids.append(sid)
+        conn.zadd(children_key(parent), {sid: i})
+        if Job.exists(sid, connection=conn):
+            continue
+        queue.enqueue(RUNNER, args=(shard_kind, shard_payload(i, start, end)), job_id=sid,
+                      retry=Retry(max=retries) if retries > 0 else None,
+                      meta={"kind": shard_kind, "owner": owner, "parent": parent, "shard": i}, **common)
+        ctx.progress(i + 1, len(ranges), "shards", message=f"enqueued shard {i + 1}/{len(ranges)}")
+    conn.expire(children_key(parent), max(settings.result_ttl_s, settings.failure_ttl_s) + 3600)
+    rid = reduce_id(parent)
+    if not Job.exists(rid, connection=conn):
+        queue.enqueue(RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": request}),
+                      job_id=rid, depends_on=Dependency(jobs=ids, allow_failure=True, enqueue_at_front=True),
+                      meta={"kind": reduce_kind, "owner": owner, "parent": parent}, **common)
+    log.info("fanned out into %d shards of up to %d %s", len(ranges), shard_size, unit)
+    return {"fanout": {**plan_meta, "reduce": rid}}
+
+
+def shard_key(shard: str, name: str) -> str:
+    return artifacts_key(shard, name)
+
+
+def run_shard(ctx: JobContext, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``work`` unless this shard's output already reached the store; ``work`` writes its files with
+    ``ctx.artifact_path`` and returns the shard's summary, stored last as ``done.json``."""
+    store = get_store(ctx.settings)
+    done_key = shard_key(ctx.job_id, "done.json")
+    try:
+        return {**json.loads(store.read_text(done_key)), "reused": True}
+    except StoreError:
+        pass
+    t0 = time.perf_counter()
+    summary = work()
+    summary["seconds"] = round(time.perf_counter() - t0, 3)
+    ctx.publish_artifacts()  # the records first, then the marker that says they are complete
+    store.put_bytes(json.dumps(summary).encode(), done_key)
+    return summary
+
+
+def shard_done(ctx: JobContext, parent: str, index: int) -> dict[str, Any] | None:
+    """A finished shard's summary, or None when it failed or never ran."""
+    try:
+        return json.loads(get_store(ctx.settings).read_text(shard_key(shard_id(parent, index), "done.json")))
+    except StoreError:
+        return None
+
+
+def shard_records(ctx: JobContext, parent: str, index: int, name: str) -> Iterator[dict[str, Any]]:
+    """The JSONL records a finished shard wrote, streamed one line at a time from the store."""
+    key = shard_key(shard_id(parent, index), name)
+    store = get_store(ctx.settings)
+    if not store.exists(key):
+        return
+    with store.open(key, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def failed_fraction(n_failed: int, n_total: int) -> float:
+    return n_failed / n_total if n_total else 0.0
