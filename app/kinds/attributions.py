@@ -92,8 +92,11 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
         if entry is None or entry.get("kind") != DATASET_KIND:
             raise FieldError(("body", "dataset", "name"), f"unknown news dataset {req.dataset.name!r}",
                              value=req.dataset.name)
-from app.formats import news_labelled
-from app.kinds.base import FieldError, JobKind, register, register_fanout, require_model
+        if req.dataset.balanced and news_labelled(settings, entry, req.dataset.split) is False:
+            raise FieldError(("body", "dataset", "balanced"), f"dataset {req.dataset.name!r} has no real/fake "
+                             f"labels in its {req.dataset.split} split (no labels.tsv or candidate_is_fake), so "
+                             "it cannot be balanced", value=True)
+    for field in ("alpha_batch_size", "batch_size", "shard_size"):
         value = getattr(req, field)
         if value != "auto" and value < 1:
             raise FieldError(("body", field), f"{field} must be >= 1 or 'auto'", value=value)
