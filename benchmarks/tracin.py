@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from models.explain.tracin import TracIn  # noqa: E402
-from models.kg.captum_oracle import captum_tracincp  # noqa: E402
 from models.kg.checkpoint import KGBundle, load  # noqa: E402
 from models.kg.conve import triple_loss  # noqa: E402
 from models.kg.train import TrainConfig, train_conve  # noqa: E402
 from models.kg.triples import load_nations  # noqa: E402
+from tests.captum_oracle import captum_tracincp  # noqa: E402
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:

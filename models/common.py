@@ -80,6 +80,18 @@ def autocast(device: torch.device | str, precision: str) -> Iterator[None]:
         yield
 
 
+class NonFiniteError(ArithmeticError):
+    """A computed score is NaN or infinite; ``items`` names what it belongs to (triples, sample ids, a step).
+
+    The worker turns it into the job error ``non_finite_scores`` (``diverged`` for training), so a bad number
+    fails loudly instead of vanishing from a ranking or a mean.
+    """
+
+    def __init__(self, message: str, items: list | None = None) -> None:
+        super().__init__(message)
+        self.items = list(items or [])
+
+
 def seed_everything(seed: int, deterministic: bool = False) -> None:
     """Seed python, numpy and torch; optionally ask torch for deterministic kernels."""
     random.seed(seed)
