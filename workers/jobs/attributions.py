@@ -43,6 +43,7 @@ def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> lis
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    from models.common import NonFiniteError
     from models.news.attribution import (
         AttributionError,
         IGOptions,
@@ -72,6 +73,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
     try:
         report = explain(model, samples, opts, progress_for(0))
+    except NonFiniteError as exc:
+        raise JobError("non_finite_scores", str(exc)) from exc
     except AttributionError as exc:
         raise JobError("attribution_failed", str(exc)) from exc
     if not report["samples"]:
@@ -82,6 +85,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         other = ctx.model(compare)
         try:
             report_b = explain(other.model, samples, opts, progress_for(1))
+        except NonFiniteError as exc:
+            raise JobError("non_finite_scores", f"compare_with {compare!r}: {exc}") from exc
         except AttributionError as exc:
             raise JobError("attribution_failed", f"compare_with {compare!r}: {exc}") from exc
         report["comparison"] = {
