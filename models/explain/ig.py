@@ -365,7 +365,8 @@ def integrated_gradients_adaptive(
         rel = (sums_a - target[active]).abs() / target[active].abs().clamp_min(1e-12)
         ok = rel <= tolerance
         converged[active[ok]] = True
-        active = active[~ok]
+        # a non-finite delta never converges: stop refining it (the caller reports it), do not spend max_steps
+        active = active[~(ok | ~torch.isfinite(rel))]
         nxt = _refine(method, n)
         if len(active) == 0 or nxt > max_steps:
             break
