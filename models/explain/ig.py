@@ -124,6 +124,16 @@ def evaluate_fp32(forward: ForwardFn, x: torch.Tensor) -> torch.Tensor:
     return forward(x.float(), _rows(x.shape[0], 1, x.device)).double().cpu()
 
 
+@torch.no_grad()
+def evaluate_endpoints(forward: ForwardFn, inputs: torch.Tensor, baselines: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F(x), F(x')) in fp32 from ONE forward over both (a small request pays one launch sequence, not two)."""
+    n = inputs.shape[0]
+    rows = _rows(n, 2, inputs.device)
+    out = forward(torch.cat([inputs.float(), baselines.float()]), rows).double().cpu()
+    return out[:n], out[n:]
+
+
 def _pass_bytes(forward: ForwardFn, x0: torch.Tensor, rows: int, precision: str) -> float:
     """Bytes used by one forward + input-gradient pass over ``rows`` copies of ``x0`` ``(1, L, D)``."""
     x = x0.expand(rows, *x0.shape[1:]).clone().requires_grad_(True)
@@ -227,8 +237,11 @@ def integrated_gradients(
     if endpoint_scores is not None:
         scores, base_scores = endpoint_scores
     else:
-        scores = reuse[1.0] if 1.0 in reuse else evaluate_fp32(forward, inputs)
-        base_scores = reuse[0.0] if 0.0 in reuse else evaluate_fp32(forward, baselines)
+        if 1.0 not in reuse and 0.0 not in reuse:
+            scores, base_scores = evaluate_endpoints(forward, inputs, baselines)
+        else:
+            scores = reuse[1.0] if 1.0 in reuse else evaluate_fp32(forward, inputs)
+            base_scores = reuse[0.0] if 0.0 in reuse else evaluate_fp32(forward, baselines)
     return IGResult(diff * acc, scores, base_scores, n_steps, method)
 
 
@@ -319,7 +332,7 @@ def integrated_gradients_adaptive(
     inputs = inputs.detach().float()
     baselines = baselines.detach().float()
     diff = inputs - baselines
-    scores, base_scores = evaluate_fp32(forward, inputs), evaluate_fp32(forward, baselines)
+    scores, base_scores = evaluate_endpoints(forward, inputs, baselines)
     target = (scores - base_scores).double()
     nested = _NESTED[method] is not None
     attributions = torch.zeros_like(inputs)
