@@ -177,7 +177,7 @@ def test_determinism_switch_is_restored(tmp_path: Path) -> None:
 
 
 def test_resume_refuses_a_different_configuration_naming_the_fields(tmp_path: Path) -> None:
-    train(tiny_config(epochs=2), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=2)  # 2 of 3 done
     for overrides, fields in [({"seed": 8}, ["seed"]), ({"batch_size": 32, "lr": 1e-3}, ["batch_size", "lr"]),
                               ({"max_train_samples": 64, "val_fraction": 0.2}, ["val_fraction", "max_train_samples"]),
                               ({"warmup_steps": 5}, ["warmup_steps"]), ({"epochs": 1}, ["epochs"])]:
@@ -188,10 +188,10 @@ def test_resume_refuses_a_different_configuration_naming_the_fields(tmp_path: Pa
         for f in fields:
             assert f in str(err.value)
     # a longer run is allowed, and so are settings that do not change the trajectory
-    longer = train(tiny_config(epochs=3, keep_checkpoints="all"), tmp_path / "longer", device="cpu",
+    longer = train(tiny_config(epochs=4, keep_checkpoints="all"), tmp_path / "longer", device="cpu",
                    data=digits(), resume_from=tmp_path / "first")
-    assert [r["epoch"] for r in longer.history] == [1, 2, 3]
-    assert {"epoch_002", "epoch_003"} <= {p.name for p in (tmp_path / "longer/checkpoints").iterdir()}
+    assert [r["epoch"] for r in longer.history] == [1, 2, 3, 4]
+    assert {"epoch_003", "epoch_004"} <= {p.name for p in (tmp_path / "longer/checkpoints").iterdir()}
 
 
 def test_a_run_restarted_after_its_last_epoch_finishes(tmp_path: Path) -> None:

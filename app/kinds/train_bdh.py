@@ -68,7 +68,7 @@ class TrainBDHRequest(BaseModel):
     deterministic: bool = False
     seed: int = Field(0, ge=0, le=2**32 - 1)
     resume_from: str | None = Field(None, description="id of an earlier train/bdh job whose checkpoint to continue "
-                                    "(same settings; only a larger epochs)")
+                                    "(same settings; only epochs may change, above the epochs done)")
     keep_checkpoints: Literal["last_best", "all"] = Field(
         "last_best", description="'last_best': the resumable last checkpoint and the best weights; 'all': also "
         "the weights of every epoch")

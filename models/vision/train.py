@@ -19,7 +19,8 @@ epoch e with the same configuration therefore continues exactly as the uninterru
 number of epochs (the cosine horizon), and a resumed run trains epochs e+1 … ``epochs``.
 
 Resuming checks the checkpoint's saved training configuration: a different seed, split, sample limit, batch
-size, schedule or model is refused (``ResumeMismatch`` naming the fields); only a larger ``epochs`` is allowed.
+size, schedule or model is refused (``ResumeMismatch`` naming the fields); only ``epochs`` may change, to a
+total larger than the epochs already done (the cosine is re-planned over it).
 A run restarted from its own checkpoint after its last epoch finishes (evaluates and returns) instead of failing.
 
 Checkpoints (under ``out_dir/checkpoints``): ``last/`` (weights, optimizer, scaler, RNG, history; rewritten
@@ -86,7 +87,7 @@ class ResumeMismatch(ResumeError):
     def __init__(self, fields: list[str], saved: dict[str, Any], requested: dict[str, Any]) -> None:
         detail = "; ".join(f"{f}: checkpoint {saved.get(f)!r}, requested {requested.get(f)!r}" for f in fields)
         super().__init__(f"resume_from: the checkpoint was trained with a different {', '.join(fields)} ({detail}); "
-                         "only a larger epochs may differ")
+                         "only epochs may differ, and not below the epochs already done")
         self.fields = fields
 
 
@@ -111,14 +112,14 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def compare_resume_config(saved: dict[str, Any], requested: TrainConfig, epochs_done: int) -> None:
     """Raise ``ResumeMismatch`` naming every trajectory setting (``RESUME_FIELDS``, the model's per field) that
-    differs between the checkpoint's ``saved`` training configuration and ``requested``. ``epochs`` may only
-    grow (the cosine horizon moves with it), and must cover the epochs already done."""
+    differs between the checkpoint's ``saved`` training configuration and ``requested``. ``epochs`` (the total,
+    the cosine horizon) may differ, but not fall below the epochs already done."""
     want = _flatten(_plain(requested.to_dict()))
     have = _flatten(saved)
     keys = [k for k in want if k.split(".")[0] in RESUME_FIELDS and k != "model.num_classes"
             and not k.startswith(("model.img_size", "model.in_channels"))]
     fields = [k for k in keys if k in have and have[k] != want[k]]
-    if requested.epochs < max(int(saved.get("epochs", 0)), epochs_done):
+    if requested.epochs < epochs_done:
         fields.append("epochs")
     if fields:
         raise ResumeMismatch(fields, have, want)
