@@ -343,7 +343,10 @@ def main() -> None:
     parser.add_argument("--small", default=None, help="train a small demo model here when the demo is missing")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
     parser.add_argument("--repeats", type=int, default=3, help="best of N for (c), (d) and the precision table")
+    parser.add_argument("--sections", default="methods,convergence,precision,tolerance",
+                        help="comma-separated subset of methods, convergence, precision, tolerance")
     opts = parser.parse_args()
+    sections = set(opts.sections.split(","))
     quick = opts.quick
     args = {"samples": 2 if quick else 8, "history": 20 if quick else 50, "steps": 8 if quick else 32,
             "threads": opts.threads, "captum_internal_batch": 8, "repeats": opts.repeats}
@@ -353,11 +356,58 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(opts.threads)
-    from models.common import default_device, resolve_precision
+    from models.common import default_device
 
     print(f"# IG benchmark: {MODEL}, {args['samples']} samples, {args['history']}-title histories, "
           f"{args['steps']} Gauss-Legendre steps, fp32, {opts.threads} threads, best of {opts.repeats} for c/d, torch {torch.__version__}, "
           f"device {default_device()}")
+    if "methods" in sections:
+        methods_table(ckpt, data, args, opts)
+    from models.news import checkpoint
+
+    model = checkpoint.load(ckpt, default_device()).model
+    if "convergence" in sections:
+        convergence_table(model, data, args, quick)
+    if "precision" in sections:
+        precision_table(ckpt, data, args)
+    if "tolerance" in sections:
+        tolerance_table(model, data, args, quick)
+
+
+def tolerance_table(model, data: Path, args: dict, quick: bool) -> None:
+    """Steps and time to reach a completeness tolerance: before (the whole request at 64, 128, ... steps until
+    the median relative delta meets it, every level recomputed) and after (``tolerance``: every sample from 16
+    steps, refined alone until its own delta meets it)."""
+    import time as _time
+
+    from models.news.attribution import IGOptions, explain
+
+    samples = make_samples(data, args["samples"], args["history"], seed=2)
+    print()
+    print(f"tolerance ({len(samples)} samples, fp32, Gauss-Legendre; evaluations = gradient evaluations summed "
+          "over samples; before: median criterion, after: every sample)")
+    print("| tolerance | rule | steps (largest) | gradient evaluations | seconds | median / max rel. delta |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for tol in (1e-3, 1e-5):
+        t0 = _time.perf_counter()
+        n, evaluations = 64, 0
+        while True:
+            s = explain(model, samples, IGOptions(n_steps=n, precision="fp32"))["summary"]
+            evaluations += n * len(samples)
+            if s["median_relative_delta"] <= tol or n >= 4096:
+                break
+            n *= 2
+        before = _time.perf_counter() - t0
+        print(f"| {tol:.0e} | before: 64, 128, ... recomputed | {n} | {evaluations} | {before:.2f} | "
+              f"{s['median_relative_delta']:.1e} / {s['max_relative_delta']:.1e} |", flush=True)
+        t0 = _time.perf_counter()
+        s = explain(model, samples, IGOptions(tolerance=tol, precision="fp32"))["summary"]
+        after = _time.perf_counter() - t0
+        print(f"| {tol:.0e} | after: 16, refined per sample | {s['n_steps']} | {s['gradient_evaluations']} | "
+              f"{after:.2f} | {s['median_relative_delta']:.1e} / {s['max_relative_delta']:.1e} |", flush=True)
+
+
+def methods_table(ckpt: Path, data: Path, args: dict, opts) -> None:  # noqa: ANN001
     results = {}
     for name in ("a", "b", "c", "c2", "d"):
         results[name] = run_isolated(name, ckpt, data, args)
@@ -396,11 +446,11 @@ def main() -> None:
           f"d >= 20x a: {results['a']['seconds'] / results['d']['seconds']:.1f}x -> "
           f"{'met' if results['a']['seconds'] >= 20 * results['d']['seconds'] else 'NOT met'}")
 
-    # ---- convergence, in this process
-    from models.news import checkpoint
+
+
+def convergence_table(model, data: Path, args: dict, quick: bool) -> None:  # noqa: ANN001
     from models.news.attribution import IGOptions, explain
 
-    model = checkpoint.load(ckpt, default_device()).model
     conv_samples = make_samples(data, 2, args["history"], seed=1)
     steps = [8, 16, 32, 48, 64] if quick else [8, 16, 32, 48, 64, 128, 256, 512, 1024, 2048]
     print()
@@ -420,7 +470,11 @@ def main() -> None:
     print(f"goal: Gauss-Legendre with <= 48 steps reaches riemann_right-{steps[-1]} ({ref:.1e}): "
           f"{'met at ' + str(min(gl_ok)) + ' steps' if gl_ok else 'NOT met'}")
 
-    # ---- precision
+
+
+def precision_table(ckpt: Path, data: Path, args: dict) -> None:
+    from models.common import default_device, resolve_precision
+
     print()
     steps_list = sorted({args["steps"], 64})
     print(f"precision ((d), {args['samples']} samples; auto resolves to {resolve_precision('auto', default_device())} "

@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from models.explain.tracin import TracIn  # noqa: E402
-from models.kg.captum_oracle import captum_tracincp  # noqa: E402
 from models.kg.checkpoint import KGBundle, load  # noqa: E402
 from models.kg.conve import triple_loss  # noqa: E402
 from models.kg.train import TrainConfig, train_conve  # noqa: E402
 from models.kg.triples import load_nations  # noqa: E402
+from tests.captum_oracle import captum_tracincp  # noqa: E402
 
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=None)
     ap.add_argument("--model-dir", type=Path, default=None, help="reuse (or create) the trained model here")
     ap.add_argument("--skip", default="", help="comma list of a,b,v to skip")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="device of explainq's rows (the loop and Captum stay on the CPU)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     quick = args.quick
@@ -129,7 +131,8 @@ def main() -> None:
     rows: list[tuple[str, int, float, str]] = []
 
     def ghost(layers: str, **kw):
-        return TracIn(bundle.model, bundle.checkpoints, layers=layers, batch_size=256, **kw).influence(test, train)[0]
+        return TracIn(bundle.model, bundle.checkpoints, layers=layers, batch_size=256, device=args.device,
+                      **kw).influence(test, train)[0]
 
     # warm-up (allocator, kernels) so the first measured method is not penalised
     TracIn(bundle.model, bundle.checkpoints[:1], layers="all").influence(test[:2], train[:8])
@@ -161,6 +164,10 @@ def main() -> None:
         note_c += f", {rel_err(full[:, :cap.shape[1]], cap):.1e} vs (b)"
     rows.append(("(c) explainq layers=all (ghost)", len(train), t_c, note_c))
     rows.append(("(d) explainq layers=last", len(train), t_d, f"Spearman vs all {spearman(last, full):.3f}"))
+    for precision in ("fp16", "bf16") if args.device == "cuda" else ():
+        half, t_h = timed(lambda p=precision: ghost("all", precision=p), f"(c) {precision}")
+        rows.append((f"(c) layers=all, {precision}" + (" (scaled loss)" if precision == "fp16" else ""),
+                     len(train), t_h, f"rel. Frobenius err vs fp32 {float((half - full).norm() / full.norm()):.1e}"))
 
     base_rate = {name: len(test) * n / t for name, n, t, _ in rows}
     loop_rate = base_rate.get("(a) per-example backward loop")

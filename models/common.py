@@ -80,6 +80,18 @@ def autocast(device: torch.device | str, precision: str) -> Iterator[None]:
         yield
 
 
+class NonFiniteError(ArithmeticError):
+    """A computed score is NaN or infinite; ``items`` names what it belongs to (triples, sample ids, a step).
+
+    The worker turns it into the job error ``non_finite_scores`` (``diverged`` for training), so a bad number
+    fails loudly instead of vanishing from a ranking or a mean.
+    """
+
+    def __init__(self, message: str, items: list | None = None) -> None:
+        super().__init__(message)
+        self.items = list(items or [])
+
+
 def seed_everything(seed: int, deterministic: bool = False) -> None:
     """Seed python, numpy and torch; optionally ask torch for deterministic kernels."""
     random.seed(seed)
@@ -88,9 +100,28 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
     if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        require_cublas_workspace()
+        # strict: an operation without a deterministic kernel raises instead of warning and varying silently
+        torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+
+
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def require_cublas_workspace() -> None:
+    """Deterministic cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` before CUDA creates its handles.
+
+    Set it here when CUDA has not started in this process; when it has and the variable is missing, handles may
+    already exist with the default workspace, so refuse rather than run non-deterministically. Set
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in the worker's environment to make this hold in a long-lived worker.
+    """
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8"):
+        return
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError("deterministic mode on CUDA needs CUBLAS_WORKSPACE_CONFIG=:4096:8 (or :16:8) set before "
+                           "CUDA starts; set it in the worker's environment")
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
 
 
 def count_parameters(module: torch.nn.Module) -> int:

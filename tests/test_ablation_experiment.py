@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,8 +98,10 @@ def test_resume_after_failure_and_sampling(tmp_path, visual_signal: LoraDataset)
     res = run_ablation(visual_signal, cfg, CPU, cache_dir=tmp_path / "c", state_dir=tmp_path / "s",
                        progress=lambda d, t, m: done.append(d))
     assert res["timing"]["resumed_cells"] == 3 and done[0] == 3 and done[-1] == 4
-    assert res["layers_used"] == {"all": 16, "visual": 8}
+    n_visual = res["layers_used"]["visual"]
+    assert res["layers_used"]["all"] == 16 and 0 < n_visual < 16
     assert res["results"]["all"]["simple_stats"]["feature_dim"] == 16 * 10
+    assert res["results"]["visual"]["simple_stats"]["feature_dim"] == n_visual * 10
     fresh = run_ablation(visual_signal, cfg, CPU)
     assert fresh["results"]["all"]["stats"]["test_acc"] == res["results"]["all"]["stats"]["test_acc"]
 
@@ -108,3 +111,50 @@ def test_unknown_inputs_rejected(visual_signal: LoraDataset) -> None:
         run_ablation(visual_signal, AblationConfig(representations=["nope"]), CPU)
     with pytest.raises(ValueError, match="layer set"):
         run_ablation(visual_signal, AblationConfig(layer_sets=["audio"]), CPU)
+
+
+def test_sampled_visual_layers_are_the_sampled_sets_visual_part(visual_signal: LoraDataset, monkeypatch) -> None:
+    from models.lora.keys import select_layers
+
+    requested: list[dict] = []
+    real = F.compute_features
+
+    def recording(dataset, requests, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        requested.append({ls: [x.name for x in layers] for ls, layers in requests.items()})
+        return real(dataset, requests, *args, **kwargs)
+
+    import models.lora.experiment as E
+
+    monkeypatch.setattr(E, "compute_features", recording)
+    cfg = AblationConfig(representations=["simple_stats"], layer_sets=["all", "visual"], sample_layers=0.25,
+                         **{**FAST, "num_runs": 1, "max_epochs": 2})
+    run_ablation(visual_signal, cfg, CPU)
+    (req,) = requested
+    assert len(req["all"]) == 8  # only the sampled layers are read and featurised
+    all_layers = [x for x in visual_signal.layer_set("all") if x.name in set(req["all"])]
+    assert req["visual"] == [x.name for x in select_layers(all_layers, "visual")]
+
+
+def test_paired_drop_over_repeated_splits(text_signal: LoraDataset) -> None:
+    cfg = AblationConfig(representations=["simple_stats"], layer_sets=["all", "visual"],
+                         **{**FAST, "num_runs": 3, "max_epochs": 15})
+    res = run_ablation(text_signal, cfg, CPU)
+    assert res["synthetic"] is True and res["splits"]["n_splits"] == 3
+    runs_all = res["results"]["all"]["simple_stats"]["runs"]
+    runs_vis = res["results"]["visual"]["simple_stats"]["runs"]
+    assert [r["split"] for r in runs_all] == [r["split"] for r in runs_vis] == [0, 1, 2]
+    acc = [r["test_acc"] for r in runs_all]
+    assert res["results"]["all"]["simple_stats"]["test_acc"]["std"] == pytest.approx(float(np.std(acc, ddof=1)))
+    diffs = np.array(acc) - np.array([r["test_acc"] for r in runs_vis])
+    paired = res["drop"]["simple_stats"]["paired"]
+    assert paired["mean"] == pytest.approx(diffs.mean()) and paired["std"] == pytest.approx(diffs.std(ddof=1))
+    half = 4.302652729911275 * diffs.std(ddof=1) / np.sqrt(3)  # t(0.975, 2 dof)
+    assert paired["ci"] == pytest.approx([diffs.mean() - half, diffs.mean() + half])
+    table = format_table(res)
+    assert "SYNTHETIC" in table.splitlines()[0] and "95% CI" in table
+    # the splits differ from run to run
+    from models.lora.data import stratified_split
+    from models.lora.experiment import split_seed
+
+    a, b = (stratified_split(text_signal.labels, split_seed(cfg.seed, k)) for k in (0, 1))
+    assert not np.array_equal(np.sort(a.test), np.sort(b.test))

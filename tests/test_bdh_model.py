@@ -205,3 +205,22 @@ def test_bf16_autocast_trains_and_stays_close_to_reference() -> None:
         assert p.grad is not None and p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
         cos = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
         assert cos > 0.95, (name, float(cos))
+
+
+def test_optimized_equals_reference_at_the_default_width() -> None:
+    """The default model's width (N = 192·32/6 = 1024 neurons per head) with a small batch, all switches on:
+    longer sums than the tiny configs, so rounding is checked where the real model runs."""
+    torch.manual_seed(5)
+    config = dataclasses.replace(VisionBDHConfig(), n_layer=2, dropout=0.0, num_classes=10)
+    assert config.n_embd * config.mlp_multiplier // config.n_head == 1024
+    reference = ReferenceVisionBDH(config)
+    fast = VisionBDH(config)
+    fast.load_state_dict(reference.state_dict())
+    images = torch.randn(2, 3, 32, 32)
+    out_ref, grads_ref = _outputs_and_grads(reference, images)
+    out_fast, grads_fast = _outputs_and_grads(fast, images)
+    assert out_ref.abs().max() > 0.1
+    torch.testing.assert_close(out_fast, out_ref, rtol=0, atol=1e-4)
+    for name, g in grads_ref.items():
+        torch.testing.assert_close(grads_fast[name], g, rtol=1e-4, atol=1e-5 * float(g.abs().max()),
+                                   msg=lambda m, n=name: f"{n}: {m}")

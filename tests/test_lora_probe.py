@@ -55,8 +55,10 @@ def test_restores_best_epoch_when_val_accuracy_peaks_early() -> None:
     assert res.best_epoch == int(np.argmax(hist)) + 1 and res.best_val_acc == max(hist)
     assert res.best_epoch < 10 and hist[-1] < max(hist) - 0.2
     restored = float((predict(res.model, x_val, 64, torch.device("cpu"), "fp32") == y_val).float().mean())
-    assert restored == pytest.approx(max(hist))
-    assert restored > hist[-1]
+    # trained and validated in "auto" precision (bf16 on CPUs with native bf16), re-predicted here in fp32:
+    # logits within bf16 rounding of a tie may flip, so allow one of the 32 validation items to differ
+    assert restored == pytest.approx(max(hist), abs=1 / 32 + 1e-9)
+    assert restored > hist[-1] + 0.1
 
 
 def test_early_stopping_stops_after_patience() -> None:

@@ -130,3 +130,28 @@ def test_layer_batching_equals_per_layer_per_item(name: str) -> None:
             d, u, s = f.down[i:i + 1].double(), f.up[i:i + 1].double(), f.scale[i:i + 1].double()
             ref = rep.fn(d, u, s) if rep.on == "delta" else torch.cat([rep.fn(d), rep.fn(u)], dim=1)
             torch.testing.assert_close(got[lname][i:i + 1], ref, rtol=1e-9, atol=1e-12)
+
+
+def test_delta_norms_are_functions_of_delta_w_only() -> None:
+    g = torch.Generator().manual_seed(11)
+    down, up = torch.randn(3, 4, 20, generator=g, dtype=torch.float64), torch.randn(3, 12, 4, generator=g,
+                                                                                     dtype=torch.float64)
+    scale = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    f = R.delta_norms(down, up, scale)
+    # against the materialised ΔW
+    dw = scale[:, None, None] * up @ down
+    s = torch.linalg.svdvals(dw)[:, :4]
+    p = s / s.sum(1, keepdim=True)
+    expect = torch.stack([torch.linalg.matrix_norm(dw), s.sum(1), s[:, 0], torch.exp(-(p * p.log()).sum(1)),
+                          (s**2).sum(1) / s[:, 0] ** 2], 1)
+    torch.testing.assert_close(f, expect, rtol=1e-9, atol=1e-12)
+    # the same ΔW with the scale split differently and the rank space rotated: identical, while a factor
+    # representation of the same adapter changes
+    q, _ = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))
+    up2, down2 = 3.0 * up @ q, q.T @ down / 3.0
+    torch.testing.assert_close(R.delta_norms(down2, up2, scale), f, rtol=1e-9, atol=1e-12)
+    assert not torch.allclose(R.simple_stats(up2), R.simple_stats(up))
+    # rank one: effective and stable rank are 1; zero: all zeros
+    one = R.delta_norms(down[:, :1], up[:, :, :1])
+    torch.testing.assert_close(one[:, 3:], torch.ones(3, 2, dtype=torch.float64))
+    assert torch.equal(R.delta_norms(torch.zeros(1, 2, 5), torch.zeros(1, 3, 2)), torch.zeros(1, 5))

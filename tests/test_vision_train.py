@@ -13,7 +13,16 @@ import torch
 from models.vision.checkpoint import load, load_state_dict
 from models.vision.config import VisionBDHConfig
 from models.vision.data import ImageArrays, load_arrays
-from models.vision.train import CSV_COLUMNS, BatchEvent, ResumeError, TrainConfig, lr_at, train
+from models.vision.train import (
+    CSV_COLUMNS,
+    BatchEvent,
+    ResumeError,
+    ResumeMismatch,
+    TrainConfig,
+    TrainingDiverged,
+    lr_at,
+    train,
+)
 
 SMALL = VisionBDHConfig(n_layer=2, n_embd=32, n_head=2, mlp_multiplier=8, dropout=0.0)
 TINY = VisionBDHConfig(n_layer=1, n_embd=16, n_head=2, mlp_multiplier=2, dropout=0.1)
@@ -46,7 +55,7 @@ def test_small_model_learns_digits(tmp_path: Path) -> None:
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     assert list(rows[0]) == CSV_COLUMNS and len(rows) == 6
     ckpts = tmp_path / "checkpoints"
-    assert {"best", "last", "epoch_001", "epoch_006"} <= {p.name for p in ckpts.iterdir()}
+    assert {p.name for p in ckpts.iterdir()} == {"best", "last"}  # no copy per epoch by default
     # the registry loader gives back the best model, which scores the reported test accuracy
     bundle = load(tmp_path, "cpu")
     assert bundle.meta["epoch"] == result.best_epoch and bundle.classes[9] == "9"
@@ -165,3 +174,56 @@ def test_determinism_switch_is_restored(tmp_path: Path) -> None:
     assert not torch.are_deterministic_algorithms_enabled()
     train(tiny_config(epochs=1, max_train_samples=32), tmp_path, device="cpu", data=digits())
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_resume_refuses_a_different_configuration_naming_the_fields(tmp_path: Path) -> None:
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=2)  # 2 of 3 done
+    for overrides, fields in [({"seed": 8}, ["seed"]), ({"batch_size": 32, "lr": 1e-3}, ["batch_size", "lr"]),
+                              ({"max_train_samples": 64, "val_fraction": 0.2}, ["val_fraction", "max_train_samples"]),
+                              ({"warmup_steps": 5}, ["warmup_steps"]), ({"epochs": 1}, ["epochs"])]:
+        with pytest.raises(ResumeMismatch) as err:
+            train(tiny_config(**overrides), tmp_path / "x", device="cpu", data=digits(),
+                  resume_from=tmp_path / "first")
+        assert sorted(err.value.fields) == sorted(fields)
+        for f in fields:
+            assert f in str(err.value)
+    # a longer run is allowed, and so are settings that do not change the trajectory
+    longer = train(tiny_config(epochs=4, keep_checkpoints="all"), tmp_path / "longer", device="cpu",
+                   data=digits(), resume_from=tmp_path / "first")
+    assert [r["epoch"] for r in longer.history] == [1, 2, 3, 4]
+    assert {"epoch_003", "epoch_004"} <= {p.name for p in (tmp_path / "longer/checkpoints").iterdir()}
+
+
+def test_a_run_restarted_after_its_last_epoch_finishes(tmp_path: Path) -> None:
+    first = train(tiny_config(epochs=2), tmp_path / "run", device="cpu", data=digits())
+    again = train(tiny_config(epochs=2), tmp_path / "run", device="cpu", data=digits(),
+                  resume_from=tmp_path / "run")
+    assert again.epochs_completed == 2 and not again.canceled
+    assert comparable(again.history) == comparable(first.history)
+    assert again.test_accuracy == first.test_accuracy and again.best_epoch == first.best_epoch
+
+
+def test_compile_failure_falls_back_to_eager_with_a_warning(tmp_path: Path, monkeypatch) -> None:
+    def broken_compile(model, mode=None):  # noqa: ANN001, ANN202
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            raise RuntimeError("backend failed: no C compiler\ndetails")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    result = train(tiny_config(epochs=1, compile="default"), tmp_path, device="cpu", data=digits())
+    assert result.epochs_completed == 1 and result.history[0]["val_accuracy"] > 0
+    assert len(result.warnings) == 1 and "backend failed: no C compiler" in result.warnings[0]
+    assert "eager" in result.warnings[0]
+
+
+def test_a_diverging_loss_fails_naming_epoch_and_batch(tmp_path: Path) -> None:
+    with pytest.raises(TrainingDiverged, match="epoch 1, batch 2") as err:
+        train(tiny_config(epochs=1, lr=float("inf"), warmup_steps=0), tmp_path, device="cpu", data=digits())
+    assert err.value.epoch == 1
+
+
+def test_running_loss_is_read_lazily(tmp_path: Path) -> None:
+    losses: list[float] = []
+    result = train(tiny_config(epochs=1), tmp_path, device="cpu", data=digits(),
+                   on_batch_end=lambda e: losses.append(e.loss) if e.batch == e.batches_per_epoch else None)
+    assert losses == [pytest.approx(result.history[0]["train_loss"])]

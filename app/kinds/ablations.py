@@ -31,6 +31,8 @@ class AblationRequest(BaseModel):
         ["all", "visual"], min_length=1, max_length=3,
         description="all layers, visual (attn1 self-attention) and/or text (attn2 cross-attention)")
     num_runs: int = Field(10, ge=1, le=100, description="probe runs per cell, seeds seed+run")
+    n_splits: int | None = Field(None, ge=1, le=100, description="distinct seeded data splits over the runs "
+                                 "(run r uses split r mod n_splits); default: a new split per run")
     quick: bool = Field(False, description="3 runs instead of num_runs")
     sample_layers: float = Field(1.0, gt=0, le=1, description="fraction of each layer set's layers (seeded)")
     cache_features: bool = True

@@ -53,6 +53,9 @@ class TracInRequest(BaseModel):
     filter: FilterRequest | None = None
     train_triples: list[Triple] | None = Field(None, min_length=1, max_length=100_000,
                                                description="mode 'single': the training triples to score")
+    lr_weight: Literal["last", "interval"] = Field(
+        "last", description="checkpoint weight: 'last' = the learning rate stored with it (last epoch of its "
+        "interval); 'interval' = the sum of the epoch rates since the previous checkpoint")
     method: Literal["ghost", "vmap"] = Field("ghost", description="'vmap' materialises per-example gradients "
                                              "(the slow reference)")
 

@@ -71,7 +71,11 @@ class TrainBDHRequest(BaseModel):
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     deterministic: bool = False
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    resume_from: str | None = Field(None, description="id of an earlier train/bdh job whose checkpoint to continue")
+    resume_from: str | None = Field(None, description="id of an earlier train/bdh job whose checkpoint to continue "
+                                    "(same settings; only epochs may change, above the epochs done)")
+    keep_checkpoints: Literal["last_best", "all"] = Field(
+        "last_best", description="'last_best': the resumable last checkpoint and the best weights; 'all': also "
+        "the weights of every epoch")
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     max_train_samples: int | None = Field(None, ge=1)
     augment: bool = Field(True, description="random resized crop 0.8-1.0, and horizontal flips except for digits")

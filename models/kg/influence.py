@@ -7,6 +7,16 @@
 - ``self``: TracIn(z, z) for the candidate training triples, largest first: high self-influence flags facts the
   model finds hard, often mislabelled ones.
 - ``single``: the influence of each given training triple on each test triple, unranked.
+
+Checkpoint weights (``lr_weight``): ``last`` weights checkpoint i by the learning rate stored with it, the rate
+of the last epoch of its interval; ``interval`` by the sum of the rates of every epoch since the previous
+selected checkpoint (``models.explain.tracin.interval_weights``), which is what TracIn's first-order derivation
+implies for SGD. Neither is exact for Adam, whose step is η·m̂/(√v̂ + ε) rather than η·∇ℓ: the rate is only the
+scalar part of a per-parameter preconditioned step, so with Adam both weightings are heuristics. ``interval``
+still counts how many epochs each checkpoint stands for and follows a decay inside the interval; ``last``
+ignores both. The weights used are in the result (``checkpoints[i].weight``).
+
+A NaN or infinite score fails the report (``NonFiniteError`` naming the triples); it is never dropped.
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from models.explain.tracin import TracIn
+from models.common import NonFiniteError
+from models.explain.tracin import LR_WEIGHTS, TracIn, interval_weights
 from models.kg.checkpoint import KGBundle
 from models.kg.graph import AdjacencyIndex
 
@@ -48,12 +59,43 @@ def _ranked(scores: torch.Tensor, top_k: int | None, positive: bool) -> list[int
     return (pos if top_k is None else pos[:top_k]).tolist()
 
 
+def checkpoint_weights(bundle: KGBundle, ckpts: Sequence, lr_weight: str) -> list[float]:
+    """η per selected checkpoint for ``lr_weight`` (see the module docstring)."""
+    if lr_weight not in LR_WEIGHTS:
+        raise ValueError(f"lr_weight must be one of {LR_WEIGHTS}, got {lr_weight!r}")
+    if lr_weight == "last":
+        return [float(c.lr) for c in ckpts]
+    training = bundle.training or {}
+    if "lr" not in training:
+        raise ValueError("lr_weight 'interval' needs the model's training schedule (lr, lr_decay), which this "
+                         "model does not record; use lr_weight 'last'")
+    order = sorted(range(len(ckpts)), key=lambda i: ckpts[i].epoch)
+    w = interval_weights([ckpts[i].epoch for i in order], float(training["lr"]),
+                         float(training.get("lr_decay", 1.0)))
+    out = [0.0] * len(ckpts)
+    for i, wi in zip(order, w, strict=True):
+        out[i] = wi
+    return out
+
+
+def _check_finite(ds, triples: torch.Tensor, values: torch.Tensor, what: str) -> None:
+    """NonFiniteError naming the triples whose ``values`` (rows) hold a NaN or an infinity."""
+    bad = ~torch.isfinite(values)
+    if bad.dim() > 1:
+        bad = bad.flatten(1).any(1)
+    if bool(bad.any()):
+        names = ds.decode(triples[bad])
+        shown = ", ".join("(" + ", ".join(t) + ")" for t in names[:10])
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        raise NonFiniteError(f"non-finite {what} for {len(names)} triple(s): {shown}{more}", names)
+
+
 def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: str = "test",
                   top_k: int | None = 10, checkpoints: str | Sequence[str] = "all",
                   layers: str | Sequence[str] = "all", loss: str = "train", projection_dim: int | None = None,
                   precision: str = "auto", batch_size: int = 256, filter: FilterSpec | None = None,
                   train_triples: Sequence[Sequence[str]] | None = None, method: str = "ghost",
-                  device: torch.device | str | None = None,
+                  device: torch.device | str | None = None, lr_weight: str = "last",
                   progress: ProgressFn | None = None) -> tuple[dict, list[dict]]:
     """Run TracIn on ``bundle``; returns ``(result, csv_rows)``. Names are looked up in the bundle's vocabularies."""
     if mode not in MODES:
@@ -62,8 +104,9 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
         raise ValueError("top_k must be >= 0 or None")
     ds = bundle.dataset
     ckpts = bundle.checkpoints if checkpoints == "all" else [bundle.checkpoint(str(c)) for c in checkpoints]
+    weights = checkpoint_weights(bundle, ckpts, lr_weight)
     engine = TracIn(bundle.model, ckpts, layers=layers, loss=loss, method=method, precision=precision,
-                    projection_dim=projection_dim, batch_size=batch_size, device=device)
+                    projection_dim=projection_dim, batch_size=batch_size, device=device, weights=weights)
     test_ids = ds.encode(test_triples) if test_triples else torch.empty(0, 3, dtype=torch.long)
     train = ds.train
     t0 = time.perf_counter()
@@ -96,8 +139,9 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
                 **label_cols("Test", test), **label_cols("Train", tr)}
 
     rows: list[dict] = []
-    settings = {"mode": mode, "top_k": top_k, "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr}
-                                                             for c in ckpts],
+    settings = {"mode": mode, "top_k": top_k, "lr_weight": lr_weight,
+                "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr, "weight": w}
+                                for c, w in zip(ckpts, weights, strict=True)],
                 "layers": list(engine.names), "loss": loss, "projection_dim": projection_dim,
                 "precision": engine.precision, "method": method,
                 "filter": None if filter is None else filter.__dict__}
@@ -107,6 +151,7 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
         else:
             idx = torch.arange(len(train))
         si = engine.self_influence(train[idx], progress=prog)
+        _check_finite(ds, train[idx], si, "self-influence")
         order = torch.argsort(si, descending=True, stable=True)
         keep = order if top_k is None else order[:top_k]
         names = ds.decode(train[idx[keep]])
@@ -124,6 +169,8 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
             raise ValueError("mode 'single' needs train_triples")
         tr_ids = ds.encode(train_triples)
         scores, test_self, tr_self = engine.influence(test_ids, tr_ids, progress=prog, train_self=True)
+        _check_finite(ds, test_ids, torch.cat([scores, test_self[:, None]], 1), "influence")
+        _check_finite(ds, tr_ids, torch.cat([scores.t(), tr_self[:, None]], 1), "influence")
         tr_names = ds.decode(tr_ids)
         per_test = []
         for i, te in enumerate(ds.decode(test_ids)):
@@ -141,6 +188,8 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
     pos_in_union = torch.full((len(train),), -1, dtype=torch.long)
     pos_in_union[union] = torch.arange(len(union))
     scores, test_self, tr_self = engine.influence(test_ids, train[union], progress=prog, train_self=True)
+    _check_finite(ds, test_ids, torch.cat([scores, test_self[:, None]], 1), "influence")
+    _check_finite(ds, train[union], torch.cat([scores.t(), tr_self[:, None]], 1), "influence")
     per_test = []
     for i, te in enumerate(ds.decode(test_ids)):
         cols = pos_in_union[cand[i]]

@@ -77,6 +77,16 @@ class LoraDataset:
             raise DatasetFormatError("no LoRA layers (down/up factor pairs) were found in the dataset")
         self._fingerprint: str | None = None
 
+    @property
+    def synthetic(self) -> bool:
+        """True for datasets made by ``models.lora.synthetic`` (their files carry ``explainq_synthetic``)."""
+        if self.format != "safetensors_dir" or not getattr(self, "files", None):
+            return False
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[0]), framework="pt") as fh:
+            return "explainq_synthetic" in (fh.metadata() or {})
+
     # -- format 1 --------------------------------------------------------------------------------------
     def _init_safetensors_dir(self) -> None:
         rows = read_labels_csv(self.root)

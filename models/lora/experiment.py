@@ -1,5 +1,14 @@
-"""The visual-only ablation: for each layer set and representation, ``num_runs`` MLP probes on a fixed seeded
-split, aggregated as mean ± std, and the accuracy drop from all layers to the visual (attn1) layers.
+"""The visual-only ablation: for each layer set and representation, ``num_runs`` MLP probes, aggregated as mean ±
+sample std (ddof = 1), and the accuracy drop from all layers to the visual (attn1) layers.
+
+Uncertainty. Run r uses split r mod ``n_splits`` (default: a new seeded stratified split per run) and probe seed
+seed + r, the same for every layer set, so the drop is paired: drop_r = acc_all,r − acc_visual,r on the same
+test items with the same initialisation, reported as mean ± std with a Student-t 95% confidence interval over
+the runs. Split-to-split variation is thereby part of the spread, as it should be for a claim about the data.
+
+Layer sampling. ``sample_layers < 1`` draws one seeded subset of all layers; each layer set is that subset's
+part (so "visual" is the sampled set's visual layers, and the all → visual drop compares nested sets, not two
+independent draws), and features are computed for the sampled layers only.
 
 Resume: with a ``state_dir``, each finished (layer set, representation) is written to ``partial.json`` under a
 key that covers the dataset fingerprint and every setting that changes results; re-running the same
@@ -22,7 +31,7 @@ import torch
 
 from models.lora.data import LoraDataset, sample_layers, stratified_split
 from models.lora.features import FeatureCache, compute_features
-from models.lora.keys import LAYER_SETS, DatasetFormatError
+from models.lora.keys import LAYER_SETS, DatasetFormatError, select_layers
 from models.lora.probe import ProbeConfig, run_probe
 from models.lora.representations import FEATURE_CODE_VERSION, REPRESENTATIONS, SOURCE_REPRESENTATIONS
 
@@ -30,7 +39,7 @@ SCALAR_METRICS = (
     "train_acc", "val_acc", "test_acc", "val_f1", "test_f1", "val_precision", "test_precision",
     "val_recall", "test_recall", "best_epoch", "time_s",
 )
-RESULT_VERSION = 1
+RESULT_VERSION = 2
 
 
 @dataclass
@@ -38,6 +47,7 @@ class AblationConfig:
     representations: list[str] = field(default_factory=lambda: list(SOURCE_REPRESENTATIONS))
     layer_sets: list[str] = field(default_factory=lambda: ["all", "visual"])
     num_runs: int = 10
+    n_splits: int | None = None  # distinct data splits over the runs; None = one per run
     quick: bool = False
     sample_layers: float = 1.0
     cache_features: bool = True
@@ -55,6 +65,10 @@ class AblationConfig:
         """``quick`` means 3 runs."""
         return 3 if self.quick else self.num_runs
 
+    @property
+    def splits(self) -> int:
+        return self.runs if self.n_splits is None else max(1, min(self.n_splits, self.runs))
+
     def probe(self) -> ProbeConfig:
         return ProbeConfig(hidden_dim=self.hidden_dim, dropout=self.dropout, weight_decay=self.weight_decay,
                            batch_size=self.batch_size, max_epochs=self.max_epochs, patience=self.patience,
@@ -67,15 +81,36 @@ class AblationConfig:
         bad = [ls for ls in self.layer_sets if ls not in LAYER_SETS]
         if bad:
             raise ValueError(f"unknown layer set(s) {bad}; known: {list(LAYER_SETS)}")
+        if self.n_splits is not None and self.n_splits < 1:
+            raise ValueError("n_splits must be >= 1")
+
+
+def split_seed(seed: int, index: int) -> int:
+    """Seed of the ``index``-th data split (index 0 is the historical fixed split, ``seed`` itself)."""
+    return seed if index == 0 else int(np.random.SeedSequence([seed, 7919, index]).generate_state(1)[0])
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> dict:
+    """Mean, sample std (ddof = 1) and the Student-t confidence interval of the mean; n = 1 has no spread."""
+    from scipy import stats as st
+
+    v = np.asarray(values, dtype=np.float64)
+    n = len(v)
+    mean = float(v.mean())
+    if n < 2:
+        return {"mean": mean, "std": None, "n": n, "ci": None, "ci_level": level}
+    std = float(v.std(ddof=1))
+    half = float(st.t.ppf(0.5 + level / 2, n - 1) * std / np.sqrt(n))
+    return {"mean": mean, "std": std, "n": n, "ci": [mean - half, mean + half], "ci_level": level}
 
 
 def aggregate(runs: Sequence[dict]) -> dict:
-    """Mean and population std of every scalar metric over runs, the per-run values and the summed confusion
-    matrices."""
+    """Mean and sample std (ddof = 1; 0 for a single run) of every scalar metric over runs, the per-run values
+    and the summed confusion matrices."""
     out: dict = {}
     for key in SCALAR_METRICS:
         vals = np.array([r[key] for r in runs], dtype=np.float64)
-        out[key] = {"mean": float(vals.mean()), "std": float(vals.std())}
+        out[key] = {"mean": float(vals.mean()), "std": float(vals.std(ddof=1)) if len(vals) > 1 else 0.0}
     for split in ("val", "test"):
         out[f"{split}_confusion_sum"] = np.sum([np.array(r[f"{split}_confusion"]) for r in runs], axis=0).tolist()
     out["feature_dim"] = runs[0]["feature_dim"]
@@ -84,7 +119,8 @@ def aggregate(runs: Sequence[dict]) -> dict:
 
 
 def accuracy_drop(results: dict, metric: str = "test_acc") -> dict:
-    """Per representation: absolute (all − visual) and relative ((all − visual)/all) drop of the mean."""
+    """Per representation: absolute (all − visual) and relative ((all − visual)/all) drop of the mean, and the
+    paired drop over runs (same split and probe seed in both layer sets): mean, sample std, 95% CI."""
     drop: dict = {}
     if "all" not in results or "visual" not in results:
         return drop
@@ -93,8 +129,11 @@ def accuracy_drop(results: dict, metric: str = "test_acc") -> dict:
             continue
         a = cell[metric]["mean"]
         v = results["visual"][rep][metric]["mean"]
+        pa = [r[metric] for r in cell["runs"]]
+        pv = [r[metric] for r in results["visual"][rep]["runs"]]
+        paired = mean_ci([x - y for x, y in zip(pa, pv, strict=True)]) if len(pa) == len(pv) else None
         drop[rep] = {"metric": metric, "all": a, "visual": v, "absolute": a - v,
-                     "relative": (a - v) / a if a > 0 else None}
+                     "relative": (a - v) / a if a > 0 else None, "paired": paired}
     return drop
 
 
@@ -137,14 +176,20 @@ def run_ablation(
     """
     config.validate()
     t_start = time.perf_counter()
-    splits = stratified_split(dataset.labels, config.seed)
+    split_list = [stratified_split(dataset.labels, split_seed(config.seed, k)) for k in range(config.splits)]
+    splits = split_list[0]
+    pool = dataset.layer_set("all")
+    if config.sample_layers < 1:
+        pool = sample_layers(pool, config.sample_layers,
+                             int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0]))
     layer_sets: dict[str, list] = {}
     for ls in config.layer_sets:
-        layers = dataset.layer_set(ls)
+        layers = select_layers(pool, ls)
         if not layers:
-            raise DatasetFormatError(f"layer set {ls!r} matches no layer of the dataset", field="layer_sets")
-        seed = int(np.random.SeedSequence([config.seed, LAYER_SETS.index(ls)]).generate_state(1)[0])
-        layer_sets[ls] = sample_layers(layers, config.sample_layers, seed) if config.sample_layers < 1 else layers
+            where = "the sampled layers" if config.sample_layers < 1 else "the dataset"
+            raise DatasetFormatError(f"layer set {ls!r} matches no layer of {where}",
+                                     field="sample_layers" if config.sample_layers < 1 else "layer_sets")
+        layer_sets[ls] = layers
     reps = list(config.representations)
     total = len(layer_sets) * len(reps) * config.runs
     memo = cache_dir / "fingerprints.json" if cache_dir is not None else None
@@ -166,7 +211,7 @@ def run_ablation(
     todo = [(ls, rep) for ls in layer_sets for rep in reps if rep not in done_cells.get(ls, {})]
     resumed = len(layer_sets) * len(reps) - len(todo)
     todo_reps = sorted({rep for _, rep in todo})
-    todo_sets = {ls: dataset.layer_set(ls) for ls in sorted({ls for ls, _ in todo})}
+    todo_sets = {ls: layer_sets[ls] for ls in sorted({ls for ls, _ in todo})}  # sampled layers only
     cache = FeatureCache(cache_dir, shared_cache) if (cache_dir is not None and config.cache_features) else None
     feats, fstats = compute_features(
         dataset, todo_sets, todo_reps, device, cache=cache, memo_path=memo,
@@ -188,8 +233,9 @@ def run_ablation(
             runs = []
             for run in range(config.runs):
                 t0 = time.perf_counter()
-                runs.append(run_probe(x, y, splits, dataset.num_classes, probe_cfg, config.seed + run, device,
-                                      on_epoch=on_epoch))
+                runs.append(run_probe(x, y, split_list[run % len(split_list)], dataset.num_classes, probe_cfg,
+                                      config.seed + run, device, on_epoch=on_epoch))
+                runs[-1]["split"] = run % len(split_list)
                 t_train += time.perf_counter() - t0
                 done += 1
                 message = f"{ls}/{rep} run {run + 1}/{config.runs}: test acc {runs[-1]['test_acc']:.3f}"
@@ -203,13 +249,15 @@ def run_ablation(
     counts = dataset.num_layers()
     return {
         "dataset": dataset_name or str(dataset.root),
+        "synthetic": dataset.synthetic,
         "format": dataset.format,
         "num_items": len(dataset),
         "num_classes": dataset.num_classes,
         "classes": dataset.classes,
         "num_layers": counts,
         "layers_used": {ls: len(v) for ls, v in layer_sets.items()},
-        "splits": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)},
+        "splits": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test),
+                   "n_splits": len(split_list)},
         "config": {**asdict(config), "runs": config.runs},
         "device": str(device),
         "results": results,
@@ -232,9 +280,11 @@ def format_table(result: dict) -> str:
     head = f"{'representation':<16}" + "".join(f"{ls + ' test acc':>22}" for ls in sets)
     has_drop = bool(result.get("drop"))
     if has_drop:
-        head += f"{'drop abs':>10}{'drop rel':>10}"
+        head += f"{'drop abs':>10}{'drop rel':>10}{'paired drop (95% CI)':>32}"
+    synthetic = "SYNTHETIC data; " if result.get("synthetic") else ""
     lines = [
-        f"LoRA ablation on {result['dataset']}: {result['num_items']} adapters, {result['num_classes']} classes, "
+        f"LoRA ablation on {result['dataset']} ({synthetic}{result['splits'].get('n_splits', 1)} split(s)): "
+        f"{result['num_items']} adapters, {result['num_classes']} classes, "
         f"layers all/visual/text = {result['num_layers']['all']}/{result['num_layers']['visual']}/"
         f"{result['num_layers']['text']}, {result['config']['runs']} runs, chance = {1 / result['num_classes']:.3f}",
         head,
@@ -249,5 +299,8 @@ def format_table(result: dict) -> str:
             d = result["drop"][rep]
             rel = f"{100 * d['relative']:>9.1f}%" if d["relative"] is not None else f"{'n/a':>10}"
             row += f"{d['absolute']:>10.4f}{rel}"
+            p = d.get("paired")
+            if p and p["ci"] is not None:
+                row += f"{p['mean']:>10.4f} ± {p['std']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}]"
         lines.append(row)
     return "\n".join(lines) + "\n"

@@ -218,5 +218,5 @@ def summarize_dataset(directory: str | Path) -> DatasetSummary:
 # The names of models.lora.representations.REPRESENTATIONS, listed here so the API can validate without torch.
 REPRESENTATION_NAMES = (
     "simple_stats", "rank_based", "stats", "spectral", "matrix_norms", "distribution", "frequency",
-    "info_theoretic", "ensemble", "flat_vec", "spectral_delta",
+    "info_theoretic", "ensemble", "flat_vec", "spectral_delta", "delta_norms",
 )

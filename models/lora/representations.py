@@ -215,6 +215,26 @@ def spectral_delta(down: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | N
     return spectral_from_singular_values(s, (up.shape[-2], down.shape[-1]))
 
 
+def delta_norms(down: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None = None,
+                method: str = "exact") -> torch.Tensor:
+    """Norms of ΔW = scale·up·down from its singular values (exactly, through the r x r core): Frobenius
+    √Σσ², nuclear Σσ, spectral σ_1, effective rank exp(−Σ p log p) with p = σ/Σσ (Roy & Vetterli; 1 for rank
+    one, r for a flat spectrum), and stable rank Σσ²/σ_1² (0 for ΔW = 0). 5 values.
+
+    Unlike every factor representation, these depend on ΔW only, so they do not change when an adapter moves
+    scale between its factors (up·c, down/c) or rotates its rank space (up·Q, Qᵀ·down)."""
+    s = delta_singular_values(down, up, scale, method).clamp_min(0)
+    fro = torch.sqrt((s**2).sum(1))
+    nuc = s.sum(1)
+    spec = s[:, 0]
+    p = torch.where(nuc[:, None] > 0, s / torch.where(nuc > 0, nuc, torch.ones_like(nuc))[:, None],
+                    torch.zeros_like(s))
+    erank = torch.where(nuc > 0, torch.exp(-torch.special.xlogy(p, p).sum(1)), torch.zeros_like(nuc))
+    srank = torch.where(spec > 0, fro**2 / torch.where(spec > 0, spec, torch.ones_like(spec)) ** 2,
+                        torch.zeros_like(spec))
+    return torch.stack([fro, nuc, spec, erank, srank], dim=1)
+
+
 @dataclass(frozen=True)
 class Representation:
     name: str
@@ -236,6 +256,9 @@ REPRESENTATIONS: dict[str, Representation] = {
         Representation("ensemble", ensemble, "factors"),
         Representation("flat_vec", flat_vec, "factors"),
         Representation("spectral_delta", spectral_delta, "delta"),
+        Representation("delta_norms", delta_norms, "delta"),
     ]
 }
-SOURCE_REPRESENTATIONS = [name for name in REPRESENTATIONS if name != "spectral_delta"]
+# the source's representations: functions of the factors, so they change when an adapter splits its scale
+# between up and down differently; the "delta" ones are functions of ΔW and do not
+SOURCE_REPRESENTATIONS = [name for name, r in REPRESENTATIONS.items() if r.on == "factors"]

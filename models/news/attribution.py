@@ -28,20 +28,23 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from models.common import resolve_precision
+from models.common import NonFiniteError, resolve_precision
 from models.explain.ig import (
     METHODS,
     IGResult,
-    auto_rows,
     integrated_gradients,
+    integrated_gradients_adaptive,
     integrated_gradients_reference,
+    probe_bytes_per_row,
+    rows_for_budget,
 )
 from models.explain.occlusion import occlusion
 from models.news.data import Sample, recent_history
@@ -49,6 +52,7 @@ from models.news.modules import NewsRecommender
 from models.news.summary import ReportAccumulator, compare
 
 ProgressFn = Callable[[int, int, str], None]
+ADAPTIVE_START_STEPS = 16
 
 
 class AttributionError(RuntimeError):
@@ -235,23 +239,59 @@ class _ViewRun:
     n_steps: int
     alpha_batch_size: int | None
     batch_size: int
+    steps: dict[str, int] = field(default_factory=dict)  # sample id -> the rule it ended with
+    evaluations: dict[str, int] = field(default_factory=dict)  # sample id -> gradient evaluations spent
+    converged: dict[str, bool] = field(default_factory=dict)
+
+
+# model -> {(view, baseline, precision, device, length bucket): bytes per interpolated row}. The probe costs two
+# forward + backward passes; an interactive request of a few samples would pay them on every call.
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def length_bucket(length: int) -> int:
+    """The probe's length: the next power of two (at least 16), so one probe serves every shorter title (capped
+    at the view's tokenizer limit by the caller)."""
+    return max(16, 1 << max(0, length - 1).bit_length())
+
+
+def _bytes_per_row(model: NewsRecommender, longest: _Prepared, view: str, baseline: str, precision: str) -> float:
+    """Memory per interpolated row for inputs up to ``longest``'s length bucket; probed once per model,
+    view, baseline, precision, device and bucket (the sample padded to the bucket length with [PAD], masked)."""
+    ids, mask = longest.enc[view]
+    bucket = length_bucket(int(ids.shape[0]))
+    limit = model.config.get(f"max_{view}_len")  # the tokenizer never makes a longer input
+    if isinstance(limit, int) and limit >= ids.shape[0]:
+        bucket = min(bucket, limit)
+    key = (view, baseline, precision, str(model.device), bucket)
+    cache = _PROBES.setdefault(model, {})
+    if key not in cache:
+        pad = bucket - int(ids.shape[0])
+        padded = _Prepared(longest.sample, longest.user, {**longest.enc, view: (
+            torch.cat([ids, torch.full((pad,), model.tokenizer.pad_id, dtype=ids.dtype)]),
+            torch.cat([mask, torch.zeros(pad, dtype=mask.dtype)]))})
+        ch = _chunk(model, [padded], view, baseline)
+        cache[key] = probe_bytes_per_row(ch.forward, ch.x, ch.base, precision)
+    return cache[key]
 
 
 def _resolve_batches(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions,
-                     precision: str, n_steps: int) -> tuple[int, int | None]:
-    """(batch_size, alpha_batch_size) for this run; "auto" probes the memory of the longest samples."""
+                     precision: str, n_steps: int) -> tuple[int, int | None, int | None]:
+    """(batch_size, alpha_batch_size, rows) for this run; "auto" probes the memory of the longest samples
+    (``rows``: interpolated rows per pass within the memory budget, None when nothing is auto)."""
     bs, abs_ = opts.batch_size, opts.alpha_batch_size
+    rows = None
     if opts.method == "occlusion":
-        return (len(prepared) if bs == "auto" else int(bs)), None
+        return (len(prepared) if bs == "auto" else int(bs)), None, None
     if bs == "auto" or abs_ == "auto":
-        longest = sorted(prepared, key=lambda p: -int(p.enc[view][0].shape[0]))[:1]
-        ch = _chunk(model, longest, view, opts.baseline)
-        rows = auto_rows(ch.forward, ch.x, ch.base, precision, opts.memory_budget)
+        longest = max(prepared, key=lambda p: int(p.enc[view][0].shape[0]))
+        per_row = _bytes_per_row(model, longest, view, opts.baseline, precision)
+        rows = rows_for_budget(per_row, model.device, opts.memory_budget)
         if abs_ == "auto":
             abs_ = min(n_steps, rows) if bs == "auto" else max(1, min(n_steps, rows // int(bs)))
         if bs == "auto":
             bs = max(1, rows // int(abs_))
-    return max(1, min(int(bs), len(prepared))), int(abs_)
+    return max(1, min(int(bs), len(prepared))), int(abs_), rows
 
 
 def _chunks(lengths: Sequence[int], batch_size: int, exact: bool) -> list[list[int]]:
@@ -271,7 +311,7 @@ def _chunks(lengths: Sequence[int], batch_size: int, exact: bool) -> list[list[i
 def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions, precision: str,
               n_steps: int, progress: ProgressFn | None, offset: int, total: int,
               errors: list[dict[str, Any]]) -> _ViewRun:
-    batch_size, alpha_batch_size = _resolve_batches(model, prepared, view, opts, precision, n_steps)
+    batch_size, alpha_batch_size, budget_rows = _resolve_batches(model, prepared, view, opts, precision, n_steps)
     run = _ViewRun(view, {}, {}, {}, {}, n_steps, alpha_batch_size, batch_size)
     done = 0
     lengths = [int(p.enc[view][0].shape[0]) for p in prepared]
@@ -295,6 +335,18 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
                 res: IGResult
                 if opts.method == "occlusion":
                     res = occlusion(ch.forward, ch.x, ch.base, ch.content)
+                elif opts.tolerance is not None:
+                    auto_alphas = opts.alpha_batch_size == "auto"
+                    res = integrated_gradients_adaptive(
+                        ch.forward, ch.x, ch.base, tolerance=opts.tolerance, method=opts.method,
+                        start_steps=n_steps, max_steps=opts.max_steps,
+                        alpha_batch_size=None if auto_alphas else alpha_batch_size,
+                        max_rows=budget_rows if auto_alphas else None,
+                        precision=precision)
+                    for j, p in enumerate(items):
+                        run.steps[p.sample.id] = int(res.steps[j])
+                        run.evaluations[p.sample.id] = int(res.evaluations[j])
+                        run.converged[p.sample.id] = bool(res.converged[j])
                 else:
                     res = integrated_gradients(ch.forward, ch.x, ch.base, n_steps=n_steps, method=opts.method,
                                                alpha_batch_size=alpha_batch_size, precision=precision)
@@ -304,11 +356,12 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
                 f_b = res.baseline_scores.tolist()
         except (RuntimeError, ValueError) as exc:
             raise AttributionError(f"attribution failed for samples {ids} (view {view}): {exc}") from exc
+        bad = [p.sample.id for p, a, fx, fb in zip(items, attrs, f_x, f_b, strict=True)
+               if not (np.isfinite(a).all() and math.isfinite(fx) and math.isfinite(fb))]
+        if bad:
+            raise NonFiniteError(f"non-finite attribution or score in view {view} for samples {bad}", bad)
         for p, a, fx, fb in zip(items, attrs, f_x, f_b, strict=True):
             sid = p.sample.id
-            if not (np.isfinite(a).all() and math.isfinite(fx) and math.isfinite(fb)):
-                errors.append({"id": sid, "error": f"non-finite attribution or score in view {view}"})
-                continue
             run.token_attr[sid] = a
             run.scores[sid] = fx
             run.baseline_scores[sid] = fb
@@ -368,7 +421,8 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
             progress: ProgressFn | None = None) -> dict[str, Any]:
     """Attribute every sample's candidate score to its words. Returns the JSON-ready report: ``samples``,
     ``errors`` (samples that could not be attributed, with the reason; never zeros), ``summary`` and
-    ``word_stats``."""
+    ``word_stats``. A NaN or infinite attribution or score raises ``NonFiniteError`` naming the samples: a
+    numerical failure of the model is not a property of the input, and is never hidden in a partial report."""
     opts = opts or IGOptions()
     opts.check()
     started = time.perf_counter()
@@ -384,14 +438,21 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
     total = len(prepared) * len(views)
     n_steps = opts.n_steps
     tolerance_met: bool | None = None
+    adaptive = opts.tolerance is not None and opts.optimized and opts.method != "occlusion"
+    if adaptive:
+        n_steps = min(n_steps, ADAPTIVE_START_STEPS)  # refined per sample from here (models.explain.ig)
     while True:
         run_errors: list[dict[str, Any]] = []
         runs = [_run_view(model, prepared, v, opts, precision, n_steps, progress, k * len(prepared), total,
                           run_errors) for k, v in enumerate(views)] if prepared else []
         rels = [_rel(r, sid) for r in runs for sid in r.token_attr]
         median = statistics.median(rels) if rels else float("nan")
+        if adaptive and runs:
+            tolerance_met = all(all(r.converged.values()) for r in runs)
+            break
         if opts.tolerance is None or opts.method == "occlusion" or not rels:
             break
+        # the reference loop (optimized=False): the whole run at twice the steps until the median meets it
         tolerance_met = median <= opts.tolerance
         if tolerance_met or n_steps >= opts.max_steps:
             break
@@ -404,6 +465,9 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
             continue
         main = _view_report(model, p, runs[0], opts.top_k)
         rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main}
+        if adaptive:
+            rec["n_steps"] = {r.view: r.steps[p.sample.id] for r in runs}
+            rec["tolerance_met"] = all(r.converged[p.sample.id] for r in runs)
         if len(runs) > 1:
             rec["views"] = {r.view: _view_report(model, p, r, opts.top_k) for r in runs[1:]}
         if p.sample.meta:
@@ -413,7 +477,10 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
         "n_samples": len(out_samples),
         "n_errors": len(errors),
         "method": opts.method,
-        "n_steps": n_steps if opts.method != "occlusion" else None,
+        "n_steps": (max(st for r in runs for st in r.steps.values()) if adaptive and prepared else n_steps)
+        if opts.method != "occlusion" else None,
+        "gradient_evaluations": (sum(sum(r.evaluations.values()) for r in runs) if adaptive else
+                                 (n_steps * total if opts.method != "occlusion" else None)),
         "precision": precision,
         "baseline": opts.baseline,
         "optimized": opts.optimized,

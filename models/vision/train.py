@@ -18,9 +18,20 @@ every checkpoint. ``deterministic`` also asks torch for deterministic kernels. R
 epoch e with the same configuration therefore continues exactly as the uninterrupted run: ``epochs`` is the total
 number of epochs (the cosine horizon), and a resumed run trains epochs e+1 … ``epochs``.
 
+Resuming checks the checkpoint's saved training configuration: a different seed, split, sample limit, batch
+size, schedule or model is refused (``ResumeMismatch`` naming the fields); only ``epochs`` may change, to a
+total larger than the epochs already done (the cosine is re-planned over it).
+A run restarted from its own checkpoint after its last epoch finishes (evaluates and returns) instead of failing.
+
 Checkpoints (under ``out_dir/checkpoints``): ``last/`` (weights, optimizer, scaler, RNG, history; rewritten
-atomically after every epoch), ``best/`` (weights of the best validation accuracy), and ``epoch_NNN/`` (weights of
-every epoch, optional). ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
+atomically after every epoch) and ``best/`` (weights of the best validation accuracy); with
+``keep_checkpoints="all"`` also ``epoch_NNN/`` (weights of every epoch).
+
+Device work: running loss and accuracy are summed on the device and read once per report (``BatchEvent.loss``
+is read lazily), so a CUDA step never waits for a ``.item()``. A non-finite loss raises ``TrainingDiverged``
+naming the epoch and batch at the next read. On CUDA, the fast mode (``deterministic=False``) turns on TF32
+matmuls and ``cudnn.benchmark``; ``torch.compile`` that fails falls back to eager mode with a warning in the
+result. ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
 every micro-batch; returning True stops at once (the partial epoch is dropped, the last checkpoint is kept) and an
 exception raised there propagates with the checkpoints on disk intact.
 """
@@ -58,12 +69,60 @@ from models.vision.perf import tune_cpu_allocator
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("off", "default", "max-autotune")
+KEEP_CHECKPOINTS = ("last_best", "all")
+# Settings that define the run's trajectory: resuming with any of them changed is refused (``epochs`` may grow).
+RESUME_FIELDS = ("dataset", "seed", "val_fraction", "max_train_samples", "augment", "batch_size",
+                 "grad_accum_steps", "lr", "weight_decay", "warmup_steps", "grad_clip", "label_smoothing", "model")
+LOG_EVERY_BATCHES = 50  # the progress bar reads the running loss (a device sync) this often
 CSV_COLUMNS = ["epoch", "train_loss", "val_accuracy", "epoch_time_s", "lr", "train_accuracy", "val_loss"]
 
 
 class ResumeError(ValueError):
     """The checkpoint to resume from is missing or does not match the requested run."""
 
+
+class ResumeMismatch(ResumeError):
+    """The requested run's configuration differs from the checkpoint's; ``fields`` names the differences."""
+
+    def __init__(self, fields: list[str], saved: dict[str, Any], requested: dict[str, Any]) -> None:
+        detail = "; ".join(f"{f}: checkpoint {saved.get(f)!r}, requested {requested.get(f)!r}" for f in fields)
+        super().__init__(f"resume_from: the checkpoint was trained with a different {', '.join(fields)} ({detail}); "
+                         "only epochs may differ, and not below the epochs already done")
+        self.fields = fields
+
+
+class TrainingDiverged(FloatingPointError):
+    """The training loss became NaN or infinite."""
+
+    def __init__(self, epoch: int, batch: int, step: int) -> None:
+        super().__init__(f"the training loss became non-finite at epoch {epoch}, batch {batch} (optimizer step "
+                         f"{step}); lower lr, raise warmup_steps or use precision fp32/bf16")
+        self.epoch, self.batch, self.step = epoch, batch, step
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def compare_resume_config(saved: dict[str, Any], requested: TrainConfig, epochs_done: int) -> None:
+    """Raise ``ResumeMismatch`` naming every trajectory setting (``RESUME_FIELDS``, the model's per field) that
+    differs between the checkpoint's ``saved`` training configuration and ``requested``. ``epochs`` (the total,
+    the cosine horizon) may differ, but not fall below the epochs already done."""
+    want = _flatten(_plain(requested.to_dict()))
+    have = _flatten(saved)
+    keys = [k for k in want if k.split(".")[0] in RESUME_FIELDS and k != "model.num_classes"
+            and not k.startswith(("model.img_size", "model.in_channels"))]
+    fields = [k for k in keys if k in have and have[k] != want[k]]
+    if requested.epochs < epochs_done:
+        fields.append("epochs")
+    if fields:
+        raise ResumeMismatch(fields, have, want)
 
 @dataclass
 class TrainConfig:
@@ -89,7 +148,7 @@ class TrainConfig:
     augment: bool = True
     label_smoothing: float = 0.0
     num_workers: int = 0
-    keep_epoch_checkpoints: bool = True
+    keep_checkpoints: str = "last_best"
     tune_cpu_allocator: bool = True
 
     def __post_init__(self) -> None:
@@ -99,6 +158,8 @@ class TrainConfig:
             raise ValueError("batch_size and grad_accum_steps must be positive")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {COMPILE_MODES}, got {self.compile!r}")
+        if self.keep_checkpoints not in KEEP_CHECKPOINTS:
+            raise ValueError(f"keep_checkpoints must be one of {KEEP_CHECKPOINTS}, got {self.keep_checkpoints!r}")
         if isinstance(self.model, dict):
             self.model = VisionBDHConfig.from_dict(self.model)
         if isinstance(self.optimizations, dict):
@@ -118,9 +179,16 @@ class BatchEvent:
     batches_per_epoch: int
     done_batches: int
     total_batches: int
-    loss: float
     lr: float
     history: list[dict[str, float]]
+    loss_sum: torch.Tensor | float = 0.0
+    seen: int = 1
+
+    @property
+    def loss(self) -> float:
+        """Running mean training loss of the epoch. Reading it synchronises with the device, so the loop never
+        does it per micro-batch; a consumer reads it when it reports."""
+        return float(self.loss_sum) / max(self.seen, 1)
 
 
 @dataclass
@@ -142,6 +210,7 @@ class TrainResult:
     n_train: int
     n_val: int
     n_test: int
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -245,12 +314,27 @@ def train(
     The process-wide determinism switches are restored on return, since a worker runs many jobs.
     """
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.backends.cudnn.benchmark)
+                torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+                torch.backends.cudnn.allow_tf32)
     try:
         return _train(config, Path(out_dir), device, data, resume_from, on_batch_end, stop_after_epoch, progress_bar)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.benchmark = previous[2]
+        torch.backends.cuda.matmul.allow_tf32 = previous[3]
+        torch.backends.cudnn.allow_tf32 = previous[4]
+
+
+def _device_modes(device: torch.device, deterministic: bool) -> None:
+    """Fast mode on CUDA: TF32 matmuls and convolutions, cuDNN autotuning. Deterministic mode: neither (TF32
+    results depend on the kernel chosen, autotuning picks per run), and ``seed_everything`` has made torch
+    raise on non-deterministic kernels."""
+    if device.type != "cuda":
+        return
+    fast = not deterministic
+    torch.backends.cuda.matmul.allow_tf32 = fast
+    torch.backends.cudnn.allow_tf32 = fast
+    torch.backends.cudnn.benchmark = fast
 
 
 def _train(
@@ -268,6 +352,7 @@ def _train(
     device = torch.device(device) if device is not None else default_device()
     precision = resolve_precision(config.precision, device, cuda_half="bf16", cpu_native_bf16=True)
     seed_everything(config.seed, config.deterministic)
+    _device_modes(device, config.deterministic)
     if device.type == "cpu" and config.tune_cpu_allocator:
         tune_cpu_allocator()
 
@@ -295,7 +380,12 @@ def _train(
         if VisionBDHConfig.from_dict(saved_model) != model_config:
             raise ResumeError(f"checkpoint model {saved_model} differs from the requested {model_config.to_dict()}")
         state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
-        if state["epoch"] >= config.epochs:
+        if state.get("train_config") is not None:
+            compare_resume_config(state["train_config"], config, int(state["epoch"]))
+        own = last.resolve() == (ckpt_dir / "last").resolve()
+        # A restart of this run after its last epoch (the worker stopped before registering) just finishes;
+        # another run's finished checkpoint has nothing left to train.
+        if state["epoch"] >= config.epochs and not own:
             raise ResumeError(f"the checkpoint already has {state['epoch']} epochs; ask for more than that")
         model.load_state_dict(load_state_dict(last))
         optimizer.load_state_dict(state["optimizer"])
@@ -311,7 +401,9 @@ def _train(
             shutil.copytree(previous_best, ckpt_dir / "best", dirs_exist_ok=True)
 
     net: torch.nn.Module = model
-    if config.compile != "off":
+    warnings: list[str] = []
+    compiled = config.compile != "off"
+    if compiled:
         net = torch.compile(model, mode=config.compile)
 
     n_train = loaders.n_train
@@ -332,7 +424,11 @@ def _train(
         t0 = time.perf_counter()
         loaders.train_sampler.set_epoch(epoch)
         model.train()
-        loss_sum, correct, seen = 0.0, 0, 0
+        # running sums stay on the device: reading them is a synchronisation, done only when reported
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        correct = torch.zeros((), device=device, dtype=torch.int64)
+        bad_batch = torch.full((), -1, device=device, dtype=torch.int64)
+        seen = 0
         batches = loaders.train
         bar = None
         if progress_bar:
@@ -343,8 +439,20 @@ def _train(
         for i, (images, labels) in enumerate(batches):
             images = _to_device(images, device)
             labels = labels.to(device, non_blocking=True)
-            with autocast(device, precision):
-                logits = net(images)
+            try:
+                with autocast(device, precision):
+                    logits = net(images)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure; eager mode is always available
+                if not compiled:
+                    raise
+                compiled = False
+                net = model
+                warnings.append(f"torch.compile(mode={config.compile!r}) failed ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained in eager mode")
+                log.warning(warnings[-1])
+                with autocast(device, precision):
+                    logits = net(images)
+            compiled = False  # compiled or fallen back: the first call decided
             batch_loss = F.cross_entropy(
                 logits.float(), labels, reduction="sum", label_smoothing=config.label_smoothing
             )
@@ -359,16 +467,18 @@ def _train(
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
-            loss_sum += batch_loss.item()
-            correct += (logits.detach().argmax(dim=1) == labels).sum().item()
+            loss_sum += batch_loss.detach()
+            correct += (logits.detach().argmax(dim=1) == labels).sum()
+            bad_batch = torch.where((bad_batch < 0) & ~torch.isfinite(batch_loss.detach()), i + 1, bad_batch)
             seen += labels.numel()
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss_sum / seen:.4f}", lr=f"{lr:.2e}")
+            if bar is not None and ((i + 1) % LOG_EVERY_BATCHES == 0 or i + 1 == batches_per_epoch):
+                _check_diverged(bad_batch, epoch, step)
+                bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", lr=f"{lr:.2e}")
             if on_batch_end is not None:
                 event = BatchEvent(
                     epoch=epoch, epochs=config.epochs, batch=i + 1, batches_per_epoch=batches_per_epoch,
                     done_batches=(epoch - 1) * batches_per_epoch + i + 1, total_batches=total_batches,
-                    loss=loss_sum / seen, lr=lr, history=history,
+                    lr=lr, history=history, loss_sum=loss_sum, seen=seen,
                 )
                 if on_batch_end(event):
                     canceled = True
@@ -377,10 +487,11 @@ def _train(
             bar.close()
         if canceled:
             break
+        _check_diverged(bad_batch, epoch, step)
         val_loss, val_acc = evaluate(net, loaders.val, device, precision)
         row = {
-            "epoch": epoch, "train_loss": loss_sum / seen, "val_accuracy": val_acc,
-            "epoch_time_s": time.perf_counter() - t0, "lr": lr, "train_accuracy": correct / seen,
+            "epoch": epoch, "train_loss": float(loss_sum) / seen, "val_accuracy": val_acc,
+            "epoch_time_s": time.perf_counter() - t0, "lr": lr, "train_accuracy": int(correct) / seen,
             "val_loss": val_loss,
         }
         history.append(row)
@@ -390,7 +501,7 @@ def _train(
             tmp = ckpt_dir / "best.tmp"
             save_model_dir(tmp, model, model_config, {**meta, "epoch": epoch, "val_accuracy": val_acc})
             replace_dir(tmp, ckpt_dir / "best")
-        if config.keep_epoch_checkpoints:
+        if config.keep_checkpoints == "all":
             save_model_dir(ckpt_dir / f"epoch_{epoch:03d}", model, model_config, {**meta, "epoch": epoch})
         _save_last(ckpt_dir, model, model_config, meta, optimizer, scaler, device, epoch, step, history,
                    best_epoch, best_acc, config)
@@ -409,8 +520,15 @@ def _train(
         parameters=sum(p.numel() for p in model.parameters()), expected_parameters=model_config.expected_parameters(),
         epochs_completed=epochs_completed, canceled=canceled, out_dir=out_dir, checkpoints=checkpoints,
         device=str(device), precision=precision, optimizer=optimizer_name, model_config=model_config.to_dict(),
-        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test,
+        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test, warnings=warnings,
     )
+
+
+def _check_diverged(bad_batch: torch.Tensor, epoch: int, step: int) -> None:
+    """``TrainingDiverged`` when a micro-batch loss of this epoch was non-finite (one device sync)."""
+    batch = int(bad_batch)
+    if batch >= 0:
+        raise TrainingDiverged(epoch, batch, step)
 
 
 def _save_last(

@@ -79,7 +79,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     config = AblationConfig(
         representations=list(REPRESENTATION_NAMES) if reps == "all" else list(reps),
         layer_sets=list(payload["layer_sets"]),
-        num_runs=payload["num_runs"], quick=payload["quick"], sample_layers=payload["sample_layers"],
+        num_runs=payload["num_runs"], n_splits=payload.get("n_splits"), quick=payload["quick"],
+        sample_layers=payload["sample_layers"],
         cache_features=payload["cache_features"], batch_size=payload["batch_size"],
         max_epochs=payload["max_epochs"], patience=payload["patience"], hidden_dim=payload["hidden_dim"],
         dropout=payload["dropout"], weight_decay=payload["weight_decay"], precision=payload["precision"],

@@ -77,6 +77,7 @@ def _options(payload: dict[str, Any]) -> Any:
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    from models.common import NonFiniteError
     from models.news.attribution import (
         AttributionError,
         compare_reports,
@@ -103,6 +104,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
     try:
         report = explain(model, samples, opts, progress_for(0))
+    except NonFiniteError as exc:
+        raise JobError("non_finite_scores", str(exc)) from exc
     except AttributionError as exc:
         raise JobError("attribution_failed", str(exc)) from exc
     if not report["samples"]:
@@ -114,6 +117,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         other = ctx.model(compare)
         try:
             report_b = explain(other.model, samples, opts, progress_for(1))
+        except NonFiniteError as exc:
+            raise JobError("non_finite_scores", f"compare_with {compare!r}: {exc}") from exc
         except AttributionError as exc:
             raise JobError("attribution_failed", f"compare_with {compare!r}: {exc}") from exc
         report["comparison"] = {

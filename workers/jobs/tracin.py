@@ -8,6 +8,7 @@ from workers.context import JobContext, JobError
 
 
 def run(payload: dict, ctx: JobContext) -> dict:
+    from models.common import NonFiniteError
     from models.kg.checkpoint import KGBundle
     from models.kg.influence import FilterSpec, tracin_report, write_csv
 
@@ -26,7 +27,9 @@ def run(payload: dict, ctx: JobContext) -> dict:
             projection_dim=payload.get("projection_dim"), precision=payload["precision"],
             batch_size=payload["batch_size"], filter=FilterSpec(**filt) if filt else None,
             train_triples=payload.get("train_triples"), method=payload.get("method", "ghost"),
-            device=ctx.device, progress=progress)
+            device=ctx.device, lr_weight=payload.get("lr_weight", "last"), progress=progress)
+    except NonFiniteError as exc:
+        raise JobError("non_finite_scores", str(exc)) from None
     except (KeyError, ValueError) as exc:
         # the API validates names, checkpoints and layers; this catches a model re-trained in between
         raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None

@@ -33,6 +33,7 @@ def train_config(payload: dict[str, Any], data_dir: Path | None, device_type: st
         precision=payload["precision"], deterministic=payload["deterministic"], seed=payload["seed"],
         val_fraction=payload["val_fraction"], max_train_samples=payload.get("max_train_samples"),
         augment=payload.get("augment", True), num_workers=workers,
+        keep_checkpoints=payload.get("keep_checkpoints", "last_best"),
     )
 
 
@@ -57,7 +58,14 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     continues from its own checkpoint, so a restart costs at most one epoch.
     """
     from models.vision.data import DatasetNotFoundError
-    from models.vision.train import BatchEvent, ResumeError, find_checkpoint, train
+    from models.vision.train import (
+        BatchEvent,
+        ResumeError,
+        ResumeMismatch,
+        TrainingDiverged,
+        find_checkpoint,
+        train,
+    )
 
     data_dir = _data_dir(ctx.settings, payload)
     config = train_config(payload, data_dir, ctx.device.type)
@@ -107,6 +115,10 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         result = train(config, out_dir, device=ctx.device, resume_from=resume_from, on_batch_end=on_batch_end)
     except DatasetNotFoundError as exc:
         raise JobError("dataset_not_found", str(exc)) from None
+    except ResumeMismatch as exc:
+        raise JobError("resume_mismatch", str(exc)) from None
+    except TrainingDiverged as exc:
+        raise JobError("diverged", str(exc)) from None
     except ResumeError as exc:
         raise JobError("bad_resume_from", str(exc)) from None
 
@@ -134,6 +146,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "precision": result.precision,
         "optimizer": result.optimizer,
         "samples": {"train": result.n_train, "val": result.n_val, "test": result.n_test},
+        "warnings": result.warnings,
         "artifacts": ctx.artifacts(),
     }
 
