@@ -6,11 +6,15 @@ holding ``{"state_dict": ...}`` or ``{"model_state_dict": ...}`` (common trainin
 
 ``check_state`` compares every tensor's name and shape with the model built from the config, before anything is
 loaded or registered; :class:`StateMismatch` lists the offending tensors. ``shape_problems`` is the same check on
-plain shapes (the API runs it on a safetensors header, without torch).
+plain shapes (the API runs it on a safetensors header, or on ``pickle_shapes`` of a ``.pt`` file: both without torch).
 """
 
 from __future__ import annotations
 
+import collections
+import io
+import pickle
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +24,53 @@ if TYPE_CHECKING:  # this module is imported by the API, which never imports tor
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
+
+
+class _Shape(tuple):
+    """A tensor's shape standing in for the tensor (what ``pickle_shapes`` rebuilds)."""
+
+
+class _ShapeUnpickler(pickle.Unpickler):
+    """Unpickles a torch zip-format state dict into ``{name: _Shape}`` without torch: only the callables a state
+    dict needs are allowed, each replaced by one that returns a shape; anything else is refused."""
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle protocol
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return lambda storage, offset, size, stride, *rest: _Shape(size)
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return lambda data, *rest: data
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch" and name.endswith("Storage"):
+            return name
+        if module == "torch" and name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8",
+                                          "int8", "bool"):
+            return name
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain state dict")
+
+    def persistent_load(self, pid):  # noqa: ANN001, ANN201 - storages are not read, only shapes
+        return None
+
+
+def pickle_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """Tensor names and shapes of a torch zip-format pickle (``torch.save``), read without torch and without running
+    anything in the file; None when the file is not a plain (possibly wrapped) state dict in that format."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            name = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if name is None:
+                return None
+            obj = _ShapeUnpickler(io.BytesIO(zf.read(name))).load()
+    except (zipfile.BadZipFile, pickle.UnpicklingError, OSError, EOFError, ValueError, TypeError, AttributeError):
+        return None
+    for key in WRAPPER_KEYS:
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict):
+        return None
+    out = {k: tuple(v) for k, v in obj.items() if isinstance(k, str) and isinstance(v, _Shape)}
+    return out or None
 
 
 class StateMismatch(ValueError):

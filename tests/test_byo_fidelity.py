@@ -184,3 +184,27 @@ def test_pairwise_csv_becomes_impressions_for_training(tmp_path: Path) -> None:
     assert {tuple(split_titles) for split_titles in
             ([pairs.news[h].title for h in imp.history] for imp in pairs.behaviors)} == \
         {tuple(mind.news[h].title for h in imp.history) for imp in mind.behaviors}
+
+
+def test_pickle_shapes_reads_state_dicts_without_running_the_file(tmp_path):
+    import collections
+    import os
+
+    import torch
+
+    from models.formats import pickle_shapes
+
+    sd = collections.OrderedDict(a=torch.zeros(3, 4), b=torch.nn.Parameter(torch.ones(5)))
+    torch.save(sd, tmp_path / "m.pt")
+    torch.save({"state_dict": sd, "epoch": 3}, tmp_path / "w.pt")
+    assert pickle_shapes(tmp_path / "m.pt") == pickle_shapes(tmp_path / "w.pt") == {"a": (3, 4), "b": (5,)}
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"x": Payload()}, tmp_path / "evil.pt")
+    assert pickle_shapes(tmp_path / "evil.pt") is None and not marker.exists()
+    (tmp_path / "not-a-zip.pt").write_bytes(b"garbage")
+    assert pickle_shapes(tmp_path / "not-a-zip.pt") is None

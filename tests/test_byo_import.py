@@ -46,8 +46,12 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     guide = data / "guide"
     guide.mkdir(parents=True)
     torch.save(_reference_state(bundle.model.state_dict()), guide / "model.pt")
+    # the legacy (pre-zip) pickle format: the API cannot read its shapes, the import job checks them
+    torch.save(_reference_state(bundle.model.state_dict()), guide / "legacy.pt", _use_new_zipfile_serialization=False)
     for i, c in enumerate(bundle.checkpoints):
         torch.save({"state_dict": _reference_state(c.state_dict())}, guide / f"checkpoint_{i + 1}.pt")
+    torch.save({"state_dict": _reference_state(bundle.checkpoints[0].state_dict())}, guide / "legacy_checkpoint.pt",
+               _use_new_zipfile_serialization=False)
     (guide / "node_dict").write_text("".join(f"{n}\t{i}\n" for i, n in enumerate(ds.entities.names)))
     (guide / "rel_dict").write_text("".join(f"{n}\t{i}\n" for i, n in enumerate(ds.relations.names)))
     (guide / "config.json").write_text(json.dumps(SHAPE))
@@ -116,10 +120,16 @@ def test_import_conve_pykeen_ids_safetensors_and_checks(svc, sources) -> None:
         "checkpoints": [{"file": "model.safetensors", "lr": 0.01}]})
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "weights"] and "fc.weight" in r.json()["detail"][0]["msg"]
-    # .pt: the job unpickles (weights only), checks and fails naming the tensors; nothing is registered
-    bad = _import(svc, {"name": "kg-bad", "kind": "conve", "path": "guide", "weights": "model.pt",
+    # .pt: the API reads the pickle's shapes without torch and without running it, and answers 422 too
+    r = svc.client.post("/models/import", headers=ALICE, json={
+        "name": "kg-bad", "kind": "conve", "path": "guide", "weights": "model.pt",
+        "config": {**SHAPE, "embedding_height": 5}, "checkpoints": [{"file": "checkpoint_1.pt", "lr": 0.01}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "weights"] and "fc.weight" in r.json()["detail"][0]["msg"]
+    # a legacy-format pickle: the job unpickles (weights only), checks and fails naming the tensors
+    bad = _import(svc, {"name": "kg-bad", "kind": "conve", "path": "guide", "weights": "legacy.pt",
                         "config": {**SHAPE, "embedding_height": 5},
-                        "checkpoints": [{"file": "checkpoint_1.pt", "lr": 0.01}]}, ok=False)
+                        "checkpoints": [{"file": "legacy_checkpoint.pt", "lr": 0.01}]}, ok=False)
     assert bad["error"]["code"] == "shape_mismatch" and "fc.weight" in bad["error"]["message"]
     assert "kg-bad" not in {m["name"] for m in svc.client.get("/models", headers=ALICE).json()["models"]}
     evil = _import(svc, {"name": "kg-evil", "kind": "conve", "path": "guide", "weights": "evil.pt",

@@ -92,9 +92,11 @@ def test_a_dataset_run_fans_out_over_two_workers_and_equals_one_job(svc):
     # completeness agrees to fp32 rounding (batches differ; compared in absolute terms, since a relative delta
     # divides by F(x) - F(x'), which can be near zero), and the reduce's distribution is exactly that of the merged
     # records
-    for field in ("attribution_sum", "delta"):
-        np.testing.assert_allclose([r[field] for r in merged], [by_id[r["id"]][field] for r in merged],
-                                   rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose([r["attribution_sum"] for r in merged],
+                               [by_id[r["id"]]["attribution_sum"] for r in merged], rtol=1e-4, atol=1e-6)
+    # delta = sum - (F(x) - F(x')) is itself an fp32 residual (~1e-6 here): equal to that precision
+    np.testing.assert_allclose([r["delta"] for r in merged], [by_id[r["id"]]["delta"] for r in merged],
+                               rtol=0, atol=1e-5)
     rel = np.array([r["relative_delta"] for r in merged])
     assert summary["relative_delta"] == {"median": float(np.median(rel)), "p95": float(np.quantile(rel, 0.95)),
                                          "max": float(rel.max())}

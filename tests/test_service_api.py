@@ -166,7 +166,7 @@ def test_events_stream_progress_until_end(service):
 def test_health_ready_models_docs(service):
     assert service.client.get("/health").json() == {"status": "ok"}
     ready = service.client.get("/ready")
-    assert ready.status_code == 200 and ready.json()["workers"] == {"explain": 1, "train": 1}
+    assert ready.status_code == 200 and ready.json()["workers"] == {"explain": 1, "bulk": 1, "train": 1}
     assert "models" in service.client.get("/models").json()
     assert service.client.get("/docs").status_code == 200
     paths = service.client.get("/openapi.json").json()["paths"]

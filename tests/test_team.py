@@ -80,7 +80,7 @@ def hosts(tmp_path_factory):
     port = free_port()
     h.start(base / "host-api", "api", "--port", str(port))
     h.start(base / "host-train", "worker", "--queues", "train")
-    h.start(base / "host-explain", "worker", "--queues", "explain")
+    h.start(base / "host-explain", "worker", "--queues", "explain,bulk")
     h.url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     with httpx.Client(base_url=h.url, timeout=10) as client:

@@ -74,9 +74,10 @@ def model_dir(settings: Settings, raw: str) -> Path:
 
 
 def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
-    """Names and shapes of the ConvE ``.safetensors`` files from their JSON headers (no torch): a mismatch with
-    the config is a 422 naming the tensors. ``.pt`` files are checked by the job, which can unpickle them."""
-    from models.formats import shape_problems
+    """Names and shapes of the ConvE weight files, from a ``.safetensors`` JSON header or a ``.pt`` file's pickle
+    read without running it (no torch either way): a mismatch with the config is a 422 naming the tensors. A file
+    in neither form (a legacy pickle, say) is checked by the job."""
+    from models.formats import PICKLE_SUFFIXES, pickle_shapes, shape_problems
     from models.kg.shapes import canonical_name, expected_shapes
     from models.lora.keys import DatasetFormatError, read_safetensors_header
 
@@ -89,13 +90,19 @@ def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
                                                                           if (directory / w).is_file()))]
     files += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints)]
     for loc, name in files:
-        if not name.endswith(".safetensors"):
+        if name.endswith(PICKLE_SUFFIXES):
+            shapes = pickle_shapes(directory / name)
+            if shapes is None:
+                continue
+            given = {canonical_name(k): v for k, v in shapes.items()}
+        elif name.endswith(".safetensors"):
+            try:
+                header = read_safetensors_header(directory / name)
+            except (DatasetFormatError, OSError, ValueError) as exc:
+                raise FieldError(("body", *loc), f"{name}: {exc}", value=name) from None
+            given = {canonical_name(k): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+        else:
             continue
-        try:
-            header = read_safetensors_header(directory / name)
-        except (DatasetFormatError, OSError, ValueError) as exc:
-            raise FieldError(("body", *loc), f"{name}: {exc}", value=name) from None
-        given = {canonical_name(k): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
         if "ent.weight" not in given or "rel.weight" not in given or "embedding_height" not in shape:
             continue  # the job reports what is missing
         n_ent, dim = given["ent.weight"]
