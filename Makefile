@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: venv run test lint bench clean
+.PHONY: venv run test test-slow lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,11 @@ run: venv
 	$(BIN)/explainq up --host $(HOST) --port $(PORT)
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# fault injection and long end-to-end runs (Redis outages, killed workers, training through the service); CI runs them
+test-slow: venv
+	$(BIN)/python -m pytest -q -m slow
 
 lint: venv
 	$(BIN)/ruff check .

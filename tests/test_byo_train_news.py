@@ -59,6 +59,7 @@ def test_register_dataset_detects_mind_and_guards_names(svc) -> None:
     assert names["mind-small"]["meta"]["format"] == "mind"
 
 
+@pytest.mark.slow
 def test_train_nrms_and_naml_then_explain(svc) -> None:
     nrms = _train(svc, {"name": "my-nrms", "dataset": "mind-small", "epochs": 3, "lr": 3e-3, "batch_size": 16,
                         "precision": "fp32", **TINY_NRMS})

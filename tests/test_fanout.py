@@ -149,6 +149,7 @@ def test_an_interactive_request_overtakes_a_bulk_run(tmp_path_factory):
         svc.stop()
 
 
+@pytest.mark.slow
 def test_a_shard_whose_worker_is_killed_is_retried_and_the_result_is_complete(tmp_path_factory):
     svc = _setup(tmp_path_factory, "fan-kill", ("explain,bulk",), heartbeat_ttl_s=3)
     try:

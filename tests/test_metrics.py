@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -93,6 +94,7 @@ def test_metrics_model_loads_and_auth(service):
     assert value(samples, "explainq_model_load_seconds_total", model="news-small") == 2.0
 
 
+@pytest.mark.slow
 def test_recording_helpers_never_raise_when_redis_is_gone():
     import redis
 

@@ -6,6 +6,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from app import registry
 from tests.service import Service
 
@@ -16,6 +18,7 @@ def _submit(svc, headers=None, **body):
     return r.json()["id"]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_job_fails_with_reason_and_never_stays_running(tmp_path):
     with Service(tmp_path, heartbeat_ttl_s=3) as svc:
         job_id = _submit(svc, steps=400, step_s=0.05)
@@ -32,6 +35,7 @@ def test_sigkill_mid_job_fails_with_reason_and_never_stays_running(tmp_path):
         assert svc.wait(_submit(svc, steps=1, step_s=0))["status"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_sigterm_requeues_the_running_job_and_a_new_worker_finishes_it(tmp_path):
     with Service(tmp_path, heartbeat_ttl_s=5) as svc:
         job_id = _submit(svc, steps=60, step_s=0.05)

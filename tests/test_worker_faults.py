@@ -9,6 +9,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -49,6 +50,7 @@ def _done(raw: dict[bytes, bytes]) -> float:
     return (meta.get("progress") or {}).get("done") or 0
 
 
+@pytest.mark.slow
 def test_redis_down_for_10s_mid_job_the_job_keeps_computing_and_succeeds(tmp_path):
     env = {"EXPLAINQ_REDIS_RETRY_S": "60"}
     with Service(tmp_path, heartbeat_ttl_s=20, queues=("train",), env=env) as svc:
@@ -73,6 +75,7 @@ def test_redis_down_for_10s_mid_job_the_job_keeps_computing_and_succeeds(tmp_pat
         assert svc.wait(_submit(svc, "/test/train-sleep", steps=1, step_s=0), timeout_s=60)["status"] == "succeeded"
 
 
+@pytest.mark.slow
 def test_a_redis_restart_longer_than_the_ttl_does_not_reap_live_jobs(tmp_path):
     ttl = 3
     with Service(tmp_path, heartbeat_ttl_s=ttl, queues=("train",), env={"EXPLAINQ_REDIS_RETRY_S": "60"}) as svc:
@@ -92,6 +95,7 @@ def test_a_redis_restart_longer_than_the_ttl_does_not_reap_live_jobs(tmp_path):
         assert raw[b"status"] == b"finished", json.loads(raw[b"meta"])
 
 
+@pytest.mark.slow
 def test_a_lost_job_stays_lost_when_its_zombie_worker_comes_back(tmp_path):
     ttl = 2
     with Service(tmp_path, heartbeat_ttl_s=ttl, queues=("explain",)) as svc:
