@@ -564,6 +564,16 @@ class JobStore:
         record_finished(self.redis, job.meta.get("kind") or "unknown", "canceled", None)
         prune_canceled(self.redis)
 
+    def request_of(self, job_id: str) -> dict[str, Any] | None:
+        """The payload the job was enqueued with (``runner.execute(kind, payload)``), or None."""
+        try:
+            job = Job.fetch(job_id, connection=self.redis, serializer=FiniteJSONSerializer)
+            args = job.args
+        except Exception:  # a job hash without RQ's call data (expired between the checks, say)
+            return None
+        payload = args[-1] if args else None
+        return payload if isinstance(payload, dict) else None
+
     def result(self, job_id: str) -> Any:
         if fanout.is_parent(_meta(self.raw(job_id))):  # a fanned-out request's result is its reduce step's
             job_id = fanout.reduce_id(job_id)

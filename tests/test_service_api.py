@@ -44,6 +44,10 @@ def test_lifecycle_queued_running_succeeded_with_monotonic_progress(service):
     (artifact,) = result["artifacts"]
     assert artifact == {"name": "out.txt", "size": len(service.artifact(job["id"], "out.txt")),
                         "media_type": "text/plain"}
+    # the request as validated and stored, defaults filled in
+    assert service.client.get(f"/jobs/{job['id']}/request").json() == {"steps": 8, "step_s": 0.15, "fail_at": None,
+                                                                       "model": None}
+    assert service.client.get("/jobs/nope/request").status_code == 404
     listed = service.client.get(f"/jobs/{job['id']}/artifacts").json()["items"]
     assert listed == [{**artifact, "url": f"/jobs/{job['id']}/artifacts/out.txt"}]
 

@@ -52,6 +52,7 @@ def test_tracin_page_tables_filter_and_csv(svc) -> None:
                                            "top_k": 4, "layers": "all", "filter": {"n_hops": 1}})
     page = svc.client.get(f"/ui/jobs/{job_id}").text
     assert "1-hop neighbourhood of the test triple" in page
+    assert "<h2>Request</h2>" in page and "\"lr_weight\"" in page  # the stored request, defaults included
     (r,) = result["results"]
     assert r["proponents"], r
     tables = re.findall(r'<table class="compact influence"><caption>([^<]+)</caption>(.*?)</table>', page, re.S)

@@ -177,6 +177,15 @@ async def get_result(job_id: str, request: Request, owner: str = Depends(caller)
     return JSONResponse(result)
 
 
+@router.get("/jobs/{job_id}/request", summary="The request a job was submitted with (as validated and stored)")
+async def get_request(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+    await _owned_raw(request, job_id, owner)
+    body = await run_in_threadpool(request.app.state.store.request_of, job_id)
+    if body is None:
+        raise _not_found(job_id)
+    return JSONResponse(body)
+
+
 @router.get(
     "/jobs/{job_id}/events",
     summary="Progress as server-sent events until the job ends",

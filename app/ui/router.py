@@ -289,6 +289,9 @@ async def cancel(request: Request, job_id: str, sent: tuple[Session, FormData] =
 
 async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     job = await api.job(job_id)
+    r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/request", ok=(200, 404))
+    if r.status_code == 200:
+        job["request"] = r.json()
     result = await api.result(job_id) if job["status"] == "succeeded" else None
     artifacts, downloadable = await api.artifacts(job_id, result) if job["status"] in views.TERMINAL else ([], False)
     ctx: dict[str, Any] = {"job": job, "result": result, "artifacts": artifacts, "downloadable": downloadable,
