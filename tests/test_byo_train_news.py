@@ -59,7 +59,6 @@ def test_register_dataset_detects_mind_and_guards_names(svc) -> None:
     assert names["mind-small"]["meta"]["format"] == "mind"
 
 
-@pytest.mark.slow
 def test_train_nrms_and_naml_then_explain(svc) -> None:
     nrms = _train(svc, {"name": "my-nrms", "dataset": "mind-small", "epochs": 3, "lr": 3e-3, "batch_size": 16,
                         "precision": "fp32", **TINY_NRMS})
@@ -87,7 +86,6 @@ def test_train_nrms_and_naml_then_explain(svc) -> None:
     assert more["resumed_from_epoch"] == 3 and [e["epoch"] for e in more["epochs"]] == [4]
 
 
-@pytest.mark.slow  # uses the model the training test above registers
 def test_unlabelled_data_balanced_is_422_and_warned(svc) -> None:
     r = svc.client.post("/attributions", headers=ALICE, json={
         "model": "my-naml", "dataset": {"name": "plain", "split": "test", "n_samples": 4, "balanced": True}})
