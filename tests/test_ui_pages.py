@@ -3,9 +3,7 @@ its live rows and ownership. A real service (private Redis, a real worker) behin
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -74,8 +72,17 @@ def test_pages_need_sign_in_and_the_cookie_is_signed_httponly_and_strict(svc) ->
     cookie = r.headers["set-cookie"]
     assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower() and ALICE not in cookie
     assert c.get("/ui/jobs").status_code == 200
-    secret = svc.settings.home / "ui-secret"
-    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    # the signing secret is in Redis, so an API process on another host (another home) accepts the same cookie
+    from app.main import create_app
+    from app.settings import Settings
+    from app.ui.session import SECRET_KEY
+
+    assert len(svc.redis().get(SECRET_KEY)) == 64
+    other = Settings(EXPLAINQ_HOME=str(svc.home / "other-host"), REDIS_URL=svc.settings.redis_url,
+                     EXPLAINQ_API_KEYS=svc.settings.api_keys_raw)
+    with TestClient(create_app(other)) as c2:
+        c2.cookies.set(COOKIE, c.cookies[COOKIE])
+        assert c2.get("/ui/jobs", follow_redirects=False).status_code == 200
     tampered = c.cookies[COOKIE][:-3] + ("abc" if not c.cookies[COOKIE].endswith("abc") else "xyz")
     c.cookies.clear()
     c.cookies.set(COOKIE, tampered)

@@ -55,7 +55,9 @@ def auto_shard_size(ctx: JobContext, kind: str, model: str, cost_per_item: float
     """Items per shard so that a shard takes about ``TARGET_SHARD_S`` at the measured (or default) rate."""
     try:
         raw = registry.connection(ctx.settings).get(RATE_KEY.format(kind=kind, model=model))
-    except Exception:
+    except Exception:  # advice only: size from the default rate
+        log.warning("could not read the measured throughput of %s/%s; using the default", kind, model,
+                    exc_info=True)
         raw = None
     rate = float(raw) if raw else default_rate
     return int(min(hi, max(lo, rate * TARGET_SHARD_S / max(cost_per_item, 1e-9))))

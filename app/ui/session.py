@@ -1,8 +1,8 @@
 """The dashboard's sign-in session: a signed cookie naming an API key by its fingerprint, never the key itself.
 
 The cookie holds ``{"f": fingerprint, "c": csrf}`` signed with itsdangerous under a server secret that is
-generated once under ``$EXPLAINQ_HOME`` (mode 0600), so every API process sharing that directory accepts the
-same cookies. The fingerprint is an HMAC of the key under that secret: removing a key from
+generated once and kept in Redis (``explainq:ui:secret``, behind Redis's password), so every API process on every
+host accepts the same cookies. The fingerprint is an HMAC of the key under that secret: removing a key from
 ``EXPLAINQ_API_KEYS`` ends its sessions. ``csrf`` is the synchronizer token every dashboard form (and any
 non-GET API call made with the cookie) must echo back.
 """
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import HTTPConnection
@@ -25,30 +23,17 @@ COOKIE = "explainq_session"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
 MAX_AGE_S = 12 * 3600
-SECRET_FILE = "ui-secret"
+SECRET_KEY = "explainq:ui:secret"
 _SALT = "explainq-ui-session"
 
 
-def _secret_path(settings: Settings) -> Path:
-    return settings.home / SECRET_FILE
-
-
 def load_secret(settings: Settings) -> bytes:
-    """The server secret, created on first use with mode 0600 (O_EXCL: concurrent first starts agree)."""
-    path = _secret_path(settings)
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process won the race; its secret is the one
-        return bytes.fromhex(path.read_text().strip())
-    value = secrets.token_bytes(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(value.hex())
-    return value
+    """The server secret, created on first use (``SET NX``: concurrent first starts on any host agree)."""
+    from app import registry
+
+    r = registry.connection(settings)
+    r.set(SECRET_KEY, secrets.token_bytes(32).hex(), nx=True)
+    return bytes.fromhex(r.get(SECRET_KEY).decode())
 
 
 @dataclass(frozen=True)
