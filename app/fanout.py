@@ -15,7 +15,6 @@ summed over the shards with an ETA, and the reduce step's result as the parent's
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,40 +50,29 @@ def plan(n_items: int, shard_size: int) -> list[tuple[int, int]]:
     return out
 
 
-def _parse_meta(raw: bytes | None) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw, parse_constant=lambda _: None)
-    except ValueError:
-        return {}
+def _meta_of(raw: bytes | None) -> dict[str, Any]:
+    from app.jobstore import _meta  # app.jobstore imports this module: import its helpers when called
 
-
-def _ts(value: bytes | None) -> float | None:
-    if not value:
-        return None
-    return datetime.strptime(value.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-
-
-_RQ_TO_STATUS = {"queued": "queued", "deferred": "queued", "scheduled": "queued", "started": "running",
-                 "finished": "succeeded", "failed": "failed", "stopped": "canceled", "canceled": "canceled"}
+    return _meta({b"meta": raw} if raw else {})
 
 
 def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The parent's public view from its shards and reduce step (one pipelined read of their status fields)."""
+    from app.jobstore import _STATUS_MAP, JOB_PREFIX, _parse_ts
+
     fan = meta.get("fanout") or {}
     n = int(fan.get("shards", 0))
     ids = [shard_id(parent_id, i) for i in range(n)] + [reduce_id(parent_id)]
     with redis.pipeline(transaction=False) as pipe:
         for jid in ids:
-            pipe.hmget(f"rq:job:{jid}", "status", "meta", "started_at", "ended_at")
+            pipe.hmget(JOB_PREFIX + jid, "status", "meta", "started_at", "ended_at")
         rows = pipe.execute()
     counts = {"total": n, "queued": 0, "running": 0, "succeeded": 0, "failed": 0, "canceled": 0}
     done = 0.0
     first_start: float | None = None
     for i, (status, meta_raw, started, _ended) in enumerate(rows[:n]):
-        state = _RQ_TO_STATUS.get(status.decode() if status else "", "queued")
-        m = _parse_meta(meta_raw)
+        state = _STATUS_MAP.get(status.decode() if status else "", "queued")
+        m = _meta_of(meta_raw)
         if state == "failed" and m.get("canceled"):
             state = "canceled"
         counts[state] += 1
@@ -95,12 +83,12 @@ def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, An
             p = m["progress"]
             if p.get("total"):
                 done += min(size, size * float(p.get("done") or 0) / float(p["total"]))
-        t = _ts(started)
+        t = _parse_ts(started.decode() if started else None)
         if t is not None and (first_start is None or t < first_start):
             first_start = t
     r_status, r_meta_raw, _, r_ended = rows[n]
-    r_state = _RQ_TO_STATUS.get(r_status.decode() if r_status else "", "queued")
-    r_meta = _parse_meta(r_meta_raw)
+    r_state = _STATUS_MAP.get(r_status.decode() if r_status else "", "queued")
+    r_meta = _meta_of(r_meta_raw)
     total = float(fan.get("items") or 0)
     view = dict(view)
     view["shards"] = counts
@@ -141,10 +129,12 @@ def is_parent(meta: dict[str, Any]) -> bool:
 
 def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes]) -> dict[str, Any]:
     """``view`` with the fan-out overlay when the job is a parent (one more pipelined read); unchanged otherwise."""
-    meta = _parse_meta(raw.get(b"meta"))
+    from app.jobstore import cancel_key
+
+    meta = _meta_of(raw.get(b"meta"))
     if not is_parent(meta) or view["status"] in ("queued", "failed"):
         return view  # still planning, or the planning itself failed: the parent's own status is the truth
-    if redis.exists(f"explainq:cancel:{job_id}"):
+    if redis.exists(cancel_key(job_id)):
         meta = {**meta, "canceled": True}
     return overlay(redis, job_id, view, meta)
 
@@ -152,7 +142,9 @@ def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes]
 def children(redis: Any, parent: str) -> list[str]:
     """The parent's shard ids in order, then its reduce step when it exists."""
     ids = [m.decode() for m in redis.zrange(children_key(parent), 0, -1)]
-    if redis.exists(f"rq:job:{reduce_id(parent)}"):
+    from app.jobstore import JOB_PREFIX
+
+    if redis.exists(JOB_PREFIX + reduce_id(parent)):
         ids.append(reduce_id(parent))
     return ids
 

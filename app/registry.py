@@ -181,7 +181,7 @@ def register_model(
         if uploaded is not None:
             store.delete(uploaded)
         raise
-    return _decode(json.dumps(entry))
+    return dict(entry)
 
 
 def register_dataset(
@@ -214,7 +214,7 @@ def register_dataset(
         if uploaded is not None:
             get_store(settings).delete(uploaded)
         raise
-    return _decode(json.dumps(entry))
+    return dict(entry)
 
 
 def _get(settings: Settings, section: str, name: str) -> dict[str, Any] | None:

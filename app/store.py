@@ -126,15 +126,23 @@ class Store:
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             self.fs.put_file(str(path), posixpath.join(target, path.relative_to(local).as_posix()))
 
-    def sync_dir(self, local: Path, key: str) -> None:
-        """Mirror a local directory's files into ``key``, file by file (for a job's growing artifact directory)."""
+    def sync_dir(self, local: Path, key: str, uploaded: dict[str, tuple[int, int]] | None = None) -> None:
+        """Mirror a local directory's files into ``key``, file by file (for a job's growing artifact directory).
+        ``uploaded`` (store key -> size and mtime of the copy sent) skips files unchanged since an earlier call."""
         local = Path(local)
         if not local.is_dir():
             return
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             if path.name.endswith(".tmp") or ".tmp-" in path.name:
                 continue
-            self.put_file(path, clean_key(key, path.relative_to(local).as_posix()))
+            target = clean_key(key, path.relative_to(local).as_posix())
+            st = path.stat()
+            stamp = (st.st_size, st.st_mtime_ns)
+            if uploaded is not None and uploaded.get(target) == stamp:
+                continue
+            self.put_file(path, target)
+            if uploaded is not None:
+                uploaded[target] = stamp
 
     # ---- reading
     def read_bytes(self, key: str) -> bytes:

@@ -160,3 +160,26 @@ def test_malformed_api_keys_raise():
     with pytest.raises(ValueError, match="name:key"):
         _ = Settings(EXPLAINQ_API_KEYS="justakey").api_keys
     assert Settings(EXPLAINQ_API_KEYS="a:1, b:2").api_keys == {"1": "a", "2": "b"}
+
+
+def test_sync_dir_sends_only_files_changed_since_the_last_call(tmp_path, monkeypatch):
+    import os
+
+    from app.store import Store
+
+    store = Store(str(tmp_path / "store"), tmp_path / "cache")
+    src = tmp_path / "job"
+    src.mkdir()
+    (src / "a.txt").write_text("1")
+    (src / "b.txt").write_text("2")
+    sent: list[str] = []
+    put = store.put_file
+    monkeypatch.setattr(store, "put_file", lambda path, key: (sent.append(key), put(path, key)))
+    uploaded: dict = {}
+    store.sync_dir(src, "artifacts/j", uploaded)
+    store.sync_dir(src, "artifacts/j", uploaded)  # nothing changed: nothing sent
+    assert sent == ["artifacts/j/a.txt", "artifacts/j/b.txt"]
+    (src / "b.txt").write_text("22")
+    os.utime(src / "b.txt", ns=(1, 10**18))
+    store.sync_dir(src, "artifacts/j", uploaded)
+    assert sent[2:] == ["artifacts/j/b.txt"] and store.read_text("artifacts/j/b.txt") == "22"

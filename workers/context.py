@@ -150,6 +150,7 @@ class JobContext:
         self._last_report = 0.0
         self._min_interval = min_report_interval_s
         self._artifacts_dir: Path | None = None
+        self._uploaded: dict[str, tuple[int, int]] = {}  # store key -> (size, mtime) already published
         # Outside the service (a CLI or notebook run) the same progress calls drive a tqdm bar.
         self._show_bar = progress_bar and job is None
         self._bar: Any = None
@@ -336,7 +337,7 @@ class JobContext:
             return
         local = self._artifacts_dir / subdir if subdir else self._artifacts_dir
         key = artifacts_key(self.job_id, subdir) if subdir else artifacts_key(self.job_id)
-        get_store(self.settings).sync_dir(local, key)
+        get_store(self.settings).sync_dir(local, key, self._uploaded)
 
     def record_owner(self) -> None:
         """Record who owns this job's files (checked by the artifact routes and resume_from even after the job's

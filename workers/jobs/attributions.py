@@ -76,6 +76,16 @@ def _options(payload: dict[str, Any]) -> Any:
     )
 
 
+def _pass_progress(ctx: JobContext, passes: int) -> Any:
+    """``progress_for(k)``: the progress callback of pass ``k`` of ``passes`` (the model, then ``compare_with``),
+    reported as samples done over all passes."""
+    def progress_for(k: int):
+        def progress(done: int, total: int, message: str) -> None:
+            ctx.progress(k * total + done, passes * total, "samples", message=message)
+        return progress
+    return progress_for
+
+
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     from models.common import NonFiniteError
     from models.news.attribution import (
@@ -95,12 +105,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return _fan_out(payload, ctx, len(samples), shard_size)
     opts = _options(payload)
     compare = payload.get("compare_with")
-    passes = 2 if compare else 1
-
-    def progress_for(k: int):
-        def progress(done: int, total: int, message: str) -> None:
-            ctx.progress(k * total + done, passes * total, "samples", message=message)
-        return progress
+    progress_for = _pass_progress(ctx, 2 if compare else 1)
 
     try:
         report = explain(model, samples, opts, progress_for(0))
@@ -225,12 +230,7 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         opts = _options(request)
         compare = request.get("compare_with")
         passes = 2 if compare else 1
-
-        def progress_for(k: int):
-            def progress(done: int, total: int, message: str) -> None:
-                ctx.progress(k * total + done, passes * total, "samples", message=message)
-            return progress
-
+        progress_for = _pass_progress(ctx, passes)
         t0 = time.perf_counter()
         try:
             report = explain(model, samples, opts, progress_for(0))
