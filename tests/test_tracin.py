@@ -266,3 +266,62 @@ def test_non_reciprocal_model_ghost_equals_vmap():
         ghost, g_self = TracIn(model, ckpts, layers=layers).influence(test, train)
         ref, r_self = TracIn(model, ckpts, layers=layers, method="vmap").influence(test, train)
         assert _rel(ghost, ref) <= 1e-4 and _rel(g_self, r_self) <= 1e-4
+
+
+def _ranked_reference(row: torch.Tensor, k: int | None, positive: bool) -> list[int]:
+    """Columns of the positive (negative) entries of a dense score row, strongest first, stable in column order."""
+    cols = [j for j in range(len(row)) if (row[j] > 0 if positive else row[j] < 0)]
+    cols.sort(key=lambda j: (-float(row[j]) if positive else float(row[j]), j))
+    return cols if k is None else cols[:k]
+
+
+@pytest.mark.parametrize(("method", "layers", "batch_size", "test_block"), [
+    ("ghost", "all", 37, None),
+    ("ghost", "all", 64, 2),      # several test blocks
+    ("ghost", "last", 500, 3),
+    ("vmap", ["fc", "ent_bias"], 50, 2),
+])
+def test_streaming_top_k_equals_the_dense_scores(bundle, method, layers, batch_size, test_block):
+    """The bounded-memory pass (training chunks outer, checkpoints inner, running top-k) gives element-wise the
+    dense matrix's top-k, its counts and self-influences, with and without per-row candidate sets."""
+    from models.explain.tracin import CandidatePairs
+
+    ds = bundle.dataset
+    test, train = ds.test[:5], ds.train[:300]
+    engine = TracIn(bundle.model, bundle.checkpoints, layers=layers, method=method, batch_size=batch_size)
+    scores, test_self, tr_self = engine.influence(test, train, train_self=True)
+    gen = torch.Generator().manual_seed(3)
+    per_row = [torch.nonzero(torch.rand(len(train), generator=gen) < 0.4).flatten() for _ in range(len(test))]
+    for cand in (None, CandidatePairs.from_columns(per_row, len(train))):
+        dense = torch.full((len(test), len(train)), -7.0).numpy()
+        top = engine.top_influence(test, train, 4, candidates=cand, test_block=test_block, dense=dense)
+        torch.testing.assert_close(top.test_self, test_self, rtol=1e-5, atol=1e-9)
+        for i in range(len(test)):
+            cols = torch.arange(len(train)) if cand is None else per_row[i]
+            row = torch.full((len(train),), float("nan"))
+            row[cols] = scores[i, cols]
+            torch.testing.assert_close(torch.from_numpy(dense[i]), row, rtol=1e-5, atol=1e-9, equal_nan=True)
+            s = scores[i]
+            assert int(top.n_candidates[i]) == len(cols)
+            assert int(top.n_positive[i]) == int((s[cols] > 0).sum())
+            assert int(top.n_negative[i]) == int((s[cols] < 0).sum())
+            for positive in (True, False):
+                masked = torch.zeros(len(train))
+                masked[cols] = s[cols]
+                want = _ranked_reference(masked, 4, positive)
+                got = top.listed(i, positive)
+                assert [g[0] for g in got] == want
+                torch.testing.assert_close(torch.tensor([g[1] for g in got]), s[want], rtol=1e-5, atol=1e-9)
+                torch.testing.assert_close(torch.tensor([g[2] for g in got]), tr_self[want], rtol=1e-5, atol=1e-9)
+
+
+def test_streaming_top_k_keeps_column_order_among_ties():
+    from models.explain.tracin import _merge_top
+
+    neg = float("-inf")
+    vals, idx, slf = torch.full((1, 3), neg), torch.full((1, 3), -1), torch.zeros(1, 3)
+    for start in (0, 4):  # two chunks of four columns with equal values across them
+        new = torch.tensor([[1.0, 2.0, 2.0, neg]])
+        cols = torch.arange(start, start + 4)[None]
+        vals, idx, slf = _merge_top(vals, idx, slf, new, cols, cols.float(), 3)
+    assert idx.tolist() == [[1, 2, 5]] and vals.tolist() == [[2.0, 2.0, 2.0]]

@@ -11,7 +11,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from app import registry
 from app.formats import news_labelled
-from app.kinds.base import FieldError, JobKind, register, register_fanout, require_model
+from app.kinds.base import (
+    FieldError,
+    JobKind,
+    max_failed_field,
+    register,
+    register_fanout,
+    require_model,
+    shard_retries_field,
+    shard_size_field,
+)
 from app.settings import Settings
 
 METHODS = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "occlusion")
@@ -60,13 +69,9 @@ class AttributionsRequest(BaseModel):
     compare_with: str | None = Field(None, min_length=1, max_length=200)
     compare_threshold: float = Field(0.1, ge=0)
     max_history: int = Field(50, ge=1, le=500)
-    shard_size: int | Literal["auto"] = Field(
-        "auto", description="samples per shard when a large request fans out over the workers: 'auto' sizes "
-        "shards from the model's measured throughput (about two minutes each); a request of at most one shard "
-        "runs as one job")
-    max_failed_fraction: float = Field(0.01, ge=0, le=1, description="a fanned-out run fails when more samples "
-                                       "than this fraction fail; otherwise it succeeds and lists them in errors")
-    shard_retries: int = Field(1, ge=0, le=5, description="retries of a failed shard")
+    shard_size: int | Literal["auto"] = shard_size_field("samples")
+    max_failed_fraction: float = max_failed_field("samples")
+    shard_retries: int = shard_retries_field()
 
 
 def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:

@@ -104,6 +104,22 @@ class ReduceRequest(BaseModel):
     request: dict[str, Any]
 
 
+def shard_size_field(unit: str) -> Any:
+    """``shard_size`` of a request that can fan out: ``unit`` per shard, or ``"auto"``."""
+    return Field("auto", description=f"{unit} per shard when a large request fans out over the workers: 'auto' "
+                 "sizes shards from the model's measured throughput (about two minutes each); a request of at most "
+                 "one shard runs as one job")
+
+
+def max_failed_field(unit: str) -> Any:
+    return Field(0.01, ge=0, le=1, description=f"a fanned-out run fails when more {unit} than this fraction fail; "
+                 "otherwise it succeeds and lists them")
+
+
+def shard_retries_field() -> Any:
+    return Field(1, ge=0, le=5, description="retries of a failed shard")
+
+
 def register_fanout(kind: str, module: str, timeout_s: int) -> None:
     """Register ``<kind>_shard`` and ``<kind>_reduce`` (functions ``run_shard`` / ``run_reduce`` of ``module``)."""
     register(JobKind(name=f"{kind}_shard", route="", request=ShardRequest, queue="bulk",

@@ -14,7 +14,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from app import registry
-from app.kinds.base import FieldError, JobKind, register, require_model
+from app.kinds.base import (
+    FieldError,
+    JobKind,
+    max_failed_field,
+    register,
+    register_fanout,
+    require_model,
+    shard_retries_field,
+    shard_size_field,
+)
 from app.paths import PathError, resolve_data_path
 from app.settings import Settings
 from app.store import StoreError
@@ -22,6 +31,7 @@ from models.kg.shapes import LAYER_NAMES
 from models.kg.tsv import TriplesFormatError, read_triples
 
 MAX_TEST_TRIPLES = 10_000
+MAX_SINGLE_PAIRS = 1_000_000  # mode 'single' returns every pair
 Name = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[head, relation, tail] by name")]
 
@@ -58,6 +68,9 @@ class TracInRequest(BaseModel):
         "interval); 'interval' = the sum of the epoch rates since the previous checkpoint")
     method: Literal["ghost", "vmap"] = Field("ghost", description="'vmap' materialises per-example gradients "
                                              "(the slow reference)")
+    shard_size: int | Literal["auto"] = shard_size_field("modes 'test' and 'self': candidate training triples")
+    max_failed_fraction: float = max_failed_field("candidate training triples")
+    shard_retries: int = shard_retries_field()
 
 
 def _read_names(text: str) -> frozenset[str]:
@@ -154,6 +167,13 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
         if "ent.weight:output" in req.layers and ("ent.weight" in req.layers or "ent" in req.layers):
             raise FieldError(("body", "layers"), "'ent.weight' already includes 'ent.weight:output'",
                              value=req.layers)
+    if req.shard_size != "auto" and req.shard_size < 1:
+        raise FieldError(("body", "shard_size"), "shard_size must be >= 1 or 'auto'", value=req.shard_size)
+    if req.mode == "single" and req.train_triples and req.test_triples \
+            and len(req.train_triples) * len(req.test_triples) > MAX_SINGLE_PAIRS:
+        raise FieldError(("body", "train_triples"), f"mode 'single' scores every (test, train) pair and returns "
+                         f"them all: {len(req.test_triples)} x {len(req.train_triples)} pairs is more than "
+                         f"{MAX_SINGLE_PAIRS}; use mode 'test' with top_k for larger sets", value=len(req.train_triples))
     if req.method == "vmap" and req.projection_dim is not None:
         raise FieldError(("body", "projection_dim"), "projection_dim needs method 'ghost'", value=req.projection_dim)
     if req.method == "vmap" and req.precision not in ("auto", "fp32"):
@@ -171,3 +191,4 @@ register(JobKind(
     summary="TracIn influence of training triples on a ConvE prediction",
     validate=validate,
 ))
+register_fanout("tracin", "workers.jobs.tracin", timeout_s=4 * 3600)

@@ -383,6 +383,92 @@ def interval_weights(epochs: Sequence[int], lr: float, lr_decay: float = 1.0) ->
     return out
 
 
+class NonFiniteScores(ValueError):
+    """A NaN or infinite influence: ``rows`` (test triples) and ``cols`` (training triples) where it appeared."""
+
+    def __init__(self, rows: list[int], cols: list[int]) -> None:
+        super().__init__(f"non-finite influence for test rows {rows[:10]} and training columns {cols[:10]}")
+        self.rows, self.cols = rows, cols
+
+
+TEST_FACTOR_BUDGET = 768 * 2**20  # bytes of cached test-side factors (all checkpoints) per block of test triples
+
+
+class CandidatePairs:
+    """Which columns (training triples) are candidates for which rows (test triples).
+
+    Stored as ``(row, col)`` pairs sorted by column, so the mask of a block of columns is one contiguous slice:
+    memory is the number of pairs, never rows × columns unless every pair is a candidate (then pass no
+    ``CandidatePairs`` at all).
+    """
+
+    def __init__(self, rows: torch.Tensor, cols: torch.Tensor, n_rows: int, n_cols: int) -> None:
+        order = torch.argsort(cols, stable=True)
+        self.rows, self.cols = rows[order].long(), cols[order].long()
+        self.n_rows, self.n_cols = n_rows, n_cols
+
+    @classmethod
+    def from_columns(cls, per_row: Sequence[torch.Tensor], n_cols: int) -> CandidatePairs:
+        """``per_row[i]``: the candidate columns of row ``i``."""
+        rows = torch.cat([torch.full((len(c),), i, dtype=torch.long) for i, c in enumerate(per_row)]) \
+            if per_row else torch.empty(0, dtype=torch.long)
+        cols = torch.cat([c.long() for c in per_row]) if per_row else torch.empty(0, dtype=torch.long)
+        return cls(rows, cols, len(per_row), n_cols)
+
+    def columns(self, start: int, end: int) -> CandidatePairs:
+        """The pairs of columns ``[start, end)``, renumbered from 0."""
+        lo, hi = (int(torch.searchsorted(self.cols, v)) for v in (start, end))
+        return CandidatePairs(self.rows[lo:hi], self.cols[lo:hi] - start, self.n_rows, end - start)
+
+    def mask(self, start: int, end: int, row0: int = 0, row1: int | None = None) -> torch.Tensor:
+        """Boolean ``[row1 - row0, end - start]``: True where the column is a candidate of the row."""
+        row1 = self.n_rows if row1 is None else row1
+        lo, hi = (int(torch.searchsorted(self.cols, v)) for v in (start, end))
+        r, c = self.rows[lo:hi], self.cols[lo:hi] - start
+        keep = (r >= row0) & (r < row1)
+        out = torch.zeros(row1 - row0, end - start, dtype=torch.bool)
+        out[r[keep] - row0, c[keep]] = True
+        return out
+
+
+@dataclass
+class TopInfluence:
+    """Per test triple: the ``k`` strongest proponents and opponents among its candidates, with counts.
+
+    ``*_idx`` are column positions in the training triples scored (-1 in unused slots), ``*_val`` the influence,
+    ``*_self`` the training triple's self-influence. Ties are broken by column order (the lower column first),
+    exactly as a stable sort of the full score row would.
+    """
+
+    test_self: torch.Tensor                 # [n]
+    n_candidates: torch.Tensor              # [n] long
+    n_positive: torch.Tensor                # [n] long
+    n_negative: torch.Tensor                # [n] long
+    pro_idx: torch.Tensor                   # [n, k] long
+    pro_val: torch.Tensor                   # [n, k]
+    pro_self: torch.Tensor                  # [n, k]
+    opp_idx: torch.Tensor
+    opp_val: torch.Tensor
+    opp_self: torch.Tensor
+
+    def listed(self, i: int, positive: bool) -> list[tuple[int, float, float]]:
+        """``(column, influence, train self-influence)`` of row ``i``'s proponents (or opponents), strongest first."""
+        idx, val, slf = (self.pro_idx, self.pro_val, self.pro_self) if positive else \
+            (self.opp_idx, self.opp_val, self.opp_self)
+        return [(int(j), float(v), float(s)) for j, v, s in zip(idx[i].tolist(), val[i].tolist(),
+                                                               slf[i].tolist(), strict=True) if j >= 0]
+
+
+def _merge_top(vals: torch.Tensor, idx: torch.Tensor, slf: torch.Tensor, new_vals: torch.Tensor,
+               new_idx: torch.Tensor, new_self: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """Keep the ``k`` largest of the running ``vals`` and ``new_vals`` (-inf: empty) per row; the running entries
+    come first and hold lower columns, so a stable sort keeps column order among ties."""
+    v = torch.cat([vals, new_vals], 1)
+    order = torch.sort(v, dim=1, descending=True, stable=True).indices[:, :k]
+    return (v.gather(1, order), torch.cat([idx, new_idx], 1).gather(1, order),
+            torch.cat([slf, new_self], 1).gather(1, order))
+
+
 @dataclass
 class TracIn:
     """TracIn-CP over ConvE checkpoints. See the module docstring for the maths and the two exact methods."""
@@ -438,21 +524,46 @@ class TracIn:
         self._work.load_state_dict(ckpt.state_dict(self.device))
         self._work.eval()
 
+    def _use(self, index: int) -> None:
+        """Make checkpoint ``index``'s weights current; each is read once and kept (a copy of the model per
+        checkpoint: the streaming pass visits every checkpoint for every training chunk)."""
+        if not hasattr(self, "_models"):
+            self._models: dict[int, ConvE] = {}
+        model = self._models.get(index)
+        if model is None:
+            model = copy.deepcopy(self._work)
+            model.load_state_dict(self.checkpoints[index].state_dict(self.device))
+            model.eval()
+            self._models[index] = model
+        self._current = model
+
+    def _test_bytes_per_triple(self) -> int:
+        """fp32 bytes of one test triple's factors for one checkpoint (what a test block keeps per checkpoint)."""
+        c = self.model.config
+        nq = 2 if c.reciprocal else 1
+        if self.method == "vmap":
+            per = sum(self._work.get_parameter(n.split(":")[0]).numel() for n in self.names)
+            return 4 * per
+        a = self._projection.shape[1] if self._projection is not None else c.flat_dim
+        return 4 * nq * (c.num_entities + 4 * c.embedding_dim + a + 512)
+
     def _queries(self, triples: torch.Tensor) -> tuple[torch.Tensor, int]:
         c = self.model.config
         qs = triple_queries(triples, c.num_relations, c.reciprocal)
         return torch.cat(qs), len(qs)
 
-    def _features(self, triples: torch.Tensor) -> Any:
-        """Ghost factors of the stacked queries, or materialised per-triple gradients."""
+    def _features(self, triples: torch.Tensor, model: ConvE | None = None) -> Any:
+        """Ghost factors of the stacked queries, or materialised per-triple gradients (``model``: default the
+        working copy loaded by ``_load``)."""
+        model = self._work if model is None else model
         if self.method == "vmap":
             # [B, P] fp32 gradients: keep each vmap batch under ~256 MB
             n_params = sum(self._work.get_parameter(n.split(":")[0]).numel() for n in self.names)
             step = max(1, min(self.batch_size, 2**26 // max(n_params, 1)))
-            return torch.cat([per_example_grads(self._work, triples[i:i + step], self.names, self.loss,
+            return torch.cat([per_example_grads(model, triples[i:i + step], self.names, self.loss,
                                                 self.precision) for i in range(0, len(triples), step)])
         q, _ = self._queries(triples)
-        parts = [ghost_factors(self._work, q[i:i + self.batch_size], self.names, self.loss, self.precision,
+        parts = [ghost_factors(model, q[i:i + self.batch_size], self.names, self.loss, self.precision,
                                self._projection) for i in range(0, len(q), self.batch_size)]
         return QueryFactors.cat(parts)
 
@@ -508,6 +619,102 @@ class TracIn:
                     progress(done, total)
         out = (scores.cpu(), test_self.cpu())
         return (*out, tr_self.cpu()) if train_self else out
+
+    @torch.no_grad()
+    def top_influence(self, test: torch.Tensor, train: torch.Tensor, k: int,
+                      candidates: CandidatePairs | None = None, progress: ProgressFn | None = None,
+                      test_block: int | None = None, dense: Any = None) -> TopInfluence:
+        """Streaming TracIn: the top-``k`` proponents and opponents of each test triple among ``train``.
+
+        Memory does not grow with ``len(test) × len(train)``: training triples are visited in chunks of
+        ``batch_size``, and for each chunk the checkpoints' contributions are summed (each checkpoint's test-side
+        factors are computed once per block of test triples and kept) before a running top-k per test triple is
+        updated. Test triples are taken in blocks of ``test_block`` (default: as many as fit
+        ``TEST_FACTOR_BUDGET``). ``candidates`` restricts each test triple to its own columns (all when None).
+        ``dense``: an optional ``[n_test, n_train]`` array (a ``numpy`` memmap, say) that receives every score.
+        """
+        n, m = len(test), len(train)
+        n_ck = len(self.checkpoints)
+        if test_block is None:
+            test_block = max(1, TEST_FACTOR_BUDGET // max(1, n_ck * self._test_bytes_per_triple()))
+        test_block = max(1, min(n, test_block)) if n else 1
+        step = self.batch_size
+        chunks = list(range(0, m, step))
+        blocks = list(range(0, n, test_block))
+        total = max(1, len(blocks) * len(chunks) * n_ck)
+        done = 0
+        k = max(0, int(k))
+        neg = float("-inf")
+        out = {name: [] for name in ("test_self", "n_candidates", "n_positive", "n_negative", "pro_idx", "pro_val",
+                                     "pro_self", "opp_idx", "opp_val", "opp_self")}
+        for r0 in blocks:
+            tb = test[r0:r0 + test_block]
+            nb = len(tb)
+            factors, t_self = [], torch.zeros(nb, device=self.device)
+            for c, eta in enumerate(self.weights):
+                self._use(c)
+                factors.append(self._features(tb, self._current))
+                t_self += eta * self._self(factors[-1], nb)
+            n_cand = torch.zeros(nb, dtype=torch.long)
+            n_pos = torch.zeros(nb, dtype=torch.long)
+            n_neg = torch.zeros(nb, dtype=torch.long)
+            top = {side: (torch.full((nb, k), neg), torch.full((nb, k), -1, dtype=torch.long),
+                          torch.zeros(nb, k)) for side in ("pro", "opp")}
+            for i in chunks:
+                b = train[i:i + step]
+                nb_train = len(b)
+                scores = torch.zeros(nb, nb_train, device=self.device)
+                tr_self = torch.zeros(nb_train, device=self.device)
+                for c, eta in enumerate(self.weights):
+                    self._use(c)
+                    fb = self._features(b, self._current)
+                    scores += eta * self._pair(factors[c], fb, nb, nb_train)
+                    tr_self += eta * self._self(fb, nb_train)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                del fb
+                scores, tr_self = scores.cpu(), tr_self.cpu()
+                bad = ~torch.isfinite(scores)
+                if bool(bad.any()) or not bool(torch.isfinite(tr_self).all()):
+                    rows = torch.nonzero(bad.any(1)).flatten() + r0
+                    cols = torch.nonzero(bad.any(0) | ~torch.isfinite(tr_self)).flatten() + i
+                    raise NonFiniteScores(rows.tolist(), cols.tolist())
+                mask = None if candidates is None else candidates.mask(i, i + nb_train, r0, r0 + nb)
+                if dense is not None:  # every score; NaN where a column is not the row's candidate
+                    block = scores if mask is None else scores.masked_fill(~mask, float("nan"))
+                    dense[r0:r0 + nb, i:i + nb_train] = block.numpy()
+                pos, negm = scores > 0, scores < 0
+                if mask is not None:
+                    pos, negm = pos & mask, negm & mask
+                    n_cand += mask.sum(1)
+                else:
+                    n_cand += nb_train
+                n_pos += pos.sum(1)
+                n_neg += negm.sum(1)
+                if k:
+                    cols = torch.arange(i, i + nb_train).expand(nb, nb_train)
+                    selfs = tr_self.expand(nb, nb_train)
+                    for side, sel, val in (("pro", pos, scores), ("opp", negm, -scores)):
+                        top[side] = _merge_top(*top[side], val.masked_fill(~sel, neg), cols, selfs, k)
+            if not bool(torch.isfinite(t_self).all()):
+                raise NonFiniteScores((torch.nonzero(~torch.isfinite(t_self)).flatten() + r0).tolist(), [])
+            out["test_self"].append(t_self.cpu())
+            out["n_candidates"].append(n_cand)
+            out["n_positive"].append(n_pos)
+            out["n_negative"].append(n_neg)
+            for side in ("pro", "opp"):
+                v, ix, sf = top[side]
+                empty = torch.isinf(v)
+                ix = ix.masked_fill(empty, -1)
+                out[f"{side}_idx"].append(ix)
+                out[f"{side}_val"].append((v if side == "pro" else -v).masked_fill(empty, 0.0))
+                out[f"{side}_self"].append(sf.masked_fill(empty, 0.0))
+            del factors
+        if not blocks:
+            return TopInfluence(torch.zeros(0), *(torch.zeros(0, dtype=torch.long),) * 3,
+                                *(torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k), torch.zeros(0, k)) * 2)
+        return TopInfluence(**{name: torch.cat(parts) for name, parts in out.items()})
 
     @torch.no_grad()
     def self_influence(self, triples: torch.Tensor, progress: ProgressFn | None = None) -> torch.Tensor:

@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from models.common import NonFiniteError
-from models.explain.tracin import LR_WEIGHTS, TracIn, interval_weights
+from models.explain.tracin import LR_WEIGHTS, CandidatePairs, NonFiniteScores, TracIn, interval_weights
 from models.kg.checkpoint import KGBundle
 from models.kg.graph import AdjacencyIndex
 
@@ -84,20 +85,110 @@ def _check_finite(ds, triples: torch.Tensor, values: torch.Tensor, what: str) ->
     if bad.dim() > 1:
         bad = bad.flatten(1).any(1)
     if bool(bad.any()):
-        names = ds.decode(triples[bad])
-        shown = ", ".join("(" + ", ".join(t) + ")" for t in names[:10])
-        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
-        raise NonFiniteError(f"non-finite {what} for {len(names)} triple(s): {shown}{more}", names)
+        _raise_non_finite(ds, triples[bad], what)
 
 
-def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: str = "test",
-                  top_k: int | None = 10, checkpoints: str | Sequence[str] = "all",
-                  layers: str | Sequence[str] = "all", loss: str = "train", projection_dim: int | None = None,
-                  precision: str = "auto", batch_size: int = 256, filter: FilterSpec | None = None,
-                  train_triples: Sequence[Sequence[str]] | None = None, method: str = "ghost",
-                  device: torch.device | str | None = None, lr_weight: str = "last",
-                  progress: ProgressFn | None = None) -> tuple[dict, list[dict]]:
-    """Run TracIn on ``bundle``; returns ``(result, csv_rows)``. Names are looked up in the bundle's vocabularies."""
+def _raise_non_finite(ds, triples: torch.Tensor, what: str) -> None:
+    names = ds.decode(triples)
+    shown = ", ".join("(" + ", ".join(t) + ")" for t in names[:10])
+    more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+    raise NonFiniteError(f"non-finite {what} for {len(names)} triple(s): {shown}{more}", names)
+
+
+def _label_cols(ds, prefix: str, trip: Sequence[str] | None) -> dict:
+    if trip is None:
+        return {f"{prefix}HeadLabel": "", f"{prefix}RelLabel": "", f"{prefix}TailLabel": ""}
+    return {f"{prefix}HeadLabel": ds.entity_label(trip[0]), f"{prefix}RelLabel": ds.relation_label(trip[1]),
+            f"{prefix}TailLabel": ds.entity_label(trip[2])}
+
+
+def csv_row(ds, test: Sequence[str] | None, tr: Sequence[str], score: float | str, self_inf: float,
+            role: str) -> dict:
+    te = test if test is not None else ("", "", "")
+    return {"TestHead": te[0], "TestRel": te[1], "TestTail": te[2], "TrainHead": tr[0], "TrainRel": tr[1],
+            "TrainTail": tr[2], "TracInScore": score, "SelfInfluence": self_inf, "Role": role,
+            **_label_cols(ds, "Test", test), **_label_cols(ds, "Train", tr)}
+
+
+def entry_csv_rows(ds, entry: dict) -> list[dict]:
+    """The CSV rows of one test triple's entry (its proponents, then its opponents)."""
+    return [csv_row(ds, entry["test_triple"], e["train_triple"], e["influence"], e["train_self_influence"],
+                    key[:-1]) for key in ("proponents", "opponents") for e in entry.get(key, [])]
+
+
+def finish_entry(entry: dict, top_k: int | None) -> dict:
+    """Public form of a test triple's entry: ``truncated`` set, the internal ``train_index`` dropped."""
+    out = {k: v for k, v in entry.items() if k not in ("proponents", "opponents")}
+    for key in ("proponents", "opponents"):
+        if key in entry:
+            out[key] = [{k: v for k, v in e.items() if k != "train_index"} for e in entry[key]]
+    out["truncated"] = top_k is not None and (entry["n_positive"] > top_k or entry["n_negative"] > top_k)
+    return out
+
+
+def merge_entries(parts: Sequence[dict], top_k: int | None) -> dict:
+    """One test triple's entry from its entries over disjoint candidate ranges (the shards of a fanned-out run):
+    counts add up, and the lists are the strongest ``top_k`` of the union, ties in training-triple order, exactly
+    as one pass over every candidate ranks them."""
+    first = parts[0]
+    out = {"test_triple": first["test_triple"], "self_influence": first["self_influence"],
+           "n_candidates": sum(p["n_candidates"] for p in parts),
+           "n_positive": sum(p["n_positive"] for p in parts), "n_negative": sum(p["n_negative"] for p in parts)}
+    if all("proponents" in p for p in parts):
+        for key, sign in (("proponents", -1.0), ("opponents", 1.0)):
+            rows = sorted((e for p in parts for e in p[key]), key=lambda e: (sign * e["influence"], e["train_index"]))
+            out[key] = rows if top_k is None else rows[:top_k]
+    return out
+
+
+class GlobalTop:
+    """The ``k`` strongest (test, training) pairs over every test triple, fed one test triple's entry at a time
+    (each entry's lists hold its strongest ``k`` at least, so nothing stronger is missed). Ties: test order, then
+    training order."""
+
+    KEYS = (("top_proponents", "proponents", -1.0), ("top_opponents", "opponents", 1.0))
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows: dict[str, list[tuple]] = {key: [] for key, _, _ in self.KEYS}
+
+    def add(self, t: int, entry: dict) -> None:
+        for key, lists, sign in self.KEYS:
+            new = [(sign * e["influence"], t, e.get("train_index", 0), entry["test_triple"], e)
+                   for e in entry.get(lists, [])[:self.k]]
+            if new:
+                rows = self.rows[key] + new
+                rows.sort(key=lambda r: r[:3])
+                self.rows[key] = rows[:self.k]
+
+    def result(self) -> dict[str, list[dict]]:
+        return {key: [{"test_triple": tt, "train_triple": e["train_triple"], "influence": e["influence"],
+                       "train_self_influence": e["train_self_influence"]} for *_, tt, e in rows]
+                for key, rows in self.rows.items()}
+
+
+GLOBAL_TOP = 100        # pairs in the global lists when top_k is null
+LIST_ALL_MAX_PAIRS = 100_000  # top_k null: every candidate listed in the result only up to this many pairs
+
+
+@dataclass
+class Plan:
+    """What a TracIn request scores: the engine, and in mode test/single the encoded triples and candidates."""
+
+    engine: TracIn
+    settings: dict
+    test_ids: torch.Tensor
+    train: torch.Tensor          # the training triples (ids) whose candidates are scored
+    union: torch.Tensor          # candidate positions in ``train``: sorted, the union over test triples
+    pairs: CandidatePairs | None  # per test triple, its candidate positions in ``union`` (None: all)
+
+
+def plan(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: str = "test",
+         top_k: int | None = 10, checkpoints: str | Sequence[str] = "all", layers: str | Sequence[str] = "all",
+         loss: str = "train", projection_dim: int | None = None, precision: str = "auto", batch_size: int = 256,
+         filter: FilterSpec | None = None, method: str = "ghost", device: torch.device | str | None = None,
+         lr_weight: str = "last") -> Plan:
+    """Build the engine and the candidate set of a request (cheap: no scoring)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if top_k is not None and top_k < 0:
@@ -108,62 +199,136 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
     engine = TracIn(bundle.model, ckpts, layers=layers, loss=loss, method=method, precision=precision,
                     projection_dim=projection_dim, batch_size=batch_size, device=device, weights=weights)
     test_ids = ds.encode(test_triples) if test_triples else torch.empty(0, 3, dtype=torch.long)
-    train = ds.train
-    t0 = time.perf_counter()
     if filter is not None and len(test_ids) == 0:
         raise ValueError("filter needs test_triples (it is centred on their head and tail)")
-    adj = AdjacencyIndex(train, len(ds.entities)) if filter is not None else None
-
-    def cands(row: torch.Tensor) -> torch.Tensor:
-        if adj is None:
-            return torch.arange(len(train))
-        assert filter is not None
-        return adj.candidates([int(row[0]), int(row[2])], filter.n_hops, filter.min_degree,
-                              filter.preserve_test_entities)
-
-    def prog(done: int, total: int) -> None:
-        if progress is not None:
-            progress(done, total, f"{mode}: batch {done}/{total}")
-
-    def label_cols(prefix: str, trip: Sequence[str] | None) -> dict:
-        if trip is None:
-            return {f"{prefix}HeadLabel": "", f"{prefix}RelLabel": "", f"{prefix}TailLabel": ""}
-        return {f"{prefix}HeadLabel": ds.entity_label(trip[0]), f"{prefix}RelLabel": ds.relation_label(trip[1]),
-                f"{prefix}TailLabel": ds.entity_label(trip[2])}
-
-    def csv_row(test: Sequence[str] | None, tr: Sequence[str], score: float | str, self_inf: float,
-                role: str) -> dict:
-        te = test if test is not None else ("", "", "")
-        return {"TestHead": te[0], "TestRel": te[1], "TestTail": te[2], "TrainHead": tr[0], "TrainRel": tr[1],
-                "TrainTail": tr[2], "TracInScore": score, "SelfInfluence": self_inf, "Role": role,
-                **label_cols("Test", test), **label_cols("Train", tr)}
-
-    rows: list[dict] = []
+    if mode != "self" and len(test_ids) == 0:
+        raise ValueError("test_triples is empty")
     settings = {"mode": mode, "top_k": top_k, "lr_weight": lr_weight,
                 "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr, "weight": w}
                                 for c, w in zip(ckpts, weights, strict=True)],
                 "layers": list(engine.names), "loss": loss, "projection_dim": projection_dim,
                 "precision": engine.precision, "method": method,
                 "filter": None if filter is None else filter.__dict__}
-    if mode == "self":
-        if adj is not None:
-            idx = torch.unique(torch.cat([cands(row) for row in test_ids]))
+    train = ds.train
+    pairs = None
+    if filter is None:
+        union = torch.arange(len(train))
+    else:
+        adj = AdjacencyIndex(train, len(ds.entities))
+        cand = [adj.candidates([int(row[0]), int(row[2])], filter.n_hops, filter.min_degree,
+                               filter.preserve_test_entities) for row in test_ids]
+        union = torch.unique(torch.cat(cand)) if cand else torch.empty(0, dtype=torch.long)
+        if mode == "test":
+            pairs = CandidatePairs.from_columns([torch.searchsorted(union, c) for c in cand], len(union))
+    return Plan(engine, settings, test_ids, train, union, pairs)
+
+
+def score_self(p: Plan, bundle: KGBundle, start: int = 0, end: int | None = None,
+               progress: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-influence of candidates ``[start, end)``: ``(train indices, values)``."""
+    idx = p.union[start:end]
+    si = p.engine.self_influence(p.train[idx], progress=progress)
+    _check_finite(bundle.dataset, p.train[idx], si, "self-influence")
+    return idx, si
+
+
+def score_test(p: Plan, bundle: KGBundle, top_k: int | None, start: int = 0, end: int | None = None,
+               progress: Callable[[int, int], None] | None = None, dense: Any = None,
+               list_all: bool = True) -> list[dict]:
+    """Entries (per test triple) over candidates ``[start, end)`` of the union, streaming (bounded memory).
+
+    ``top_k`` None: ``dense`` (an ``[n_test, end - start]`` array) receives every score, and with ``list_all``
+    every candidate is listed (read back from it); otherwise the running top-k per test triple is all that is kept.
+    """
+    ds = bundle.dataset
+    end = len(p.union) if end is None else end
+    cols = p.union[start:end]
+    pairs = None if p.pairs is None else p.pairs.columns(start, end)
+    k = 0 if top_k is None else top_k
+    try:
+        top = p.engine.top_influence(p.test_ids, p.train[cols], k, candidates=pairs, progress=progress, dense=dense)
+    except NonFiniteScores as exc:
+        if exc.rows:
+            _raise_non_finite(ds, p.test_ids[exc.rows], "influence")
+        _raise_non_finite(ds, p.train[cols[exc.cols]], "influence")
+    names = ds.decode(p.test_ids)
+    entries = []
+    train_names: dict[int, list[str]] = {}
+
+    def train_name(j: int) -> list[str]:
+        if j not in train_names:
+            train_names[j] = ds.decode(p.train[j:j + 1])[0]
+        return train_names[j]
+
+    for i, te in enumerate(names):
+        entry: dict = {"test_triple": te, "self_influence": float(top.test_self[i]),
+                       "n_candidates": int(top.n_candidates[i]), "n_positive": int(top.n_positive[i]),
+                       "n_negative": int(top.n_negative[i])}
+        if top_k is None:
+            if dense is not None and list_all:
+                row = torch.from_numpy(dense[i])
+                entry["proponents"], entry["opponents"] = ([
+                    _pair_entry(int(cols[c]), float(row[c]), None, train_name) for c in _ranked(row, None, pos)]
+                    for pos in (True, False))
         else:
-            idx = torch.arange(len(train))
-        si = engine.self_influence(train[idx], progress=prog)
-        _check_finite(ds, train[idx], si, "self-influence")
-        order = torch.argsort(si, descending=True, stable=True)
-        keep = order if top_k is None else order[:top_k]
-        names = ds.decode(train[idx[keep]])
-        ranking = [{"train_triple": n, "self_influence": float(si[k])} for n, k in zip(names, keep.tolist(),
-                                                                                      strict=True)]
-        rows = [csv_row(None, r["train_triple"], "", r["self_influence"], "self") for r in ranking]
-        result = {**settings, "n_candidates": len(idx), "returned": len(ranking), "ranking": ranking,
+            for key, positive in (("proponents", True), ("opponents", False)):
+                entry[key] = [_pair_entry(int(cols[c]), v, sf, train_name) for c, v, sf in top.listed(i, positive)]
+        entries.append(entry)
+    if top_k is None and dense is not None and list_all:  # train self-influence of the listed triples
+        listed = sorted({e["train_index"] for t in entries for key in ("proponents", "opponents")
+                         for e in t.get(key, [])})
+        if listed:
+            si = p.engine.self_influence(p.train[torch.tensor(listed)])
+            by = dict(zip(listed, si.tolist(), strict=True))
+            for t in entries:
+                for key in ("proponents", "opponents"):
+                    for e in t.get(key, []):
+                        e["train_self_influence"] = by[e["train_index"]]
+    return entries
+
+
+def _pair_entry(j: int, value: float, self_inf: float | None, train_name: Callable[[int], list[str]]) -> dict:
+    return {"train_triple": train_name(j), "influence": value, "train_self_influence": self_inf,
+            "train_index": j}
+
+
+def pair_count(p: Plan) -> int:
+    """How many (test, candidate) pairs mode ``test`` scores."""
+    return len(p.test_ids) * len(p.union) if p.pairs is None else len(p.pairs.rows)
+
+
+def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: str = "test",
+                  top_k: int | None = 10, checkpoints: str | Sequence[str] = "all",
+                  layers: str | Sequence[str] = "all", loss: str = "train", projection_dim: int | None = None,
+                  precision: str = "auto", batch_size: int = 256, filter: FilterSpec | None = None,
+                  train_triples: Sequence[Sequence[str]] | None = None, method: str = "ghost",
+                  device: torch.device | str | None = None, lr_weight: str = "last",
+                  progress: ProgressFn | None = None, scores_path: Path | None = None) -> tuple[dict, list[dict]]:
+    """Run TracIn on ``bundle``; returns ``(result, csv_rows)``. Names are looked up in the bundle's vocabularies.
+
+    Mode ``test`` streams over the candidates (memory does not grow with test × train). With ``top_k`` None every
+    score is kept: in ``scores_path`` (a ``.npy`` file, ``[n_test, n_candidates]``, NaN where a column is not that
+    test triple's candidate; the columns are the result's ``candidates``) or, without a path, in memory; the
+    per-triple lists then hold every candidate when there are at most ``LIST_ALL_MAX_PAIRS`` pairs.
+    """
+    p = plan(bundle, test_triples, mode, top_k, checkpoints, layers, loss, projection_dim, precision, batch_size,
+             filter, method, device, lr_weight)
+    ds = bundle.dataset
+    t0 = time.perf_counter()
+
+    def prog(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, total, f"{mode}: batch {done}/{total}")
+
+    rows: list[dict] = []
+    if mode == "self":
+        idx, si = score_self(p, bundle, progress=prog)
+        ranking, rows = self_ranking(ds, p.train, idx, si, top_k)
+        result = {**p.settings, "n_candidates": len(idx), "returned": len(ranking), "ranking": ranking,
                   "seconds": time.perf_counter() - t0}
         return result, rows
 
-    if len(test_ids) == 0:
-        raise ValueError("test_triples is empty")
+    engine, test_ids = p.engine, p.test_ids
     if mode == "single":
         if not train_triples:
             raise ValueError("mode 'single' needs train_triples")
@@ -176,37 +341,60 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
         for i, te in enumerate(ds.decode(test_ids)):
             pairs = [{"train_triple": tr_names[j], "influence": float(scores[i, j]),
                       "train_self_influence": float(tr_self[j])} for j in range(len(tr_ids))]
-            rows += [csv_row(te, p["train_triple"], p["influence"], p["train_self_influence"], "single")
-                     for p in pairs]
+            rows += [csv_row(ds, te, q["train_triple"], q["influence"], q["train_self_influence"], "single")
+                     for q in pairs]
             per_test.append({"test_triple": te, "self_influence": float(test_self[i]), "pairs": pairs,
                              "n_candidates": len(tr_ids)})
-        return {**settings, "results": per_test, "seconds": time.perf_counter() - t0}, rows
+        return {**p.settings, "results": per_test, "seconds": time.perf_counter() - t0}, rows
 
-    # mode == "test": score the union of candidates once, then rank per test triple
-    cand = [cands(row) for row in test_ids]
-    union = torch.unique(torch.cat(cand)) if cand else torch.empty(0, dtype=torch.long)
-    pos_in_union = torch.full((len(train),), -1, dtype=torch.long)
-    pos_in_union[union] = torch.arange(len(union))
-    scores, test_self, tr_self = engine.influence(test_ids, train[union], progress=prog, train_self=True)
-    _check_finite(ds, test_ids, torch.cat([scores, test_self[:, None]], 1), "influence")
-    _check_finite(ds, train[union], torch.cat([scores.t(), tr_self[:, None]], 1), "influence")
-    per_test = []
-    for i, te in enumerate(ds.decode(test_ids)):
-        cols = pos_in_union[cand[i]]
-        s = scores[i, cols]
-        entry: dict = {"test_triple": te, "self_influence": float(test_self[i]), "n_candidates": len(cols),
-                       "n_positive": int((s > 0).sum()), "n_negative": int((s < 0).sum())}
-        for key, positive in (("proponents", True), ("opponents", False)):
-            picked = _ranked(s, top_k, positive)
-            names = ds.decode(train[union[cols[picked]]]) if picked else []
-            entry[key] = [{"train_triple": n, "influence": float(s[p]), "train_self_influence":
-                           float(tr_self[cols[p]])} for n, p in zip(names, picked, strict=True)]
-            rows += [csv_row(te, e["train_triple"], e["influence"], e["train_self_influence"], key[:-1])
-                     for e in entry[key]]
-        entry["truncated"] = (top_k is not None and (entry["n_positive"] > top_k or entry["n_negative"] > top_k))
-        per_test.append(entry)
-    return {**settings, "results": per_test, "n_candidates_scored": len(union),
-            "seconds": time.perf_counter() - t0}, rows
+    # mode == "test": every test triple against its candidates, streamed
+    result: dict = {**p.settings, "n_candidates_scored": len(p.union)}
+    dense = None
+    n_pairs = pair_count(p)
+    if top_k is None:
+        import numpy as np
+
+        shape = (len(test_ids), len(p.union))
+        dense = (np.lib.format.open_memmap(scores_path, mode="w+", dtype=np.float32, shape=shape)
+                 if scores_path is not None else np.zeros(shape, dtype=np.float32))
+    entries = score_test(p, bundle, top_k, progress=prog, dense=dense, list_all=n_pairs <= LIST_ALL_MAX_PAIRS)
+    if top_k is None and n_pairs > LIST_ALL_MAX_PAIRS:
+        result["lists_omitted"] = (f"top_k null asks for all {n_pairs} scores, more than the "
+                                   f"{LIST_ALL_MAX_PAIRS} listed in a result: they are in the scores artifact")
+    if dense is not None and scores_path is not None:
+        dense.flush()
+        result["scores"] = {"artifact": scores_path.name, "shape": list(dense.shape),
+                            "rows": "test_triples in request order", "columns": "candidates.tsv"}
+    best = GlobalTop(GLOBAL_TOP if top_k is None else top_k)
+    for t, e in enumerate(entries):
+        best.add(t, e)
+    result.update(best.result())
+    per_test = [finish_entry(e, top_k) for e in entries]
+    for e in per_test:
+        rows += entry_csv_rows(ds, e)
+    result["results"] = per_test
+    result["seconds"] = time.perf_counter() - t0
+    return result, rows
+
+
+def self_ranking(ds, train: torch.Tensor, idx: torch.Tensor, si: torch.Tensor,
+                 top_k: int | None) -> tuple[list[dict], list[dict]]:
+    """Ranked self-influence (largest first, ties in training order) and its CSV rows."""
+    order = torch.argsort(si, descending=True, stable=True)
+    keep = order if top_k is None else order[:top_k]
+    names = ds.decode(train[idx[keep]])
+    ranking = [{"train_triple": n, "self_influence": float(si[k])} for n, k in zip(names, keep.tolist(),
+                                                                                  strict=True)]
+    rows = [csv_row(ds, None, r["train_triple"], "", r["self_influence"], "self") for r in ranking]
+    return ranking, rows
+
+
+def write_candidates(ds, train: torch.Tensor, union: torch.Tensor, path: Path) -> None:
+    """The scores artifact's columns: one candidate training triple per line (head, relation, tail)."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(0, len(union), 65_536):
+            for h, r, t in ds.decode(train[union[i:i + 65_536]]):
+                fh.write(f"{h}\t{r}\t{t}\n")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
