@@ -1,0 +1,264 @@
+"""Dataset-scale jobs fanned out over real workers: one worker against two, side by side in one run.
+
+  tracin       ``POST /tracin``, mode test, exact, all layers, ``top_k`` 10, of ``--tracin-test`` test triples against
+               the training triples of a deterministic graph with FB15k-237's shape (``models.kg.synthetic``:
+               14,541 entities, 237 relations, 272,115 training triples, Zipf-skewed degrees) and a ConvE-200
+               (10x20, 32 filters, the paper's configuration) trained on it for 3 epochs, a checkpoint each.
+               ``--train-triples N`` keeps the first N training triples (the entity table, and so every per-pair
+               cost, stays FB15k-237's): the per-candidate rate, the memory and the 1-vs-2 ratio are measured at
+               that size, and the full-size time is extrapolated from the measured rate (the table says so).
+  ig           ``POST /attributions`` of ``--ig-samples`` samples of the synthetic news dataset, 32 Gauss-Legendre
+               steps, on ``--ig-model``.
+  interactive  while the two-worker IG run is going, ``POST /attributions`` of 2 samples: its time from submission
+               to result, against one shard's duration plus its own run time alone.
+
+Workers are ``explainq worker --queues explain,bulk --threads 1`` (one thread each: this is a 2-core machine); the
+same shard plan (``--shards``) is used for one and for two workers, so the ratio compares like with like. Time is
+the parent's submission to its reduce step's end; peak memory is each worker process's VmHWM (peak RSS).
+
+    python benchmarks/scale.py                                   # the issue's sizes (hours on 2 CPU cores)
+    python benchmarks/scale.py --train-triples 4096 --ig-samples 400 --tracin-test 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app import registry  # noqa: E402
+from tests.service import Service  # noqa: E402
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                flags = Path("/proc/cpuinfo").read_text()
+                simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+                return f"{line.split(':', 1)[1].strip()} ({simd}, {os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _ts(value: str) -> float:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def peak_rss_gib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def ensure_graph_model(cache: Path, n_train: int | None, epochs: int) -> tuple[Path, Path, int]:
+    """The synthetic FB15k-237-shaped graph (train cut to ``n_train``) and a ConvE-200 trained on it."""
+    from models.kg.synthetic import generate
+    from models.kg.train import TrainConfig, train_conve
+    from models.kg.triples import load_triples_dir
+
+    full = cache / "fb15k237-shaped"
+    if not (full / "train.txt").is_file():
+        print("generating the FB15k-237-shaped graph ...", flush=True)
+        generate(full, seed=0)
+    tag = "all" if n_train is None else str(n_train)
+    data = cache / f"graph-{tag}"
+    if not (data / "train.txt").is_file():
+        data.mkdir(parents=True, exist_ok=True)
+        lines = (full / "train.txt").read_text().splitlines(keepends=True)
+        (data / "train.txt").write_text("".join(lines if n_train is None else lines[:n_train]))
+        # entity and relation ids of the whole graph, so the model has FB15k-237's 14,541 entities
+        ents = sorted({x for f in ("train", "valid", "test") for line in (full / f"{f}.txt").read_text().splitlines()
+                       for x in (line.split("\t")[0], line.split("\t")[2])})
+        rels = sorted({line.split("\t")[1] for f in ("train", "valid", "test")
+                       for line in (full / f"{f}.txt").read_text().splitlines()})
+        (data / "entities.dict").write_text("".join(f"{i}\t{e}\n" for i, e in enumerate(ents)))
+        (data / "relations.dict").write_text("".join(f"{i}\t{r}\n" for i, r in enumerate(rels)))
+        shutil.copy(full / "test.txt", data / "test.txt")
+    model = cache / f"conve200-{tag}-e{epochs}"
+    if not (model / "config.json").is_file():
+        ds = load_triples_dir(data)
+        print(f"training ConvE-200 on {len(ds.train):,} triples x {len(ds.entities):,} entities for {epochs} "
+              "epochs ...", flush=True)
+        t0 = time.perf_counter()
+        train_conve(ds, TrainConfig(epochs=epochs, batch_size=512, lr=0.003, embedding_dim=200,
+                                    embedding_height=10, num_filters=32, checkpoint_every=1, seed=0),
+                    model, device="cpu")
+        print(f"  trained in {time.perf_counter() - t0:.0f}s", flush=True)
+    n = sum(1 for _ in open(data / "train.txt", encoding="utf-8"))
+    return data, model, n
+
+
+def ensure_news(cache: Path, n_samples: int, model_name: str) -> tuple[Path, Path]:
+    from models.news.demo import build_small
+
+    n_users = max(100, n_samples // 2)
+    root = cache / f"news-{n_users}"
+    paths = build_small(root, (model_name,), n_news=400, n_users=n_users)
+    return paths[model_name], root / "data" / "news-synthetic"
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def _run_parent(svc: Service, route: str, body: dict, timeout_s: float) -> tuple[float, dict]:
+    r = svc.client.post(route, json=body)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=timeout_s)
+    assert job["status"] == "succeeded", (job, svc.worker_logs()[-3000:])
+    return _ts(job["finished_at"]) - _ts(job["created_at"]), job
+
+
+def start(home: Path, workers: int, models: dict[str, Path], dataset: Path | None) -> Service:
+    svc = Service(home, queues=(), start=False, heartbeat_ttl_s=60)
+    for name, path in models.items():
+        kind = "conve" if name.startswith("conve") else "news"
+        loader = "models.kg.checkpoint:load" if kind == "conve" else "models.news.checkpoint:load"
+        registry.register_model(svc.settings, name, kind=kind, loader=loader, path=path, preload=True)
+    if dataset is not None:
+        registry.register_dataset(svc.settings, "news-scale", kind="news", path=dataset)
+    svc.start()
+    for _ in range(workers):
+        svc.start_worker("explain,bulk", ("--threads", "1"))
+    svc.wait_for_workers(workers)
+    return svc
+
+
+def bench_tracin(args: argparse.Namespace, cache: Path) -> list[dict]:
+    from models.kg.triples import load_triples_dir
+
+    data, model, n_train = ensure_graph_model(cache, args.train_triples, args.epochs)
+    ds = load_triples_dir(data)
+    tests = [list(t) for t in ds.decode(ds.test[:args.tracin_test])]
+    shard = -(-n_train // args.shards)
+    body = {"model": "conve-fb", "test_triples": tests, "top_k": 10, "layers": "all", "shard_size": shard}
+    rows = []
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory(prefix="scale-tracin-") as home:
+            svc = start(Path(home), workers, {"conve-fb": model}, None)
+            try:
+                seconds, job = _run_parent(svc, "/tracin", body, timeout_s=48 * 3600)
+                mem = max(peak_rss_gib(w.pid) for w in svc.workers)
+                shards = svc.client.get(f"/jobs?parent={job['id']}&limit=500").json()["items"][:-1]
+                shard_s = statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
+            finally:
+                svc.stop()
+        rows.append({"workers": workers, "seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
+        print(f"  tracin, {workers} worker(s): {seconds:.1f}s, peak {mem:.2f} GiB", flush=True)
+    rows[0]["n_train"], rows[0]["n_test"] = n_train, len(tests)
+    return rows
+
+
+IG_BODY = {"n_steps": 32, "method": "gausslegendre", "top_k": 10}
+
+
+def bench_ig(args: argparse.Namespace, cache: Path) -> tuple[list[dict], dict]:
+    model, data = ensure_news(cache, args.ig_samples, args.ig_model)
+    body = {"model": "news-model", **IG_BODY, "shard_size": -(-args.ig_samples // args.shards),
+            "dataset": {"name": "news-scale", "split": "test", "n_samples": args.ig_samples, "seed": 0}}
+    small = {"model": "news-model", **IG_BODY, "shard_size": 2,
+             "dataset": {"name": "news-scale", "split": "test", "n_samples": 2, "seed": 7}}
+    rows, interactive = [], {}
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory(prefix="scale-ig-") as home:
+            svc = start(Path(home), workers, {"news-model": model}, data)
+            try:
+                _run_parent(svc, "/attributions", small, 600)  # warm: first-call costs on every worker
+                if workers == 2:
+                    _run_parent(svc, "/attributions", small, 600)
+                alone = [_job_seconds(svc, small) for _ in range(3)]
+                r = svc.client.post("/attributions", json=body)
+                assert r.status_code == 202, r.text
+                parent = r.json()["id"]
+                if workers == 2:  # an interactive request while the bulk run is going
+                    svc.wait(parent, statuses=("running",), timeout_s=600)
+                    time.sleep(5)
+                    t0 = time.time()
+                    ri = svc.client.post("/attributions", json=small)
+                    ji = svc.wait(ri.json()["id"], timeout_s=3600)
+                    interactive = {"latency_s": time.time() - t0, "own_s": statistics.median(alone),
+                                   "run_s": _ts(ji["finished_at"]) - _ts(ji["started_at"])}
+                job = svc.wait(parent, timeout_s=48 * 3600)
+                assert job["status"] == "succeeded", job
+                seconds = _ts(job["finished_at"]) - _ts(job["created_at"])
+                shards = svc.client.get(f"/jobs?parent={parent}&limit=500").json()["items"][:-1]
+                shard_s = statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
+                mem = max(peak_rss_gib(w.pid) for w in svc.workers)
+            finally:
+                svc.stop()
+        rows.append({"workers": workers, "seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
+        print(f"  ig, {workers} worker(s): {seconds:.1f}s", flush=True)
+    interactive["shard_s"] = rows[1]["shard_s"]
+    return rows, interactive
+
+
+def _job_seconds(svc: Service, body: dict) -> float:
+    seconds, _ = _run_parent(svc, "/attributions", body, 600)
+    return seconds
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "explainq-scale")
+    ap.add_argument("--tracin-test", type=int, default=1000)
+    ap.add_argument("--train-triples", type=int, default=None, help="first N training triples (default: all)")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--ig-samples", type=int, default=2000)
+    ap.add_argument("--ig-model", default="nrms-word-demo", choices=("nrms-word-demo", "nrms-minilm-demo"))
+    ap.add_argument("--shards", type=int, default=8, help="shards per run (the same plan for 1 and 2 workers)")
+    ap.add_argument("--skip", choices=("tracin", "ig"), action="append", default=[])
+    args = ap.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    print(f"CPU: {cpu_name()}", flush=True)
+    tracin = bench_tracin(args, args.cache) if "tracin" not in args.skip else None
+    ig = bench_ig(args, args.cache) if "ig" not in args.skip else None
+
+    print()
+    print(f"CPU: {cpu_name()}; workers: explain,bulk, --threads 1 each; {args.shards} shards per run")
+    print("| run | workers | wall (s) | median shard (s) | peak RSS per worker (GiB) | speed-up |")
+    print("|---|---:|---:|---:|---:|---:|")
+    if tracin:
+        n_train, n_test = tracin[0]["n_train"], tracin[0]["n_test"]
+        for r in tracin:
+            print(f"| TracIn {n_test} test x {n_train:,} train, 3 ckpts, all layers | {r['workers']} | "
+                  f"{r['seconds']:.1f} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
+                  f"{tracin[0]['seconds'] / r['seconds']:.2f}x |")
+    if ig:
+        rows, _ = ig
+        for r in rows:
+            print(f"| IG {args.ig_samples} samples x 32 GL steps ({args.ig_model}) | {r['workers']} | "
+                  f"{r['seconds']:.1f} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
+                  f"{rows[0]['seconds'] / r['seconds']:.2f}x |")
+    print()
+    if tracin:
+        r2 = tracin[1]
+        rate = n_test * n_train / r2["seconds"]
+        full = n_test * 272_115 / rate
+        note = "" if n_train == 272_115 else " (extrapolated from the measured rate)"
+        print(f"TracIn: {rate:,.0f} (test x train) pairs/s with 2 workers; {n_test} test triples against all "
+              f"272,115 training triples: {full / 3600:.1f} h{note}")
+    if ig:
+        rows, inter = ig
+        rate = args.ig_samples / rows[1]["seconds"]
+        print(f"IG: {rate:.2f} samples/s with 2 workers ({rate * 32:.0f} sample-steps/s); the IG guide's 40,000 "
+              f"samples at 32 steps: {40_000 / rate / 3600:.1f} h on this machine")
+        print(f"interactive POST /attributions (2 samples) during the bulk run: {inter['latency_s']:.1f}s from "
+              f"submission to result; bound = one shard ({inter['shard_s']:.1f}s) + its own run alone "
+              f"({inter['own_s']:.1f}s) = {inter['shard_s'] + inter['own_s']:.1f}s "
+              f"({'within' if inter['latency_s'] <= inter['shard_s'] + inter['own_s'] else 'OVER'})")
+
+
+if __name__ == "__main__":
+    main()
