@@ -26,7 +26,7 @@ from app import registry
 from app.artifacts import artifacts_key, record_owner
 from app.fanout import BULK, children_key, plan, reduce_id, shard_id
 from app.store import StoreError, get_store
-from workers.context import JobContext
+from workers.context import JobContext, json_safe
 
 log = logging.getLogger("explainq.fanout")
 
@@ -146,3 +146,16 @@ def shard_records(ctx: JobContext, parent: str, index: int, name: str) -> Iterat
 
 def failed_fraction(n_failed: int, n_total: int) -> float:
     return n_failed / n_total if n_total else 0.0
+
+
+def write_jsonl(path: Any, records: Any) -> None:
+    """One JSON record per line (NaN and infinity as null), the format shards and reduce steps exchange."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(json_safe(rec)) + "\n")
+
+
+def parent_ranges(ctx: JobContext, parent: str) -> list[tuple[int, int]]:
+    """The ``[start, end)`` ranges of the parent's shards, from the plan in its meta."""
+    meta = Job.fetch(parent, connection=ctx.job.connection, serializer=ctx.job.serializer).meta
+    return [tuple(r) for r in (meta.get("fanout") or {}).get("ranges", [])]

@@ -509,6 +509,7 @@ class TracIn:
         if self.method == "vmap" and self.precision != "fp32":
             raise ValueError("method='vmap' is the fp32 reference; use method='ghost' for half precision")
         self.names = resolve_layers(self.model, self.layers)
+        self._models: dict[int, ConvE] = {}  # checkpoint index -> its weights (``_use``)
         self._work = copy.deepcopy(self.model).to(self.device).eval()
         for p in self._work.parameters():
             p.requires_grad_(False)
@@ -527,8 +528,6 @@ class TracIn:
     def _use(self, index: int) -> None:
         """Make checkpoint ``index``'s weights current; each is read once and kept (a copy of the model per
         checkpoint: the streaming pass visits every checkpoint for every training chunk)."""
-        if not hasattr(self, "_models"):
-            self._models: dict[int, ConvE] = {}
         model = self._models.get(index)
         if model is None:
             model = copy.deepcopy(self._work)

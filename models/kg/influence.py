@@ -313,6 +313,13 @@ def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None
     """
     p = plan(bundle, test_triples, mode, top_k, checkpoints, layers, loss, projection_dim, precision, batch_size,
              filter, method, device, lr_weight)
+    return report(p, bundle, train_triples, progress, scores_path)
+
+
+def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | None = None,
+           progress: ProgressFn | None = None, scores_path: Path | None = None) -> tuple[dict, list[dict]]:
+    """``tracin_report`` for an already built ``plan``."""
+    mode, top_k = p.settings["mode"], p.settings["top_k"]
     ds = bundle.dataset
     t0 = time.perf_counter()
 

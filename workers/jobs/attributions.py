@@ -16,9 +16,11 @@ from workers.fanout import (
     auto_shard_size,
     failed_fraction,
     fan_out,
+    parent_ranges,
     record_rate,
     shard_done,
     shard_records,
+    write_jsonl,
 )
 from workers.fanout import run_shard as run_shard_once
 
@@ -210,14 +212,6 @@ def _fan_out(payload: dict[str, Any], ctx: JobContext, n: int, shard_size: int) 
                    max_failed_fraction=payload.get("max_failed_fraction", 0.01))
 
 
-def _write_jsonl(path: Any, records: list[dict[str, Any]]) -> None:
-    import json
-
-    with open(path, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(_clean(rec)) + "\n")
-
-
 def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Attribute samples ``[start, end)`` of the parent's request; write ``samples.jsonl`` (and ``compare.jsonl``)."""
     from models.news.attribution import AttributionError, explain
@@ -234,12 +228,12 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             report = explain(model, samples, opts, progress_for(0))
-            _write_jsonl(ctx.artifact_path("samples.jsonl"), report["samples"])
+            write_jsonl(ctx.artifact_path("samples.jsonl"), report["samples"])
             out = {"n": len(samples), "errors": report["errors"], "summary": report["summary"],
                    "warnings": input_warnings(samples, model.views)}
             if compare:
                 report_b = explain(ctx.model(compare).model, samples, opts, progress_for(1))
-                _write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
+                write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
                 out["compare_errors"] = report_b["errors"]
                 out["compare_summary"] = report_b["summary"]
         except AttributionError as exc:
@@ -289,7 +283,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                         merged_b.write(json.dumps(rec) + "\n")
         if failed_shards:  # name every sample of a shard that failed for good
             ids = _parent_sample_ids(request, ctx)
-            ranges = (ctx.job.connection and _parent_ranges(ctx, parent)) or []
+            ranges = (ctx.job.connection and parent_ranges(ctx, parent)) or []
             for i in failed_shards:
                 start, end = ranges[i] if i < len(ranges) else (0, 0)
                 n_total += end - start
@@ -352,10 +346,3 @@ def _parent_sample_ids(request: dict[str, Any], ctx: JobContext) -> list[str]:
         return [s.id for s in _samples(request, ctx, with_bodies=False)]
     except JobError:
         return []
-
-
-def _parent_ranges(ctx: JobContext, parent: str) -> list[tuple[int, int]]:
-    from rq.job import Job
-
-    meta = Job.fetch(parent, connection=ctx.job.connection, serializer=ctx.job.serializer).meta
-    return [tuple(r) for r in (meta.get("fanout") or {}).get("ranges", [])]

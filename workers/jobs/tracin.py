@@ -19,16 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from app.artifacts import artifacts_key
+from app.fanout import shard_id
 from app.store import get_store
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
 from workers.fanout import (
     auto_shard_size,
     fan_out,
+    parent_ranges,
     record_rate,
     shard_done,
     shard_key,
     shard_records,
+    write_jsonl,
 )
 from workers.fanout import run_shard as run_shard_once
 
@@ -83,53 +86,34 @@ def _progress(ctx: JobContext) -> Any:
 
 def run(payload: dict, ctx: JobContext) -> dict:
     from models.common import NonFiniteError
-    from models.kg.influence import tracin_report, write_candidates, write_csv
+    from models.kg.influence import report, write_candidates, write_csv
 
     bundle = _bundle(ctx, payload["model"])
+    p = _plan(payload, bundle, ctx)
     if payload["mode"] in ("test", "self"):
-        p = _plan(payload, bundle, ctx)
         shard_size = _shard_size(payload, ctx, len(p.test_ids), len(p.engine.checkpoints))
         if len(p.union) > shard_size:
             return _fan_out(payload, ctx, len(p.union), shard_size)
-    filt = payload.get("filter")
     scores_path = ctx.artifact_path("scores.npy") if payload["mode"] == "test" and payload["top_k"] is None \
         else None
     t0 = time.perf_counter()
     try:
-        from models.kg.influence import FilterSpec
-
-        result, rows = tracin_report(
-            bundle, payload.get("test_triples"), mode=payload["mode"], top_k=payload["top_k"],
-            checkpoints=payload["checkpoints"], layers=payload["layers"], loss=payload["loss"],
-            projection_dim=payload.get("projection_dim"), precision=payload["precision"],
-            batch_size=payload["batch_size"], filter=FilterSpec(**filt) if filt else None,
-            train_triples=payload.get("train_triples"), method=payload.get("method", "ghost"),
-            device=ctx.device, lr_weight=payload.get("lr_weight", "last"), progress=_progress(ctx),
-            scores_path=scores_path)
+        result, rows = report(p, bundle, payload.get("train_triples"), _progress(ctx), scores_path)
     except NonFiniteError as exc:
         raise JobError("non_finite_scores", str(exc)) from None
     except (KeyError, ValueError) as exc:
         raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None
     if payload["mode"] in ("test", "self"):
-        n_cand = result.get("n_candidates_scored", result.get("n_candidates", 0))
-        n_test = len(result.get("results", [])) or 1
         record_rate(ctx, f"tracin-{payload['mode']}", payload["model"],
-                    n_cand * _cost_per_candidate(payload, n_test, len(result["checkpoints"])),
+                    len(p.union) * _cost_per_candidate(payload, len(p.test_ids), len(p.engine.checkpoints)),
                     time.perf_counter() - t0)
     write_csv(rows, ctx.artifact_path("influence.csv"))
     if payload["mode"] == "test":
-        _write_jsonl(ctx.artifact_path("results.jsonl"), result["results"])
+        write_jsonl(ctx.artifact_path("results.jsonl"), result["results"])
         if scores_path is not None:
-            p = _plan(payload, bundle, ctx)
             write_candidates(bundle.dataset, p.train, p.union, ctx.artifact_path("candidates.tsv"))
     ctx.artifact_path("result.json").write_text(json.dumps(_clean(result)))
     return {"model": payload["model"], **result, "artifacts": ctx.artifacts()}
-
-
-def _write_jsonl(path: Path, records: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(_clean(rec)) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ fan-out
@@ -185,7 +169,7 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         try:
             if request["mode"] == "self":
                 idx, si = score_self(p, bundle, start, end, progress=_progress(ctx))
-                _write_jsonl(ctx.artifact_path("self.jsonl"),
+                write_jsonl(ctx.artifact_path("self.jsonl"),
                              ({"train_index": j, "self_influence": v} for j, v in zip(idx.tolist(), si.tolist(),
                                                                                       strict=True)))
                 n_test = 0
@@ -202,7 +186,7 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                 if dense is not None:
                     dense.flush()
                     del dense
-                _write_jsonl(ctx.artifact_path("entries.jsonl"), entries)
+                write_jsonl(ctx.artifact_path("entries.jsonl"), entries)
                 n_test = len(p.test_ids)
         except NonFiniteError as exc:
             raise JobError("non_finite_scores", str(exc)) from None
@@ -253,10 +237,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
 
 def _ranges(ctx: JobContext, parent: str, n_shards: int) -> list[tuple[int, int]]:
-    from rq.job import Job
-
-    meta = Job.fetch(parent, connection=ctx.job.connection, serializer=ctx.job.serializer).meta
-    ranges = [tuple(r) for r in (meta.get("fanout") or {}).get("ranges", [])]
+    ranges = parent_ranges(ctx, parent)
     if len(ranges) != n_shards:
         raise JobError("parent_missing", f"the parent job {parent!r} has no plan of {n_shards} shards")
     return ranges
@@ -287,7 +268,7 @@ def _reduce_self(ctx: JobContext, parent: str, request: dict[str, Any], bundle: 
     idx_t, si = torch.tensor(idx, dtype=torch.long), torch.tensor(vals, dtype=torch.float64)
     ds = bundle.dataset
     full, _ = self_ranking(ds, p.train, idx_t, si, None)
-    _write_jsonl(out_dir / "self_influence.jsonl", full)
+    write_jsonl(out_dir / "self_influence.jsonl", full)
     top_k = request["top_k"]
     shown = full if top_k is None else full[:top_k]
     result: dict[str, Any] = {**p.settings, "n_candidates": len(p.union), "n_scored": len(full)}
@@ -368,7 +349,7 @@ def _merge_dense(ctx: JobContext, parent: str, ranges: list[tuple[int, int]], fa
             continue
         local = ctx.settings.work_dir / f"{ctx.job_id}-block-{i}.npy"
         try:
-            with store.open(shard_key(f"{parent}-s{i:05d}", "scores.npy"), "rb") as src, open(local, "wb") as dst:
+            with store.open(shard_key(shard_id(parent, i), "scores.npy"), "rb") as src, open(local, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             block = np.load(local, mmap_mode="r")
             for r in range(0, n_test, 256):
