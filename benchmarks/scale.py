@@ -9,12 +9,14 @@
                that size, and the full-size time is extrapolated from the measured rate (the table says so).
   ig           ``POST /attributions`` of ``--ig-samples`` samples of the synthetic news dataset, 32 Gauss-Legendre
                steps, on ``--ig-model``.
-  interactive  while the two-worker IG run is going, ``POST /attributions`` of 2 samples: its time from submission
-               to result, against one shard's duration plus its own run time alone.
+  interactive  during a two-worker IG bulk run of its own (not one of the timed runs), ``POST /attributions`` of 2
+               samples: its time from submission to result, against one shard's duration plus its own time alone.
 
 Workers are ``explainq worker --queues explain,bulk --threads 1`` (one thread each: this is a 2-core machine); the
 same shard plan (``--shards``) is used for one and for two workers, so the ratio compares like with like. Time is
-the parent's submission to its reduce step's end; peak memory is each worker process's VmHWM (peak RSS).
+the parent's submission to its reduce step's end (the job's own timestamps; the parent is polled once a second so
+that polling takes no CPU from the workers); peak memory is each worker process's VmHWM (peak RSS). ``--repeats N``
+runs each configuration N times, 1 and 2 workers alternating, and reports the median run.
 
     python benchmarks/scale.py                                   # the issue's sizes (hours on 2 CPU cores)
     python benchmarks/scale.py --train-triples 4096 --ig-samples 400 --tracin-test 1000
@@ -112,12 +114,30 @@ def ensure_news(cache: Path, n_samples: int, model_name: str) -> tuple[Path, Pat
 
 
 # ------------------------------------------------------------------------------------------------ runs
-def _run_parent(svc: Service, route: str, body: dict, timeout_s: float) -> tuple[float, dict]:
+POLL_S = 1.0  # the parent's time comes from its own timestamps; polling slowly keeps the API off the workers' cores
+
+
+def _submit(svc: Service, route: str, body: dict) -> str:
     r = svc.client.post(route, json=body)
     assert r.status_code == 202, r.text
-    job = svc.wait(r.json()["id"], timeout_s=timeout_s)
+    return r.json()["id"]
+
+
+def _finished(svc: Service, job_id: str, timeout_s: float, interval_s: float = POLL_S) -> dict:
+    job = svc.wait(job_id, timeout_s=timeout_s, interval_s=interval_s)
     assert job["status"] == "succeeded", (job, svc.worker_logs()[-3000:])
+    return job
+
+
+def _run_parent(svc: Service, route: str, body: dict, timeout_s: float, interval_s: float = POLL_S
+                ) -> tuple[float, dict]:
+    job = _finished(svc, _submit(svc, route, body), timeout_s, interval_s)
     return _ts(job["finished_at"]) - _ts(job["created_at"]), job
+
+
+def _shard_median_s(svc: Service, parent: str) -> float:
+    shards = svc.client.get(f"/jobs?parent={parent}&limit=500").json()["items"][:-1]
+    return statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
 
 
 def start(home: Path, workers: int, models: dict[str, Path], dataset: Path | None) -> Service:
@@ -135,6 +155,12 @@ def start(home: Path, workers: int, models: dict[str, Path], dataset: Path | Non
     return svc
 
 
+def _median_row(workers: int, runs: list[dict]) -> dict:
+    """The repeat with the median wall time (its shard time and memory with it), and every repeat's wall time."""
+    runs = sorted(runs, key=lambda r: r["seconds"])
+    return {**runs[len(runs) // 2], "workers": workers, "all_s": [r["seconds"] for r in runs]}
+
+
 def bench_tracin(args: argparse.Namespace, cache: Path) -> list[dict]:
     from models.kg.triples import load_triples_dir
 
@@ -143,19 +169,20 @@ def bench_tracin(args: argparse.Namespace, cache: Path) -> list[dict]:
     tests = [list(t) for t in ds.decode(ds.test[:args.tracin_test])]
     shard = -(-n_train // args.shards)
     body = {"model": "conve-fb", "test_triples": tests, "top_k": 10, "layers": "all", "shard_size": shard}
-    rows = []
-    for workers in (1, 2):
-        with tempfile.TemporaryDirectory(prefix="scale-tracin-") as home:
-            svc = start(Path(home), workers, {"conve-fb": model}, None)
-            try:
-                seconds, job = _run_parent(svc, "/tracin", body, timeout_s=48 * 3600)
-                mem = max(peak_rss_gib(w.pid) for w in svc.workers)
-                shards = svc.client.get(f"/jobs?parent={job['id']}&limit=500").json()["items"][:-1]
-                shard_s = statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
-            finally:
-                svc.stop()
-        rows.append({"workers": workers, "seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
-        print(f"  tracin, {workers} worker(s): {seconds:.1f}s, peak {mem:.2f} GiB", flush=True)
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    for _ in range(args.repeats):  # 1 and 2 workers alternate, so slow drift on the machine hits both alike
+        for workers in (1, 2):
+            with tempfile.TemporaryDirectory(prefix="scale-tracin-") as home:
+                svc = start(Path(home), workers, {"conve-fb": model}, None)
+                try:
+                    seconds, job = _run_parent(svc, "/tracin", body, timeout_s=48 * 3600)
+                    mem = max(peak_rss_gib(w.pid) for w in svc.workers)
+                    shard_s = _shard_median_s(svc, job["id"])
+                finally:
+                    svc.stop()
+            runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
+            print(f"  tracin, {workers} worker(s): {seconds:.1f}s, peak {mem:.2f} GiB", flush=True)
+    rows = [_median_row(w, runs[w]) for w in (1, 2)]
     rows[0]["n_train"], rows[0]["n_test"] = n_train, len(tests)
     return rows
 
@@ -164,48 +191,51 @@ IG_BODY = {"n_steps": 32, "method": "gausslegendre", "top_k": 10}
 
 
 def bench_ig(args: argparse.Namespace, cache: Path) -> tuple[list[dict], dict]:
+    """1 vs 2 workers on the bulk run; then, in a run of its own with 2 workers (so that the 1-vs-2 times compare
+    the bulk run alone), a 2-sample request submitted while the bulk run is going."""
     model, data = ensure_news(cache, args.ig_samples, args.ig_model)
     body = {"model": "news-model", **IG_BODY, "shard_size": -(-args.ig_samples // args.shards),
             "dataset": {"name": "news-scale", "split": "test", "n_samples": args.ig_samples, "seed": 0}}
     small = {"model": "news-model", **IG_BODY, "shard_size": 2,
              "dataset": {"name": "news-scale", "split": "test", "n_samples": 2, "seed": 7}}
-    rows, interactive = [], {}
-    for workers in (1, 2):
-        with tempfile.TemporaryDirectory(prefix="scale-ig-") as home:
-            svc = start(Path(home), workers, {"news-model": model}, data)
-            try:
-                _run_parent(svc, "/attributions", small, 600)  # warm: first-call costs on every worker
-                if workers == 2:
-                    _run_parent(svc, "/attributions", small, 600)
-                alone = [_job_seconds(svc, small) for _ in range(3)]
-                r = svc.client.post("/attributions", json=body)
-                assert r.status_code == 202, r.text
-                parent = r.json()["id"]
-                if workers == 2:  # an interactive request while the bulk run is going
-                    svc.wait(parent, statuses=("running",), timeout_s=600)
-                    time.sleep(5)
-                    t0 = time.time()
-                    ri = svc.client.post("/attributions", json=small)
-                    ji = svc.wait(ri.json()["id"], timeout_s=3600)
-                    interactive = {"latency_s": time.time() - t0, "own_s": statistics.median(alone),
-                                   "run_s": _ts(ji["finished_at"]) - _ts(ji["started_at"])}
-                job = svc.wait(parent, timeout_s=48 * 3600)
-                assert job["status"] == "succeeded", job
-                seconds = _ts(job["finished_at"]) - _ts(job["created_at"])
-                shards = svc.client.get(f"/jobs?parent={parent}&limit=500").json()["items"][:-1]
-                shard_s = statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
-                mem = max(peak_rss_gib(w.pid) for w in svc.workers)
-            finally:
-                svc.stop()
-        rows.append({"workers": workers, "seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
-        print(f"  ig, {workers} worker(s): {seconds:.1f}s", flush=True)
-    interactive["shard_s"] = rows[1]["shard_s"]
-    return rows, interactive
+    runs: dict[int, list[dict]] = {1: [], 2: []}
+    interactive: dict = {}
+    for repeat in range(args.repeats):
+        for workers in (1, 2):
+            with tempfile.TemporaryDirectory(prefix="scale-ig-") as home:
+                svc = start(Path(home), workers, {"news-model": model}, data)
+                try:
+                    for _ in range(workers):  # warm: first-call costs on every worker
+                        _run_parent(svc, "/attributions", small, 600, interval_s=0.05)
+                    seconds, job = _run_parent(svc, "/attributions", body, timeout_s=48 * 3600)
+                    shard_s = _shard_median_s(svc, job["id"])
+                    mem = max(peak_rss_gib(w.pid) for w in svc.workers)
+                    if workers == 2 and repeat == args.repeats - 1:
+                        interactive = _interactive(svc, body, small)
+                finally:
+                    svc.stop()
+            runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
+            print(f"  ig, {workers} worker(s): {seconds:.1f}s", flush=True)
+    return [_median_row(w, runs[w]) for w in (1, 2)], interactive
 
 
-def _job_seconds(svc: Service, body: dict) -> float:
-    seconds, _ = _run_parent(svc, "/attributions", body, 600)
-    return seconds
+def _interactive(svc: Service, body: dict, small: dict) -> dict:
+    """A 2-sample request while a bulk run keeps both workers busy: submission to result, against one shard of
+    that run plus the request's own time alone (median of 3, measured just before)."""
+    alone = [_run_parent(svc, "/attributions", small, 600, interval_s=0.05)[0] for _ in range(3)]
+    parent = _submit(svc, "/attributions", body)
+    svc.wait(parent, statuses=("running",), timeout_s=600, interval_s=0.5)
+    time.sleep(5)
+    t0 = time.time()
+    job = _finished(svc, _submit(svc, "/attributions", small), 3600, interval_s=0.05)
+    latency = time.time() - t0
+    _finished(svc, parent, 48 * 3600)
+    return {"latency_s": latency, "own_s": statistics.median(alone), "shard_s": _shard_median_s(svc, parent),
+            "run_s": _ts(job["finished_at"]) - _ts(job["started_at"])}
+
+
+def _runs(row: dict) -> str:
+    return ", ".join(f"{s:.1f}" for s in row["all_s"])
 
 
 def main() -> None:
@@ -219,6 +249,8 @@ def main() -> None:
     ap.add_argument("--ig-model", default="nrms-word-demo", choices=("nrms-word-demo", "nrms-minilm-demo"))
     ap.add_argument("--shards", type=int, default=8, help="shards per run (the same plan for 1 and 2 workers)")
     ap.add_argument("--skip", choices=("tracin", "ig"), action="append", default=[])
+    ap.add_argument("--repeats", type=int, default=1, help="runs per configuration, 1 and 2 workers alternating; "
+                    "the table shows the median run and lists every run's wall time")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     print(f"CPU: {cpu_name()}", flush=True)
@@ -227,20 +259,21 @@ def main() -> None:
 
     print()
     print(f"CPU: {cpu_name()}; workers: explain,bulk, --threads 1 each; {args.shards} shards per run")
-    print("| run | workers | wall (s) | median shard (s) | peak RSS per worker (GiB) | speed-up |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"{args.repeats} run(s) per row, the median shown (every run's wall time in the last column)")
+    print("| run | workers | wall (s) | median shard (s) | peak RSS per worker (GiB) | speed-up | runs (s) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     if tracin:
         n_train, n_test = tracin[0]["n_train"], tracin[0]["n_test"]
         for r in tracin:
             print(f"| TracIn {n_test} test x {n_train:,} train, 3 ckpts, all layers | {r['workers']} | "
                   f"{r['seconds']:.1f} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
-                  f"{tracin[0]['seconds'] / r['seconds']:.2f}x |")
+                  f"{tracin[0]['seconds'] / r['seconds']:.2f}x | {_runs(r)} |")
     if ig:
         rows, _ = ig
         for r in rows:
             print(f"| IG {args.ig_samples} samples x 32 GL steps ({args.ig_model}) | {r['workers']} | "
                   f"{r['seconds']:.1f} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
-                  f"{rows[0]['seconds'] / r['seconds']:.2f}x |")
+                  f"{rows[0]['seconds'] / r['seconds']:.2f}x | {_runs(r)} |")
     print()
     if tracin:
         r2 = tracin[1]
@@ -254,7 +287,7 @@ def main() -> None:
         rate = args.ig_samples / rows[1]["seconds"]
         print(f"IG: {rate:.2f} samples/s with 2 workers ({rate * 32:.0f} sample-steps/s); the IG guide's 40,000 "
               f"samples at 32 steps: {40_000 / rate / 3600:.1f} h on this machine")
-        print(f"interactive POST /attributions (2 samples) during the bulk run: {inter['latency_s']:.1f}s from "
+        print(f"interactive POST /attributions (2 samples) during a 2-worker bulk run (a run of its own): {inter['latency_s']:.1f}s from "
               f"submission to result; bound = one shard ({inter['shard_s']:.1f}s) + its own run alone "
               f"({inter['own_s']:.1f}s) = {inter['shard_s'] + inter['own_s']:.1f}s "
               f"({'within' if inter['latency_s'] <= inter['shard_s'] + inter['own_s'] else 'OVER'})")

@@ -147,8 +147,8 @@ class Service:
 
     # ---- helpers
     def wait(self, job_id: str, timeout_s: float = 120.0, statuses=("succeeded", "failed", "canceled"),
-             headers: dict[str, str] | None = None) -> dict[str, Any]:
-        """Poll ``GET /jobs/{id}`` until the status is one of ``statuses``; returns the job."""
+             headers: dict[str, str] | None = None, interval_s: float = 0.1) -> dict[str, Any]:
+        """Poll ``GET /jobs/{id}`` every ``interval_s`` until the status is one of ``statuses``; returns the job."""
         deadline = time.monotonic() + timeout_s
         body: dict[str, Any] = {}
         while time.monotonic() < deadline:
@@ -157,7 +157,7 @@ class Service:
                 body = r.json()
                 if body["status"] in statuses:
                     return body
-            time.sleep(0.1)
+            time.sleep(interval_s)
         raise TimeoutError(f"job {job_id} not in {statuses} after {timeout_s}s: {body}\n{self.worker_logs()}")
 
     def artifact(self, job_id: str, name: str, headers: dict[str, str] | None = None) -> bytes:
