@@ -443,3 +443,32 @@ def test_naml_baselines_are_not_cached(small) -> None:
     assert not attribution.can_pack(model)
     with pytest.raises(ValueError):
         attribution._chunk(model, prepared, "title", "pad", pack=True)
+
+
+def test_packed_user_vectors_equal_padded_ones(small, samples) -> None:
+    from models.news.attribution import user_vectors
+
+    model = small["models"]["nrms-minilm-demo"]
+    assert len({len(model.tokenize([t])["title"].ids[0]) for t in samples[0].history}) > 1
+    padded = user_vectors(model, samples, pack=False)
+    packed = user_vectors(model, samples, pack=True)
+    for a, b in zip(packed, padded, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        enc = model.tokenize(samples[0].history)
+        np.testing.assert_allclose(model.encode_news_packed(enc).numpy(), model.encode_news(enc).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_packed_encoding_uses_roberta_position_ids(tmp_path) -> None:
+    from models.news.modules import build_model
+    from tests.byo_fixtures import tiny_roberta
+
+    torch.manual_seed(0)
+    model = build_model({"kind": "nrms", "encoder": "bert", "pretrained": str(tiny_roberta(tmp_path / "roberta")),
+                         "heads": 2, "head_dim": 4, "query_dim": 8, "dropout": 0.0}).eval()
+    assert model.token_encoder.position_offset == model.token_encoder.bert.embeddings.padding_idx + 1 > 0
+    enc = model.tokenize(["Astronomers unveil overtime smartphones", "Lakers beat Celtics", "a"])
+    with torch.no_grad():
+        np.testing.assert_allclose(model.encode_news_packed(enc).numpy(), model.encode_news(enc).numpy(),
+                                   rtol=1e-5, atol=1e-6)

@@ -106,9 +106,12 @@ def _check_sample(s: Sample) -> str | None:
 
 @torch.no_grad()
 def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history: int = 50,
-                 chunk: int = 64) -> list[torch.Tensor]:
+                 chunk: int = 64, pack: bool | None = None) -> list[torch.Tensor]:
     """One user vector per sample from its history, computed once (no_grad). Titles shared across samples are
-    encoded once."""
+    encoded once; with ``pack`` (default: on CPU for models that can) several to a row, without padding."""
+    if pack is None:
+        pack = model.device.type != "cuda" and can_pack(model)
+    encode = model.encode_news_packed if pack else model.encode_news  # type: ignore[attr-defined]
     keys: dict[tuple[str, str], int] = {}
     recent = [recent_history(s.history, s.history_bodies or [""] * len(s.history), max_history) for s in samples]
     for titles, bodies in recent:
@@ -118,7 +121,7 @@ def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history:
     vecs = []
     for i in range(0, len(items), chunk):
         part = items[i:i + chunk]
-        vecs.append(model.encode_news(model.tokenize([t for t, _ in part], [b for _, b in part])))
+        vecs.append(encode(model.tokenize([t for t, _ in part], [b for _, b in part])))
     table = torch.cat(vecs) if vecs else torch.empty(0)
     out = []
     for titles, bodies in recent:
@@ -176,8 +179,8 @@ def _pad_stack(seqs: Sequence[torch.Tensor], value: int) -> torch.Tensor:
 
 
 def can_pack(model: NewsRecommender) -> bool:
-    """Whether the model encodes several candidates per row (NRMS: one view, ``news_from_packed``)."""
-    return len(model.views) == 1 and hasattr(model, "news_from_packed")
+    """Whether the model encodes several candidates per row (NRMS with a word or BERT/RoBERTa-style encoder)."""
+    return len(model.views) == 1 and bool(getattr(model, "packable", False))
 
 
 def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseline: str,
