@@ -209,3 +209,57 @@ def test_adaptive_stops_at_max_steps_and_says_so() -> None:
     res = integrated_gradients_adaptive(lambda z, rows: f(z.double(), rows), x, torch.zeros_like(x),
                                         tolerance=1e-9, method="riemann_right", max_steps=64)
     assert int(res.steps[0]) == 64 and not bool(res.converged[0])
+
+
+def _counting(fwd):
+    """``fwd`` that records the number of rows of every call."""
+    calls: list[int] = []
+
+    def f(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        calls.append(int(z.shape[0]))
+        return fwd(z, rows)
+
+    return f, calls
+
+
+def test_folded_endpoints_ride_in_the_first_gradient_pass_and_equal_a_separate_forward() -> None:
+    f = _context_net(seed=7)
+    g = torch.Generator().manual_seed(7)
+    x, base, ctx = torch.randn(3, 4, 5, generator=g), torch.randn(3, 4, 5, generator=g), torch.randn(3, 5, generator=g)
+    folded_fwd, folded_calls = _counting(lambda z, rows: f(z, ctx[rows]))
+    folded = integrated_gradients(folded_fwd, x, base, n_steps=8)
+    separate_fwd, separate_calls = _counting(lambda z, rows: f(z, ctx[rows]))
+    separate = integrated_gradients(separate_fwd, x, base, n_steps=8, fold_endpoints=False)
+    # one pass of 8 alphas x 3 samples plus the 3 inputs and 3 baselines, against that pass and one forward
+    assert folded_calls == [8 * 3 + 2 * 3]
+    assert separate_calls == [8 * 3, 2 * 3]
+    torch.testing.assert_close(folded.attributions, separate.attributions, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(folded.scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), x), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(folded.baseline_scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), base),
+                               rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(folded.scores, separate.scores, rtol=1e-6, atol=1e-7)
+
+
+def test_endpoints_are_not_folded_into_a_small_pass_or_a_low_precision_one() -> None:
+    f = _context_net(seed=8)
+    g = torch.Generator().manual_seed(8)
+    x, base, ctx = torch.randn(2, 3, 5, generator=g), torch.zeros(2, 3, 5), torch.randn(2, 5, generator=g)
+    fwd, calls = _counting(lambda z, rows: f(z, ctx[rows]))
+    integrated_gradients(fwd, x, base, n_steps=8, alpha_batch_size=7)  # 2 endpoints would add over a quarter
+    assert calls == [7 * 2, 1 * 2, 2 * 2]
+    fwd, calls = _counting(lambda z, rows: f(z, ctx[rows]))
+    lo = integrated_gradients(fwd, x, base, n_steps=8, precision="bf16")
+    assert calls == [8 * 2, 2 * 2]  # the endpoints stay fp32, in their own forward
+    torch.testing.assert_close(lo.scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), x))
+
+
+def test_given_baseline_scores_are_used_and_only_the_inputs_are_evaluated() -> None:
+    f = _context_net(seed=9)
+    g = torch.Generator().manual_seed(9)
+    x, base, ctx = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g), torch.randn(2, 5, generator=g)
+    fwd, calls = _counting(lambda z, rows: f(z, ctx[rows]))
+    given = torch.tensor([0.25, -1.5], dtype=torch.float64)
+    res = integrated_gradients(fwd, x, base, n_steps=4, baseline_scores=given)
+    assert calls == [4 * 2 + 2]  # the alphas and F(x); F(x') is not recomputed
+    assert res.baseline_scores.tolist() == given.tolist()
+    torch.testing.assert_close(res.scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), x), rtol=1e-6, atol=1e-7)

@@ -325,3 +325,150 @@ def test_word_stats_and_the_poisoned_comparison(small) -> None:
 
     assert clickbait_mean(b) > clickbait_mean(a) + 0.5
     assert compare_reports(a, a)["changed"] == [] and compare_reports(a, a)["new_top_words"] == []
+
+
+def test_pack_rows_places_every_token_once_within_the_capacity() -> None:
+    from models.news.modules import pack_rows
+
+    lengths = [16, 3, 10, 10, 1, 7, 16, 4]
+    width = 16
+    layout = pack_rows(lengths, width, 20, "cpu")
+    assert layout.index.shape[0] < len(lengths)  # it packed
+    real = layout.segments >= 0
+    assert int(real.sum(1).max()) <= 20 and int(real.sum()) == sum(lengths)
+    src = sorted(layout.index[real].tolist())
+    assert src == sorted(i * width + j for i, n in enumerate(lengths) for j in range(n))
+    assert bool((layout.index[~real] == len(lengths) * width).all())
+    for i, n in enumerate(lengths):  # the slot of sequence i holds its tokens, at positions 0..n-1
+        row, seg = divmod(int(layout.slot[i]), layout.n_segments)
+        here = layout.segments[row] == seg
+        assert layout.index[row][here].tolist() == [i * width + j for j in range(n)]
+        assert layout.positions[row][here].tolist() == list(range(n))
+    with pytest.raises(ValueError):
+        pack_rows([5, 21], width, 20, "cpu")
+
+
+def _titles_of_mixed_lengths(small) -> list[str]:
+    news = load_samples(small["root"] / "data/news-synthetic", "test", 8, seed=4)
+    return [s.candidate for s in news] + ["Stocks fall", "A"]
+
+
+@pytest.mark.parametrize("name", ["nrms-minilm-demo", "nrms-word-demo"])
+def test_packed_encoding_equals_padded_encoding(small, name: str) -> None:
+    from models.news.modules import pack_rows
+
+    model = small["models"][name]
+    enc = model.tokenize(_titles_of_mixed_lengths(small))["title"]
+    lengths = enc.mask.sum(1).tolist()
+    assert len(set(lengths)) > 3  # padding on most rows of the padded batch
+    with torch.no_grad():
+        x = model.embed("title", enc.ids)
+        padded = model.news_from_embeddings({"title": x}, {"title": enc.mask})
+        layout = pack_rows(lengths, x.shape[1], 2 * max(lengths), "cpu")
+        assert layout.n_segments > 1 and layout.index.shape[0] < len(lengths)
+        flat = torch.cat([x.reshape(-1, x.shape[-1]), x.new_zeros(1, x.shape[-1])])
+        out = model.news_from_packed(flat[layout.index], layout.positions, layout.segments, layout.n_segments)
+        packed = out.reshape(-1, out.shape[-1])[layout.slot]
+    np.testing.assert_allclose(packed.numpy(), padded.numpy(), rtol=1e-5, atol=1e-6)
+    # and the packed rows did not leak across titles: a different neighbour leaves a title's vector unchanged
+    if name.startswith("nrms-minilm"):
+        with torch.no_grad():
+            alone = model.news_from_embeddings({"title": x[:1, : lengths[0]]}, {"title": enc.mask[:1, : lengths[0]]})
+        np.testing.assert_allclose(packed[0].numpy(), alone[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_packed_forward_scores_and_input_gradients_equal_the_padded_forward(small, samples) -> None:
+    from models.news import attribution
+
+    model = small["models"]["nrms-minilm-demo"]
+    with torch.no_grad():
+        prepared = attribution._prepare(model, samples, 50, [])
+    assert len({len(p.enc["title"][0]) for p in prepared}) > 1
+    padded = attribution._chunk(model, prepared, "title", "pad", pack=False)
+    packed = attribution._chunk(model, prepared, "title", "pad", pack=True)
+    rows = torch.arange(len(prepared)).repeat(3)
+    alphas = torch.tensor([0.2, 0.5, 0.9]).repeat_interleave(len(prepared))[:, None, None]
+    results = []
+    for ch in (padded, packed):
+        x = (ch.base[rows] + alphas * (ch.x[rows] - ch.base[rows])).requires_grad_(True)
+        out = ch.forward(x, rows)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        results.append((out.detach(), grad))
+    np.testing.assert_allclose(results[1][0].numpy(), results[0][0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(results[1][1].numpy(), results[0][1].numpy(), rtol=1e-5, atol=1e-6)
+    # padded positions get exactly zero gradient in both
+    pad = (torch.arange(padded.x.shape[1])[None] >= torch.tensor(padded.lengths)[:, None])[rows]
+    assert bool(pad.any()) and float(results[1][1][pad].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("baseline", ["pad", "zero"])
+def test_cached_baseline_scores_equal_recomputed_ones(small, samples, baseline: str) -> None:
+    from models.explain.ig import evaluate_fp32
+    from models.news import attribution
+
+    model = small["models"]["nrms-minilm-demo"]
+    attribution.clear_caches(model)
+    with torch.no_grad():
+        prepared = attribution._prepare(model, samples, 50, [])
+    ch = attribution._chunk(model, prepared, "title", baseline, pack=False)
+    recomputed = evaluate_fp32(ch.forward, ch.base)
+    first = attribution.baseline_scores(model, ch, "title", baseline)
+    entries = len(attribution._BASELINE_NEWS[model])
+    assert 1 <= entries <= len(prepared)
+    again = attribution.baseline_scores(model, ch, "title", baseline)  # from the cache: nothing new is encoded
+    assert len(attribution._BASELINE_NEWS[model]) == entries and again.tolist() == first.tolist()
+    np.testing.assert_allclose(first.numpy(), recomputed.numpy(), rtol=1e-5, atol=1e-6)
+    # the same candidates with other users: the cached news vector serves them, the score follows the user
+    other = [attribution._Prepared(p.sample, -p.user, p.enc, p.word_ids) for p in prepared]
+    ch2 = attribution._chunk(model, other, "title", baseline)
+    np.testing.assert_allclose(attribution.baseline_scores(model, ch2, "title", baseline).numpy(),
+                               -recomputed.numpy(), rtol=1e-5, atol=1e-6)
+    assert len(attribution._BASELINE_NEWS[model]) == entries
+    # the report's baseline scores are the cached ones, and equal the uncached reference loop's
+    report = explain(model, samples[:2], _fp32(n_steps=4, baseline=baseline))
+    slow = explain(model, samples[:2], _fp32(n_steps=4, baseline=baseline, optimized=False))
+    for a, b in zip(report["samples"], slow["samples"], strict=True):
+        assert a["baseline_score"] == pytest.approx(b["baseline_score"], abs=1e-5 * max(1.0, abs(b["baseline_score"])))
+
+
+def test_naml_baselines_are_not_cached(small) -> None:
+    from models.news import attribution
+
+    model = small["models"]["naml-demo"]
+    ss = load_samples(small["root"] / "data/news-synthetic", "test", 2, seed=1, with_bodies=True)
+    with torch.no_grad():
+        prepared = attribution._prepare(model, ss, 50, [])
+    ch = attribution._chunk(model, prepared, "title", "pad")
+    assert attribution.baseline_scores(model, ch, "title", "pad") is None  # x' holds each sample's real body
+    assert not attribution.can_pack(model)
+    with pytest.raises(ValueError):
+        attribution._chunk(model, prepared, "title", "pad", pack=True)
+
+
+def test_packed_user_vectors_equal_padded_ones(small, samples) -> None:
+    from models.news.attribution import user_vectors
+
+    model = small["models"]["nrms-minilm-demo"]
+    assert len({len(model.tokenize([t])["title"].ids[0]) for t in samples[0].history}) > 1
+    padded = user_vectors(model, samples, pack=False)
+    packed = user_vectors(model, samples, pack=True)
+    for a, b in zip(packed, padded, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        enc = model.tokenize(samples[0].history)
+        np.testing.assert_allclose(model.encode_news_packed(enc).numpy(), model.encode_news(enc).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_packed_encoding_uses_roberta_position_ids(tmp_path) -> None:
+    from models.news.modules import build_model
+    from tests.byo_fixtures import tiny_roberta
+
+    torch.manual_seed(0)
+    model = build_model({"kind": "nrms", "encoder": "bert", "pretrained": str(tiny_roberta(tmp_path / "roberta")),
+                         "heads": 2, "head_dim": 4, "query_dim": 8, "dropout": 0.0}).eval()
+    assert model.token_encoder.position_offset == model.token_encoder.bert.embeddings.padding_idx + 1 > 0
+    enc = model.tokenize(["Astronomers unveil overtime smartphones", "Lakers beat Celtics", "a"])
+    with torch.no_grad():
+        np.testing.assert_allclose(model.encode_news_packed(enc).numpy(), model.encode_news(enc).numpy(),
+                                   rtol=1e-5, atol=1e-6)

@@ -208,14 +208,21 @@ def integrated_gradients(
     alpha_batch_size: int | None = None,
     precision: str = "fp32",
     endpoint_scores: tuple[torch.Tensor, torch.Tensor] | None = None,
+    baseline_scores: torch.Tensor | None = None,
+    fold_endpoints: bool = True,
 ) -> IGResult:
     """Optimized IG for ``N`` samples at once.
 
     ``inputs`` and ``baselines`` are ``(N, L, D)`` on the model's device; ``alpha_batch_size`` alphas are evaluated
     per pass for all ``N`` samples (``None`` = all). ``precision`` is a resolved precision (``fp32|fp16|bf16``) for
-    the interpolated forwards; the endpoint scores F(x), F(x') are always fp32. When the rule contains an endpoint
-    (alpha = 0 or 1) and the forward runs in fp32, that evaluation is reused instead of recomputed.
-    ``endpoint_scores`` passes precomputed (F(x), F(x')) (e.g. across a tolerance loop)."""
+    the interpolated forwards; the endpoint scores F(x), F(x') are always fp32.
+
+    Endpoints, cheapest first: ``endpoint_scores`` passes precomputed (F(x), F(x')) (e.g. across a tolerance loop)
+    and ``baseline_scores`` F(x') alone (e.g. cached per model). When the rule contains an endpoint (alpha = 0 or
+    1) and the forward runs in fp32, that evaluation is reused. Otherwise, in fp32 with ``fold_endpoints``, the
+    missing endpoint rows ride along in the first gradient pass (their outputs are read, their gradients unused)
+    when that adds at most a quarter to the pass's rows, so a small request pays one pass, not a pass and a
+    forward; failing that they take one separate forward (:func:`evaluate_endpoints`)."""
     alphas_np, weights_np = quadrature(method, n_steps)
     n = inputs.shape[0]
     inputs = inputs.detach().float()
@@ -232,24 +239,46 @@ def integrated_gradients(
             if alpha in (0.0, 1.0):
                 reuse[float(alpha)] = out.detach().view(k, n)[j].double().cpu()
 
+    if endpoint_scores is not None:
+        baseline_scores = endpoint_scores[1]
+    in_rule = {float(a) for a in alphas_np if a in (0.0, 1.0)} if precision == "fp32" else set()
+    need = [] if endpoint_scores is not None else [
+        a for a, known in ((1.0, False), (0.0, baseline_scores is not None)) if not known and a not in in_rule]
+    extra = None
+    if need and fold_endpoints and precision == "fp32" and len(need) * 4 <= min(chunk, len(alphas_np)):
+        extra = torch.cat([inputs if a == 1.0 else baselines for a in need])
+    folded: dict[float, torch.Tensor] = {}
+
+    def keep_extra(out: torch.Tensor) -> None:
+        for j, a in enumerate(need):
+            folded[a] = out[j * n:(j + 1) * n].detach().double().cpu()
+
     acc = _weighted_grad_sum(forward, inputs, baselines, torch.arange(n, device=inputs.device), alphas_np,
-                             weights_np, chunk, precision, on_output=keep_endpoints)
+                             weights_np, chunk, precision, on_output=keep_endpoints,
+                             extra=extra, on_extra=keep_extra)
     if endpoint_scores is not None:
         scores, base_scores = endpoint_scores
     else:
-        if 1.0 not in reuse and 0.0 not in reuse:
+        known = {**reuse, **folded}
+        if baseline_scores is not None:
+            known[0.0] = baseline_scores.double().cpu()
+        if 1.0 not in known and 0.0 not in known:
             scores, base_scores = evaluate_endpoints(forward, inputs, baselines)
         else:
-            scores = reuse[1.0] if 1.0 in reuse else evaluate_fp32(forward, inputs)
-            base_scores = reuse[0.0] if 0.0 in reuse else evaluate_fp32(forward, baselines)
+            scores = known[1.0] if 1.0 in known else evaluate_fp32(forward, inputs)
+            base_scores = known[0.0] if 0.0 in known else evaluate_fp32(forward, baselines)
     return IGResult(diff * acc, scores, base_scores, n_steps, method)
 
 
 def _weighted_grad_sum(forward: ForwardFn, inputs: torch.Tensor, baselines: torch.Tensor, rows: torch.Tensor,
                        alphas: np.ndarray, weights: np.ndarray, chunk: int, precision: str,
-                       on_output: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
+                       on_output: Callable[[int, torch.Tensor], None] | None = None,
+                       extra: torch.Tensor | None = None,
+                       on_extra: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """Σ_k w_k ∂F/∂x at x' + α_k (x − x') for the samples ``rows`` (fp32, shape of ``inputs``), ``chunk`` alphas
-    per batched pass; ``on_output(first alpha index, scores)`` sees each pass's forward output."""
+    per batched pass; ``on_output(first alpha index, scores)`` sees each pass's forward output. ``extra``
+    ``(j * N, L, D)``: further rows (whole copies of the samples, e.g. their endpoints) appended to the first pass
+    (fp32 only); ``on_extra`` gets their ``(j * N,)`` outputs, and their gradients are not used."""
     n = inputs.shape[0]
     device = inputs.device
     diff = inputs - baselines
@@ -260,13 +289,22 @@ def _weighted_grad_sum(forward: ForwardFn, inputs: torch.Tensor, baselines: torc
         k = a.shape[0]
         x = (baselines[None] + a[:, None, None, None] * diff[None]).reshape(k * n, *inputs.shape[1:])
         x.requires_grad_(True)
+        fwd_rows = rows.repeat(k)
+        xin = x
+        if extra is not None and s == 0:
+            xin = torch.cat([x, extra])
+            fwd_rows = rows.repeat(k + extra.shape[0] // n)
         with autocast(device, precision):
-            out = forward(x, rows.repeat(k))
+            out = forward(xin, fwd_rows)
+        if xin is not x:
+            if on_extra is not None:
+                on_extra(out[k * n:])
+            out = out[:k * n]
         (grad,) = torch.autograd.grad(out.float().sum(), x)
         acc += torch.einsum("k,kn...->n...", w, grad.float().view(k, n, *inputs.shape[1:]))
         if on_output is not None:
             on_output(s, out)
-        del x, out, grad
+        del x, xin, out, grad
     return acc
 
 

@@ -48,7 +48,7 @@ from models.explain.ig import (
 )
 from models.explain.occlusion import occlusion
 from models.news.data import Sample, recent_history
-from models.news.modules import NewsRecommender
+from models.news.modules import NewsRecommender, pack_rows
 from models.news.summary import ReportAccumulator, compare
 
 ProgressFn = Callable[[int, int, str], None]
@@ -106,9 +106,12 @@ def _check_sample(s: Sample) -> str | None:
 
 @torch.no_grad()
 def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history: int = 50,
-                 chunk: int = 64) -> list[torch.Tensor]:
+                 chunk: int = 64, pack: bool | None = None) -> list[torch.Tensor]:
     """One user vector per sample from its history, computed once (no_grad). Titles shared across samples are
-    encoded once."""
+    encoded once; with ``pack`` (default: on CPU for models that can) several to a row, without padding."""
+    if pack is None:
+        pack = model.device.type != "cuda" and can_pack(model)
+    encode = model.encode_news_packed if pack else model.encode_news  # type: ignore[attr-defined]
     keys: dict[tuple[str, str], int] = {}
     recent = [recent_history(s.history, s.history_bodies or [""] * len(s.history), max_history) for s in samples]
     for titles, bodies in recent:
@@ -118,7 +121,7 @@ def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history:
     vecs = []
     for i in range(0, len(items), chunk):
         part = items[i:i + chunk]
-        vecs.append(model.encode_news(model.tokenize([t for t, _ in part], [b for _, b in part])))
+        vecs.append(encode(model.tokenize([t for t, _ in part], [b for _, b in part])))
     table = torch.cat(vecs) if vecs else torch.empty(0)
     out = []
     for titles, bodies in recent:
@@ -163,6 +166,8 @@ class _Chunk:
     content: torch.Tensor  # (b, L) positions that differ from the baseline
     lengths: list[int]
     forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    users: torch.Tensor  # (b, D)
+    ids: torch.Tensor  # (b, L)
 
 
 def _pad_stack(seqs: Sequence[torch.Tensor], value: int) -> torch.Tensor:
@@ -173,7 +178,17 @@ def _pad_stack(seqs: Sequence[torch.Tensor], value: int) -> torch.Tensor:
     return out
 
 
-def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseline: str) -> _Chunk:
+def can_pack(model: NewsRecommender) -> bool:
+    """Whether the model encodes several candidates per row (NRMS with a word or BERT/RoBERTa-style encoder)."""
+    return len(model.views) == 1 and bool(getattr(model, "packable", False))
+
+
+def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseline: str,
+           pack: bool = False) -> _Chunk:
+    """Inputs, baselines and the attributed function of a chunk of samples. With ``pack`` (single-view models
+    only) the forward strips each row's padding and encodes the rows packed several to a sequence
+    (:func:`models.news.modules.pack_rows`, at most twice the longest row's tokens each), so padding costs no
+    FLOPs and samples of different lengths share one batched pass."""
     dev = model.device
     tok = model.tokenizer
     pad = tok.pad_id
@@ -195,17 +210,67 @@ def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseli
             o_mask = _pad_stack([p.enc[ov][1] for p in items], 0).to(dev)
             others[ov] = (model.embed(ov, o_ids), o_mask)
     users = torch.stack([p.user for p in items]).to(dev)
+    lengths = [int(p.enc[view][0].shape[0]) for p in items]
+    if pack and not can_pack(model):
+        raise ValueError(f"{model.kind} cannot encode packed rows")
+    if pack:
+        capacity = 2 * max(lengths)
 
-    def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        embeds = {view: xs}
-        masks = {view: mask[rows]}
-        for ov, (emb, m) in others.items():
-            embeds[ov] = emb[rows]
-            masks[ov] = m[rows]
-        news = model.news_from_embeddings(embeds, masks)
-        return (news.float() * users[rows]).sum(-1)
+        def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            m, width, dim = xs.shape
+            layout = pack_rows([lengths[r] for r in rows.tolist()], width, capacity, xs.device)
+            flat = torch.cat([xs.reshape(m * width, dim), xs.new_zeros(1, dim)])
+            news = model.news_from_packed(flat[layout.index], layout.positions, layout.segments,
+                                          layout.n_segments)
+            news = news.reshape(-1, news.shape[-1])[layout.slot]
+            return (news.float() * users[rows]).sum(-1)
+    else:
+        def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            embeds = {view: xs}
+            masks = {view: mask[rows]}
+            for ov, (emb, m) in others.items():
+                embeds[ov] = emb[rows]
+                masks[ov] = m[rows]
+            news = model.news_from_embeddings(embeds, masks)
+            return (news.float() * users[rows]).sum(-1)
 
-    return _Chunk(x, base, content, [int(p.enc[view][0].shape[0]) for p in items], forward)
+    return _Chunk(x, base, content, lengths, forward, users, ids)
+
+
+# model -> {(view, baseline, device, baseline token pattern): the baseline's news vector}. For a single-view model
+# the baseline input x' depends only on which positions are structural tokens (kept) and the title's length, so its
+# news vector is shared by every candidate with that pattern, across requests.
+_BASELINE_NEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+BASELINE_CACHE_SIZE = 4096
+
+
+def clear_caches(model: NewsRecommender) -> None:
+    """Forget the cached memory probes and baseline news vectors of ``model`` (e.g. after changing its weights in
+    place; a loaded checkpoint is frozen and never needs this)."""
+    _PROBES.pop(model, None)
+    _BASELINE_NEWS.pop(model, None)
+
+
+@torch.no_grad()
+def baseline_scores(model: NewsRecommender, ch: _Chunk, view: str, baseline: str) -> torch.Tensor | None:
+    """F(x') of every sample of the chunk (fp64 on CPU) from cached baseline news vectors, or None when the model
+    reads more than one view (NAML holds the other view at its real value, so x' differs per sample). A pattern
+    seen for the first time is encoded alone, in fp32, by the model's padded path."""
+    if len(model.views) != 1:
+        return None
+    cache = _BASELINE_NEWS.setdefault(model, {})
+    vecs = []
+    for i, length in enumerate(ch.lengths):
+        pattern = tuple(-1 if c else int(t) for t, c in zip(ch.ids[i, :length].tolist(),
+                                                           ch.content[i, :length].tolist(), strict=True))
+        key = (view, baseline, str(model.device), pattern)
+        if key not in cache:
+            if len(cache) >= BASELINE_CACHE_SIZE:
+                cache.clear()
+            ones = torch.ones(1, length, dtype=torch.long, device=model.device)
+            cache[key] = model.news_from_embeddings({view: ch.base[i:i + 1, :length].float()}, {view: ones})[0]
+        vecs.append(cache[key])
+    return (torch.stack(vecs).float() * ch.users).sum(-1).double().cpu()
 
 
 def _reference_score(model: NewsRecommender, p: _Prepared, view: str, max_history: int
@@ -315,7 +380,10 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
     run = _ViewRun(view, {}, {}, {}, {}, n_steps, alpha_batch_size, batch_size)
     done = 0
     lengths = [int(p.enc[view][0].shape[0]) for p in prepared]
-    for chunk in _chunks(lengths, batch_size, exact=model.device.type != "cuda"):
+    # On CPU padding costs FLOPs in proportion: a model that packs rows takes samples of any length in one chunk
+    # (no padding is computed), others cut chunks at length changes. On CUDA chunks are only sorted.
+    pack = model.device.type != "cuda" and can_pack(model)
+    for chunk in _chunks(lengths, batch_size, exact=model.device.type != "cuda" and not pack):
         items = [prepared[i] for i in chunk]
         ids = [p.sample.id for p in items]
         try:
@@ -331,7 +399,7 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
                 f_x = [float(r.scores[0]) for r in results]
                 f_b = [float(r.baseline_scores[0]) for r in results]
             else:
-                ch = _chunk(model, items, view, opts.baseline)
+                ch = _chunk(model, items, view, opts.baseline, pack=pack)
                 res: IGResult
                 if opts.method == "occlusion":
                     res = occlusion(ch.forward, ch.x, ch.base, ch.content)
@@ -349,7 +417,8 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
                         run.converged[p.sample.id] = bool(res.converged[j])
                 else:
                     res = integrated_gradients(ch.forward, ch.x, ch.base, n_steps=n_steps, method=opts.method,
-                                               alpha_batch_size=alpha_batch_size, precision=precision)
+                                               alpha_batch_size=alpha_batch_size, precision=precision,
+                                               baseline_scores=baseline_scores(model, ch, view, opts.baseline))
                 tok_attr = res.attributions.sum(-1).double().cpu().numpy()
                 attrs = [tok_attr[i, : ch.lengths[i]] for i in range(len(items))]
                 f_x = res.scores.tolist()

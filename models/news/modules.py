@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,22 @@ class AdditiveAttention(nn.Module):
         weights = masked_softmax(scores, mask)
         return torch.einsum("bl,bld->bd", weights, x)
 
+    def pool_segments(self, x: torch.Tensor, segments: torch.Tensor, n_segments: int) -> torch.Tensor:
+        """Pool each segment of packed rows on its own: ``x`` ``(B, T, D)``, ``segments`` ``(B, T)`` the segment
+        index of each position (-1: padding); returns ``(B, n_segments, D)`` (a row's unused segments are 0)."""
+        scores = self.query(torch.tanh(self.proj(x))).squeeze(-1)  # (B, T)
+        member = segments[:, None, :] == torch.arange(n_segments, device=x.device)[None, :, None]  # (B, S, T)
+        # an unused segment gets one dummy position so its softmax stays finite; its weight is zeroed after
+        empty = ~member.any(-1, keepdim=True)
+        weights = masked_softmax(scores[:, None, :].expand(-1, n_segments, -1),
+                                 member | (empty & (torch.arange(x.shape[1], device=x.device) == 0)))
+        weights = weights * (~empty).to(weights.dtype)
+        return torch.einsum("bst,btd->bsd", weights, x)
+
 
 class MultiHeadSelfAttention(nn.Module):
-    """NRMS multi-head self-attention: h heads of size d_h, output h*d_h; padded keys are masked out."""
+    """NRMS multi-head self-attention: h heads of size d_h, output h*d_h; padded keys are masked out (or, with a
+    ``(B, L, L)`` mask, every query sees only the keys its row of the mask allows)."""
 
     def __init__(self, in_dim: int, heads: int, head_dim: int):
         super().__init__()
@@ -65,8 +79,62 @@ class MultiHeadSelfAttention(nn.Module):
         b, n, _ = x.shape
         q, k, v = (lin(x).view(b, n, self.heads, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v))
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim)  # (B, h, L, L)
-        attn = masked_softmax(scores, mask[:, None, None, :])
+        # mask: (B, L) keys, or (B, L, L) query x key (packed rows: each title attends only to itself)
+        attn = masked_softmax(scores, mask[:, None] if mask.dim() == 3 else mask[:, None, None, :])
         return (attn @ v).transpose(1, 2).reshape(b, n, self.heads * self.head_dim)
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the tokens of ``N`` right-padded sequences ``(N, L)`` go when packed several to a row of width ``T``:
+    ``index`` ``(P, T)`` each slot's flat source position ``i * L + j`` (``N * L``: padding, read from an appended
+    zero row), ``positions`` and ``segments`` ``(P, T)`` as :meth:`NRMS.news_from_packed` takes them, and
+    ``slot`` ``(N,)`` the flat index ``p * n_segments + s`` of sequence ``i``'s result in a ``(P, n_segments)``
+    output."""
+
+    index: torch.Tensor
+    positions: torch.Tensor
+    segments: torch.Tensor
+    slot: torch.Tensor
+    n_segments: int
+
+
+def pack_rows(lengths: Sequence[int], width: int, capacity: int, device: torch.device | str) -> Packing:
+    """Pack sequences of ``lengths`` (each at most ``capacity``; stored in rows of ``width``) into rows of at most
+    ``capacity`` tokens: the longest left opens a row, which the shortest left fill while they fit (O(N))."""
+    n = len(lengths)
+    if n == 0 or max(lengths) > capacity:
+        raise ValueError("every length must be in [1, capacity]")
+    order = sorted(range(n), key=lambda i: lengths[i])
+    row_of, start_of, seg_of = [0] * n, [0] * n, [0] * n
+    lo, hi, rows, n_seg, cols = 0, n - 1, 0, 1, 1
+    while lo <= hi:
+        members = [order[hi]]
+        hi -= 1
+        used = lengths[members[0]]
+        while lo <= hi and used + lengths[order[lo]] <= capacity:
+            members.append(order[lo])
+            used += lengths[order[lo]]
+            lo += 1
+        start = 0
+        for seg, i in enumerate(members):
+            row_of[i], start_of[i], seg_of[i] = rows, start, seg
+            start += lengths[i]
+        n_seg, cols = max(n_seg, len(members)), max(cols, used)
+        rows += 1
+    lens = torch.tensor(lengths, dtype=torch.long)
+    item = torch.repeat_interleave(torch.arange(n), lens)  # the sequence of every real token
+    within = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens)[item]  # its position in it
+    row_t, start_t, seg_t = torch.tensor(row_of), torch.tensor(start_of), torch.tensor(seg_of)
+    dest = row_t[item] * cols + start_t[item] + within
+    index = torch.full((rows * cols,), n * width, dtype=torch.long)
+    index[dest] = item * width + within
+    positions = torch.zeros(rows * cols, dtype=torch.long)
+    positions[dest] = within
+    segments = torch.full((rows * cols,), -1, dtype=torch.long)
+    segments[dest] = seg_t[item]
+    return Packing(index.view(rows, cols).to(device), positions.view(rows, cols).to(device),
+                   segments.view(rows, cols).to(device), (row_t * n_seg + seg_t).to(device), n_seg)
 
 
 class BertTokenEncoder(nn.Module):
@@ -85,6 +153,13 @@ class BertTokenEncoder(nn.Module):
         self.bert = AutoModel.from_pretrained(str(resolve_pretrained(pretrained)), local_files_only=True,
                                               attn_implementation="eager")
         self.out_dim = int(self.bert.config.hidden_size)
+        # Packed rows give each title its own position ids, in the encoder's own convention: BERT counts from 0,
+        # RoBERTa-style embeddings from padding_idx + 1. Other encoders are never packed.
+        model_type = getattr(self.bert.config, "model_type", "")
+        self.position_offset: int | None = (
+            0 if model_type == "bert" else
+            int(self.bert.embeddings.padding_idx) + 1 if model_type in ("roberta", "xlm-roberta", "camembert")
+            else None)
         if not fine_tune:
             for p in self.bert.parameters():
                 p.requires_grad_(False)
@@ -115,6 +190,21 @@ class BertTokenEncoder(nn.Module):
     def forward(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.bert(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
 
+    @property
+    def packable(self) -> bool:
+        return self.position_offset is not None
+
+    def forward_packed(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        """Several titles per row: ``positions`` restart at 0 for each title (shifted here to the encoder's own
+        first position id) and ``block`` ``(B, T, T)`` (bool) lets a token attend only to the tokens of its own
+        title, so each title is encoded exactly as alone."""
+        if self.position_offset is None:
+            raise ValueError(f"packed rows are not supported for {self.bert.config.model_type} encoders")
+        positions = positions + self.position_offset
+        additive = torch.zeros(block.shape, dtype=embeds.dtype, device=embeds.device)
+        additive = additive.masked_fill(~block, torch.finfo(embeds.dtype).min)[:, None]
+        return self.bert(inputs_embeds=embeds, attention_mask=additive, position_ids=positions).last_hidden_state
+
 
 class WordEmbeddingEncoder(nn.Module):
     """Word embeddings (optionally GloVe-initialised) followed by dropout."""
@@ -129,6 +219,11 @@ class WordEmbeddingEncoder(nn.Module):
         return self.embedding(ids)
 
     def forward(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.dropout(embeds)
+
+    packable = True  # position-free and per token: packing changes nothing
+
+    def forward_packed(self, embeds: torch.Tensor, positions: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         return self.dropout(embeds)
 
 
@@ -230,6 +325,38 @@ class NRMS(NewsRecommender):
     def news_from_embeddings(self, embeds: dict[str, torch.Tensor], masks: dict[str, torch.Tensor]) -> torch.Tensor:
         mask = masks["title"]
         return self.head(self.token_encoder(embeds["title"], mask), mask)
+
+    @property
+    def packable(self) -> bool:
+        """Whether :meth:`news_from_packed` is available (the token encoder knows its position convention)."""
+        return bool(getattr(self.token_encoder, "packable", False))
+
+    def news_from_packed(self, embeds: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
+                         n_segments: int) -> torch.Tensor:
+        """News vectors of titles packed several to a row (no padding between them): ``embeds`` ``(B, T, E)``
+        title-view embeddings, ``positions`` ``(B, T)`` each token's position within its title, ``segments``
+        ``(B, T)`` its title's index within the row (-1: padding at the row's end). Returns ``(B, n_segments, D)``.
+        Attention never crosses titles, so every title's vector equals ``news_from_embeddings`` of that title alone
+        (up to fp32 rounding); padding tokens attend only to themselves (finite, and never read)."""
+        same = segments[:, :, None] == segments[:, None, :]
+        block = (same & (segments[:, None, :] >= 0)) | torch.eye(segments.shape[1], dtype=torch.bool,
+                                                                  device=segments.device)[None]
+        states = self.token_encoder.forward_packed(embeds, positions, block)
+        h = self.dropout(self.word_attn(self.dropout(states), block))
+        return self.word_pool.pool_segments(h, segments, n_segments)
+
+    def encode_news_packed(self, enc: dict[str, Encoded]) -> torch.Tensor:
+        """``encode_news`` with the titles packed several to a row (at most twice the longest title's tokens), so
+        padding costs nothing; equal to ``encode_news`` up to fp32 rounding."""
+        e = enc["title"]
+        dev = self.device
+        ids, mask = e.ids.to(dev), e.mask.to(dev)
+        x = self.embed("title", ids)
+        lengths = mask.sum(1).tolist()
+        layout = pack_rows(lengths, ids.shape[1], 2 * max(lengths), dev)
+        flat = torch.cat([x.reshape(-1, x.shape[-1]), x.new_zeros(1, x.shape[-1])])
+        news = self.news_from_packed(flat[layout.index], layout.positions, layout.segments, layout.n_segments)
+        return news.reshape(-1, news.shape[-1])[layout.slot]
 
     def user_vector(self, news_vecs: torch.Tensor, hist_mask: torch.Tensor) -> torch.Tensor:
         h = self.dropout(self.user_attn(news_vecs, hist_mask))
