@@ -109,9 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         url, socket_connect_timeout=timeout, socket_timeout=timeout * 5, health_check_interval=30,
         max_connections=256,
     )
-    app.state.store = JobStore(app.state.redis, settings)
+    app.state.store = JobStore(app.state.redis, settings, app.state.aredis)
     jobs.register_scripts(app)
-    metrics.install(app)
 
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
@@ -140,12 +139,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             status_code=500, content={"detail": {"code": "internal", "message": "internal error; see server logs"}}
         )
 
-    app.include_router(health.router)
+    # Routes are matched in order, each request walking the list up to its route: the hot ones come first
+    # (polling a job, submitting one). No two routes answer the same method and path (tests/test_api_server.py),
+    # so the order changes nothing else.
     app.include_router(jobs.router)
+    app.include_router(submit.build_router(kinds_pkg.load_all()))
+    app.include_router(health.router)
+    metrics.install(app)
     app.include_router(models.router)
     app.include_router(artifacts.router)
     app.include_router(imports.router)
-    app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.include_router(ui.router)
     app.mount(ui.STATIC_URL, ui.static_files(), name="ui-static")
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
