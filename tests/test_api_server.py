@@ -251,3 +251,23 @@ def test_the_async_submission_is_the_sync_one(redis_settings):
     assert shape(a_view) == shape(c_view) == shape(d_view) and a_view == b_view
     assert [a_view["position"], c_view["position"], d_view["position"]] == [0, 1, 2]
     assert sync.redis.lrange("rq:queue:explain", 0, -1) == [a.encode(), c.encode(), d.encode()]
+
+
+def test_the_async_client_packs_commands_as_redis_py_does():
+    import enum
+
+    import redis.asyncio as aioredis
+
+    from app.main import async_redis
+
+    class Status(str, enum.Enum):
+        QUEUED = "queued"
+
+    ours = async_redis("redis://127.0.0.1:1/0").connection_pool.make_connection()
+    theirs = aioredis.Redis.from_url("redis://127.0.0.1:1/0").connection_pool.make_connection()
+    assert type(ours) is not type(theirs) and isinstance(ours, type(theirs))
+    for args in [("GET", "k"), ("CONFIG GET", "maxmemory"), ("HSET", "rq:job:x", "status", Status.QUEUED),
+                 ("EVALSHA", "a" * 40, 2, "k1", "k\u00e9y", 0, -7, 12345678901234, 0.5, 1e-07, 1e16, 3.0),
+                 ("SET", b"\x00\xff binary", memoryview(b"mv"), bytearray(b"ba")),
+                 ("HSET", "big", "data", b"x" * 100_000, "text", "y" * 70_000)]:
+        assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args)), args
