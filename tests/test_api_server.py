@@ -254,20 +254,76 @@ def test_the_async_submission_is_the_sync_one(redis_settings):
 
 
 def test_the_async_client_packs_commands_as_redis_py_does():
-    import enum
-
     import redis.asyncio as aioredis
+    from rq.job import JobStatus
 
     from app.main import async_redis
-
-    class Status(str, enum.Enum):
-        QUEUED = "queued"
 
     ours = async_redis("redis://127.0.0.1:1/0").connection_pool.make_connection()
     theirs = aioredis.Redis.from_url("redis://127.0.0.1:1/0").connection_pool.make_connection()
     assert type(ours) is not type(theirs) and isinstance(ours, type(theirs))
-    for args in [("GET", "k"), ("CONFIG GET", "maxmemory"), ("HSET", "rq:job:x", "status", Status.QUEUED),
+    for args in [("GET", "k"), ("CONFIG GET", "maxmemory"), ("HSET", "rq:job:x", "status", JobStatus.QUEUED),
                  ("EVALSHA", "a" * 40, 2, "k1", "k\u00e9y", 0, -7, 12345678901234, 0.5, 1e-07, 1e16, 3.0),
                  ("SET", b"\x00\xff binary", memoryview(b"mv"), bytearray(b"ba")),
                  ("HSET", "big", "data", b"x" * 100_000, "text", "y" * 70_000)]:
         assert b"".join(ours.pack_command(*args)) == b"".join(theirs.pack_command(*args)), args
+
+
+def test_get_job_documents_its_path_parameter_as_the_other_job_routes_do(tmp_path):
+    from app.main import create_app
+    from app.settings import Settings
+
+    spec = create_app(Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL="redis://127.0.0.1:1/0")).openapi()
+    operations = spec["paths"]["/jobs/{job_id}"]
+    assert operations["get"]["parameters"] == operations["delete"]["parameters"]
+    assert [p["name"] for p in operations["get"]["parameters"]] == ["job_id"]
+
+
+def test_run_script_answers_as_the_script_does_through_flushes_errors_and_dropped_connections(redis_settings):
+    import asyncio
+
+    import pytest
+    import redis
+    from redis.exceptions import ResponseError
+
+    from app.jobstore import run_script
+    from app.main import async_redis
+
+    admin = redis.Redis.from_url(redis_settings.redis_url)
+
+    async def run():
+        client = async_redis(redis_settings.redis_url)
+        echo = client.register_script("return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}")
+        failing = client.register_script("return redis.error_reply('WRONG the script says no')")
+        try:
+            assert await run_script(client, echo, ["n"], ["a"]) == [b"n", b"a", 1]  # NOSCRIPT: loaded, then run
+            assert await run_script(client, echo, ["n"], [b"\x00\xff"]) == [b"n", b"\x00\xff", 2]
+            assert await echo(keys=["n"], args=["a"]) == [b"n", b"a", 3]
+            pool = client.connection_pool
+            connections = len(pool._available_connections)
+            with pytest.raises(ResponseError, match="the script says no"):
+                await run_script(client, failing, [], [])
+            with pytest.raises(ResponseError, match="the script says no"):
+                await run_script(client, failing, [], [])
+            assert len(pool._available_connections) == connections  # an error reply leaves the connection usable
+            admin.script_flush()
+            assert await run_script(client, echo, ["n"], ["b"]) == [b"n", b"b", 4]
+            admin.client_kill_filter(_type="normal", skipme=True)  # every pooled connection is now dead
+            assert await run_script(client, echo, ["n"], ["c"]) == [b"n", b"c", 5]
+            assert await run_script(client, echo, ["n"], ["d"]) == [b"n", b"d", 6]
+            # A cancelled call leaves no unread reply behind on a pooled connection.
+            slow = client.register_script("local t = redis.call('TIME'); while true do local n = redis.call('TIME');"
+                                          " if (n[1] - t[1]) * 1000000 + n[2] - t[2] > 200000 then break end end"
+                                          " return 'slow'")
+            await client.script_load(slow.script)
+            task = asyncio.ensure_future(run_script(client, slow, [], []))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for i in range(7, 10):
+                assert await run_script(client, echo, ["n"], ["e"]) == [b"n", b"e", i]
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())

@@ -25,6 +25,7 @@ from app.jobstore import (
     job_view,
     owner_of,
     parse_meta,
+    run_script,
     valid_job_id,
     view_script_args,
     view_script_result,
@@ -56,7 +57,7 @@ async def _fetch(request: Request, job_id: str) -> dict[bytes, bytes]:
 
 async def _fetch_with_position(request: Request, job_id: str) -> tuple[dict[bytes, bytes], int | None]:
     keys, args = view_script_args(job_id)
-    return view_script_result(await request.app.state.view_script(keys=keys, args=args))
+    return view_script_result(await run_script(request.app.state.aredis, request.app.state.view_script, keys, args))
 
 
 async def _owned(request: Request, job_id: str, owner: str
@@ -90,14 +91,21 @@ async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position
     return view
 
 
+# The path parameter as FastAPI documents a ``job_id: str`` argument.
+JOB_ID_PARAMETER = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "title": "Job Id"}}
+
+
 @router.get(
     "/jobs/{job_id}",
     summary="A job's status, progress and error",
     responses={200: {"content": {"application/json": {"example": JOB_EXAMPLE}}}, 404: {}},
+    openapi_extra={"parameters": [JOB_ID_PARAMETER]},
 )
-async def get_job(job_id: str, request: Request) -> JSONResponse:
-    # The hottest endpoint: auth is called inline rather than through Depends, which costs more per request
-    # in FastAPI's dependency solver than the Redis round trip itself.
+async def get_job(request: Request) -> JSONResponse:
+    # The hottest endpoint. Auth is called inline rather than through Depends, and the id is read from the path
+    # rather than declared as an argument (any string; an id that is not a job's is a 404 below): both cost more
+    # per request in FastAPI's dependency solver than the Redis round trip itself.
+    job_id: str = request.path_params["job_id"]
     raw, position, meta = await _owned(request, job_id, await caller(request))
     return JSONResponse(await _view(request, job_id, raw, position, meta))
 
