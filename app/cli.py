@@ -32,14 +32,26 @@ def _check_bind(host: str, settings: Settings) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ parts
+def server_implementations() -> tuple[str, str]:
+    """uvicorn's (event loop, HTTP parser): uvloop and httptools (dependencies of the package), or the pure-Python
+    asyncio loop and h11 where those are missing."""
+    import importlib.util
+
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return loop, http
+
+
 def cmd_api(args: argparse.Namespace) -> None:
     import uvicorn
 
     settings = Settings()
     _check_bind(args.host, settings)
+    loop, http = server_implementations()
     # log_config=None: uvicorn's records go through the root handler set up by main() (JSON or text).
-    uvicorn.run("app.main:app", host=args.host, port=args.port, workers=args.workers, log_level="info",
-                access_log=not args.no_access_log, log_config=None)
+    # app.main:served_app is a factory: each server process imports the app, then tunes its garbage collector.
+    uvicorn.run("app.main:served_app", factory=True, host=args.host, port=args.port, workers=args.workers,
+                log_level="info", access_log=not args.no_access_log, log_config=None, loop=loop, http=http)
 
 
 def cmd_worker(args: argparse.Namespace) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import HTTPException, Request
 
 from app.jobstore import JobStore
@@ -43,10 +41,9 @@ async def caller(request: Request) -> str:
             detail={"code": "unauthorized", "message": "send an API key as 'Authorization: Bearer <key>'"},
             headers={"WWW-Authenticate": "Bearer"},
         )
-    token = token.strip()
-    for key, name in keys.items():
-        if hmac.compare_digest(key.encode(), token.encode()):
-            return name
+    key = request.app.state.settings.api_key_for(token.strip())
+    if key is not None:
+        return keys[key]
     raise HTTPException(
         status_code=401,
         detail={"code": "unauthorized", "message": "unknown API key"},

@@ -5,10 +5,8 @@ RQ owns the job hash (``rq:job:<id>``) and the queues; this module adds what the
 - ``explainq:jobs:<owner>``: a sorted set of the owner's job ids by creation time, for ``GET /jobs``;
 - ``explainq:active:<owner>``: a set of the owner's job ids that may still be queued or running (the quota);
   ids of terminal or vanished jobs are pruned from it when the owner reaches the limit;
-- ``explainq:pending:<queue>``: a sorted set (by time) of ids admitted but not yet pushed on the queue, so that
-  the queue-length check counts submissions in flight;
-- ``explainq:idem:<owner>:<sha256(key)>``: an ``Idempotency-Key`` reservation ``{"job_id", "body", "state"}``,
-  ``state`` being ``creating`` (short TTL) until the job exists, then ``created``;
+- ``explainq:idem:<owner>:<sha256(key)>``: an ``Idempotency-Key``'s job ``{"job_id", "body", "state": "created"}``
+  (a ``creating`` state, written by earlier versions while a job was being created, is still answered 409);
 - ``explainq:cancel:<id>``: the cooperative cancel flag a running job checks at each progress step.
 
 Statuses are mapped onto one vocabulary, ``queued | running | succeeded | failed | canceled``.
@@ -16,6 +14,7 @@ Statuses are mapped onto one vocabulary, ``queued | running | succeeded | failed
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -27,7 +26,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry
@@ -48,10 +49,6 @@ TERMINAL = ("succeeded", "failed", "canceled")
 STATUSES = ("queued", "running", *TERMINAL)
 # RQ ids are uuid4 hex; shard ids are ``<parent>-s0001``. Anything else never reaches Redis.
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-# How long an Idempotency-Key stays "creating" if the process creating its job dies before finishing.
-CREATING_TTL_S = 30
-# How long an admitted submission may take to reach its queue before the queue-length check forgets it.
-PENDING_TTL_S = 60
 
 # The job-hash fields the view needs. Reading only these (HMGET) instead of the whole hash (HGETALL) skips RQ's
 # compressed call data, the bulk of the hash, which the API never needs.
@@ -87,10 +84,6 @@ def owner_index_key(owner: str) -> str:
 
 def active_key(owner: str) -> str:
     return f"explainq:active:{owner}"
-
-
-def pending_key(queue: str) -> str:
-    return f"explainq:pending:{queue}"
 
 
 def cancel_key(job_id: str) -> str:
@@ -139,38 +132,98 @@ class QuotaExceeded(Exception):
 
 
 # --------------------------------------------------------------------------------------------- Lua scripts
-# Admission: the quota check and the slot reservation in one atomic step, so two requests can never both take
-# the last slot. KEYS: active set, queue list, pending set. ARGV: job id, max active, max queue, now, pending ttl.
-_ADMIT = """
-if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 1 end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[5]))
-if redis.call('LLEN', KEYS[2]) + redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then return 2 end
-redis.call('SADD', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-return 0
+# A job's view fields and, for a queued job, its position in its queue. The field names are part of the script
+# (status and origin first). ``queues_from`` is the index in KEYS of the first of the queue lists.
+_VIEW_FUNCTION = """
+local function view(job_key, job_id, queues_from)
+  local values = redis.call('HMGET', job_key, """ + ", ".join(f"'{f}'" for f in VIEW_FIELDS) + """)
+  local position = false
+  if values[1] == 'queued' and values[2] then
+    local wanted = '""" + QUEUE_PREFIX + """' .. values[2]
+    for i = queues_from, #KEYS do
+      if KEYS[i] == wanted then position = redis.call('LPOS', KEYS[i], job_id) end
+    end
+  end
+  values[#values + 1] = position
+  return values
+end
 """
-# Compare-and-set (ARGV[2] non-empty) or compare-and-delete of a string key. ARGV: expected, new, ttl.
-_CAS = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3]) end
-return 1
-"""
-# The job view's fields and, for a queued job, its position in its queue: one round trip. The field names are part
-# of the script (status and origin first), so a call sends only the keys and the id.
+# The job view in one round trip; a call sends only the keys and the id.
 # KEYS: the job hash, then every queue list. ARGV: the job id.
-VIEW_SCRIPT = """
-local values = redis.call('HMGET', KEYS[1], """ + ", ".join(f"'{f}'" for f in VIEW_FIELDS) + """)
-local position = false
-if values[1] == 'queued' and values[2] then
-  local wanted = '""" + QUEUE_PREFIX + """' .. values[2]
-  for i = 2, #KEYS do
-    if KEYS[i] == wanted then position = redis.call('LPOS', KEYS[i], ARGV[1]) end
+VIEW_SCRIPT = _VIEW_FUNCTION + """
+return view(KEYS[1], ARGV[1], 2)
+"""
+# A submission in one round trip, atomically: the Idempotency-Key check, the quota admission, then the job's writes
+# (recorded from RQ's own enqueue, with the owner index, the submission count and the key's record), and the new job's
+# view. Nothing is written unless the job is admitted, and two requests can never both take the last slot.
+# KEYS: the job hash, the owner's active set, the kind's queue, the Idempotency-Key's record (or the job hash again
+# when there is none), then every queue list (for a replayed job's position).
+# ARGV: job id, max active, max queue, body digest, has key (1/0), number of writes, then each write as its
+# argument count followed by its arguments.
+# Answers {'created', job id, view...}, {'replayed', earlier job id, view...}, {'conflict'}, {'in_progress'},
+# {'quota_active'} or {'quota_queue'}. A replayed job's hash is read by a key built here (the id is in the record);
+# like RQ itself, this assumes one Redis server, not a cluster.
+SUBMIT_SCRIPT = _VIEW_FUNCTION + """
+if ARGV[5] == '1' then
+  local current = redis.call('GET', KEYS[4])
+  if current then
+    local ok, existing = pcall(cjson.decode, current)
+    if ok and type(existing) == 'table' then
+      if existing['body'] ~= ARGV[4] then return {'conflict'} end
+      if existing['state'] == 'creating' then return {'in_progress'} end
+      local earlier = existing['job_id']
+      if type(earlier) == 'string' and redis.call('EXISTS', '""" + JOB_PREFIX + """' .. earlier) == 1 then
+        local answer = {'replayed', earlier}
+        for _, v in ipairs(view('""" + JOB_PREFIX + """' .. earlier, earlier, 5)) do answer[#answer + 1] = v end
+        return answer
+      end
+    end
+    -- the earlier job expired (or the record is unreadable): the key is taken over by this submission
   end
 end
-values[#values + 1] = position
-return values
+if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[2]) then return {'quota_active'} end
+if redis.call('LLEN', KEYS[3]) >= tonumber(ARGV[3]) then return {'quota_queue'} end
+redis.call('SADD', KEYS[2], ARGV[1])
+local i = 7
+for _ = 1, tonumber(ARGV[6]) do
+  local n = tonumber(ARGV[i])
+  redis.call(unpack(ARGV, i + 1, i + n))
+  i = i + n + 1
+end
+local answer = {'created', ARGV[1]}
+local values = redis.call('HMGET', KEYS[1], """ + ", ".join(f"'{f}'" for f in VIEW_FIELDS) + """)
+for k = 1, """ + str(len(VIEW_FIELDS)) + """ do answer[#answer + 1] = values[k] end
+-- the job was pushed last, so it stands at the end of its queue
+answer[#answer + 1] = math.max(redis.call('LLEN', KEYS[3]) - 1, 0)
+return answer
 """
 QUEUE_KEYS = tuple(QUEUE_PREFIX + q for q in QUEUES)
+
+
+async def run_script(client: Any, script: Any, keys: list[Any], args: list[Any]) -> Any:
+    """``await script(keys=keys, args=args)`` on an asyncio client, without the client's per-command machinery
+    (its retry wrapper, operation metrics and events: about a fifth of the CPU of a hot route's Redis call).
+
+    One pooled connection, EVALSHA, its reply. An unknown script (``NOSCRIPT``), a broken connection and a timeout
+    go on the client's own way, with its script loading and its retries; a command error is raised as the client
+    raises it; a cancelled call closes its connection, whose reply was not read."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        await conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await conn.read_response()
+    except NoScriptError:
+        pass
+    except ResponseError:
+        raise
+    except (RedisConnectionError, RedisTimeoutError):
+        await conn.disconnect()
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
+    return await script(keys=keys, args=args)
 
 
 def view_script_args(job_id: str) -> tuple[list[str], list[str]]:
@@ -204,6 +257,11 @@ def _meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
     return loads_finite(value)
 
 
+def parse_meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    """The job's ``meta`` field (kind, owner, progress...), ``{}`` when absent."""
+    return _meta(raw)
+
+
 def is_abandoned(raw: dict[bytes, bytes], heartbeat_ttl_s: float, now: float | None = None) -> bool:
     """A started job whose worker stopped heart-beating for longer than the heartbeat TTL."""
     if _text(raw, "status") != JobStatus.STARTED.value:
@@ -214,13 +272,15 @@ def is_abandoned(raw: dict[bytes, bytes], heartbeat_ttl_s: float, now: float | N
     return (now or time.time()) - last > heartbeat_ttl_s
 
 
-def job_view(job_id: str, raw: dict[bytes, bytes], base_url: str = "", position: int | None = None
-             ) -> dict[str, Any]:
+def job_view(job_id: str, raw: dict[bytes, bytes], base_url: str = "", position: int | None = None,
+             meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The public job resource (DESIGN.md "Jobs") from the RQ job hash fields (one HMGET, nothing unpickled).
 
-    ``position`` is the job's place in its queue (0 = next), shown only while the job is queued.
+    ``position`` is the job's place in its queue (0 = next), shown only while the job is queued. ``meta`` is
+    ``parse_meta(raw)`` when the caller has it already.
     """
-    meta = _meta(raw)
+    if meta is None:
+        meta = _meta(raw)
     rq_status = _text(raw, "status") or "queued"
     status = _STATUS_MAP.get(rq_status, "queued")
     if status == "failed" and meta.get("canceled"):
@@ -275,17 +335,21 @@ def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the store
-class JobStore:
-    """Synchronous operations on jobs, shared by the API and the CLI."""
+_CREATED = ("created", "replayed")
 
-    def __init__(self, redis: Redis, settings: Settings):
+
+class JobStore:
+    """Operations on jobs, shared by the API and the CLI: synchronous, and ``asubmit_with_view`` on ``aredis``."""
+
+    def __init__(self, redis: Redis, settings: Settings, aredis: Any = None):
         self.redis = redis
+        self.aredis = aredis
         self.settings = settings
         self.serializer = JSONSerializer
         self._queues: dict[str, Queue] = {}
-        self._admit = redis.register_script(_ADMIT)
-        self._cas = redis.register_script(_CAS)
         self._view = redis.register_script(VIEW_SCRIPT)
+        self._submit = redis.register_script(SUBMIT_SCRIPT)
+        self._asubmit = aredis.register_script(SUBMIT_SCRIPT) if aredis is not None else None
 
     def queue(self, name: str) -> Queue:
         # One Queue per name: RQ caches the server version on it, a round trip saved on every submission.
@@ -309,132 +373,108 @@ class JobStore:
         Raises ``IdempotencyConflict`` (same key, other body), ``IdempotencyInProgress`` (the key's job is being
         created by a concurrent request) or ``QuotaExceeded``.
         """
+        keys, args = self.submission(kind, payload, owner, idempotency_key)
+        outcome = self._outcome(kind, self._submit(keys=keys, args=args))
+        if outcome is None and self.prune_active(owner):
+            outcome = self._outcome(kind, self._submit(keys=keys, args=args))
+        if outcome is None:
+            raise self._active_quota_exceeded()
+        return outcome
+
+    async def asubmit_with_view(
+        self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None = None
+    ) -> tuple[str, bool, dict[str, Any]]:
+        """``submit_with_view`` on the async client (``aredis``): one round trip, no thread."""
+        queue = self.queue(kind.queue)
+        if not queue.redis_server_version:  # RQ asks the server once per queue (a blocking call: in a thread)
+            await asyncio.to_thread(queue.get_redis_server_version)
+        keys, args = self.submission(kind, payload, owner, idempotency_key)
+        outcome = self._outcome(kind, await run_script(self.aredis, self._asubmit, keys, args))
+        if outcome is None and await asyncio.to_thread(self.prune_active, owner):
+            outcome = self._outcome(kind, await run_script(self.aredis, self._asubmit, keys, args))
+        if outcome is None:
+            raise self._active_quota_exceeded()
+        return outcome
+
+    def submission(self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None
+                   ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of ``SUBMIT_SCRIPT`` for a new job (no Redis round trip).
+
+        The job's writes are RQ's own: ``enqueue_call`` runs on a transaction pipeline that is never executed, and
+        its queued commands (the job hash, the queue push, the queue registry), with the owner index, the submission
+        count and the Idempotency-Key's record, become the script's arguments.
+        """
+        s = self.settings
         job_id = uuid.uuid4().hex
         digest = body_hash({"kind": kind.name, "payload": payload})
-        idem_key = claim = None
+        recorder = self.redis.pipeline(transaction=True)
+        recorder.multi()
+        self.queue(kind.queue).enqueue_call(
+            RUNNER,
+            args=(kind.name, payload),
+            job_id=job_id,
+            timeout=kind.timeout_s,
+            result_ttl=s.result_ttl_for(kind.result_ttl_s),
+            failure_ttl=s.failure_ttl_s,
+            ttl=None,
+            meta={"kind": kind.name, "owner": owner, "body": digest},
+            description=f"{kind.name} job",
+            pipeline=recorder,
+        )
+        record_submitted(recorder, kind.name)
+        recorder.zadd(owner_index_key(owner), {job_id: time.time()})
+        job_key = JOB_PREFIX + job_id
+        idem_key = job_key
         if idempotency_key is not None:
             idem_key = f"explainq:idem:{owner}:{hashlib.sha256(idempotency_key.encode()).hexdigest()}"
-            claim = json.dumps({"job_id": job_id, "body": digest, "state": "creating"})
-            existing = self._claim_key(idem_key, claim, digest)
-            if existing is not None:
-                raw, position = self.raw_and_position(existing)
-                return existing, True, job_view(existing, raw, position=position)
-        try:
-            self._admit_or_raise(kind, owner, job_id)
-            try:
-                raw, position = self._enqueue(kind, payload, owner, job_id, digest, idem_key)
-            except BaseException:
-                self._release(kind, owner, job_id)
-                raise
-        except BaseException:
-            if idem_key is not None:
-                self._cas(keys=[idem_key], args=[claim, "", 0])
-            raise
-        return job_id, False, job_view(job_id, raw, position=position)
+            record = json.dumps({"job_id": job_id, "body": digest, "state": "created"})
+            recorder.set(idem_key, record, ex=max(s.result_ttl_for(kind.result_ttl_s), s.failure_ttl_s))
+        writes = [command for command, _ in recorder.command_stack]
+        recorder.reset()
+        args: list[Any] = [job_id, s.max_active_jobs, s.max_queue_length, digest,
+                           0 if idempotency_key is None else 1, len(writes)]
+        for command in writes:
+            args.append(len(command))
+            args.extend(command)
+        return [job_key, active_key(owner), QUEUE_PREFIX + kind.queue, idem_key, *QUEUE_KEYS], args
 
-    def _claim_key(self, idem_key: str, claim: str, digest: str) -> str | None:
-        """Reserve the Idempotency-Key for a new job (None), or return the id of the job it already names."""
-        for _ in range(8):
-            if self.redis.set(idem_key, claim, nx=True, ex=CREATING_TTL_S):
-                return None
-            current = self.redis.get(idem_key)
-            if current is None:
-                continue  # the other claim was just released or expired: try again
-            existing = json.loads(current)
-            if existing.get("body") != digest:
-                raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
-            if existing.get("state") == "creating":
-                raise IdempotencyInProgress("a job for this Idempotency-Key is being created; retry shortly")
-            if self.redis.exists(JOB_PREFIX + existing["job_id"]):
-                return existing["job_id"]
-            # The earlier job expired: take the key over, unless another request changed it meanwhile.
-            if self._cas(keys=[idem_key], args=[current, claim, CREATING_TTL_S]):
-                return None
-        raise IdempotencyInProgress("this Idempotency-Key is contended; retry shortly")
+    def _outcome(self, kind: JobKind, answer: list[Any]) -> tuple[str, bool, dict[str, Any]] | None:
+        """``(job_id, replayed, view)`` from ``SUBMIT_SCRIPT``'s answer; None when the owner is at the active-job
+        limit (prune, then try once more); the other refusals raise."""
+        code = answer[0].decode()
+        if code in _CREATED:
+            job_id = answer[1].decode()
+            raw, position = view_script_result(answer[2:])
+            return job_id, code == "replayed", job_view(job_id, raw, position=position)
+        if code == "conflict":
+            raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
+        if code == "in_progress":
+            raise IdempotencyInProgress("a job for this Idempotency-Key is being created; retry shortly")
+        if code == "quota_queue":
+            limit = self.settings.max_queue_length
+            raise QuotaExceeded("EXPLAINQ_MAX_QUEUE_LENGTH", limit,
+                                f"queue {kind.queue!r} already holds {limit} waiting jobs")
+        if code == "quota_active":
+            return None
+        raise RuntimeError(f"unexpected answer from the submission script: {code!r}")
 
-    def _admit_or_raise(self, kind: JobKind, owner: str, job_id: str) -> None:
-        s = self.settings
-        keys = [active_key(owner), QUEUE_PREFIX + kind.queue, pending_key(kind.queue)]
-        for attempt in range(2):
-            code = self._admit(keys=keys, args=[job_id, s.max_active_jobs, s.max_queue_length, time.time(),
-                                                PENDING_TTL_S])
-            if code == 0:
-                return
-            if code == 2:
-                raise QuotaExceeded("EXPLAINQ_MAX_QUEUE_LENGTH", s.max_queue_length,
-                                    f"queue {kind.queue!r} already holds {s.max_queue_length} waiting jobs")
-            if attempt == 0 and self.prune_active(owner, kind.queue):
-                continue
-            break
-        raise QuotaExceeded("EXPLAINQ_MAX_ACTIVE_JOBS", s.max_active_jobs,
-                            f"you already have {s.max_active_jobs} queued or running jobs")
+    def _active_quota_exceeded(self) -> QuotaExceeded:
+        limit = self.settings.max_active_jobs
+        return QuotaExceeded("EXPLAINQ_MAX_ACTIVE_JOBS", limit, f"you already have {limit} queued or running jobs")
 
-    def prune_active(self, owner: str, queue: str) -> int:
-        """Remove ids of ended or vanished jobs from the owner's active set; returns how many went.
-
-        An id admitted but not yet enqueued (still in a pending set) has no job hash yet and is kept.
-        """
+    def prune_active(self, owner: str) -> int:
+        """Remove ids of ended or vanished jobs from the owner's active set; returns how many went."""
         members = list(self.redis.smembers(active_key(owner)))
         if not members:
             return 0
         with self.redis.pipeline(transaction=False) as pipe:
             for m in members:
                 pipe.hget(JOB_PREFIX + m.decode(), "status")
-            for q in QUEUES:
-                for m in members:
-                    pipe.zscore(pending_key(q), m)
-            answers = pipe.execute()
-        statuses, pending = answers[: len(members)], answers[len(members):]
-        in_flight = {members[i % len(members)] for i, score in enumerate(pending) if score is not None}
-        done = [m for m, st in zip(members, statuses, strict=True)
-                if m not in in_flight and (st is None or st.decode() not in _RQ_ACTIVE)]
+            statuses = pipe.execute()
+        done = [m for m, st in zip(members, statuses, strict=True) if st is None or st.decode() not in _RQ_ACTIVE]
         if done:
             self.redis.srem(active_key(owner), *done)
         return len(done)
-
-    def _enqueue(self, kind: JobKind, payload: dict[str, Any], owner: str, job_id: str, digest: str,
-                 idem_key: str | None) -> tuple[dict[bytes, bytes], int | None]:
-        """The job hash, the queue push, the owner index, the submission count and the key's ``created`` state
-        in one MULTI/EXEC, which also reads back the job's view fields and the queue length."""
-        s = self.settings
-        queue = self.queue(kind.queue)
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.multi()
-            queue.enqueue_call(
-                RUNNER,
-                args=(kind.name, payload),
-                job_id=job_id,
-                timeout=kind.timeout_s,
-                result_ttl=s.result_ttl_for(kind.result_ttl_s),
-                failure_ttl=s.failure_ttl_s,
-                ttl=None,
-                meta={"kind": kind.name, "owner": owner, "body": digest},
-                description=f"{kind.name} job",
-                pipeline=pipe,
-            )
-            record_submitted(pipe, kind.name)
-            pipe.llen(queue.key)
-            pipe.zrem(pending_key(kind.queue), job_id)
-            pipe.zadd(owner_index_key(owner), {job_id: time.time()})
-            if idem_key is not None:
-                created = json.dumps({"job_id": job_id, "body": digest, "state": "created"})
-                pipe.set(idem_key, created, ex=max(s.result_ttl_for(kind.result_ttl_s), s.failure_ttl_s))
-            pipe.hmget(JOB_PREFIX + job_id, VIEW_FIELDS)
-            answers = pipe.execute()
-        n_idem = 1 if idem_key is not None else 0
-        queue_length = answers[-4 - n_idem]
-        # The job was pushed last inside the transaction, so it stands at the end of the queue.
-        return fields_to_raw(answers[-1]), max(int(queue_length) - 1, 0)
-
-    def _release(self, kind: JobKind, owner: str, job_id: str) -> None:
-        """Give back an admitted slot whose job was never created (best effort: both entries also self-heal)."""
-        try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.srem(active_key(owner), job_id)
-                pipe.zrem(pending_key(kind.queue), job_id)
-                pipe.execute()
-        except Exception:  # Redis itself failing is what got us here; the pending entry expires on its own
-            pass
 
     # ---- reading
     def raw(self, job_id: str) -> dict[bytes, bytes]:

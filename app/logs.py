@@ -15,9 +15,10 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
-from pythonjsonlogger.json import JsonFormatter
+from pythonjsonlogger.json import JsonEncoder, JsonFormatter
 
 CONTEXT_FIELDS = ("job_id", "kind", "owner", "worker")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -61,16 +62,42 @@ def current_fields() -> dict[str, Any]:
     return {**_process_fields, **(_context.get() or {})}
 
 
+class JsonLineFormatter(JsonFormatter):
+    """``{"level", "logger", "message", <extra fields>..., "time"}``, one object per line.
+
+    The line is exactly python-json-logger's for the same record; an ordinary record (a string message, no
+    exception or stack) is built directly instead of through its generic field machinery, which costs several
+    times more. That matters on the API's access log: one record per request.
+    """
+
+    _encoder = JsonEncoder()  # python-json-logger's encoding of datetimes, bytes, exceptions, anything else
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",  # ISO 8601, UTC
+        )
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info or isinstance(record.msg, dict):
+            return super().format(record)
+        record.message = record.getMessage()
+        data: dict[str, Any] = {"level": record.levelname, "logger": record.name, "message": record.message}
+        skip = self._skip_fields
+        for key, value in record.__dict__.items():
+            if key not in skip and not (hasattr(key, "startswith") and key.startswith("_")):
+                data[key] = value
+        data["time"] = datetime.fromtimestamp(record.created, tz=UTC).isoformat()
+        return self._encoder.encode(data)
+
+
 def make_formatter(fmt: str) -> logging.Formatter:
     if fmt == "text":
         return logging.Formatter(TEXT_FORMAT)
     if fmt != "json":
         raise ValueError(f"EXPLAINQ_LOG_FORMAT must be 'json' or 'text', got {fmt!r}")
-    return JsonFormatter(
-        "%(levelname)s %(name)s %(message)s",
-        rename_fields={"levelname": "level", "name": "logger"},
-        timestamp="time",  # ISO 8601, UTC
-    )
+    return JsonLineFormatter()
 
 
 def setup_logging(fmt: str | None = None, level: int | str = logging.INFO) -> None:

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import cached_property
 from pathlib import Path
@@ -90,6 +91,18 @@ class Settings(BaseSettings):
                 raise ValueError("EXPLAINQ_API_KEYS must be comma-separated name:key pairs")
             out[key] = name
         return out
+
+    @cached_property
+    def _key_by_digest(self) -> dict[bytes, str]:
+        return {hashlib.sha256(key.encode()).digest(): key for key in self.api_keys}
+
+    def api_key_for(self, supplied: str) -> str | None:
+        """The configured API key equal to ``supplied``, or None.
+
+        One dict lookup by the SHA-256 of ``supplied``: the time taken does not depend on how much of a configured
+        key the supplied one matches (a digest's prefix says nothing about the key's), nor on the number of keys.
+        """
+        return self._key_by_digest.get(hashlib.sha256(supplied.encode()).digest())
 
     @property
     def store_url(self) -> str:

@@ -3,9 +3,15 @@
 Two configurations of the service are measured in the same run, against the same private redis-server:
 
 - ``service``: the app alone, no API keys, uvicorn quiet (the earlier measurement, kept for comparison);
-- ``as up``: the app as ``explainq up`` runs it: API keys on (every request authenticated), uvicorn at log level
-  info with its access log (to /dev/null here), and a worker per queue started the way ``up`` starts them, idle
-  (RQ-suspended, so submitted jobs stay queued and the worker takes no CPU from the API).
+- ``as up``: the app as ``explainq up`` runs it, started through ``explainq api`` itself (``app.cli``, so with the
+  server settings a user gets: its event loop and HTTP parser, its garbage-collector tuning, its JSON log lines):
+  API keys on (every request authenticated), log level info with the access log (to /dev/null here), and a worker
+  per queue started the way ``up`` starts them, idle (RQ-suspended, so submitted jobs stay queued and the worker
+  takes no CPU from the API).
+
+The bare endpoint and ``service`` run under ``python -m uvicorn`` with its defaults, which pick the same event loop
+and HTTP parser as ``explainq api`` (uvloop and httptools, dependencies of the package; asyncio and h11 where they
+are missing): the table's heading names the pair in use.
 
 Quotas are on in both, with limits raised above what the run submits (``EXPLAINQ_MAX_ACTIVE_JOBS`` and
 ``EXPLAINQ_MAX_QUEUE_LENGTH``) so that every request is admitted: the admission check still runs on every POST.
@@ -35,6 +41,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.cli import server_implementations  # noqa: E402
 from app.redis_server import EmbeddedRedis, free_port  # noqa: E402
 
 SERVICE_APP = '''
@@ -46,6 +53,18 @@ register_test_kinds()
 from app.main import create_app
 
 app = create_app()
+'''
+
+# `explainq api` as a user runs it, with the test kinds registered first (the POST target).
+UP_API = '''
+import sys
+
+from tests.jobkinds import register_test_kinds
+
+register_test_kinds()
+from app.cli import main
+
+main(["api", "--host", "127.0.0.1", "--port", sys.argv[1]])
 '''
 
 BARE_APP = '''
@@ -198,8 +217,8 @@ def main() -> None:
         # As `explainq up` runs `explainq api`: log level info, access log on, API keys on; idle workers.
         up_env = {**app_env, "EXPLAINQ_API_KEYS": f"bench:{API_KEY},other:another-key-0123456789"}
         procs += _idle_workers(up_env, redis_server.url)
-        up_proc = _serve([*uvicorn, "--log-level", "info", "--port", str(up_port), "service_app:app"], up_env,
-                         up_port)
+        (tmp / "up_api.py").write_text(UP_API)
+        up_proc = _serve([sys.executable, str(tmp / "up_api.py"), str(up_port)], up_env, up_port)
         procs.append(up_proc)
         # A real job submitted through the API; its hash is what both GET endpoints read.
         submit_route, submit_body = "/test/sleep", {"steps": 1, "step_s": 0}
@@ -230,8 +249,9 @@ def main() -> None:
                 rounds[name].append(_measure(pid, "127.0.0.1", port, req, args.connections, args.seconds))
         bare_rps = statistics.median(r["rps"] for r in rounds["bare FastAPI + HGETALL"])
         load = os.getloadavg()
+        loop, http = server_implementations()
         print(f"\nAPI load: {args.connections} connections, {args.rounds} round(s) x {args.seconds:.0f} s, "
-              f"median round; 1 uvicorn process per server, {os.cpu_count()} CPU(s), "
+              f"median round; 1 uvicorn process per server ({loop} + {http}), {os.cpu_count()} CPU(s), "
               f"load average {load_before:.1f} before, {load[0]:.1f} at the end\n")
         bare_cpu = statistics.median(r["cpu_ms"] for r in rounds["bare FastAPI + HGETALL"])
         print("| endpoint | requests | errors | req/s | p50 ms | p99 ms | vs bare | server CPU ms/req | "

@@ -381,10 +381,10 @@ def test_every_redis_error_class_is_503(redis_srv, tmp_path, error):
 
     app = create_app(_settings(redis_srv, tmp_path))
 
-    def boom(*args, **kwargs):
+    async def boom(*args, **kwargs):
         raise getattr(exceptions, error)("simulated")
 
-    app.state.store.submit_with_view = boom
+    app.state.store.asubmit_with_view = boom
     with TestClient(app) as client:
         resp = client.post("/test/sleep", json={"steps": 1}, headers={"Authorization": "Bearer key-owner14"})
     assert resp.status_code == 503 and resp.headers["retry-after"] == "2"

@@ -24,6 +24,8 @@ from app.jobstore import (
     is_abandoned,
     job_view,
     owner_of,
+    parse_meta,
+    run_script,
     valid_job_id,
     view_script_args,
     view_script_result,
@@ -55,45 +57,57 @@ async def _fetch(request: Request, job_id: str) -> dict[bytes, bytes]:
 
 async def _fetch_with_position(request: Request, job_id: str) -> tuple[dict[bytes, bytes], int | None]:
     keys, args = view_script_args(job_id)
-    return view_script_result(await request.app.state.view_script(keys=keys, args=args))
+    return view_script_result(await run_script(request.app.state.aredis, request.app.state.view_script, keys, args))
 
 
-async def _owned(request: Request, job_id: str, owner: str) -> tuple[dict[bytes, bytes], int | None]:
-    """The job's fields and queue position; 404 for a malformed id, a missing job or another owner's job."""
+async def _owned(request: Request, job_id: str, owner: str
+                 ) -> tuple[dict[bytes, bytes], int | None, dict[str, Any]]:
+    """The job's fields, queue position and parsed meta; 404 for a malformed id, a missing job or another owner's
+    job."""
     if not valid_job_id(job_id):
         raise _not_found(job_id)
     raw, position = await _fetch_with_position(request, job_id)
-    if not raw or owner_of(raw) != owner:
+    meta = parse_meta(raw) if raw else {}
+    if not raw or meta.get("owner") != owner:
         raise _not_found(job_id)
     if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
-        raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-    return raw, position
+        reaped = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
+        if reaped is not raw:
+            raw, meta = reaped, parse_meta(reaped)
+    return raw, position, meta
 
 
 async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
     return (await _owned(request, job_id, owner))[0]
 
 
-async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None
-                ) -> dict[str, Any]:
+async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None,
+                meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job view; a fanned-out parent's status, shards and progress come from its shards (app/fanout.py).
     The byte check keeps the common case at zero extra cost."""
-    view = job_view(job_id, raw, position=position)
+    view = job_view(job_id, raw, position=position, meta=meta)
     if b'"fanout"' in raw.get(b"meta", b""):
         view = await run_in_threadpool(fanout.apply, request.app.state.redis, job_id, view, raw)
     return view
+
+
+# The path parameter as FastAPI documents a ``job_id: str`` argument.
+JOB_ID_PARAMETER = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "title": "Job Id"}}
 
 
 @router.get(
     "/jobs/{job_id}",
     summary="A job's status, progress and error",
     responses={200: {"content": {"application/json": {"example": JOB_EXAMPLE}}}, 404: {}},
+    openapi_extra={"parameters": [JOB_ID_PARAMETER]},
 )
-async def get_job(job_id: str, request: Request) -> JSONResponse:
-    # The hottest endpoint: auth is called inline rather than through Depends, which costs more per request
-    # in FastAPI's dependency solver than the Redis round trip itself.
-    raw, position = await _owned(request, job_id, await caller(request))
-    return JSONResponse(await _view(request, job_id, raw, position))
+async def get_job(request: Request) -> JSONResponse:
+    # The hottest endpoint. Auth is called inline rather than through Depends, and the id is read from the path
+    # rather than declared as an argument (any string; an id that is not a job's is a 404 below): both cost more
+    # per request in FastAPI's dependency solver than the Redis round trip itself.
+    job_id: str = request.path_params["job_id"]
+    raw, position, meta = await _owned(request, job_id, await caller(request))
+    return JSONResponse(await _view(request, job_id, raw, position, meta))
 
 
 @router.get(

@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
@@ -19,7 +20,7 @@ QUOTA_RETRY_S = 30
 def _route_for(kind: JobKind):
     request_model = kind.request
 
-    def submit(
+    async def submit(
         request: Request,
         body: request_model,  # type: ignore[valid-type]
         owner: str = Depends(caller),
@@ -29,12 +30,13 @@ def _route_for(kind: JobKind):
         ),
     ) -> JSONResponse:
         settings = request.app.state.settings
-        if kind.validate is not None:
-            kind.validate(body, settings, owner)
+        if kind.validate is not None:  # registry and store lookups, blocking: in a thread
+            await run_in_threadpool(kind.validate, body, settings, owner)
         payload: dict[str, Any] = json.loads(body.model_dump_json())
         store = request.app.state.store
         try:
-            job_id, replayed, view = store.submit_with_view(kind, payload, owner, idempotency_key)
+            # One Redis round trip on the async client: idempotency, quota admission, enqueue, the job's view.
+            job_id, replayed, view = await store.asubmit_with_view(kind, payload, owner, idempotency_key)
         except IdempotencyConflict as exc:
             raise FieldError(("header", "Idempotency-Key"), str(exc), value=idempotency_key) from None
         except IdempotencyInProgress as exc:

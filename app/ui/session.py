@@ -55,11 +55,8 @@ class Sessions:
         return hmac.new(self.secret, key.encode(), hashlib.sha256).hexdigest()[:32]
 
     def key_for(self, supplied: str) -> str | None:
-        """The configured key equal to ``supplied`` (constant-time), or None."""
-        for key in self.settings.api_keys:
-            if hmac.compare_digest(key.encode(), supplied.encode()):
-                return key
-        return None
+        """The configured key equal to ``supplied`` (by digest: constant-time), or None."""
+        return self.settings.api_key_for(supplied)
 
     def issue(self, key: str | None) -> tuple[str, Session]:
         """A new cookie value for ``key`` (None when auth is off) with a fresh CSRF token."""
