@@ -140,6 +140,15 @@ def _shard_median_s(svc: Service, parent: str) -> float:
     return statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
 
 
+def _phases(svc: Service, job: dict) -> tuple[float, float, float]:
+    """Where a parent's wall time went: before its first shard started (the parent's own planning and the
+    queue), from the first shard's start to the last one's end, and after it (the reduce step)."""
+    shards = svc.client.get(f"/jobs?parent={job['id']}&limit=500").json()["items"][:-1]
+    first = min(_ts(s["started_at"]) for s in shards)
+    last = max(_ts(s["finished_at"]) for s in shards)
+    return first - _ts(job["created_at"]), last - first, _ts(job["finished_at"]) - last
+
+
 def start(home: Path, workers: int, models: dict[str, Path], dataset: Path | None) -> Service:
     svc = Service(home, queues=(), start=False, heartbeat_ttl_s=60)
     for name, path in models.items():
@@ -178,9 +187,10 @@ def bench_tracin(args: argparse.Namespace, cache: Path) -> list[dict]:
                     seconds, job = _run_parent(svc, "/tracin", body, timeout_s=48 * 3600)
                     mem = max(peak_rss_gib(w.pid) for w in svc.workers)
                     shard_s = _shard_median_s(svc, job["id"])
+                    phases = _phases(svc, job)
                 finally:
                     svc.stop()
-            runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
+            runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s, "phases": phases})
             print(f"  tracin, {workers} worker(s): {seconds:.1f}s, peak {mem:.2f} GiB", flush=True)
     rows = [_median_row(w, runs[w]) for w in (1, 2)]
     rows[0]["n_train"], rows[0]["n_test"] = n_train, len(tests)
@@ -209,12 +219,13 @@ def bench_ig(args: argparse.Namespace, cache: Path) -> tuple[list[dict], dict]:
                         _run_parent(svc, "/attributions", small, 600, interval_s=0.05)
                     seconds, job = _run_parent(svc, "/attributions", body, timeout_s=48 * 3600)
                     shard_s = _shard_median_s(svc, job["id"])
+                    phases = _phases(svc, job)
                     mem = max(peak_rss_gib(w.pid) for w in svc.workers)
                     if workers == 2 and repeat == args.repeats - 1:
                         interactive = _interactive(svc, body, small)
                 finally:
                     svc.stop()
-            runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s})
+            runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s, "phases": phases})
             print(f"  ig, {workers} worker(s): {seconds:.1f}s", flush=True)
     return [_median_row(w, runs[w]) for w in (1, 2)], interactive
 
@@ -236,6 +247,10 @@ def _interactive(svc: Service, body: dict, small: dict) -> dict:
 
 def _runs(row: dict) -> str:
     return ", ".join(f"{s:.1f}" for s in row["all_s"])
+
+
+def _phase_cells(row: dict) -> str:
+    return " / ".join(f"{s:.1f}" for s in row["phases"])
 
 
 def main() -> None:
@@ -260,19 +275,22 @@ def main() -> None:
     print()
     print(f"CPU: {cpu_name()}; workers: explain,bulk, --threads 1 each; {args.shards} shards per run")
     print(f"{args.repeats} run(s) per row, the median shown (every run's wall time in the last column)")
-    print("| run | workers | wall (s) | median shard (s) | peak RSS per worker (GiB) | speed-up | runs (s) |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("before / during / after shards: the median run's wall time before its first shard started (planning),"
+          " from then to the last shard's end, and after it (the reduce step)")
+    print("| run | workers | wall (s) | before / during / after shards (s) | median shard (s) |"
+          " peak RSS per worker (GiB) | speed-up | runs (s) |")
+    print("|---|---:|---:|---|---:|---:|---:|---|")
     if tracin:
         n_train, n_test = tracin[0]["n_train"], tracin[0]["n_test"]
         for r in tracin:
             print(f"| TracIn {n_test} test x {n_train:,} train, 3 ckpts, all layers | {r['workers']} | "
-                  f"{r['seconds']:.1f} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
+                  f"{r['seconds']:.1f} | {_phase_cells(r)} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
                   f"{tracin[0]['seconds'] / r['seconds']:.2f}x | {_runs(r)} |")
     if ig:
         rows, _ = ig
         for r in rows:
             print(f"| IG {args.ig_samples} samples x 32 GL steps ({args.ig_model}) | {r['workers']} | "
-                  f"{r['seconds']:.1f} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
+                  f"{r['seconds']:.1f} | {_phase_cells(r)} | {r['shard_s']:.1f} | {r['peak_gib']:.2f} | "
                   f"{rows[0]['seconds'] / r['seconds']:.2f}x | {_runs(r)} |")
     print()
     if tracin:
