@@ -445,6 +445,19 @@ def test_naml_baselines_are_not_cached(small) -> None:
         attribution._chunk(model, prepared, "title", "pad", pack=True)
 
 
+def test_rows_are_packed_by_default_only_where_it_pays(small, monkeypatch) -> None:
+    """A transformer packs on a CPU; a word-embedding encoder can pack (tested above) but by default pads, since
+    its word attention over packed rows costs more than the padding saved; no model packs on CUDA."""
+    from models.news import attribution
+
+    minilm, word, naml = (small["models"][n] for n in ("nrms-minilm-demo", "nrms-word-demo", "naml-demo"))
+    assert attribution.can_pack(minilm) and attribution.packs_by_default(minilm)
+    assert attribution.can_pack(word) and not attribution.packs_by_default(word)
+    assert not attribution.packs_by_default(naml)
+    monkeypatch.setattr(type(minilm), "device", property(lambda self: torch.device("cuda")))
+    assert not attribution.packs_by_default(minilm)
+
+
 def test_packed_user_vectors_equal_padded_ones(small, samples) -> None:
     from models.news.attribution import user_vectors
 

@@ -108,9 +108,9 @@ def _check_sample(s: Sample) -> str | None:
 def user_vectors(model: NewsRecommender, samples: Sequence[Sample], max_history: int = 50,
                  chunk: int = 64, pack: bool | None = None) -> list[torch.Tensor]:
     """One user vector per sample from its history, computed once (no_grad). Titles shared across samples are
-    encoded once; with ``pack`` (default: on CPU for models that can) several to a row, without padding."""
+    encoded once; with ``pack`` (default: :func:`packs_by_default`) several to a row, without padding."""
     if pack is None:
-        pack = model.device.type != "cuda" and can_pack(model)
+        pack = packs_by_default(model)
     encode = model.encode_news_packed if pack else model.encode_news  # type: ignore[attr-defined]
     keys: dict[tuple[str, str], int] = {}
     recent = [recent_history(s.history, s.history_bodies or [""] * len(s.history), max_history) for s in samples]
@@ -181,6 +181,13 @@ def _pad_stack(seqs: Sequence[torch.Tensor], value: int) -> torch.Tensor:
 def can_pack(model: NewsRecommender) -> bool:
     """Whether the model encodes several candidates per row (NRMS with a word or BERT/RoBERTa-style encoder)."""
     return len(model.views) == 1 and bool(getattr(model, "packable", False))
+
+
+def packs_by_default(model: NewsRecommender) -> bool:
+    """Whether IG and the user vectors pack rows: on a CPU (where padded tokens cost FLOPs in proportion; CUDA
+    prefers fewer, larger launches) and for token encoders where packing pays (transformers, not word
+    embeddings)."""
+    return model.device.type != "cuda" and can_pack(model) and bool(getattr(model, "pack_pays", False))
 
 
 def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseline: str,
@@ -382,7 +389,7 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
     lengths = [int(p.enc[view][0].shape[0]) for p in prepared]
     # On CPU padding costs FLOPs in proportion: a model that packs rows takes samples of any length in one chunk
     # (no padding is computed), others cut chunks at length changes. On CUDA chunks are only sorted.
-    pack = model.device.type != "cuda" and can_pack(model)
+    pack = packs_by_default(model)
     for chunk in _chunks(lengths, batch_size, exact=model.device.type != "cuda" and not pack):
         items = [prepared[i] for i in chunk]
         ids = [p.sample.id for p in items]
