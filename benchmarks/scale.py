@@ -178,12 +178,17 @@ def bench_tracin(args: argparse.Namespace, cache: Path) -> list[dict]:
     tests = [list(t) for t in ds.decode(ds.test[:args.tracin_test])]
     shard = -(-n_train // args.shards)
     body = {"model": "conve-fb", "test_triples": tests, "top_k": 10, "layers": "all", "shard_size": shard}
+    train = [list(t) for t in ds.decode(ds.train[:8])]
+    warm = {"model": "conve-fb", "mode": "single", "test_triples": tests[:8], "train_triples": train,
+            "layers": "all"}
     runs: dict[int, list[dict]] = {1: [], 2: []}
     for _ in range(args.repeats):  # 1 and 2 workers alternate, so slow drift on the machine hits both alike
         for workers in (1, 2):
             with tempfile.TemporaryDirectory(prefix="scale-tracin-") as home:
                 svc = start(Path(home), workers, {"conve-fb": model}, None)
                 try:
+                    for _ in range(workers):  # warm, as for IG: first-call costs on every worker (8 x 8 pairs)
+                        _run_parent(svc, "/tracin", warm, 600, interval_s=0.05)
                     seconds, job = _run_parent(svc, "/tracin", body, timeout_s=48 * 3600)
                     mem = max(peak_rss_gib(w.pid) for w in svc.workers)
                     shard_s = _shard_median_s(svc, job["id"])
