@@ -458,6 +458,31 @@ def test_rows_are_packed_by_default_only_where_it_pays(small, monkeypatch) -> No
     assert not attribution.packs_by_default(minilm)
 
 
+def test_packing_is_chosen_where_exact_length_passes_would_be_small(small, samples, monkeypatch) -> None:
+    from models.news import attribution
+
+    pays = attribution._packing_pays
+    assert pays([16, 10], batch_size=2, alpha_batch_size=8)  # two passes of 8 rows: one packed pass instead
+    assert not pays([16, 16], batch_size=2, alpha_batch_size=8)  # one length: no pass to save
+    assert not pays([16, 10], batch_size=1, alpha_batch_size=8)  # one sample per pass either way
+    assert not pays([12] * 4 + [14] * 4, batch_size=8, alpha_batch_size=32)  # 128 rows per exact pass: pads
+    assert not pays([], batch_size=1, alpha_batch_size=8) and not pays([5], batch_size=1, alpha_batch_size=None)
+    # in a request: the interactive case packs, a large alpha batch over few lengths pads
+    seen = []
+    chunk = attribution._chunk
+    monkeypatch.setattr(attribution, "_chunk", lambda model, items, *a, pack=False, **kw: seen.append(
+        (len(items), pack)) or chunk(model, items, *a, pack=pack, **kw))
+    model = small["models"]["nrms-minilm-demo"]
+    two = [s for s in samples if len(model.tokenize([s.candidate])["title"].ids[0]) != len(
+        model.tokenize([samples[0].candidate])["title"].ids[0])][:1] + samples[:1]
+    assert len(two) == 2
+    explain(model, two, _fp32(n_steps=8))
+    assert (2, True) in seen and (2, False) not in seen  # (the memory probe builds a one-sample chunk of its own)
+    seen.clear()
+    explain(model, two, _fp32(n_steps=64, alpha_batch_size=64, batch_size=2))
+    assert seen == [(1, False), (1, False)]  # 64 rows per exact-length pass: one pass per length, no padding
+
+
 def test_packed_user_vectors_equal_padded_ones(small, samples) -> None:
     from models.news.attribution import user_vectors
 
