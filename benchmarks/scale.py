@@ -135,15 +135,18 @@ def _run_parent(svc: Service, route: str, body: dict, timeout_s: float, interval
     return _ts(job["finished_at"]) - _ts(job["created_at"]), job
 
 
-def _shard_median_s(svc: Service, parent: str) -> float:
-    shards = svc.client.get(f"/jobs?parent={parent}&limit=500").json()["items"][:-1]
+def _shards(svc: Service, parent: str) -> list[dict]:
+    """A parent's shard jobs (the listing ends with its reduce step, left out)."""
+    return svc.client.get(f"/jobs?parent={parent}&limit=500").json()["items"][:-1]
+
+
+def _shard_median_s(shards: list[dict]) -> float:
     return statistics.median(_ts(s["finished_at"]) - _ts(s["started_at"]) for s in shards)
 
 
-def _phases(svc: Service, job: dict) -> tuple[float, float, float]:
+def _phases(job: dict, shards: list[dict]) -> tuple[float, float, float]:
     """Where a parent's wall time went: before its first shard started (the parent's own planning and the
     queue), from the first shard's start to the last one's end, and after it (the reduce step)."""
-    shards = svc.client.get(f"/jobs?parent={job['id']}&limit=500").json()["items"][:-1]
     first = min(_ts(s["started_at"]) for s in shards)
     last = max(_ts(s["finished_at"]) for s in shards)
     return first - _ts(job["created_at"]), last - first, _ts(job["finished_at"]) - last
@@ -191,8 +194,8 @@ def bench_tracin(args: argparse.Namespace, cache: Path) -> list[dict]:
                         _run_parent(svc, "/tracin", warm, 600, interval_s=0.05)
                     seconds, job = _run_parent(svc, "/tracin", body, timeout_s=48 * 3600)
                     mem = max(peak_rss_gib(w.pid) for w in svc.workers)
-                    shard_s = _shard_median_s(svc, job["id"])
-                    phases = _phases(svc, job)
+                    shards = _shards(svc, job["id"])
+                    shard_s, phases = _shard_median_s(shards), _phases(job, shards)
                 finally:
                     svc.stop()
             runs[workers].append({"seconds": seconds, "peak_gib": mem, "shard_s": shard_s, "phases": phases})
@@ -223,8 +226,8 @@ def bench_ig(args: argparse.Namespace, cache: Path) -> tuple[list[dict], dict]:
                     for _ in range(workers):  # warm: first-call costs on every worker
                         _run_parent(svc, "/attributions", small, 600, interval_s=0.05)
                     seconds, job = _run_parent(svc, "/attributions", body, timeout_s=48 * 3600)
-                    shard_s = _shard_median_s(svc, job["id"])
-                    phases = _phases(svc, job)
+                    shards = _shards(svc, job["id"])
+                    shard_s, phases = _shard_median_s(shards), _phases(job, shards)
                     mem = max(peak_rss_gib(w.pid) for w in svc.workers)
                     if workers == 2 and repeat == args.repeats - 1:
                         interactive = _interactive(svc, body, small)
@@ -246,7 +249,7 @@ def _interactive(svc: Service, body: dict, small: dict) -> dict:
     job = _finished(svc, _submit(svc, "/attributions", small), 3600, interval_s=0.05)
     latency = time.time() - t0
     _finished(svc, parent, 48 * 3600)
-    return {"latency_s": latency, "own_s": statistics.median(alone), "shard_s": _shard_median_s(svc, parent),
+    return {"latency_s": latency, "own_s": statistics.median(alone), "shard_s": _shard_median_s(_shards(svc, parent)),
             "run_s": _ts(job["finished_at"]) - _ts(job["started_at"])}
 
 
