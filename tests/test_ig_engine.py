@@ -43,6 +43,26 @@ def test_gauss_legendre_is_exact_for_polynomials_of_degree_2n_minus_1(n: int) ->
         assert abs(float((weights * alphas**k).sum()) - 1.0 / (k + 1)) < 1e-12
 
 
+@pytest.mark.parametrize("n", [2, 3, 5, 9, 17])
+def test_clenshaw_curtis_weights_are_the_interpolatory_ones(n: int) -> None:
+    # independent oracle: the interpolatory rule on these nodes integrates every polynomial of degree < n
+    # exactly, so its weights solve the moment equations in a well-conditioned basis, the shifted Legendre
+    # polynomials (their integrals over [0, 1] are 1, 0, 0, ...); the nodes are (1 - cos(k pi / (n-1))) / 2
+    alphas, weights = quadrature("clenshaw_curtis", n)
+    np.testing.assert_allclose(alphas, (1 - np.cos(np.pi * np.arange(n) / (n - 1))) / 2, atol=1e-15)
+    vander = np.polynomial.legendre.legvander(2 * alphas - 1, n - 1)
+    oracle = np.linalg.solve(vander.T, np.eye(n)[0])
+    np.testing.assert_allclose(weights, oracle, rtol=1e-9, atol=1e-12)
+    assert (weights > 0).all()
+
+
+@pytest.mark.parametrize("n", [2, 16, 31, 1000])
+def test_clenshaw_curtis_is_nested_under_m_to_2m_minus_1(n: int) -> None:
+    coarse, _ = quadrature("clenshaw_curtis", n)
+    fine, _ = quadrature("clenshaw_curtis", 2 * n - 1)
+    np.testing.assert_allclose(fine[::2], coarse, rtol=0, atol=1e-15)
+
+
 def test_captum_trapezoid_is_biased_and_ours_is_not() -> None:
     from captum.attr._utils.approximation_methods import approximation_parameters
 
@@ -161,19 +181,35 @@ def _exp_net(rate: torch.Tensor):
     return f
 
 
+def _atan_net(rate: torch.Tensor):
+    """F(x) = Σ_l atan(rate_l (Σ_d x_ld − 1/2)): along the path the integrand has poles at distance ~1/rate from
+    the real axis, hard for spectral rules when the rate is large."""
+
+    def f(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return torch.atan(rate[rows][:, None] * (z.sum(-1) - 0.5)).sum(-1)
+
+    return f
+
+
 def _exp_ig(rate: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     # baseline 0: ∂F/∂x_ld = r e^{r S_l}; ∫ r e^{α r S_l} dα = (e^{r S_l} − 1)/S_l, times x_ld
     total = x.sum(-1, keepdim=True)
     return x * (torch.exp(rate[:, None, None] * total) - 1) / total
 
 
-@pytest.mark.parametrize("method", ["riemann_right", "riemann_left", "riemann_trapezoid", "riemann_middle"])
+@pytest.mark.parametrize("method", ["riemann_right", "riemann_left", "riemann_trapezoid", "riemann_middle",
+                                    "clenshaw_curtis"])
 def test_adaptive_nested_rules_reuse_their_nodes(method: str) -> None:
-    # an easy sample (rate 0.01) converges at the first level, a hard one (rate 4) needs refinement; a nested
-    # rule spends exactly its final number of nodes on the hard one, never the sum of the levels
-    rate = torch.tensor([0.01, 4.0], dtype=torch.float64)
+    # an easy sample (rate 0.01) converges at the first level, a hard one needs refinement; a nested rule spends
+    # exactly its final number of nodes on the hard one, never the sum of the levels. Clenshaw-Curtis integrates
+    # the exponential to 1e-7 at 16 nodes, so it gets an integrand with poles near [0, 1] (atan, rate 30).
     x = torch.full((2, 3, 2), 0.5, dtype=torch.float64)
-    f = _exp_net(rate)
+    if method == "clenshaw_curtis":
+        rate = torch.tensor([0.01, 30.0], dtype=torch.float64)
+        f = _atan_net(rate)
+    else:
+        rate = torch.tensor([0.01, 4.0], dtype=torch.float64)
+        f = _exp_net(rate)
     res = integrated_gradients_adaptive(lambda z, rows: f(z.double(), rows), x.float(), torch.zeros(2, 3, 2),
                                         tolerance=1e-3, method=method)
     assert bool(res.converged.all())
@@ -185,6 +221,41 @@ def test_adaptive_nested_rules_reuse_their_nodes(method: str) -> None:
                                n_steps=int(res.steps[1]), method=method)
     torch.testing.assert_close(res.attributions[1:], one.attributions, rtol=1e-5, atol=1e-7)
     assert float(res.relative_deltas.max()) <= 1e-3
+
+
+@pytest.mark.parametrize("method", ["gausslegendre", "clenshaw_curtis", "riemann_trapezoid"])
+def test_adaptive_token_sums_equal_the_full_attributions_summed(method: str) -> None:
+    f = _context_net(seed=3)
+    g = torch.Generator().manual_seed(3)
+    x, base, ctx = torch.randn(3, 4, 5, generator=g), torch.randn(3, 4, 5, generator=g), torch.randn(3, 5, generator=g)
+    fwd = lambda z, rows: f(z, ctx[rows])  # noqa: E731
+    full = integrated_gradients_adaptive(fwd, x, base, tolerance=1e-5, method=method, alpha_batch_size=5)
+    sums = integrated_gradients_adaptive(fwd, x, base, tolerance=1e-5, method=method, alpha_batch_size=5,
+                                         token_sums=True)
+    assert sums.attributions.shape == (3, 4, 1)
+    torch.testing.assert_close(sums.attributions, full.attributions.sum(-1, keepdim=True), rtol=1e-5, atol=1e-7)
+    assert torch.equal(sums.steps, full.steps) and torch.equal(sums.evaluations, full.evaluations)
+    # the deltas differ only by fp32 summation order (they sit near its floor here)
+    torch.testing.assert_close(sums.relative_deltas, full.relative_deltas, rtol=0, atol=1e-6)
+    assert float(sums.relative_deltas.max()) <= 1e-5
+
+
+def test_adaptive_clenshaw_curtis_reads_the_endpoints_from_its_own_nodes() -> None:
+    # alpha = 0 and 1 are nodes of the rule: in fp32 no separate endpoint forward is run, and the scores equal one
+    f = _context_net(seed=4)
+    g = torch.Generator().manual_seed(4)
+    x, base, ctx = torch.randn(3, 4, 5, generator=g), torch.randn(3, 4, 5, generator=g), torch.randn(3, 5, generator=g)
+    fwd, calls = _counting(lambda z, rows: f(z, ctx[rows]))
+    res = integrated_gradients_adaptive(fwd, x, base, tolerance=1e-4, method="clenshaw_curtis")
+    assert calls[0] == 16 * 3  # the first level's pass, not a 2N-row endpoint forward
+    assert 2 * 3 not in calls
+    torch.testing.assert_close(res.scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), x), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(res.baseline_scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), base),
+                               rtol=1e-6, atol=1e-7)
+    # in bf16 the endpoints stay fp32 evaluations of their own
+    fwd16, calls16 = _counting(lambda z, rows: f(z, ctx[rows]))
+    integrated_gradients_adaptive(fwd16, x, base, tolerance=1e-1, method="clenshaw_curtis", precision="bf16")
+    assert calls16[0] == 2 * 3
 
 
 def test_adaptive_gauss_legendre_meets_the_tolerance_per_sample() -> None:

@@ -170,19 +170,38 @@ def test_tolerance_raises_the_steps_until_met(small, samples) -> None:
 
 def test_tolerance_with_gauss_legendre_starts_low_and_refines_per_sample(small, samples) -> None:
     model = small["models"]["nrms-minilm-demo"]
-    loose = explain(model, samples[:4], _fp32(tolerance=1e-1))  # n_steps defaults to 64: starts at 16
+    loose = explain(model, samples[:4], _fp32(tolerance=1e-1, method="gausslegendre"))  # starts at 16
     assert loose["summary"]["tolerance_met"] is True
     loose_steps = [r["n_steps"]["title"] for r in loose["samples"]]
     assert all(n >= 16 and n & (n - 1) == 0 for n in loose_steps)
     # 16 + 32 + ... + n per sample: the run started at 16, and costs less than the old fixed start at 64
     assert loose["summary"]["gradient_evaluations"] == sum(2 * n - 16 for n in loose_steps) < 64 * 4
-    tight = explain(model, samples[:4], _fp32(tolerance=1e-6))
+    tight = explain(model, samples[:4], _fp32(tolerance=1e-6, method="gausslegendre"))
     steps = [r["n_steps"]["title"] for r in tight["samples"]]
     assert tight["summary"]["tolerance_met"] is True and tight["summary"]["max_relative_delta"] <= 1e-6
     assert all(r["tolerance_met"] for r in tight["samples"])
     assert tight["summary"]["n_steps"] == max(steps) > 16
     # Gauss-Legendre is not nested: a sample refined to n steps cost 16 + 32 + ... + n evaluations
     assert tight["summary"]["gradient_evaluations"] == sum(2 * n - 16 for n in steps)
+
+
+def test_tolerance_defaults_to_nested_clenshaw_curtis_and_equals_a_fixed_run(small, samples) -> None:
+    model = small["models"]["nrms-minilm-demo"]
+    report = explain(model, samples[:4], _fp32(tolerance=1e-4))
+    summary = report["summary"]
+    assert summary["method"] == "clenshaw_curtis"
+    assert summary["tolerance_met"] is True and summary["max_relative_delta"] <= 1e-4
+    steps = [r["n_steps"]["title"] for r in report["samples"]]
+    assert all(n in (16, 31, 61, 121, 241) for n in steps) and max(steps) > 16
+    # nested: a sample refined to n nodes cost n gradient evaluations, not the sum of its levels
+    assert summary["gradient_evaluations"] == sum(steps)
+    # the refined attributions (earlier nodes reweighted, per position) equal a one-shot run at the final size
+    for rec, sample in zip(report["samples"], samples[:4], strict=True):
+        one = explain(model, [sample], _fp32(n_steps=rec["n_steps"]["title"], method="clenshaw_curtis"))
+        np.testing.assert_allclose(rec["token_attributions"], one["samples"][0]["token_attributions"],
+                                   rtol=1e-4, atol=1e-6)
+        assert abs(rec["score"] - one["samples"][0]["score"]) <= 1e-5
+        assert abs(rec["baseline_score"] - one["samples"][0]["baseline_score"]) <= 1e-5
 
 
 def test_the_memory_probe_runs_once_per_model_and_length_bucket(small, samples, monkeypatch) -> None:

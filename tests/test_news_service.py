@@ -64,6 +64,18 @@ def test_inline_samples_end_to_end(svc) -> None:
     assert result["errors"] == []
 
 
+def test_a_tolerance_without_a_method_runs_nested_clenshaw_curtis(svc) -> None:
+    body = {"model": MODEL, "tolerance": 1e-4, "precision": "fp32", "samples": [
+        {"id": "a", "history": HISTORY, "candidate": "Dodgers sign star quarterback to record deal"}]}
+    job = _submit(svc, body)
+    assert job["status"] == "succeeded", job
+    result = svc.client.get(f"/jobs/{job['id']}/result").json()
+    summary = result["summary"]
+    assert summary["method"] == "clenshaw_curtis" and summary["tolerance_met"] is True
+    assert summary["max_relative_delta"] <= 1e-4
+    assert summary["gradient_evaluations"] == result["samples"][0]["n_steps"]["title"]
+
+
 def test_dataset_comparison_and_npz_artifact(svc) -> None:
     body = {"model": MODEL, "compare_with": f"{MODEL}-twin", "n_steps": 8, "method": "riemann_trapezoid",
             "dataset": {"name": "news-small", "split": "test", "n_samples": 32, "balanced": True, "seed": 1}}
@@ -110,6 +122,9 @@ def test_a_job_whose_samples_all_fail_names_them(svc) -> None:
     ({"batch_size": 0}, ["body", "batch_size"]),
     ({"precision": "fp8"}, ["body", "precision"]),
     ({"method": "riemann_trapezoid", "n_steps": 1}, ["body", "n_steps"]),
+    ({"method": "clenshaw_curtis", "n_steps": 1}, ["body", "n_steps"]),
+    ({"tolerance": 1e-3, "n_steps": 1}, ["body", "n_steps"]),  # clenshaw_curtis, the default with a tolerance
+    ({"tolerance": 0}, ["body", "tolerance"]),
 ])
 def test_bad_input_is_a_422_naming_the_field(svc, patch: dict, loc: list) -> None:
     body = {"model": MODEL, "samples": [{"id": "x", "history": HISTORY, "candidate": "Lakers win"}], **patch}

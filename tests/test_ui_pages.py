@@ -147,6 +147,8 @@ def test_form_fields_and_limits_come_from_the_request_schema(svc) -> None:
     attributions = c.get("/ui/new/attributions").text
     assert re.search(r'<select id="f-model" name="model" required[^>]*>\s*<option value="news-listed"', attributions)
     assert 'name="sample.candidate"' in attributions and 'name="dataset.__on"' in attributions
+    # an optional choice with no default starts unset, so the server's default applies (the rule for a tolerance)
+    assert re.search(r'<select id="f-method" name="method"[^>]*>\s*<option value="" selected>', attributions)
     resume = c.get("/ui/new/train_bdh?resume_from=abc123&bogus=1").text
     assert 'name="resume_from" type="text" value="abc123"' in resume and "bogus" not in resume
     job_id = _sleep_job(svc)  # no checkpoint artifact: the form asks for the same architecture

@@ -22,8 +22,10 @@ from app.kinds.base import (
     shard_size_field,
 )
 from app.settings import Settings
+from models.explain.rules import METHODS as RULES
+from models.explain.rules import NEEDS_TWO, default_method
 
-METHODS = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid", "occlusion")
+METHODS = (*RULES, "occlusion")
 MODEL_KIND = "news"
 DATASET_KIND = "news"
 
@@ -57,9 +59,10 @@ class AttributionsRequest(BaseModel):
     samples: list[SampleIn] | None = Field(None, min_length=1, max_length=20000)
     dataset: DatasetIn | None = None
     n_steps: int = Field(64, ge=1, le=4096)
-    method: Literal[METHODS] = "gausslegendre"  # type: ignore[valid-type]
-    tolerance: float | None = Field(None, gt=0, lt=1, description="raise n_steps until the median relative "
-                                    "completeness delta is at most this")
+    method: Literal[METHODS] | None = Field(  # type: ignore[valid-type]
+        None, description="quadrature rule; default gausslegendre, or clenshaw_curtis (nested) with a tolerance")
+    tolerance: float | None = Field(None, gt=0, lt=1, description="start at min(n_steps, 16) steps and refine "
+                                    "each sample until its relative completeness delta is at most this")
     alpha_batch_size: int | Literal["auto"] = Field("auto", description="alphas per batched pass (int >= 1)")
     batch_size: int | Literal["auto"] = Field("auto", description="samples per batched pass (int >= 1)")
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
@@ -105,8 +108,10 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
         value = getattr(req, field)
         if value != "auto" and value < 1:
             raise FieldError(("body", field), f"{field} must be >= 1 or 'auto'", value=value)
-    if req.method == "riemann_trapezoid" and req.n_steps < 2:
-        raise FieldError(("body", "n_steps"), "riemann_trapezoid needs n_steps >= 2", value=req.n_steps)
+    method = req.method or default_method(req.tolerance)
+    if method in NEEDS_TWO and req.n_steps < 2:
+        why = "" if req.method else " (the default method with a tolerance)"
+        raise FieldError(("body", "n_steps"), f"{method}{why} needs n_steps >= 2", value=req.n_steps)
 
 
 register(JobKind(

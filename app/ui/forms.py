@@ -128,6 +128,8 @@ def fields_for(kind: str, schema: dict[str, Any], components: dict[str, Any], pr
                     f.attrs[attr] = prop[key]
         if nullable and f.widget != "group":
             f.required = False
+        if nullable and f.widget == "select" and f.default is None:
+            f.options = ["", *f.options]  # unset: the server picks (e.g. the rule that suits a tolerance)
         if f.widget == "json" and "anyOf" in raw:
             f.description = (f.description + " " if f.description else "") + "(JSON, or a plain word such as auto)"
         out.append(f)

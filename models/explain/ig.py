@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from models.common import autocast
+from models.explain.rules import METHODS, NEEDS_TWO
 
-METHODS = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid")
 MAX_STEPS = 4096
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -61,6 +61,30 @@ def _gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
     return nodes, weights
 
 
+@functools.lru_cache(maxsize=64)
+def _clenshaw_curtis(n_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Clenshaw-Curtis nodes cos(k pi / N), k = 0..N (N = n_points - 1), ascending, and weights on [-1, 1]
+    (the explicit cosine-sum formula, e.g. Trefethen, *Spectral Methods in MATLAB*, ``clencurt``; O(n^2),
+    under a second at 4096 points)."""
+    n = n_points - 1
+    theta = np.pi * np.arange(n + 1) / n
+    weights = np.ones(n + 1)
+    if n >= 2:
+        j = np.arange(1, n // 2 + 1)
+        b = np.where(2 * j == n, 1.0, 2.0) / (4.0 * j * j - 1.0)
+        weights = weights - (b[None, :] * np.cos(2.0 * np.outer(theta, j))).sum(1)
+    c = np.full(n + 1, 2.0)
+    c[0] = c[-1] = 1.0
+    weights = c * weights / n
+    nodes = -np.cos(theta)  # ascending from -1 to 1; the weights are symmetric
+    nodes[0], nodes[-1] = -1.0, 1.0
+    if n % 2 == 0:
+        nodes[n // 2] = 0.0
+    nodes.setflags(write=False)
+    weights.setflags(write=False)
+    return nodes, weights
+
+
 def quadrature(method: str, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes ``alphas`` in [0, 1] and weights (float64) of the rule; the weights sum to 1."""
     if method not in METHODS:
@@ -70,6 +94,11 @@ def quadrature(method: str, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
     n = n_steps
     if method == "gausslegendre":
         nodes, weights = _gauss_legendre(n)
+        return (nodes + 1.0) / 2.0, weights / 2.0
+    if method == "clenshaw_curtis":
+        if n < 2:
+            raise ValueError("clenshaw_curtis needs n_steps >= 2")
+        nodes, weights = _clenshaw_curtis(n)
         return (nodes + 1.0) / 2.0, weights / 2.0
     if method == "riemann_right":
         return np.arange(1, n + 1) / n, np.full(n, 1.0 / n)
@@ -274,9 +303,11 @@ def _weighted_grad_sum(forward: ForwardFn, inputs: torch.Tensor, baselines: torc
                        alphas: np.ndarray, weights: np.ndarray, chunk: int, precision: str,
                        on_output: Callable[[int, torch.Tensor], None] | None = None,
                        extra: torch.Tensor | None = None,
-                       on_extra: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+                       on_extra: Callable[[torch.Tensor], None] | None = None,
+                       on_grad: Callable[[int, torch.Tensor], None] | None = None) -> torch.Tensor:
     """Σ_k w_k ∂F/∂x at x' + α_k (x − x') for the samples ``rows`` (fp32, shape of ``inputs``), ``chunk`` alphas
-    per batched pass; ``on_output(first alpha index, scores)`` sees each pass's forward output. ``extra``
+    per batched pass; ``on_output(first alpha index, scores)`` sees each pass's forward output and
+    ``on_grad(first alpha index, gradients (k, N, L, D))`` its input gradients. ``extra``
     ``(j * N, L, D)``: further rows (whole copies of the samples, e.g. their endpoints) appended to the first pass
     (fp32 only); ``on_extra`` gets their ``(j * N,)`` outputs, and their gradients are not used."""
     n = inputs.shape[0]
@@ -302,20 +333,26 @@ def _weighted_grad_sum(forward: ForwardFn, inputs: torch.Tensor, baselines: torc
             out = out[:k * n]
         (grad,) = torch.autograd.grad(out.float().sum(), x)
         acc += torch.einsum("k,kn...->n...", w, grad.float().view(k, n, *inputs.shape[1:]))
+        if on_grad is not None:
+            on_grad(s, grad.float().view(k, n, *inputs.shape[1:]))
         if on_output is not None:
             on_output(s, out)
         del x, xin, out, grad
     return acc
 
 
-# method -> refinement factor and the weight classes of a nested rule (None: not nested)
+# method -> refinement factor of a nested rule (None: not nested). Right/left and the trapezoid double, the
+# midpoint triples; Clenshaw-Curtis goes from m to 2m - 1 points (cos(k pi / N) -> cos(k pi / 2N)).
 _NESTED = {"riemann_right": 2, "riemann_left": 2, "riemann_middle": 3, "riemann_trapezoid": 2,
-           "gausslegendre": None}
+           "clenshaw_curtis": 2, "gausslegendre": None}
+# nested rules whose earlier nodes keep a constant weight class under refinement (so per-class gradient sums
+# suffice); the others keep one contribution per node and reweight it at every level
+_CLASS_WEIGHTED = ("riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid")
 
 
 def _refine(method: str, n: int) -> int:
     factor = _NESTED[method] or 2
-    return 2 * n - 1 if method == "riemann_trapezoid" else n * factor
+    return 2 * n - 1 if method in ("riemann_trapezoid", "clenshaw_curtis") else n * factor
 
 
 def _classes(method: str, alphas: np.ndarray) -> np.ndarray:
@@ -353,47 +390,102 @@ def integrated_gradients_adaptive(
     alpha_batch_size: int | None = None,
     max_rows: int | None = None,
     precision: str = "fp32",
+    token_sums: bool = False,
 ) -> AdaptiveIGResult:
     """IG refined per sample until its relative completeness delta is at most ``tolerance`` (or ``max_steps``).
 
     Level sizes are ``start_steps`` refined by the rule's factor. For nested rules only the new nodes of a
-    level are evaluated: the unweighted gradient sums of each weight class are kept per sample and reweighted
-    for the level (for the trapezoid, endpoints and interior nodes have different weights).
+    level are evaluated. The Riemann rules keep the unweighted gradient sums of each weight class per sample and
+    reweight them for the level (for the trapezoid, endpoints and interior nodes have different weights).
+    Clenshaw-Curtis weights change per node from level to level, so it keeps each node's contribution
+    (x − x') ⊙ ∂F/∂x: ``(N, L, D)`` per node, or ``(N, L, 1)`` with ``token_sums`` (then the returned
+    attributions are summed over the last dimension too, ``(N, L, 1)``; a caller that wants per-position
+    attributions only should ask for this, it makes the per-node memory D times smaller).
 
     Alphas per batched pass: ``alpha_batch_size``, else ``max_rows`` divided by the samples still refining (so
-    the passes stay as large as the memory budget allows while samples drop out), else all of a level's."""
+    the passes stay as large as the memory budget allows while samples drop out), else all of a level's.
+
+    F(x) and F(x') come from the first level's passes when its rule contains alpha = 0 and 1 and the forward
+    runs in fp32 (Clenshaw-Curtis, the trapezoid); otherwise from one fp32 forward over both."""
     if not tolerance > 0:
         raise ValueError("tolerance must be > 0")
-    quadrature(method, max(1, min(start_steps, max_steps)))  # validates the method
+    n = max(1, min(start_steps, max_steps))
+    if method in NEEDS_TWO:
+        n = max(n, 2)
+    quadrature(method, n)  # validates the method
     n_samples = inputs.shape[0]
     device = inputs.device
     inputs = inputs.detach().float()
     baselines = baselines.detach().float()
     diff = inputs - baselines
-    scores, base_scores = evaluate_endpoints(forward, inputs, baselines)
-    target = (scores - base_scores).double()
+    first_alphas = quadrature(method, n)[0]
+    from_rule = precision == "fp32" and first_alphas[0] == 0.0 and first_alphas[-1] == 1.0
+    ends: dict[float, torch.Tensor] = {}
+    if from_rule:
+        target = None
+    else:
+        scores, base_scores = evaluate_endpoints(forward, inputs, baselines)
+        target = (scores - base_scores).double()
     nested = _NESTED[method] is not None
-    attributions = torch.zeros_like(inputs)
+    per_node = nested and method not in _CLASS_WEIGHTED
+
+    def reduce(t: torch.Tensor) -> torch.Tensor:
+        return t.sum(-1, keepdim=True) if token_sums else t
+
+    attributions = reduce(torch.zeros_like(inputs))
     steps = torch.zeros(n_samples, dtype=torch.long)
     evaluations = torch.zeros(n_samples, dtype=torch.long)
     converged = torch.zeros(n_samples, dtype=torch.bool)
-    sums: list[torch.Tensor] = []  # per weight class, unweighted gradient sums [N, L, D] (nested rules)
+    sums: list[torch.Tensor] = []  # per weight class, unweighted gradient sums [N, L, D] (class-weighted rules)
+    nodes: list[torch.Tensor | None] = []  # per node of the level, its contribution (per-node rules)
     done_nodes: np.ndarray = np.empty(0)
     active = torch.arange(n_samples)
-    n = max(1, min(start_steps, max_steps))
-    if method == "riemann_trapezoid":
-        n = max(n, 2)
+    level = 0
     while True:
         alphas, weights = quadrature(method, n)
         rows = active.to(device)
-        x_a, b_a = inputs[rows], baselines[rows]
+        x_a, b_a, d_a = inputs[rows], baselines[rows], diff[rows]
         if alpha_batch_size is not None:
             chunk = max(1, min(int(alpha_batch_size), len(alphas)))
         elif max_rows is not None:
             chunk = max(1, min(int(max_rows) // len(active), len(alphas)))
         else:
             chunk = len(alphas)
-        if nested:
+
+        def on_output(evaluated: np.ndarray, first: bool = level == 0) -> Callable[[int, torch.Tensor], None] | None:
+            """A hook that keeps F(x') and F(x) from the first level's passes over ``evaluated`` alphas."""
+            if not (from_rule and first):
+                return None
+
+            def keep(start: int, out: torch.Tensor) -> None:
+                k = out.shape[0] // n_samples
+                for j, a in enumerate(evaluated[start:start + k]):
+                    if a in (0.0, 1.0):
+                        ends[float(a)] = out.detach().view(k, n_samples)[j].double().cpu()
+            return keep
+
+        if per_node:
+            if level > 0:  # the previous level's nodes are this level's even-indexed ones
+                nodes = [nodes[i // 2] if i % 2 == 0 else None for i in range(len(alphas))]
+            else:
+                nodes = [None] * len(alphas)
+            todo = np.array([i for i, t in enumerate(nodes) if t is None])
+            fresh: list[torch.Tensor] = []
+
+            def keep_node(start: int, grad: torch.Tensor, fresh: list[torch.Tensor] = fresh,
+                          d_a: torch.Tensor = d_a) -> None:
+                for g in grad:
+                    fresh.append(reduce(d_a * g))
+
+            _weighted_grad_sum(forward, x_a, b_a, rows, alphas[todo], np.zeros(len(todo)), chunk, precision,
+                               on_output=on_output(alphas[todo]), on_grad=keep_node)
+            for i, t in zip(todo, fresh, strict=True):
+                full = torch.zeros_like(attributions)
+                full[rows] = t
+                nodes[int(i)] = full
+            evaluations[active] += len(todo)
+            attributions[rows] = sum(float(w) * t[rows] for w, t in zip(weights, nodes, strict=True))
+        elif nested:
             new = ~np.isin(np.round(alphas * 2**40), np.round(done_nodes * 2**40))
             cls = _classes(method, alphas)
             for c in range(int(cls.max()) + 1):
@@ -402,15 +494,20 @@ def integrated_gradients_adaptive(
                     sums.append(torch.zeros_like(inputs))
                 if sel.any():
                     sums[c][rows] += _weighted_grad_sum(forward, x_a, b_a, rows, alphas[sel],
-                                                        np.ones(int(sel.sum())), chunk, precision)
+                                                        np.ones(int(sel.sum())), chunk, precision,
+                                                        on_output=on_output(alphas[sel]))
             evaluations[active] += int(new.sum())
             done_nodes = alphas
             cw = _class_weights(method, n)
-            total = sum(w * sums[c][rows] for c, w in enumerate(cw))
+            attributions[rows] = reduce(d_a * sum(w * sums[c][rows] for c, w in enumerate(cw)))
         else:
-            total = _weighted_grad_sum(forward, x_a, b_a, rows, alphas, weights, chunk, precision)
+            total = _weighted_grad_sum(forward, x_a, b_a, rows, alphas, weights, chunk, precision,
+                                       on_output=on_output(alphas))
             evaluations[active] += n
-        attributions[rows] = diff[rows] * total
+            attributions[rows] = reduce(d_a * total)
+        if target is None:
+            scores, base_scores = ends[1.0], ends[0.0]
+            target = (scores - base_scores).double()
         steps[active] = n
         sums_a = attributions[rows].double().flatten(1).sum(1).cpu()
         rel = (sums_a - target[active]).abs() / target[active].abs().clamp_min(1e-12)
@@ -422,6 +519,7 @@ def integrated_gradients_adaptive(
         if len(active) == 0 or nxt > max_steps:
             break
         n = nxt
+        level += 1
     return AdaptiveIGResult(attributions, scores, base_scores, int(steps.max()), method, steps=steps,
                             evaluations=evaluations, converged=converged)
 

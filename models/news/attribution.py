@@ -47,6 +47,7 @@ from models.explain.ig import (
     rows_for_budget,
 )
 from models.explain.occlusion import occlusion
+from models.explain.rules import NEEDS_TWO, default_method
 from models.news.data import Sample, recent_history
 from models.news.modules import NewsRecommender, pack_rows
 from models.news.summary import ReportAccumulator, compare
@@ -62,7 +63,9 @@ class AttributionError(RuntimeError):
 @dataclass
 class IGOptions:
     n_steps: int = 64
-    method: str = "gausslegendre"  # one of models.explain.ig.METHODS, or "occlusion"
+    # one of models.explain.rules.METHODS, or "occlusion"; None: "clenshaw_curtis" with a tolerance (its levels
+    # are nested, so refining reuses every earlier gradient), "gausslegendre" without
+    method: str | None = None
     tolerance: float | None = None
     alpha_batch_size: int | str = "auto"
     batch_size: int | str = "auto"
@@ -74,11 +77,17 @@ class IGOptions:
     max_history: int = 50
     max_steps: int = 4096
 
+    def __post_init__(self) -> None:
+        if self.method is None:
+            self.method = default_method(self.tolerance)
+
     def check(self) -> None:
         if self.method not in (*METHODS, "occlusion"):
             raise ValueError(f"method must be one of {', '.join((*METHODS, 'occlusion'))}")
         if not 1 <= self.n_steps <= self.max_steps:
             raise ValueError(f"n_steps must be in [1, {self.max_steps}]")
+        if self.method in NEEDS_TWO and self.n_steps < 2:
+            raise ValueError(f"{self.method} needs n_steps >= 2")
         if self.baseline not in ("pad", "zero"):
             raise ValueError("baseline must be pad or zero")
         if self.tolerance is not None and not self.tolerance > 0:
@@ -437,7 +446,7 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
                         start_steps=n_steps, max_steps=opts.max_steps,
                         alpha_batch_size=None if auto_alphas else alpha_batch_size,
                         max_rows=budget_rows if auto_alphas else None,
-                        precision=precision)
+                        precision=precision, token_sums=True)
                     for j, p in enumerate(items):
                         run.steps[p.sample.id] = int(res.steps[j])
                         run.evaluations[p.sample.id] = int(res.evaluations[j])

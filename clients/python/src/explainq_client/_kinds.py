@@ -82,8 +82,8 @@ class KindMethods(Generic[R]):
         samples: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
         dataset: Mapping[str, Any] | NotGiven = NOT_GIVEN,
         n_steps: int | NotGiven = NOT_GIVEN,
-        method: Literal["gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid",
-                        "occlusion"] | NotGiven = NOT_GIVEN,
+        method: Literal["gausslegendre", "clenshaw_curtis", "riemann_right", "riemann_left", "riemann_middle",
+                        "riemann_trapezoid", "occlusion"] | None | NotGiven = NOT_GIVEN,
         tolerance: float | None | NotGiven = NOT_GIVEN,
         alpha_batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
@@ -101,8 +101,8 @@ class KindMethods(Generic[R]):
 
         Give exactly one of ``samples`` (``[{"id", "history": [titles], "candidate", "label"?,
         "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced", "seed"}``).
-        Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (or a ``riemann_*`` rule, ``occlusion``),
-        ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
+        Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
+        is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared.
         """
         return self._submit("/attributions", _body(dict(locals())), idempotency_key)
