@@ -261,6 +261,7 @@ def test_503_is_retried_after_retry_after_then_raised(tmp_path):
     assert 2.0 <= elapsed < 10
 
 
+@pytest.mark.slow
 def test_a_brief_redis_outage_is_ridden_out(tmp_path):
     """Redis stops; the API answers 503 with Retry-After; Redis is back before it; the call succeeds."""
     import threading

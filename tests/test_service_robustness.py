@@ -49,6 +49,7 @@ def test_sigterm_requeues_the_running_job_and_a_new_worker_finishes_it(tmp_path)
         assert body["status"] == "succeeded" and body["progress"]["done"] == 60
 
 
+@pytest.mark.slow
 def test_redis_down_gives_503_json_and_recovers_without_losing_results(tmp_path):
     with Service(tmp_path, heartbeat_ttl_s=10) as svc:
         job_id = _submit(svc, steps=2, step_s=0.01)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from app.redis_server import free_port
 from tests.service import ROOT
@@ -44,6 +45,7 @@ def _wait(predicate, timeout_s: float, what: str):
     raise TimeoutError(what)
 
 
+@pytest.mark.slow
 def test_up_serves_restarts_dead_workers_and_stops_cleanly(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}

@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+import pytest
+
 from app.cli import TRAIN_NICE, Restarts, Supervisor, exit_reason, split_threads
 
 
@@ -30,6 +32,7 @@ class CrashingSupervisor(Supervisor):
         super()._spawn(name)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_at_once_is_restarted_with_exponential_backoff(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("EXPLAINQ_HOME", str(tmp_path))
     args = argparse.Namespace(queues="explain,train", host="127.0.0.1", port=0, no_demo=True, grace_s=5.0)

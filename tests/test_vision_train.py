@@ -43,6 +43,7 @@ def comparable(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in history]
 
 
+@pytest.mark.slow
 def test_small_model_learns_digits(tmp_path: Path) -> None:
     """A 28k-parameter Vision-BDH reaches ≥ 0.85 validation accuracy on digits in a few CPU seconds."""
     config = TrainConfig(dataset="digits", epochs=6, batch_size=32, lr=3e-3, warmup_steps=20, model=SMALL, seed=0,
