@@ -16,13 +16,16 @@ and completeness :math:`\sum_i \mathrm{IG}_i = F(x) - F(x')` holds for the exact
   :math:`w_k = 1/n`;
 - ``riemann_trapezoid``: :math:`\alpha_k = k/(n-1),\ k = 0..n-1`, weights :math:`1/(n-1)` with half weight at both
   ends (sum 1; Captum's version sums to (n-1)/n, a bias of 1/n that this module does not copy).
+- ``clenshaw_curtis``: :math:`\alpha_k = (1 - \cos(k\pi/(n-1)))/2,\ k = 0..n-1` with the Clenshaw-Curtis weights
+  (all positive, exact for polynomials of degree n - 1; about as accurate as Gauss-Legendre per node on smooth
+  models, and nested: its n nodes are every other one of its 2n - 1).
 
 Adaptive steps (:func:`integrated_gradients_adaptive`): with a completeness tolerance, each sample is integrated
 at 16 steps first and refined (doubled; tripled for the midpoint rule) only while its own relative delta exceeds
-the tolerance, so converged samples stop costing. The Riemann rules are nested under refinement (right/left and
-trapezoid under doubling, midpoint under tripling): their earlier nodes are reused and only the new nodes are
-evaluated, so reaching n steps costs n evaluations. Gauss-Legendre nodes are not nested; its levels are
-recomputed, but on smooth models it reaches a tolerance in far fewer steps.
+the tolerance, so converged samples stop costing. Clenshaw-Curtis (16, 31, 61, ... nodes) and the Riemann rules
+are nested under refinement (right/left and trapezoid under doubling, midpoint under tripling): their earlier
+nodes are reused and only the new nodes are evaluated, so reaching n steps costs n evaluations. Gauss-Legendre
+nodes are not nested; its levels are recomputed (16 + 32 + ... + n).
 
 The optimized path evaluates every (sample, alpha) pair of a chunk in one batched forward, takes gradients only with
 respect to the interpolated inputs (``torch.autograd.grad``; parameters should be frozen), and accumulates the
