@@ -315,6 +315,40 @@ def test_streaming_top_k_equals_the_dense_scores(bundle, method, layers, batch_s
                 torch.testing.assert_close(torch.tensor([g[2] for g in got]), tr_self[want], rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("method", ["ghost", "vmap"])
+def test_test_factors_are_reused_across_train_ranges_and_give_the_same_scores(bundle, method, monkeypatch):
+    """Shards of one request score different training ranges against the same test triples: with a
+    ``test_cache`` the test factors are computed once, and every range's result equals the uncached one."""
+    ds = bundle.dataset
+    test, train = ds.test[:5], ds.train[:240]
+    layers = "all" if method == "ghost" else ["fc", "ent_bias"]
+    engine = TracIn(bundle.model, bundle.checkpoints, layers=layers, method=method, batch_size=40)
+    calls: list[int] = []
+    real = engine._features
+
+    def counting(triples, model=None):
+        calls.append(len(triples))
+        return real(triples, model)
+
+    monkeypatch.setattr(engine, "_features", counting)
+    cache: dict = {}
+    n_ck = len(bundle.checkpoints)
+    for lo, hi in ((0, 120), (120, 240)):
+        calls.clear()
+        cached = engine.top_influence(test, train[lo:hi], 4, test_cache=cache)
+        test_calls = calls.count(len(test))
+        assert test_calls == (n_ck if lo == 0 else 0)  # computed for the first range only
+        plain = engine.top_influence(test, train[lo:hi], 4)
+        for name in ("test_self", "n_candidates", "n_positive", "n_negative", "pro_idx", "opp_idx"):
+            torch.testing.assert_close(getattr(cached, name), getattr(plain, name), rtol=0, atol=0)
+        for name in ("pro_val", "opp_val", "pro_self", "opp_self"):
+            torch.testing.assert_close(getattr(cached, name), getattr(plain, name), rtol=1e-6, atol=0)
+    # other test triples are not served from the cache
+    calls.clear()
+    engine.top_influence(ds.test[5:10], train[:40], 4, test_cache=cache)
+    assert calls.count(5) == n_ck  # their own factors, one per checkpoint
+
+
 def test_streaming_top_k_keeps_column_order_among_ties():
     from models.explain.tracin import _merge_top
 

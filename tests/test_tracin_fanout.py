@@ -150,3 +150,26 @@ def test_fan_out_fields_are_validated(svc):
         r = svc.client.post("/tracin", json={"model": MODEL, **body})
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == loc
+
+
+def test_a_workers_test_factor_cache_is_per_parent_and_per_loaded_model():
+    from workers.jobs import tracin as jobs
+
+    class Bundle:  # stands in for a loaded KGBundle (only its identity matters)
+        pass
+
+    a, b = Bundle(), Bundle()
+    jobs._drop_test_factors()
+    first = jobs._test_factor_cache("parent-1", a)
+    first["block"] = "factors"
+    assert jobs._test_factor_cache("parent-1", a) is first  # the next shard of the same parent
+    assert jobs._test_factor_cache("parent-1", b) == {}  # the model was reloaded: nothing carried over
+    second = jobs._test_factor_cache("parent-2", b)
+    second["block"] = "factors"
+    assert jobs._test_factor_cache("parent-1", b) == {}  # another parent
+    jobs._test_factor_cache("parent-2", b)["block"] = "factors"
+    jobs._drop_test_factors("parent-1")  # another parent's reduce leaves it
+    assert jobs._test_factor_cache("parent-2", b) == {"block": "factors"}
+    jobs._drop_test_factors("parent-2")  # its own reduce drops it
+    assert jobs._test_factor_cache("parent-2", b) == {}
+    jobs._drop_test_factors()

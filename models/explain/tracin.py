@@ -392,6 +392,7 @@ class NonFiniteScores(ValueError):
 
 
 TEST_FACTOR_BUDGET = 768 * 2**20  # bytes of cached test-side factors (all checkpoints) per block of test triples
+TEST_CACHE_BUDGET = 384 * 2**20  # at most this much of them is kept between calls (``top_influence(test_cache=)``)
 
 
 class CandidatePairs:
@@ -622,7 +623,8 @@ class TracIn:
     @torch.no_grad()
     def top_influence(self, test: torch.Tensor, train: torch.Tensor, k: int,
                       candidates: CandidatePairs | None = None, progress: ProgressFn | None = None,
-                      test_block: int | None = None, dense: Any = None) -> TopInfluence:
+                      test_block: int | None = None, dense: Any = None,
+                      test_cache: dict | None = None) -> TopInfluence:
         """Streaming TracIn: the top-``k`` proponents and opponents of each test triple among ``train``.
 
         Memory does not grow with ``len(test) × len(train)``: training triples are visited in chunks of
@@ -631,6 +633,10 @@ class TracIn:
         updated. Test triples are taken in blocks of ``test_block`` (default: as many as fit
         ``TEST_FACTOR_BUDGET``). ``candidates`` restricts each test triple to its own columns (all when None).
         ``dense``: an optional ``[n_test, n_train]`` array (a ``numpy`` memmap, say) that receives every score.
+        ``test_cache``: a dict the caller keeps between calls of this engine's settings and checkpoints over
+        different ``train`` ranges with the same ``test`` (the shards of one job in one worker): when the test
+        triples fit one block of at most ``TEST_CACHE_BUDGET`` bytes, their factors and self-influence are kept in
+        it and reused instead of recomputed.
         """
         n, m = len(test), len(train)
         n_ck = len(self.checkpoints)
@@ -649,11 +655,19 @@ class TracIn:
         for r0 in blocks:
             tb = test[r0:r0 + test_block]
             nb = len(tb)
-            factors, t_self = [], torch.zeros(nb, device=self.device)
-            for c, eta in enumerate(self.weights):
-                self._use(c)
-                factors.append(self._features(tb, self._current))
-                t_self += eta * self._self(factors[-1], nb)
+            cacheable = (test_cache is not None and len(blocks) == 1
+                         and nb * n_ck * self._test_bytes_per_triple() <= TEST_CACHE_BUDGET)
+            hit = test_cache.get("block") if cacheable else None
+            if hit is not None and torch.equal(hit[0], tb.cpu()):
+                factors, t_self = hit[1], hit[2]
+            else:
+                factors, t_self = [], torch.zeros(nb, device=self.device)
+                for c, eta in enumerate(self.weights):
+                    self._use(c)
+                    factors.append(self._features(tb, self._current))
+                    t_self += eta * self._self(factors[-1], nb)
+                if cacheable:
+                    test_cache["block"] = (tb.cpu().clone(), factors, t_self)
             n_cand = torch.zeros(nb, dtype=torch.long)
             n_pos = torch.zeros(nb, dtype=torch.long)
             n_neg = torch.zeros(nb, dtype=torch.long)

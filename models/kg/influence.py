@@ -234,11 +234,13 @@ def score_self(p: Plan, bundle: KGBundle, start: int = 0, end: int | None = None
 
 def score_test(p: Plan, bundle: KGBundle, top_k: int | None, start: int = 0, end: int | None = None,
                progress: Callable[[int, int], None] | None = None, dense: Any = None,
-               list_all: bool = True) -> list[dict]:
+               list_all: bool = True, test_cache: dict | None = None) -> list[dict]:
     """Entries (per test triple) over candidates ``[start, end)`` of the union, streaming (bounded memory).
 
     ``top_k`` None: ``dense`` (an ``[n_test, end - start]`` array) receives every score, and with ``list_all``
     every candidate is listed (read back from it); otherwise the running top-k per test triple is all that is kept.
+    ``test_cache``: kept by the caller across ranges of one request, it holds the test triples' factors
+    (``TracIn.top_influence``).
     """
     ds = bundle.dataset
     end = len(p.union) if end is None else end
@@ -246,7 +248,8 @@ def score_test(p: Plan, bundle: KGBundle, top_k: int | None, start: int = 0, end
     pairs = None if p.pairs is None else p.pairs.columns(start, end)
     k = 0 if top_k is None else top_k
     try:
-        top = p.engine.top_influence(p.test_ids, p.train[cols], k, candidates=pairs, progress=progress, dense=dense)
+        top = p.engine.top_influence(p.test_ids, p.train[cols], k, candidates=pairs, progress=progress, dense=dense,
+                                     test_cache=test_cache)
     except NonFiniteScores as exc:
         if exc.rows:
             _raise_non_finite(ds, p.test_ids[exc.rows], "influence")

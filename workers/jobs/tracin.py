@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,25 @@ from workers.fanout import run_shard as run_shard_once
 # about 6e4 on ConvE-200 over 14,541 entities, all layers; the measured rate replaces this after the first shard.
 DEFAULT_PAIRS_PER_S = 6e4
 SELF_COST = 16.0  # a candidate's self-influence costs about as much as this many test pairs (its own factors)
+
+
+# the test-side factors of the last parent whose shards ran here: its shards share test triples, model and settings
+_TEST_FACTORS: dict[str, Any] = {"parent": None, "bundle": None, "cache": {}}
+
+
+def _test_factor_cache(parent: str, bundle: Any) -> dict:
+    """The factor cache for ``parent``'s shards in this worker. Another parent, or the model reloaded (a new bundle
+    object), starts an empty one, so one parent's factors at most are held (``TEST_CACHE_BUDGET``)."""
+    ref = _TEST_FACTORS["bundle"]
+    if _TEST_FACTORS["parent"] != parent or ref is None or ref() is not bundle:
+        _TEST_FACTORS.update(parent=None, bundle=None, cache={})  # release the old factors first
+        _TEST_FACTORS.update(parent=parent, bundle=weakref.ref(bundle), cache={})
+    return _TEST_FACTORS["cache"]
+
+
+def _drop_test_factors(parent: str | None = None) -> None:
+    if parent is None or _TEST_FACTORS["parent"] == parent:
+        _TEST_FACTORS.update(parent=None, bundle=None, cache={})
 
 
 def _bundle(ctx: JobContext, name: str) -> Any:
@@ -88,6 +108,7 @@ def run(payload: dict, ctx: JobContext) -> dict:
     from models.common import NonFiniteError
     from models.kg.influence import report, write_candidates, write_csv
 
+    _drop_test_factors()  # a whole request: another parent's factors are not worth their memory now
     bundle = _bundle(ctx, payload["model"])
     p = _plan(payload, bundle, ctx)
     if payload["mode"] in ("test", "self"):
@@ -182,7 +203,8 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                     dense = np.lib.format.open_memmap(ctx.artifact_path("scores.npy"), mode="w+",
                                                       dtype=np.float32, shape=(len(p.test_ids), end - start))
                 entries = score_test(p, bundle, top_k, start, end, progress=_progress(ctx), dense=dense,
-                                     list_all=pair_count(p) <= LIST_ALL_MAX_PAIRS)
+                                     list_all=pair_count(p) <= LIST_ALL_MAX_PAIRS,
+                                     test_cache=_test_factor_cache(payload["parent"], bundle))
                 if dense is not None:
                     dense.flush()
                     del dense
@@ -201,6 +223,7 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Merge the shards: the artifacts under the parent's id, and the summary as the parent's result."""
     parent, n_shards = payload["parent"], payload["shards"]
+    _drop_test_factors(parent)  # every shard has run
     request = _full_request(ctx, parent, payload["request"])
     bundle = _bundle(ctx, request["model"])
     p = _plan(request, bundle, ctx)
