@@ -392,7 +392,6 @@ class NonFiniteScores(ValueError):
 
 
 TEST_FACTOR_BUDGET = 768 * 2**20  # bytes of cached test-side factors (all checkpoints) per block of test triples
-TEST_CACHE_BUDGET = 384 * 2**20  # at most this much of them is kept between calls (``top_influence(test_cache=)``)
 
 
 class CandidatePairs:
@@ -635,8 +634,9 @@ class TracIn:
         ``dense``: an optional ``[n_test, n_train]`` array (a ``numpy`` memmap, say) that receives every score.
         ``test_cache``: a dict the caller keeps between calls of this engine's settings and checkpoints over
         different ``train`` ranges with the same ``test`` (the shards of one job in one worker): when the test
-        triples fit one block of at most ``TEST_CACHE_BUDGET`` bytes, their factors and self-influence are kept in
-        it and reused instead of recomputed.
+        triples fit one block (``TEST_FACTOR_BUDGET``), their factors and self-influence are kept in it and reused
+        instead of recomputed. The call holds that block anyway, so the peak memory does not grow; between calls
+        the dict holds it until the caller drops it.
         """
         n, m = len(test), len(train)
         n_ck = len(self.checkpoints)
@@ -655,8 +655,7 @@ class TracIn:
         for r0 in blocks:
             tb = test[r0:r0 + test_block]
             nb = len(tb)
-            cacheable = (test_cache is not None and len(blocks) == 1
-                         and nb * n_ck * self._test_bytes_per_triple() <= TEST_CACHE_BUDGET)
+            cacheable = test_cache is not None and len(blocks) == 1
             hit = test_cache.get("block") if cacheable else None
             if hit is not None and torch.equal(hit[0], tb.cpu()):
                 factors, t_self = hit[1], hit[2]

@@ -48,7 +48,8 @@ _TEST_FACTORS: dict[str, Any] = {"parent": None, "bundle": None, "cache": {}}
 
 def _test_factor_cache(parent: str, bundle: Any) -> dict:
     """The factor cache for ``parent``'s shards in this worker. Another parent, or the model reloaded (a new bundle
-    object), starts an empty one, so one parent's factors at most are held (``TEST_CACHE_BUDGET``)."""
+    object), starts an empty one, so one parent's factors at most are held (one block, ``TEST_FACTOR_BUDGET``);
+    the parent's reduce step, or a whole TracIn request, on this worker drops them."""
     ref = _TEST_FACTORS["bundle"]
     if _TEST_FACTORS["parent"] != parent or ref is None or ref() is not bundle:
         _TEST_FACTORS.update(parent=None, bundle=None, cache={})  # release the old factors first
