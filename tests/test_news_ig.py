@@ -414,7 +414,10 @@ def test_packed_forward_scores_and_input_gradients_equal_the_padded_forward(smal
         (grad,) = torch.autograd.grad(out.sum(), x)
         results.append((out.detach(), grad))
     np.testing.assert_allclose(results[1][0].numpy(), results[0][0].numpy(), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(results[1][1].numpy(), results[0][1].numpy(), rtol=1e-5, atol=1e-6)
+    # the input gradients come back through 6 transformer layers whose fp32 sums run in a different order packed
+    # (seen: 1.02e-6 on one element of 124,416, against gradients up to 0.12); letting titles attend across their
+    # row (a packing bug) put 89,466 of those elements outside this tolerance, by up to 3.25
+    np.testing.assert_allclose(results[1][1].numpy(), results[0][1].numpy(), rtol=1e-4, atol=5e-6)
     # padded positions get exactly zero gradient in both
     pad = (torch.arange(padded.x.shape[1])[None] >= torch.tensor(padded.lengths)[:, None])[rows]
     assert bool(pad.any()) and float(results[1][1][pad].abs().max()) == 0.0
