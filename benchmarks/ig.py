@@ -433,20 +433,19 @@ def tolerance_table(model, data: Path, args: dict, quick: bool) -> None:
                 return s, evaluations
             n *= 2
 
+    def after(tol: float, method: str | None) -> tuple[dict, int]:
+        s = explain(model, samples, IGOptions(tolerance=tol, method=method, precision="fp32"))["summary"]
+        return s, s["gradient_evaluations"]
+
+    rules = (("before: Gauss-Legendre 64, 128, ... recomputed", None),
+             ("after: Gauss-Legendre 16, 32, ... per sample", "gausslegendre"),
+             ("after: Clenshaw-Curtis 16, 31, 61, ... nested (default)", None))
     for tol in (1e-3, 1e-5):
-        rows = [("before: Gauss-Legendre 64, 128, ... recomputed", lambda tol=tol: before(tol)),
-                ("after: Gauss-Legendre 16, 32, ... per sample",
-                 lambda tol=tol: (s := explain(model, samples, IGOptions(tolerance=tol, method="gausslegendre",
-                                                                         precision="fp32"))["summary"],
-                                  s["gradient_evaluations"])),
-                ("after: Clenshaw-Curtis 16, 31, 61, ... nested (default)",
-                 lambda tol=tol: (s := explain(model, samples, IGOptions(tolerance=tol, precision="fp32"))["summary"],
-                                  s["gradient_evaluations"]))]
-        for label, fn in rows:
+        for k, (label, method) in enumerate(rules):
             times = []
             for _ in range(max(1, args["rounds"])):
                 t0 = _time.perf_counter()
-                s, evaluations = fn()
+                s, evaluations = before(tol) if k == 0 else after(tol, method)
                 times.append(_time.perf_counter() - t0)
             print(f"| {tol:.0e} | {label} | {s['n_steps']} | {evaluations} | {float(np.median(times)):.2f} | "
                   f"{s['median_relative_delta']:.1e} / {s['max_relative_delta']:.1e} |", flush=True)

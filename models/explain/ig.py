@@ -94,13 +94,13 @@ def quadrature(method: str, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     if not 1 <= n_steps <= MAX_STEPS:
         raise ValueError(f"n_steps must be in [1, {MAX_STEPS}], got {n_steps}")
+    if method in NEEDS_TWO and n_steps < 2:
+        raise ValueError(f"{method} needs n_steps >= 2")
     n = n_steps
     if method == "gausslegendre":
         nodes, weights = _gauss_legendre(n)
         return (nodes + 1.0) / 2.0, weights / 2.0
     if method == "clenshaw_curtis":
-        if n < 2:
-            raise ValueError("clenshaw_curtis needs n_steps >= 2")
         nodes, weights = _clenshaw_curtis(n)
         return (nodes + 1.0) / 2.0, weights / 2.0
     if method == "riemann_right":
@@ -109,8 +109,6 @@ def quadrature(method: str, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
         return np.arange(0, n) / n, np.full(n, 1.0 / n)
     if method == "riemann_middle":
         return (np.arange(n) + 0.5) / n, np.full(n, 1.0 / n)
-    if n < 2:
-        raise ValueError("riemann_trapezoid needs n_steps >= 2")
     w = np.full(n, 1.0 / (n - 1))
     w[0] = w[-1] = 0.5 / (n - 1)
     return np.arange(n) / (n - 1), w
@@ -263,14 +261,6 @@ def integrated_gradients(
     chunk = n_steps if alpha_batch_size is None else max(1, min(int(alpha_batch_size), n_steps))
     reuse: dict[float, torch.Tensor] = {}
 
-    def keep_endpoints(start: int, out: torch.Tensor) -> None:
-        if precision != "fp32":
-            return
-        k = out.shape[0] // n
-        for j, alpha in enumerate(alphas_np[start:start + k]):
-            if alpha in (0.0, 1.0):
-                reuse[float(alpha)] = out.detach().view(k, n)[j].double().cpu()
-
     if endpoint_scores is not None:
         baseline_scores = endpoint_scores[1]
     in_rule = {float(a) for a in alphas_np if a in (0.0, 1.0)} if precision == "fp32" else set()
@@ -286,7 +276,8 @@ def integrated_gradients(
             folded[a] = out[j * n:(j + 1) * n].detach().double().cpu()
 
     acc = _weighted_grad_sum(forward, inputs, baselines, torch.arange(n, device=inputs.device), alphas_np,
-                             weights_np, chunk, precision, on_output=keep_endpoints,
+                             weights_np, chunk, precision,
+                             on_output=_endpoint_hook(alphas_np, n, reuse) if precision == "fp32" else None,
                              extra=extra, on_extra=keep_extra)
     if endpoint_scores is not None:
         scores, base_scores = endpoint_scores
@@ -300,6 +291,20 @@ def integrated_gradients(
             scores = known[1.0] if 1.0 in known else evaluate_fp32(forward, inputs)
             base_scores = known[0.0] if 0.0 in known else evaluate_fp32(forward, baselines)
     return IGResult(diff * acc, scores, base_scores, n_steps, method)
+
+
+def _endpoint_hook(alphas: np.ndarray, n: int, into: dict[float, torch.Tensor]
+                   ) -> Callable[[int, torch.Tensor], None]:
+    """An ``on_output`` for passes over ``alphas`` (``n`` samples each) that stores the outputs at alpha = 0 and 1,
+    i.e. F(x') and F(x), in ``into``."""
+
+    def keep(start: int, out: torch.Tensor) -> None:
+        k = out.shape[0] // n
+        for j, alpha in enumerate(alphas[start:start + k]):
+            if alpha in (0.0, 1.0):
+                into[float(alpha)] = out.detach().view(k, n)[j].double().cpu()
+
+    return keep
 
 
 def _weighted_grad_sum(forward: ForwardFn, inputs: torch.Tensor, baselines: torch.Tensor, rows: torch.Tensor,
@@ -355,7 +360,7 @@ _CLASS_WEIGHTED = ("riemann_right", "riemann_left", "riemann_middle", "riemann_t
 
 def _refine(method: str, n: int) -> int:
     factor = _NESTED[method] or 2
-    return 2 * n - 1 if method in ("riemann_trapezoid", "clenshaw_curtis") else n * factor
+    return 2 * n - 1 if method in NEEDS_TWO else n * factor  # the rules with both ends keep them
 
 
 def _classes(method: str, alphas: np.ndarray) -> np.ndarray:
@@ -415,13 +420,12 @@ def integrated_gradients_adaptive(
     n = max(1, min(start_steps, max_steps))
     if method in NEEDS_TWO:
         n = max(n, 2)
-    quadrature(method, n)  # validates the method
+    first_alphas = quadrature(method, n)[0]  # validates the method too
     n_samples = inputs.shape[0]
     device = inputs.device
     inputs = inputs.detach().float()
     baselines = baselines.detach().float()
     diff = inputs - baselines
-    first_alphas = quadrature(method, n)[0]
     from_rule = precision == "fp32" and first_alphas[0] == 0.0 and first_alphas[-1] == 1.0
     ends: dict[float, torch.Tensor] = {}
     if from_rule:
@@ -456,16 +460,8 @@ def integrated_gradients_adaptive(
             chunk = len(alphas)
 
         def on_output(evaluated: np.ndarray, first: bool = level == 0) -> Callable[[int, torch.Tensor], None] | None:
-            """A hook that keeps F(x') and F(x) from the first level's passes over ``evaluated`` alphas."""
-            if not (from_rule and first):
-                return None
-
-            def keep(start: int, out: torch.Tensor) -> None:
-                k = out.shape[0] // n_samples
-                for j, a in enumerate(evaluated[start:start + k]):
-                    if a in (0.0, 1.0):
-                        ends[float(a)] = out.detach().view(k, n_samples)[j].double().cpu()
-            return keep
+            """Keeps F(x') and F(x) from the first level's passes over ``evaluated`` alphas."""
+            return _endpoint_hook(evaluated, n_samples, ends) if from_rule and first else None
 
         if per_node:
             if level > 0:  # the previous level's nodes are this level's even-indexed ones

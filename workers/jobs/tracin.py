@@ -52,7 +52,6 @@ def _test_factor_cache(parent: str, bundle: Any) -> dict:
     the parent's reduce step, or a whole TracIn request, on this worker drops them."""
     ref = _TEST_FACTORS["bundle"]
     if _TEST_FACTORS["parent"] != parent or ref is None or ref() is not bundle:
-        _TEST_FACTORS.update(parent=None, bundle=None, cache={})  # release the old factors first
         _TEST_FACTORS.update(parent=parent, bundle=weakref.ref(bundle), cache={})
     return _TEST_FACTORS["cache"]
 
