@@ -11,9 +11,11 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
 RUN pip install ${TORCH_SPEC}
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY app ./app
 COPY workers ./workers
 COPY models ./models
+COPY explainq ./explainq
 RUN pip install .
 # Everything runs as an unprivileged user that owns only the data volume.
 RUN groupadd --system --gid 10001 explainq \

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from fastapi import HTTPException, Request
 
-from app.jobstore import JobStore
-from app.settings import Settings
 from app.ui import session
+from core.jobstore import JobStore
 
 ANONYMOUS = "anonymous"
-
-
-def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
 
 
 def get_store(request: Request) -> JobStore:

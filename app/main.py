@@ -15,13 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import kinds as kinds_pkg
-from app import metrics
-from app.jobstore import JobStore
-from app.kinds.base import FieldError
 from app.routers import artifacts, health, imports, jobs, models, submit
-from app.settings import Settings
+from app.routers import metrics as metrics_router
 from app.ui import router as ui
+from core import kinds as kinds_pkg
+from core.jobstore import JobStore
+from core.kinds.base import FieldError
+from core.settings import Settings
 
 log = logging.getLogger("explainq.api")
 
@@ -171,8 +171,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # so the order changes nothing else.
     app.include_router(jobs.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
+    app.include_router(submit.kinds_router(kinds_pkg.load_all()))
     app.include_router(health.router)
-    metrics.install(app)
+    metrics_router.install(app)
     app.include_router(models.router)
     app.include_router(artifacts.router)
     app.include_router(imports.router)

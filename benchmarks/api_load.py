@@ -3,7 +3,7 @@
 Two configurations of the service are measured in the same run, against the same private redis-server:
 
 - ``service``: the app alone, no API keys, uvicorn quiet (the earlier measurement, kept for comparison);
-- ``as up``: the app as ``explainq up`` runs it, started through ``explainq api`` itself (``app.cli``, so with the
+- ``as up``: the app as ``explainq up`` runs it, started through ``explainq api`` itself (``explainq.cli``, so with the
   server settings a user gets: its event loop and HTTP parser, its garbage-collector tuning, its JSON log lines):
   API keys on (every request authenticated), log level info with the access log (to /dev/null here), and a worker
   per queue started the way ``up`` starts them, idle (RQ-suspended, so submitted jobs stay queued and the worker
@@ -41,8 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.cli import server_implementations  # noqa: E402
-from app.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from core.redis_server import EmbeddedRedis, free_port  # noqa: E402
+from explainq.cli import server_implementations  # noqa: E402
 
 SERVICE_APP = '''
 # The real app; the POST target is a test-only kind so the benchmark needs no model (the submission path is
@@ -62,7 +62,7 @@ import sys
 from tests.jobkinds import register_test_kinds
 
 register_test_kinds()
-from app.cli import main
+from explainq.cli import main
 
 main(["api", "--host", "127.0.0.1", "--port", sys.argv[1]])
 '''
@@ -175,11 +175,11 @@ def _idle_workers(env: dict, redis_url: str) -> list[subprocess.Popen]:
     from rq import Worker
     from rq.suspension import suspend
 
-    from app.kinds.base import QUEUES
+    from core.kinds.base import QUEUES
 
     conn = redis.Redis.from_url(redis_url)
     suspend(conn)
-    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--queues", q], env=env, cwd=ROOT,
+    procs = [subprocess.Popen([sys.executable, "-m", "explainq.cli", "worker", "--queues", q], env=env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for q in QUEUES]
     deadline = time.monotonic() + 120
     while len(Worker.all(connection=conn)) < len(QUEUES):

@@ -51,8 +51,8 @@ MODEL = "nrms-minilm-demo"
 # ------------------------------------------------------------------------------------------------------ setup
 def find_model(home: Path, small_root: Path | None) -> tuple[Path, Path]:
     """(checkpoint dir, dataset dir) of the demo model; builds the small demo when asked and the demo is missing."""
-    from app import registry
-    from app.settings import Settings
+    from core import registry
+    from core.settings import Settings
 
     settings = Settings(EXPLAINQ_HOME=str(home))
     entry = registry.get_model(settings, MODEL)

@@ -5,7 +5,7 @@ Runs the README's TracIn example (``POST /tracin`` on ``conve-nations-demo``) an
 
   alone        one interactive worker, default threads, nothing else running
   contended    + a training worker running BDH on digits, both at default threads and priority
-  split+nice   the same pair started as ``explainq up`` starts them (``app.cli.split_threads``: ``--threads`` per
+  split+nice   the same pair started as ``explainq up`` starts them (``explainq.cli.split_threads``: ``--threads`` per
                worker, the training worker at ``nice 10``)
 
 Each job's time is the worker's own ``started_at -> ended_at`` (queueing excluded); the table shows the median of
@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import registry  # noqa: E402
-from app.cli import split_threads  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from core import registry  # noqa: E402
+from core.settings import Settings  # noqa: E402
+from explainq.cli import split_threads  # noqa: E402
 from tests.service import Service  # noqa: E402
 
 TRACIN = {"model": "conve-nations-demo", "test_triples": [["usa", "embassy", "uk"]],

@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app import registry  # noqa: E402
+from core import registry  # noqa: E402
 from tests.service import Service  # noqa: E402
 
 

@@ -21,7 +21,7 @@ def service(tmp_path_factory):
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """One private redis-server for tests that need only Redis (no workers)."""
-    from app.redis_server import EmbeddedRedis
+    from core.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=False).start()
     yield server
@@ -33,7 +33,7 @@ def redis_settings(tmp_path, redis_server):
     """Settings with a home under tmp_path and an empty Redis database."""
     import redis
 
-    from app.settings import Settings
+    from core.settings import Settings
 
     redis.Redis.from_url(redis_server.url).flushdb()
     return Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL=redis_server.url)

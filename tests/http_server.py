@@ -11,8 +11,8 @@ import time
 
 import uvicorn
 
-from app.redis_server import free_port
-from app.settings import Settings
+from core.redis_server import free_port
+from core.settings import Settings
 
 
 class HttpServer:
@@ -55,7 +55,7 @@ KEYS = {"alice": "alice-key", "bob": "bob-key"}
 def keyed_service(home):
     """A running service with two API keys (``KEYS``), a registered test model ``counter``, and a real HTTP
     server: yields ``(service, server)``."""
-    from app import registry
+    from core import registry
     from tests.service import Service
 
     service = Service(home, api_keys=",".join(f"{n}:{k}" for n, k in KEYS.items()), heartbeat_ttl_s=20,

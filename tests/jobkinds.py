@@ -6,7 +6,7 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.kinds.base import JobKind, register
+from core.kinds.base import JobKind, register
 
 
 class SleepRequest(BaseModel):
@@ -74,3 +74,7 @@ def register_test_kinds() -> None:
                      func="tests.jobkinds:threads_job", timeout_s=60, summary="test only"))
     register(JobKind(name="test_train_sleep", route="/test/train-sleep", request=SleepRequest, queue="train",
                      func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))
+    # a kind no client knows by name, described as drawn like a training run: clients must follow the description
+    register(JobKind(name="test_described", route="/test/described-route", request=SleepRequest, queue="explain",
+                     func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only", title="Described",
+                     renderer="training", sdk_method="described"))

@@ -5,7 +5,7 @@
         job = svc.wait(r.json()["id"])             # polls GET /jobs/{id} until it ends
         result = svc.client.get(f"/jobs/{job['id']}/result").json()
 
-Register test models in ``svc.settings`` (``app.registry.register_model``; Redis runs from construction on) before
+Register test models in ``svc.settings`` (``core.registry.register_model``; Redis runs from construction on) before
 ``start()`` (pass ``start=False`` to the constructor and call ``svc.start()``) with ``preload=True`` so that workers
 preload them; other models load on first use.
 
@@ -26,8 +26,8 @@ from typing import Any
 import redis
 from fastapi.testclient import TestClient
 
-from app.redis_server import EmbeddedRedis
-from app.settings import Settings
+from core.redis_server import EmbeddedRedis
+from core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +97,7 @@ class Service:
         """Start one worker on ``queues`` (extra ``explainq worker`` arguments in ``args``)."""
         log = open(self.home / f"worker-{len(self.workers)}.log", "ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--queues", queues, *args],
+            [sys.executable, "-m", "explainq.cli", "worker", "--queues", queues, *args],
             env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.workers.append(proc)

@@ -43,7 +43,7 @@ def _loc(r) -> list:
 
 
 def test_api_module_does_not_import_torch() -> None:
-    code = "import sys, app.kinds.ablations; assert 'torch' not in sys.modules"
+    code = "import sys, core.kinds.ablations; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -81,14 +81,14 @@ def test_ablation_by_path_end_to_end(svc: Service) -> None:
     assert len(full["results"]["all"]["simple_stats"]["runs"]) == 3
     assert "simple_stats" in svc.artifact(job["id"], "results.txt").decode()
     local = {p.name for p in (svc.home / "cache" / "features").glob("*.safetensors")}
-    from app import registry
+    from core import registry
 
     shared = {f["name"] for f in registry.store(svc.settings).list_files("cache/features")}
     assert local and local == shared  # every matrix is also in the store for other hosts
 
 
 def test_demo_dataset_registered_and_runs(svc: Service) -> None:
-    from app import registry
+    from core import registry
     from workers.jobs.ablations import prepare_demo
 
     prepare_demo(svc.settings, progress=False)

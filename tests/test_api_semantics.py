@@ -23,11 +23,12 @@ from rq.registry import CanceledJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from app.jobstore import JobStore, body_hash, owner_index_key
-from app.kinds.base import JobKind
 from app.main import create_app
-from app.redis_server import EmbeddedRedis, free_port
-from app.settings import Settings
+from core import keys
+from core.jobstore import JobStore, body_hash
+from core.kinds.base import JobKind
+from core.redis_server import EmbeddedRedis, free_port
+from core.settings import Settings
 from tests.jobkinds import SleepRequest
 
 OWNERS = [f"owner{i}" for i in range(16)]
@@ -143,7 +144,7 @@ def test_keyset_paging_while_jobs_expire_and_are_added(server, r):
     assert fresh[: len(added)] == list(reversed(added))
     assert len(fresh) == len(set(fresh)) == len(live_initial) + len(added)
     # Stale ids were removed from the index during the scans.
-    index = {m.decode() for m in r.zrange(owner_index_key("owner1"), 0, -1)}
+    index = {m.decode() for m in r.zrange(keys.owner_jobs("owner1"), 0, -1)}
     assert index.isdisjoint(deleted) and len(index) == len(fresh)
 
 
@@ -151,7 +152,7 @@ def test_keyset_paging_with_equal_creation_times(server, r):
     c = client_for(server, "owner2")
     ids = [post(c).json()["id"] for _ in range(12)]
     # Several jobs created in the same instant: the id breaks the tie and pages never skip or repeat one.
-    r.zadd(owner_index_key("owner2"), {job_id: 1000.0 for job_id in ids[:9]})
+    r.zadd(keys.owner_jobs("owner2"), {job_id: 1000.0 for job_id in ids[:9]})
     for limit in (1, 2, 4, 5, 50):
         seen = _page_all(c, limit)
         assert sorted(seen) == sorted(ids) and len(seen) == len(ids), limit
@@ -167,7 +168,7 @@ def test_a_scan_limit_returns_a_cursor_never_a_silent_end(redis_srv, tmp_path, r
         ids = [post(c).json()["id"] for _ in range(12)]
         r.delete(*[f"rq:job:{job_id}" for job_id in ids])  # all expired but one, the oldest
         wanted = post(c).json()["id"]
-    r.zadd(owner_index_key("owner3"), {wanted: 1.0})
+    r.zadd(keys.owner_jobs("owner3"), {wanted: 1.0})
     items, cursor = store.list("owner3", kind="no_such_kind", limit=5, scan_limit=5)
     assert items == [] and cursor is not None
     seen, pages = [], 1
@@ -177,7 +178,7 @@ def test_a_scan_limit_returns_a_cursor_never_a_silent_end(redis_srv, tmp_path, r
         seen += [i["id"] for i in items]
         pages += 1
     assert pages >= 3 and seen == [wanted]
-    assert r.zcard(owner_index_key("owner3")) == 1
+    assert r.zcard(keys.owner_jobs("owner3")) == 1
 
 
 # ------------------------------------------------------------------------------------------- idempotency
@@ -202,7 +203,7 @@ def test_concurrent_posts_with_one_key_create_exactly_one_job(server, r):
     assert all(a.json()["id"] == job_id for a in replayed)
     for a in busy:
         assert a.json()["detail"]["code"] == "idempotency_in_progress" and int(a.headers["retry-after"]) >= 1
-    assert r.zcard(owner_index_key("owner4")) == 1
+    assert r.zcard(keys.owner_jobs("owner4")) == 1
     # After the creation, every retry is a replay.
     again = post(c, headers=key)
     assert again.status_code == 202 and again.json()["id"] == job_id and again.headers["idempotent-replayed"]

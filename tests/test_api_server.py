@@ -12,7 +12,7 @@ from tests.service import ROOT
 def test_explainq_api_serves_the_tuned_app_with_uvloop_and_httptools(monkeypatch, tmp_path):
     import uvicorn
 
-    from app import cli
+    from explainq import cli
 
     monkeypatch.setenv("EXPLAINQ_HOME", str(tmp_path))
     monkeypatch.setenv("EXPLAINQ_API_KEYS", "")
@@ -51,7 +51,7 @@ def test_only_routes_of_one_router_answer_the_same_request(tmp_path):
     import re
 
     from app.main import create_app
-    from app.settings import Settings
+    from core.settings import Settings
     from tests.jobkinds import register_test_kinds
 
     register_test_kinds()
@@ -74,7 +74,7 @@ def test_only_routes_of_one_router_answer_the_same_request(tmp_path):
 
 
 def test_api_keys_are_found_by_digest():
-    from app.settings import Settings
+    from core.settings import Settings
 
     s = Settings(EXPLAINQ_API_KEYS="alice:key-a,bob:key-b, carol:k\u00e9y-c")
     assert s.api_key_for("key-a") == "key-a" and s.api_key_for("key-b") == "key-b"
@@ -88,7 +88,7 @@ def test_caller_answers_the_key_owner_or_401(tmp_path):
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.settings import Settings
+    from core.settings import Settings
 
     app = create_app(Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL="redis://127.0.0.1:1/0",
                               EXPLAINQ_API_KEYS="alice:key-a,bob:key-b"))
@@ -113,8 +113,8 @@ SLEEP_PAYLOAD = {"steps": 1, "step_s": 0.0, "fail_at": None, "model": None}
 def _store(settings, **extra):
     import redis
 
-    from app.jobstore import JobStore
-    from app.settings import Settings
+    from core.jobstore import JobStore
+    from core.settings import Settings
 
     if extra:
         settings = Settings(EXPLAINQ_HOME=str(settings.home), REDIS_URL=settings.redis_url, **extra)
@@ -136,9 +136,9 @@ def test_a_submission_writes_exactly_what_rqs_own_enqueue_writes(redis_settings)
     from rq import Queue
     from rq.serializers import JSONSerializer
 
-    from app.jobstore import RUNNER, body_hash
-    from app.kinds.base import KINDS
-    from app.metrics import SUBMITTED
+    from core.jobstore import RUNNER, body_hash
+    from core.kinds.base import KINDS
+    from core.metrics import SUBMITTED
 
     store = _store(redis_settings)
     r = store.redis
@@ -175,8 +175,8 @@ def test_a_submission_writes_exactly_what_rqs_own_enqueue_writes(redis_settings)
 def test_replays_takeovers_and_refusals(redis_settings):
     import pytest
 
-    from app.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
-    from app.kinds.base import KINDS
+    from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
+    from core.kinds.base import KINDS
 
     kind = KINDS["test_sleep"]
     store = _store(redis_settings, EXPLAINQ_MAX_ACTIVE_JOBS=2, EXPLAINQ_MAX_QUEUE_LENGTH=3)
@@ -221,8 +221,8 @@ def test_the_async_submission_is_the_sync_one(redis_settings):
 
     import redis.asyncio as aioredis
 
-    from app.jobstore import JobStore, QuotaExceeded
-    from app.kinds.base import KINDS
+    from core.jobstore import JobStore, QuotaExceeded
+    from core.kinds.base import KINDS
 
     kind = KINDS["test_sleep"]
     sync = _store(redis_settings, EXPLAINQ_MAX_ACTIVE_JOBS=2)
@@ -271,7 +271,7 @@ def test_the_async_client_packs_commands_as_redis_py_does():
 
 def test_get_job_documents_its_path_parameter_as_the_other_job_routes_do(tmp_path):
     from app.main import create_app
-    from app.settings import Settings
+    from core.settings import Settings
 
     spec = create_app(Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL="redis://127.0.0.1:1/0")).openapi()
     operations = spec["paths"]["/jobs/{job_id}"]
@@ -286,8 +286,8 @@ def test_run_script_answers_as_the_script_does_through_flushes_errors_and_droppe
     import redis
     from redis.exceptions import ResponseError
 
-    from app.jobstore import run_script
     from app.main import async_redis
+    from core.jobstore import run_script
 
     admin = redis.Redis.from_url(redis_settings.redis_url)
 

@@ -192,7 +192,7 @@ def test_pickle_shapes_reads_state_dicts_without_running_the_file(tmp_path):
 
     import torch
 
-    from models.formats import pickle_shapes
+    from models.weight_files import pickle_shapes
 
     sd = collections.OrderedDict(a=torch.zeros(3, 4), b=torch.nn.Parameter(torch.ones(5)))
     torch.save(sd, tmp_path / "m.pt")

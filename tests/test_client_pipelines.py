@@ -21,7 +21,7 @@ BDH_MODEL = {"n_layer": 1, "n_embd": 16, "n_head": 2, "mlp_multiplier": 2, "drop
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    from app import registry
+    from core import registry
     from models.news.demo import build_small
     from tests.service import Service
 

@@ -247,8 +247,8 @@ def test_explicit_idempotency_key_replays_and_conflicts(client):
 
 def test_503_is_retried_after_retry_after_then_raised(tmp_path):
     """An API whose Redis is down answers 503 with Retry-After: 2; the client waits it out, then gives up."""
-    from app.redis_server import free_port
-    from app.settings import Settings
+    from core.redis_server import free_port
+    from core.settings import Settings
 
     settings = Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
                         EXPLAINQ_REDIS_TIMEOUT_S=0.2)
@@ -266,8 +266,8 @@ def test_a_brief_redis_outage_is_ridden_out(tmp_path):
     """Redis stops; the API answers 503 with Retry-After; Redis is back before it; the call succeeds."""
     import threading
 
-    from app.redis_server import EmbeddedRedis
-    from app.settings import Settings
+    from core.redis_server import EmbeddedRedis
+    from core.settings import Settings
 
     redis_server = EmbeddedRedis(tmp_path / "redis").start()
     settings = Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL=redis_server.url, EXPLAINQ_REDIS_TIMEOUT_S=0.2)
@@ -287,7 +287,7 @@ def test_a_brief_redis_outage_is_ridden_out(tmp_path):
 
 
 def test_an_unreachable_server_is_a_connection_error():
-    from app.redis_server import free_port
+    from core.redis_server import free_port
 
     with Client(f"http://127.0.0.1:{free_port()}", max_retries=1) as c, pytest.raises(APIConnectionError):
         c.health()
@@ -336,7 +336,25 @@ def test_async_client_has_the_same_surface(server):
     asyncio.run(scenario())
 
 
-def test_attribution_result_class_is_chosen_by_kind():
+def test_attribution_result_class_is_chosen_by_renderer():
     from explainq_client.results import make_result
 
     assert isinstance(make_result("attributions", {"samples": []}), AttributionResult)
+
+
+def test_a_kind_the_sdk_does_not_know_is_submitted_and_rendered_as_it_describes_itself(client):
+    """The server's ``GET /kinds`` names the route and the renderer: ``submit`` by the kind's name reaches its
+    route (which is not derived from the name), and the result class follows the renderer, not the name."""
+    from explainq_client import TrainingResult
+
+    described = {k["name"]: k for k in client.kinds()}
+    assert described["test_described"]["route"] == "/test/described-route"
+    assert described["test_described"]["renderer"] == "training"
+    assert described["import_model"]["route"] == "/models/import"
+    assert described["attributions"]["renderer"] == "attributions" and "test_described" in described
+    job = client.submit("test_described", {"steps": 1, "step_s": 0.01})
+    assert job.kind == "test_described"
+    result = job.wait(timeout=60).result()
+    assert isinstance(result, TrainingResult) and result.kind == "test_described"
+    with pytest.raises(ValueError, match="unknown job kind 'bogus'"):
+        client.submit("bogus", {})

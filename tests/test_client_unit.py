@@ -97,7 +97,7 @@ def test_idempotency_in_progress_is_retried():
                           headers={"Retry-After": "0"})
     transport, seen = scripted(busy, httpx.Response(202, json=JOB))
     with Client("http://x", transport=transport) as c:
-        assert c.submit("tracin", {"model": "m"}, idempotency_key="k").id == "j1"
+        assert c.submit("/tracin", {"model": "m"}, idempotency_key="k").id == "j1"
     assert [r.headers["Idempotency-Key"] for r in seen] == ["k", "k"]
 
 
@@ -145,10 +145,14 @@ def test_errors_without_the_json_shape_are_still_typed():
 
 
 def test_route_for_and_bad_urls():
-    assert route_for("train_bdh") == route_for("train/bdh") == route_for("train-bdh") == "/train/bdh"
-    assert route_for("/test/sleep") == "/test/sleep"
-    with pytest.raises(ValueError, match="unknown job kind"):
-        route_for("bogus")
+    kinds = {"train_bdh": {"name": "train_bdh", "route": "/train/bdh"},
+             "import_model": {"name": "import_model", "route": "/models/import"}}
+    assert route_for("train_bdh", kinds) == route_for("train/bdh", kinds) == route_for("train-bdh", kinds) \
+        == "/train/bdh"
+    assert route_for("import_model", kinds) == "/models/import"  # the kind's own route, not one derived from its name
+    assert route_for("/test/sleep", kinds) == "/test/sleep"
+    with pytest.raises(ValueError, match="unknown job kind 'bogus': one of import_model, train_bdh"):
+        route_for("bogus", kinds)
     with pytest.raises(ExplainqError, match="base_url"):
         Client("localhost:8000")
 
@@ -275,16 +279,16 @@ def test_attribution_html_escapes_and_signs_every_word():
 
 def test_training_result_renders_curves():
     history = [{"epoch": e, "train_loss": 1.0 / e, "val_accuracy": 0.5 + e / 10, "lr": 0.1} for e in (1, 2, 3)]
-    html = make_result("train_bdh", {"history": history, "best_val_accuracy": 0.8})._repr_html_()
-    assert isinstance(make_result("train_bdh", {}), TrainingResult)
+    html = make_result("training", {"history": history, "best_val_accuracy": 0.8}, "train_bdh")._repr_html_()
+    assert isinstance(make_result("training", {}), TrainingResult)
     assert html.count("<polyline") == 2 and "train_loss" in html and "val_accuracy" in html and "lr<" not in html
     conve = [{"epoch": 1, "loss": 0.9}, {"epoch": 2, "loss": 0.5, "valid": {"mrr": 0.3, "hits@10": 0.7}}]
-    html = make_result("train_conve", {"history": conve, "metrics": {"test": {"mrr": 0.31}}})._repr_html_()
+    html = make_result("training", {"history": conve, "metrics": {"test": {"mrr": 0.31}}})._repr_html_()
     assert "valid.mrr" in html and "valid.hits@10" in html and "metrics.test.mrr" in html
 
 
 def test_tracin_result_renders_tables():
-    result = make_result("tracin", {"model": "kg", "mode": "test", "filter": {"n_hops": 1}, "results": [{
+    result = make_result("influence", {"model": "kg", "mode": "test", "filter": {"n_hops": 1}, "results": [{
         "test_triple": ["usa", "embassy", "<uk>"], "self_influence": 2.0, "n_candidates": 3,
         "proponents": [{"train_triple": ["usa", "aid", "uk"], "influence": 0.4, "train_self_influence": 1.0}],
         "opponents": [{"train_triple": ["uk", "war", "usa"], "influence": -0.2, "train_self_influence": 0.5}]}]})
@@ -295,11 +299,11 @@ def test_tracin_result_renders_tables():
 
 
 def test_self_influence_ranking_and_ablation_tables():
-    ranking = make_result("tracin", {"model": "kg", "mode": "self", "ranking": [
+    ranking = make_result("influence", {"model": "kg", "mode": "self", "ranking": [
         {"train_triple": ["a", "r", "b"], "self_influence": 3.5}, {"train_triple": ["c", "r", "d"],
                                                                    "self_influence": 1.25}]})._repr_html_()
     assert "self-influence ranking" in ranking and ranking.index("a · r · b") < ranking.index("c · r · d")
-    ablation = make_result("ablations", {"dataset": "lora-demo", "results": {
+    ablation = make_result("ablation", {"dataset": "lora-demo", "results": {
         "all": {"spectral": {"test_acc": {"mean": 0.95, "std": 0.01}}},
         "visual": {"spectral": {"test_acc": {"mean": 0.5, "std": 0.05}}}},
         "drop": {"spectral": {"absolute": 0.45, "relative": 0.47}}})._repr_html_()

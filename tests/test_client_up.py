@@ -14,7 +14,7 @@ import pytest
 from explainq_client import Client, TrainingResult
 from explainq_client.errors import APIConnectionError
 
-from app.redis_server import free_port
+from core.redis_server import free_port
 from tests.service import ROOT
 
 KEY = "up-key"
@@ -30,7 +30,7 @@ def up(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "EXPLAINQ_URL", "EXPLAINQ_API_KEY")}
     env.update(EXPLAINQ_HOME=str(home), EXPLAINQ_API_KEYS=f"team:{KEY}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     log = open(home / "up.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--no-demo", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "explainq.cli", "up", "--no-demo", "--port", str(port)], cwd=ROOT,
                             env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

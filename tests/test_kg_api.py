@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from app import registry
+from core import registry
 from models.kg.train import TrainConfig, train_conve
 from models.kg.triples import load_nations
 

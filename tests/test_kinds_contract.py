@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.kinds import load_all
-from app.redis_server import EmbeddedRedis
-from app.settings import Settings
+from core.kinds import load_all
+from core.redis_server import EmbeddedRedis
+from core.settings import Settings
 
 PRODUCT_KINDS = {name: kind for name, kind in load_all().items()
                  if not kind.func.startswith("tests.") and not kind.internal}

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from app import logs
-from app.logs import job_logging, set_process_fields, setup_logging
+from core import logs
+from core.logs import job_logging, set_process_fields, setup_logging
 
 
 @pytest.fixture

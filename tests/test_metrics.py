@@ -9,8 +9,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
-from app.metrics import record_model_load
-from app.settings import Settings
+from core.metrics import record_model_load
+from core.settings import Settings
 
 
 def scrape(client, headers=None) -> dict[tuple[str, tuple], float]:
@@ -98,7 +98,7 @@ def test_metrics_model_loads_and_auth(service):
 def test_recording_helpers_never_raise_when_redis_is_gone():
     import redis
 
-    from app.metrics import record_finished, record_submitted
+    from core.metrics import record_finished, record_submitted
 
     gone = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
     record_submitted(gone, "k")

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from app import registry
+from core import registry
 from models.news.demo import build_small
 
 SMALL = {"n_news": 240, "n_users": 60}

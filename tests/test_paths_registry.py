@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from app import registry
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
+from core import registry
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_only_the_owner_replaces_or_deletes(redis_settings, tmp_path):
     second = registry.register_model(settings, "m", kind="k", loader="a:b", path=src, owner="alice")
     assert second["location"] != first["location"]  # a replacement is a new immutable version
     # the replaced version waits for gc; the new one is referenced
-    from app.gc import collect
+    from core.retention import collect
 
     removed = collect(settings, grace_s=0)
     assert first["location"] in removed["versions"]
@@ -115,7 +115,7 @@ def test_concurrent_registrations_of_one_name_by_two_owners_one_wins(redis_setti
 def test_legacy_registry_json_is_imported_once(redis_server, tmp_path):
     import redis
 
-    from app.settings import Settings
+    from core.settings import Settings
 
     redis.Redis.from_url(redis_server.url).flushdb()
     model_dir = tmp_path / "models" / "old"
@@ -134,7 +134,7 @@ def test_legacy_registry_json_is_imported_once(redis_server, tmp_path):
 
 
 def test_store_copies_remote_style_keys_into_the_host_cache(tmp_path):
-    from app.store import Store, StoreError
+    from core.filestore import Store, StoreError
 
     shared = tmp_path / "shared"
     a = Store(str(shared), tmp_path / "hostA" / "cache", cache_mode="always")
@@ -165,7 +165,7 @@ def test_malformed_api_keys_raise():
 def test_sync_dir_sends_only_files_changed_since_the_last_call(tmp_path, monkeypatch):
     import os
 
-    from app.store import Store
+    from core.filestore import Store
 
     store = Store(str(tmp_path / "store"), tmp_path / "cache")
     src = tmp_path / "job"

@@ -16,7 +16,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from app.redis_server import EmbeddedRedis, free_port, redact_url, redis_client
+from core.redis_server import EmbeddedRedis, free_port, redact_url, redis_client
 from tests.service import ROOT, Service
 
 
@@ -92,7 +92,7 @@ def test_no_password_is_refused_off_loopback(tmp_path):
     with pytest.raises(ValueError, match="without a password"):
         EmbeddedRedis(tmp_path / "r", host="0.0.0.0", password="")
     env = {**os.environ, "EXPLAINQ_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "app.cli", "redis", "--host", "0.0.0.0", "--no-password"],
+    r = subprocess.run([sys.executable, "-m", "explainq.cli", "redis", "--host", "0.0.0.0", "--no-password"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "without a password" in r.stderr
 
@@ -102,7 +102,7 @@ def test_redis_command_serves_other_hosts_with_a_password_file_and_never_prints_
     pw_file.write_text("correct-horse-battery-staple\n")
     port = free_port()
     env = {**os.environ, "EXPLAINQ_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "redis", "--host", "0.0.0.0", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "explainq.cli", "redis", "--host", "0.0.0.0", "--port", str(port),
                              "--password-file", str(pw_file)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -178,7 +178,7 @@ def test_health_ready_models_docs(service):
 
 
 def test_api_process_never_imports_torch():
-    code = ("import sys, app.main, app.cli; app.main.create_app(); "
+    code = ("import sys, app.main, explainq.cli; app.main.create_app(); "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

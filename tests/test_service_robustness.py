@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app import registry
+from core import registry
 from tests.service import Service
 
 

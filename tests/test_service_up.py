@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.redis_server import free_port
+from core.redis_server import free_port
 from tests.service import ROOT
 
 
@@ -32,7 +32,7 @@ def _children(pid: int) -> dict[int, str]:
 
 
 def _workers(pid: int) -> set[int]:
-    return {p for p, cmd in _children(pid).items() if "app.cli worker" in cmd}
+    return {p for p, cmd in _children(pid).items() if "explainq.cli worker" in cmd}
 
 
 def _wait(predicate, timeout_s: float, what: str):
@@ -51,7 +51,7 @@ def test_up_serves_restarts_dead_workers_and_stops_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env.update(EXPLAINQ_HOME=str(tmp_path), EXPLAINQ_HEARTBEAT_TTL_S="5", PYTHONPATH=str(ROOT))
     log = open(tmp_path / "up.log", "wb")
-    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--no-demo", "--port", str(port)],
+    up = subprocess.Popen([sys.executable, "-m", "explainq.cli", "up", "--no-demo", "--port", str(port)],
                           cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -92,6 +92,6 @@ def test_up_serves_restarts_dead_workers_and_stops_cleanly(tmp_path):
 def test_api_refuses_public_bind_without_keys(tmp_path):
     env = {**os.environ, "EXPLAINQ_HOME": str(tmp_path), "EXPLAINQ_API_KEYS": "", "PYTHONPATH": str(ROOT)}
     for cmd in (["api", "--host", "0.0.0.0"], ["up", "--host", "0.0.0.0", "--no-demo"]):
-        r = subprocess.run([sys.executable, "-m", "app.cli", *cmd], cwd=ROOT, env=env, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "explainq.cli", *cmd], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and "refusing to listen" in r.stderr

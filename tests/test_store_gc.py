@@ -7,10 +7,10 @@ import json
 import redis
 import torch
 
-from app import registry
-from app.artifacts import OWNERS_KEY, artifacts_key, record_owner
-from app.gc import collect
-from app.jobstore import JOB_PREFIX
+from core import keys, registry
+from core.artifacts import artifacts_key, record_owner
+from core.keys import JOB_PREFIX
+from core.retention import collect
 from workers.model_cache import ModelCache, estimate_nbytes
 
 
@@ -80,7 +80,7 @@ def test_gc_deletes_the_files_of_expired_jobs_only(redis_settings, tmp_path):
     assert removed["artifacts"] == ["expired"]
     assert store.exists(artifacts_key("live", "out.txt"))
     assert not store.exists(artifacts_key("expired"))
-    assert r.hkeys(OWNERS_KEY) == [b"live"]
+    assert r.hkeys(keys.ARTIFACT_OWNERS) == [b"live"]
 
 
 def test_gc_keeps_recent_unregistered_uploads_and_deletes_old_ones(redis_settings, tmp_path):
@@ -96,7 +96,7 @@ def test_gc_keeps_recent_unregistered_uploads_and_deletes_old_ones(redis_setting
 
 
 def test_feature_matrices_computed_on_one_host_are_reused_on_another(tmp_path):
-    from app.store import Store
+    from core.filestore import Store
     from models.lora.features import FeatureCache, LayerSetFeatures
     from workers.jobs.ablations import StoreFeatureTier
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from app.cli import TRAIN_NICE, Restarts, Supervisor, exit_reason, split_threads
+from explainq.cli import TRAIN_NICE, Restarts, Supervisor, exit_reason, split_threads
 
 
 class CrashingSupervisor(Supervisor):

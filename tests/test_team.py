@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.redis_server import EmbeddedRedis, free_port
+from core.redis_server import EmbeddedRedis, free_port
 from models.kg.influence import CSV_COLUMNS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +53,7 @@ class Hosts:
     def start(self, home: Path, *argv: str) -> subprocess.Popen:
         home.mkdir(parents=True, exist_ok=True)
         log = home / "process.log"
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], env=self.env(home), cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "explainq.cli", *argv], env=self.env(home), cwd=ROOT,
                                 stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append((proc, log))
         return proc

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app import registry
 from app.ui.views import signed
+from core import registry
 from models.news.text import WordTokenizer
 
 CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from app import registry
+from core import registry
 from models.kg.train import TrainConfig, train_conve
 from models.kg.triples import load_nations
 from models.lora.synthetic import generate_dataset

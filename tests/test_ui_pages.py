@@ -9,11 +9,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from fastapi.testclient import TestClient
 
-from app import registry
 from app.main import create_app
-from app.settings import Settings
 from app.ui import router as ui_router
 from app.ui.session import COOKIE
+from core import registry
+from core.settings import Settings
 
 KEYS = "alice:pages-key-alice-0123456789,bob:pages-key-bob-0123456789"
 ALICE, BOB = "pages-key-alice-0123456789", "pages-key-bob-0123456789"
@@ -74,10 +74,10 @@ def test_pages_need_sign_in_and_the_cookie_is_signed_httponly_and_strict(svc) ->
     assert c.get("/ui/jobs").status_code == 200
     # the signing secret is in Redis, so an API process on another host (another home) accepts the same cookie
     from app.main import create_app
-    from app.settings import Settings
-    from app.ui.session import SECRET_KEY
+    from core.keys import UI_SECRET
+    from core.settings import Settings
 
-    assert len(svc.redis().get(SECRET_KEY)) == 64
+    assert len(svc.redis().get(UI_SECRET)) == 64
     other = Settings(EXPLAINQ_HOME=str(svc.home / "other-host"), REDIS_URL=svc.settings.redis_url,
                      EXPLAINQ_API_KEYS=svc.settings.api_keys_raw)
     with TestClient(create_app(other)) as c2:

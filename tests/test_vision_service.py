@@ -32,7 +32,7 @@ def service(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_kind_module_does_not_import_torch() -> None:
-    code = "import sys, app.kinds.train_bdh; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, core.kinds.train_bdh; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -82,7 +82,7 @@ def test_train_digits_end_to_end(service: Service) -> None:
     model = service.client.get(f"/models/{result['model_name']}")
     if model.status_code == 200:  # the registry route shows what the job registered
         assert model.json().get("kind", "vision_bdh") == "vision_bdh"
-    from app import registry
+    from core import registry
 
     assert registry.get_model(service.settings, result["model_name"])["loader"] == "models.vision.checkpoint:load"
 
@@ -140,7 +140,7 @@ def test_cifar10_from_the_data_root(service: Service, tmp_path: Path) -> None:
 
 
 def test_prepare_demo_registers_datasets(service: Service) -> None:
-    from app import registry
+    from core import registry
     from workers.jobs.train_bdh import prepare_demo
 
     prepare_demo(service.settings, progress=False)

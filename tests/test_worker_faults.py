@@ -14,9 +14,9 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from app import reaper
-from app.jobstore import job_view
-from app.redis_server import redis_client
+from core import reaper
+from core.jobview import job_view
+from core.redis_server import redis_client
 from tests.service import Service
 
 
@@ -103,12 +103,12 @@ def test_a_lost_job_stays_lost_when_its_zombie_worker_comes_back(tmp_path):
         _wait_raw(svc, job_id, lambda r: _done(r) >= 5, 60, "job never progressed")
         conn = svc.redis()
         worker = conn.hget(f"rq:job:{job_id}", "worker_name").decode()
-        assert conn.get(reaper.alive_key(worker)).decode() == job_id
+        assert conn.get(reaper.keys.alive(worker)).decode() == job_id
         assert not reaper.is_abandoned(conn, job_id, ttl)
         os.killpg(svc.workers[0].pid, signal.SIGSTOP)  # a hung worker: no heartbeat, no progress
         try:
             deadline = time.monotonic() + 30
-            while conn.exists(reaper.alive_key(worker)) and time.monotonic() < deadline:
+            while conn.exists(reaper.keys.alive(worker)) and time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(ttl + 0.5)
             assert reaper.is_abandoned(conn, job_id, ttl)
@@ -178,7 +178,7 @@ def test_jobs_enqueued_before_an_upgrade_still_run_and_ignore_their_function_pat
 def test_the_reaping_rule(tmp_path):
     from rq.utils import utcformat
 
-    from app.redis_server import EmbeddedRedis
+    from core.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(tmp_path / "redis", appendonly=False).start()
     try:
@@ -189,9 +189,9 @@ def test_the_reaping_rule(tmp_path):
         stale = utcformat(datetime.now(UTC) - timedelta(seconds=3 * ttl))
         conn.hset(key, mapping={"status": "started", "worker_name": "w1", "last_heartbeat": stale})
         conn.zadd("rq:wip:explain", {f"{job.id}:exec1": time.time() + 100})
-        conn.set(reaper.alive_key("w1"), job.id, ex=ttl)
+        conn.set(reaper.keys.alive("w1"), job.id, ex=ttl)
         assert not reaper.is_abandoned(conn, job.id, ttl, uptime_s=100)  # its worker is alive
-        conn.delete(reaper.alive_key("w1"))
+        conn.delete(reaper.keys.alive("w1"))
         assert not reaper.is_abandoned(conn, job.id, ttl, uptime_s=ttl - 1)  # Redis restarted < 1 TTL ago
         conn.hset(key, "last_heartbeat", utcformat(datetime.now(UTC)))
         assert not reaper.is_abandoned(conn, job.id, ttl, uptime_s=100)  # beat recently (an older worker)

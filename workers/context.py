@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app import registry
-from app.artifacts import artifacts_key, record_owner
-from app.jobstore import cancel_key
-from app.settings import Settings
-from app.store import get_store, media_type
+from core import keys, registry
+from core.artifacts import artifacts_key, record_owner
+from core.filestore import get_store, media_type
+from core.settings import Settings
 
 if TYPE_CHECKING:
     import torch
@@ -212,7 +211,7 @@ class JobContext:
             return
         if self._redis.ready():
             try:
-                canceled = self.job.connection.exists(cancel_key(self.job.id))
+                canceled = self.job.connection.exists(keys.cancel(self.job.id))
             except REDIS_DOWN_ERRORS as exc:
                 self._redis_failed("cancel check", exc)
             else:

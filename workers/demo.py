@@ -7,7 +7,7 @@ import logging
 import pkgutil
 import time
 
-from app.settings import Settings
+from core.settings import Settings
 
 log = logging.getLogger("explainq.demo")
 

@@ -1,4 +1,4 @@
-"""The worker side of fan-out (see app/fanout.py): plan shards, enqueue them and the reduce step, run a shard once.
+"""The worker side of fan-out (see core/fanout.py): plan shards, enqueue them and the reduce step, run a shard once.
 
 - ``fan_out`` is called by a parent job function: it enqueues the shard jobs and the reduce job (deterministic ids;
   existing ones are left alone, so a parent re-run after its worker died enqueues nothing twice), records the plan in
@@ -22,24 +22,23 @@ from rq import Queue
 from rq.job import Dependency, Job, Retry
 from rq.serializers import JSONSerializer
 
-from app import registry
-from app.artifacts import artifacts_key, record_owner
-from app.fanout import BULK, children_key, plan, reduce_id, shard_id
-from app.store import StoreError, get_store
+from core import keys, registry
+from core.artifacts import artifacts_key, record_owner
+from core.fanout import BULK, plan, reduce_id, shard_id
+from core.filestore import StoreError, get_store
 from workers.context import JobContext, json_safe
 
 log = logging.getLogger("explainq.fanout")
 
 RUNNER = "workers.runner.execute"
 TARGET_SHARD_S = 120.0
-RATE_KEY = "explainq:rate:{kind}:{model}"
 
 
 def record_rate(ctx: JobContext, kind: str, model: str, units: float, seconds: float) -> None:
     """Fold a measured rate (cost units per second) into the kind's and model's moving average."""
     if seconds <= 0 or units <= 0:
         return
-    key = RATE_KEY.format(kind=kind, model=model)
+    key = keys.rate(kind, model)
     r = registry.connection(ctx.settings)
     try:
         old = r.get(key)
@@ -54,7 +53,7 @@ def auto_shard_size(ctx: JobContext, kind: str, model: str, cost_per_item: float
                     lo: int = 8, hi: int = 20_000) -> int:
     """Items per shard so that a shard takes about ``TARGET_SHARD_S`` at the measured (or default) rate."""
     try:
-        raw = registry.connection(ctx.settings).get(RATE_KEY.format(kind=kind, model=model))
+        raw = registry.connection(ctx.settings).get(keys.rate(kind, model))
     except Exception:  # advice only: size from the default rate
         log.warning("could not read the measured throughput of %s/%s; using the default", kind, model,
                     exc_info=True)
@@ -86,14 +85,14 @@ def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict
     for i, (start, end) in enumerate(ranges):
         sid = shard_id(parent, i)
         ids.append(sid)
-        conn.zadd(children_key(parent), {sid: i})
+        conn.zadd(keys.children(parent), {sid: i})
         if Job.exists(sid, connection=conn):
             continue
         queue.enqueue(RUNNER, args=(shard_kind, shard_payload(i, start, end)), job_id=sid,
                       retry=Retry(max=retries) if retries > 0 else None,
                       meta={"kind": shard_kind, "owner": owner, "parent": parent, "shard": i}, **common)
         ctx.progress(i + 1, len(ranges), "shards", message=f"enqueued shard {i + 1}/{len(ranges)}")
-    conn.expire(children_key(parent), max(settings.result_ttl_s, settings.failure_ttl_s) + 3600)
+    conn.expire(keys.children(parent), max(settings.result_ttl_s, settings.failure_ttl_s) + 3600)
     rid = reduce_id(parent)
     if not Job.exists(rid, connection=conn):
         queue.enqueue(RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": request}),

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
-from app import registry
-from app.settings import Settings
+from core import registry
+from core.settings import Settings
 
 log = logging.getLogger("explainq.models")
 
@@ -118,7 +118,7 @@ class ModelCache:
 
     def _record_load(self, name: str, seconds: float) -> None:
         """Count the load for ``GET /metrics`` (never raises: a metrics failure never fails a load)."""
-        from app.metrics import record_model_load
+        from core.metrics import record_model_load
 
         record_model_load(registry.connection(self.settings), name, seconds)
 

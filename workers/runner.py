@@ -1,7 +1,7 @@
 """The one function RQ runs for every job: look the kind up, build the context, call the job function.
 
 Nothing read from Redis decides what code runs: the job names a kind, and the function comes from this worker's own
-kind table (``app.kinds.load_all()`` plus the ``EXPLAINQ_KIND_PLUGINS`` hooks run at start). The payload is
+kind table (``core.kinds.load_all()`` plus the ``EXPLAINQ_KIND_PLUGINS`` hooks run at start). The payload is
 validated again against the kind's request schema. Results, progress and metrics never carry NaN or infinity.
 """
 
@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from app.kinds.base import JobKind
-from app.logs import job_logging
-from app.settings import Settings
+from core.kinds.base import JobKind
+from core.logs import job_logging
+from core.settings import Settings
 from workers.context import JobCanceled, JobContext, JobError, JobLost, WorkerShutdown, json_safe
 from workers.model_cache import ModelCache, UnknownModel, import_object
 
@@ -47,7 +47,7 @@ def _state() -> tuple[Settings, ModelCache]:
 
 def kind_table(settings: Settings) -> dict[str, JobKind]:
     """This worker's kinds: the product's, plus those the ``EXPLAINQ_KIND_PLUGINS`` hooks register (once each)."""
-    from app import kinds
+    from core import kinds
 
     table = kinds.load_all()
     for hook in (h.strip() for h in settings.kind_plugins_raw.split(",")):

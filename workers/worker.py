@@ -3,7 +3,7 @@
 - Models listed in the registry are loaded once at start and shared by every job.
 - A heartbeat thread runs for the whole of every job (model loads included). It refreshes the job's registration
   and the worker's liveness key ``explainq:alive:<name>`` (value: the running job's id, TTL
-  ``EXPLAINQ_HEARTBEAT_TTL_S``); ``app.reaper`` fails a running job as ``worker_lost`` only once that key is gone.
+  ``EXPLAINQ_HEARTBEAT_TTL_S``); ``core.reaper`` fails a running job as ``worker_lost`` only once that key is gone.
 - Redis outages: the job keeps computing (progress is kept and written later, cancel checks fail open), the
   heartbeat thread keeps trying, and the job's end (result or failure) is written with retries for up to
   ``EXPLAINQ_REDIS_RETRY_S``. A job failed as ``worker_lost`` meanwhile is left failed.
@@ -33,11 +33,11 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.utils import now
 
-from app.logs import set_process_fields, setup_logging
-from app.reaper import alive_key, reap_queue
-from app.redis_server import redact_url, redis_client
-from app.routers.models import LOADED_SET, loaded_key
-from app.settings import Settings
+from core import keys
+from core.logs import set_process_fields, setup_logging
+from core.reaper import reap_queue
+from core.redis_server import redact_url, redis_client
+from core.settings import Settings
 from workers import runner
 from workers.context import REDIS_DOWN_ERRORS, SHUTDOWN_REQUESTED, Backoff
 from workers.model_cache import ModelCache
@@ -202,13 +202,13 @@ class ExplainqWorker(SimpleWorker):
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline=pipeline)
-            pipeline.set(alive_key(self.name), self._current_job_id or "", ex=self._ttl)
+            pipeline.set(keys.alive(self.name), self._current_job_id or "", ex=self._ttl)
             return
 
         def beat() -> None:
             with self.connection.pipeline() as pipe:
                 super(ExplainqWorker, self).heartbeat(timeout, pipeline=pipe)
-                pipe.set(alive_key(self.name), self._current_job_id or "", ex=self._ttl)
+                pipe.set(keys.alive(self.name), self._current_job_id or "", ex=self._ttl)
                 pipe.execute()
             self._publish_models()
 
@@ -230,7 +230,7 @@ class ExplainqWorker(SimpleWorker):
             self.last_cleaned_at = now()  # next try at the next maintenance interval
 
     def clean_registries(self) -> None:
-        """RQ's registry maintenance, with started jobs reaped by ``app.reaper``'s rule instead of RQ's."""
+        """RQ's registry maintenance, with started jobs reaped by ``core.reaper``'s rule instead of RQ's."""
         for queue in self.queues:
             if not queue.acquire_maintenance_lock():
                 continue
@@ -255,8 +255,8 @@ class ExplainqWorker(SimpleWorker):
                 "models": self.models.describe()}
         ttl = int(self.worker_ttl) + 30
         with self.connection.pipeline() as pipe:
-            pipe.set(loaded_key(self.name), json.dumps(info), ex=ttl)
-            pipe.sadd(LOADED_SET, self.name)
+            pipe.set(keys.worker_models(self.name), json.dumps(info), ex=ttl)
+            pipe.sadd(keys.WORKER_MODELS, self.name)
             pipe.execute()
 
     def handle_job_failure(self, job: Job, queue: Queue, started_job_registry=None, exc_string="",
@@ -270,14 +270,14 @@ class ExplainqWorker(SimpleWorker):
             job.enqueue_at_front_on_retry = True
         result = super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
                                             exc_string=exc_string, execution=execution)
-        from app.metrics import record_job_end
+        from core.metrics import record_job_end
 
         record_job_end(self.connection, job)
         return result
 
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry, execution=None):
         super().handle_job_success(job, queue, started_job_registry, execution)
-        from app.metrics import record_job_end
+        from core.metrics import record_job_end
 
         record_job_end(self.connection, job)
 
@@ -288,8 +288,8 @@ class ExplainqWorker(SimpleWorker):
     def register_death(self):
         try:
             with self.connection.pipeline() as pipe:
-                pipe.delete(loaded_key(self.name), alive_key(self.name))
-                pipe.srem(LOADED_SET, self.name)
+                pipe.delete(keys.worker_models(self.name), keys.alive(self.name))
+                pipe.srem(keys.WORKER_MODELS, self.name)
                 pipe.execute()
         except REDIS_DOWN_ERRORS as exc:
             log.warning("could not unregister (redis unreachable): %s", exc)

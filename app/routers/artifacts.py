@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import StreamingResponse
 
-from app.artifacts import artifacts_key, list_files, owner_record
 from app.deps import caller
-from app.jobstore import JOB_PREFIX, owner_of
-from app.store import StoreError, clean_key, get_store, media_type
+from core.artifacts import artifacts_key, list_files
+from core.filestore import StoreError, clean_key, get_store, media_type
+from core.jobview import parse_meta
+from core.keys import JOB_PREFIX, valid_job_id
+from core.ownership import owns_files
 
 router = APIRouter(tags=["artifacts"])
 
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 
 
 def _not_found(message: str) -> HTTPException:
@@ -26,15 +26,11 @@ def _not_found(message: str) -> HTTPException:
 async def _check_owner(request: Request, job_id: str, owner: str) -> None:
     """The job is the caller's: its Redis record says so, or (after the record expired, before gc) the
     artifact owner record does. Anything else is 404, exactly like an unknown job."""
-    if not JOB_ID.match(job_id):
+    if not valid_job_id(job_id):
         raise _not_found(f"no job {job_id!r}")
-    meta = await request.app.state.aredis.hget(JOB_PREFIX + job_id, "meta")
-    if meta is not None:
-        if owner_of({b"meta": meta}) == owner:
-            return
-        raise _not_found(f"no job {job_id!r}")
-    record = await run_in_threadpool(owner_record, request.app.state.settings, job_id)
-    if record is None or record.get("owner") != owner:
+    raw_meta = await request.app.state.aredis.hget(JOB_PREFIX + job_id, "meta")
+    meta = parse_meta({b"meta": raw_meta}) if raw_meta is not None else None
+    if not await run_in_threadpool(owns_files, request.app.state.settings, job_id, owner, meta):
         raise _not_found(f"no job {job_id!r}")
 
 

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from rq import Worker
 
 from app.deps import caller
-from app.kinds.base import QUEUES
+from core.kinds.base import QUEUES
 
 router = APIRouter(tags=["health"])
 

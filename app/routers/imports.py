@@ -1,8 +1,8 @@
 """``POST /datasets``: register a directory under the data roots as a named dataset of the caller.
 
-The format is detected and validated (:mod:`app.formats`) before anything is registered; the response carries the
+The format is detected and validated (:mod:`core.dataset_formats`) before anything is registered; the response carries the
 counts. The directory is referenced in place (it lives on the data roots every host mounts). Model imports are a
-job kind (``POST /models/import``, :mod:`app.kinds.import_model`): loading weights needs torch.
+job kind (``POST /models/import``, :mod:`core.kinds.import_model`): loading weights needs torch.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app import registry
 from app.deps import caller
-from app.formats import FormatError, detect
-from app.kinds.base import FieldConflict, FieldError, require_name_free
-from app.paths import PathError, resolve_data_path
+from core import registry
+from core.dataset_formats import FormatError, detect
+from core.kinds.base import FieldConflict, FieldError, require_name_free
+from core.userfiles import PathError, resolve_data_path
 
 router = APIRouter(tags=["datasets"])
 

@@ -11,25 +11,23 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from app import fanout
 from app.deps import caller
-from app.jobstore import (
-    JOB_PREFIX,
+from core import fanout
+from core.jobstore import decode_cursor, run_script
+from core.jobview import (
     STATUSES,
     TERMINAL,
     VIEW_FIELDS,
     VIEW_SCRIPT,
-    decode_cursor,
     fields_to_raw,
     is_abandoned,
     job_view,
-    owner_of,
     parse_meta,
-    run_script,
-    valid_job_id,
     view_script_args,
     view_script_result,
 )
+from core.keys import JOB_PREFIX, valid_job_id
+from core.ownership import owns
 
 router = APIRouter(tags=["jobs"])
 
@@ -68,7 +66,7 @@ async def _owned(request: Request, job_id: str, owner: str
         raise _not_found(job_id)
     raw, position = await _fetch_with_position(request, job_id)
     meta = parse_meta(raw) if raw else {}
-    if not raw or meta.get("owner") != owner:
+    if not raw or not owns(meta, owner):
         raise _not_found(job_id)
     if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
         reaped = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
@@ -83,7 +81,7 @@ async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, b
 
 async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None,
                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The job view; a fanned-out parent's status, shards and progress come from its shards (app/fanout.py).
+    """The job view; a fanned-out parent's status, shards and progress come from its shards (core/fanout.py).
     The byte check keeps the common case at zero extra cost."""
     view = job_view(job_id, raw, position=position, meta=meta)
     if b'"fanout"' in raw.get(b"meta", b""):
@@ -149,7 +147,7 @@ def list_jobs(
 def _list_children(request: Request, parent: str, owner: str, limit: int, cursor: str | None) -> dict[str, Any]:
     store = request.app.state.store
     raw = store.raw(parent) if valid_job_id(parent) else {}
-    if not raw or owner_of(raw) != owner:
+    if not raw or not owns(parse_meta(raw), owner):
         raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no job {parent!r}",
                                                      "loc": ["query", "parent"]})
     if cursor is not None and not cursor.isdigit():

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.deps import caller
-from app.jobstore import prune_canceled
+from core.jobstore import prune_canceled
+from core.metrics import build_registry
 
 router = APIRouter(tags=["health"])
+
+
+def install(app: Any) -> None:
+    """Give a FastAPI app its registry (``app.state.metrics_registry``), its Redis-error counter
+    (``app.state.redis_errors``) and the ``GET /metrics`` route."""
+    app.state.metrics_registry, app.state.redis_errors = build_registry(app.state.redis)
+    app.include_router(router)
 
 
 def _scrape(request: Request) -> bytes:

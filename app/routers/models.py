@@ -8,16 +8,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import JSONResponse
 
-from app import registry
 from app.deps import caller
+from core import keys, registry
 
 router = APIRouter(tags=["models"])
 
-LOADED_SET = "explainq:worker-models"
-
-
-def loaded_key(worker_name: str) -> str:
-    return f"explainq:worker-models:{worker_name}"
 
 
 @router.get("/models", summary="Registered models: name, kind, parameters, and the workers that hold them")
@@ -25,12 +20,12 @@ def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, An
     settings = request.app.state.settings
     redis = request.app.state.redis
     loaded: dict[str, list[dict[str, Any]]] = {}
-    workers = sorted(w.decode() for w in redis.smembers(LOADED_SET))
+    workers = sorted(w.decode() for w in redis.smembers(keys.WORKER_MODELS))
     if workers:
-        values = redis.mget([loaded_key(w) for w in workers])
+        values = redis.mget([keys.worker_models(w) for w in workers])
         for worker, value in zip(workers, values, strict=True):
             if value is None:  # the worker is gone: its key expired with its heartbeat
-                redis.srem(LOADED_SET, worker)
+                redis.srem(keys.WORKER_MODELS, worker)
                 continue
             info = json.loads(value)
             for model in info.get("models", []):

@@ -9,8 +9,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
-from app.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
-from app.kinds.base import FieldError, JobKind
+from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
+from core.kinds.base import FieldError, JobKind
 
 # Seconds a client should wait before retrying a 409 idempotency_in_progress / a 429.
 IN_PROGRESS_RETRY_S = 1
@@ -70,5 +70,19 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
             "`idempotency_in_progress` while the same Idempotency-Key's job is being created; 429 "
             "`quota_exceeded` (with Retry-After) over `EXPLAINQ_MAX_ACTIVE_JOBS` or `EXPLAINQ_MAX_QUEUE_LENGTH`.",
             name=f"submit_{kind.name}",
+            openapi_extra={"x-explainq-kind": kind.describe()},
         )
+    return router
+
+
+def kinds_router(kinds: dict[str, JobKind]) -> APIRouter:
+    """``GET /kinds``: every public kind as it describes itself (route, queue, title, result renderer, SDK method,
+    form hints), so clients present a kind without knowing its name."""
+    router = APIRouter(tags=["health"])
+    described = [k.describe() for k in sorted(kinds.values(), key=lambda k: k.name) if not k.internal]
+
+    @router.get("/kinds", summary="The job kinds this service runs, as they describe themselves")
+    async def list_kinds(_owner: str = Depends(caller)) -> dict[str, Any]:
+        return {"kinds": described}
+
     return router

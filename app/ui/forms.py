@@ -14,15 +14,6 @@ from typing import Any
 
 from starlette.datastructures import FormData
 
-# Fields whose values are registry names: (kind, dotted field) -> ("models" | "datasets", registry kind)
-PICKERS: dict[tuple[str, str], tuple[str, str]] = {
-    ("attributions", "model"): ("models", "news"),
-    ("attributions", "compare_with"): ("models", "news"),
-    ("attributions", "dataset.name"): ("datasets", "news"),
-    ("tracin", "model"): ("models", "conve"),
-    ("train_conve", "dataset"): ("datasets", "triples"),
-    ("ablations", "dataset"): ("datasets", "lora"),
-}
 TOGGLE = ".__on"  # the checkbox that includes an optional nested object
 
 
@@ -53,15 +44,18 @@ class FormField:
 
 
 def submit_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """kind name -> {route, summary, schema} for every ``POST`` route tagged ``submit``."""
+    """kind name -> {route, summary, schema, kind} for every ``POST`` route tagged ``submit``; ``kind`` is the
+    kind's own description (``x-explainq-kind``: title, renderer, pickers, widgets...)."""
     out: dict[str, dict[str, Any]] = {}
     for path, ops in openapi.get("paths", {}).items():
         op = ops.get("post")
         if not op or "submit" not in op.get("tags", []):
             continue
         schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
-        name = path.strip("/").replace("/", "_").replace("-", "_")
-        out[name] = {"route": path, "summary": op.get("summary", ""), "schema": schema}
+        described = op.get("x-explainq-kind") or {}
+        name = described.get("name") or path.strip("/").replace("/", "_").replace("-", "_")
+        out[name] = {"route": path, "summary": op.get("summary", ""), "schema": schema, "kind": described,
+                     "title": described.get("title") or name}
     return dict(sorted(out.items()))
 
 
@@ -87,14 +81,16 @@ def _label(name: str, schema: dict[str, Any]) -> str:
     return schema.get("title") or name.replace("_", " ").capitalize()
 
 
-def fields_for(kind: str, schema: dict[str, Any], components: dict[str, Any], prefix: str = "",
+def fields_for(widgets: dict[str, str], schema: dict[str, Any], components: dict[str, Any], prefix: str = "",
                required: frozenset[str] | None = None) -> list[FormField]:
+    """The form fields of a request schema; ``widgets`` (the kind's own, dotted field -> widget name) replace the
+    widget the schema implies."""
     schema = _resolve(schema, components)
     req = frozenset(schema.get("required", [])) if required is None else required
     out: list[FormField] = []
     for name, raw in schema.get("properties", {}).items():
         path = f"{prefix}{name}"
-        if kind == "attributions" and path == "samples":
+        if widgets.get(path) == "news_samples":
             out.append(_sample_composer(raw, components))
             continue
         prop, nullable = _nullable(raw)
@@ -104,7 +100,7 @@ def fields_for(kind: str, schema: dict[str, Any], components: dict[str, Any], pr
                       or prop.get("description", ""))
         if prop.get("properties"):
             f.widget = "group"
-            f.children = fields_for(kind, prop, components, prefix=path + ".")
+            f.children = fields_for(widgets, prop, components, prefix=path + ".")
             f.optional_group = nullable
         elif prop.get("type") in ("integer", "number"):
             f.widget, f.number_type = "number", prop["type"]
@@ -161,13 +157,14 @@ def _sample_composer(raw: dict[str, Any], components: dict[str, Any]) -> FormFie
     )
 
 
-def apply_pickers(kind: str, fields: list[FormField], models: dict[str, Any]) -> None:
-    """Turn registry-name fields into selects of the registered models or datasets of the right kind."""
+def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict[str, Any]) -> None:
+    """Turn registry-name fields into selects of the registered models or datasets of the right kind
+    (``pickers``: the kind's own, dotted field -> [section, registry kind])."""
     for f in fields:
         if f.children:
-            apply_pickers(kind, f.children, models)
+            apply_pickers(pickers, f.children, models)
             continue
-        picker = PICKERS.get((kind, f.name))
+        picker = pickers.get(f.name)
         if not picker:
             continue
         section, reg_kind = picker

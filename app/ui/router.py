@@ -296,15 +296,18 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     artifacts, downloadable = await api.artifacts(job_id, result) if job["status"] in views.TERMINAL else ([], False)
     ctx: dict[str, Any] = {"job": job, "result": result, "artifacts": artifacts, "downloadable": downloadable,
                            "page": page}
-    kind = job.get("kind")
-    if kind == "attributions" and isinstance(result, dict):
+    described = (await _kinds(api)).get(job.get("kind") or "", {}).get("kind") or {}
+    renderer = described.get("renderer")
+    ctx["renderer"] = renderer
+    ctx["resume_field"] = described.get("resume_field")
+    if renderer == "attributions" and isinstance(result, dict):
         ctx.update(_attribution_context(result, page))
-    elif kind == "tracin" and isinstance(result, dict):
+    elif renderer == "influence" and isinstance(result, dict):
         ctx["tracin"] = _tracin_context(result)
-    elif kind == "ablations" and isinstance(result, dict):
+    elif renderer == "ablation" and isinstance(result, dict):
         ctx["ablation"] = views.ablation_view(result)
-    elif kind in ("train_bdh", "train_conve"):
-        ctx["curves"] = _curves(kind, job, result)
+    elif renderer == "training":
+        ctx["curves"] = _curves(described, job, result)
     return ctx
 
 
@@ -341,30 +344,18 @@ def _tracin_context(result: dict[str, Any]) -> dict[str, Any]:
     return {"per_test": per_test, "ranking": views.influence_rows(result.get("ranking") or [], "self_influence")}
 
 
-def _curves(kind: str, job: dict[str, Any], result: Any) -> dict[str, Any]:
-    """The chart specs and their rows: the result's history when finished, the live metrics otherwise."""
+def _curves(described: dict[str, Any], job: dict[str, Any], result: Any) -> dict[str, Any]:
+    """The kind's chart specs and their rows: the result's history when finished, the live metrics otherwise
+    (the whole history so far, or the latest metrics as one row, as the kind says)."""
     metrics = job.get("metrics") or {}
-    if kind == "train_bdh":
-        history = (result or {}).get("history") if isinstance(result, dict) else None
-        rows = history if history is not None else metrics.get("history") or []
-        charts = [
-            {"id": "loss", "title": "Loss", "series": [["train_loss", "train loss"], ["val_loss", "validation loss"]]},
-            {"id": "acc", "title": "Accuracy", "series": [["train_accuracy", "train accuracy"],
-                                                          ["val_accuracy", "validation accuracy"]]},
-        ]
-        return {"source": "history", "rows": rows, "charts": charts}
-    if isinstance(result, dict):
-        rows = views.conve_rows(result.get("history") or [])
+    live = described.get("live_rows", "latest")
+    if isinstance(result, dict) and result.get("history") is not None:
+        rows = result["history"]
+    elif live == "history":
+        rows = metrics.get("history") or []
     else:
-        rows = [{"epoch": metrics["epoch"], "loss": metrics.get("loss"), "valid_mrr": metrics.get("valid_mrr")}] \
-            if metrics.get("epoch") is not None else []
-    charts = [
-        {"id": "loss", "title": "Loss", "series": [["loss", "train loss"]]},
-        {"id": "mrr", "title": "Validation MRR / Hits@k", "series": [["valid_mrr", "MRR"],
-                                                                       ["valid_hits@1", "Hits@1"],
-                                                                       ["valid_hits@10", "Hits@10"]]},
-    ]
-    return {"source": "latest", "rows": rows, "charts": charts}
+        rows = [metrics] if metrics.get("epoch") is not None else []
+    return {"source": live, "rows": [views.flat_row(r) for r in rows], "charts": described.get("charts") or []}
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -429,8 +420,10 @@ async def _form(api: Api, kind: str) -> tuple[dict[str, Any], list[forms.FormFie
     if kind not in kinds:
         raise ApiError(404, "not_found", f"no job kind {kind!r}; known: {', '.join(kinds)}")
     spec = kinds[kind]
-    fields = forms.fields_for(kind, spec["schema"], openapi.get("components", {}).get("schemas", {}))
-    forms.apply_pickers(kind, fields, await api.models())
+    described = spec.get("kind") or {}
+    fields = forms.fields_for(described.get("widgets") or {}, spec["schema"],
+                              openapi.get("components", {}).get("schemas", {}))
+    forms.apply_pickers(described.get("pickers") or {}, fields, await api.models())
     return spec, fields
 
 
@@ -488,7 +481,7 @@ async def new_job(request: Request, kind: str, user: Session = Depends(current))
         spec, fields = await _form(api, kind)
         values: dict[str, Any] = {}
         resume = request.query_params.get("resume_from")
-        if kind == "train_bdh" and resume:
+        if resume and spec.get("kind", {}).get("resume_field") == "resume_from":
             values, notes = await _resume_values(api, resume)
     known = forms.field_names(fields)
     values.update({k: v for k, v in request.query_params.items() if k in known})

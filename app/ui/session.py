@@ -17,23 +17,23 @@ from dataclasses import dataclass
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import HTTPConnection
 
-from app.settings import Settings
+from core import keys
+from core.settings import Settings
 
 COOKIE = "explainq_session"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
 MAX_AGE_S = 12 * 3600
-SECRET_KEY = "explainq:ui:secret"
 _SALT = "explainq-ui-session"
 
 
 def load_secret(settings: Settings) -> bytes:
     """The server secret, created on first use (``SET NX``: concurrent first starts on any host agree)."""
-    from app import registry
+    from core import registry
 
     r = registry.connection(settings)
-    r.set(SECRET_KEY, secrets.token_bytes(32).hex(), nx=True)
-    return bytes.fromhex(r.get(SECRET_KEY).decode())
+    r.set(keys.UI_SECRET, secrets.token_bytes(32).hex(), nx=True)
+    return bytes.fromhex(r.get(keys.UI_SECRET).decode())
 
 
 @dataclass(frozen=True)

@@ -147,13 +147,15 @@ def influence_rows(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]
     return [{**r, "width": 100.0 * abs(r.get(key) or 0.0) / scale} for r in rows]
 
 
-def conve_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """ConvE's per-epoch history flattened for a chart: loss every epoch, validation metrics at checkpoints."""
-    out = []
-    for row in history or []:
-        valid = row.get("valid") or {}
-        out.append({"epoch": row.get("epoch"), "loss": row.get("loss"), "valid_mrr": valid.get("mrr",
-                    row.get("valid_mrr")), "valid_hits@1": valid.get("hits@1"), "valid_hits@10": valid.get("hits@10")})
+def flat_row(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A per-epoch row for a chart, nested values flattened with "_" (``{"valid": {"mrr": x}}`` is
+    ``valid_mrr``)."""
+    out: dict[str, Any] = {}
+    for key, value in (row or {}).items():
+        if isinstance(value, dict):
+            out.update(flat_row(value, f"{prefix}{key}_"))
+        elif not isinstance(value, list):
+            out[prefix + key] = value
     return out
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -139,9 +140,17 @@ class IGResult:
         return relative_delta(self.attribution_sums, self.scores, self.baseline_scores)
 
 
-def relative_delta(sums: torch.Tensor, scores: torch.Tensor, baseline_scores: torch.Tensor) -> torch.Tensor:
-    diff = (scores - baseline_scores).double()
-    return (sums.double() - diff).abs() / diff.abs().clamp_min(1e-12)
+COMPLETENESS_FLOOR = 1e-12
+
+
+def relative_delta(sums: Any, scores: Any, baseline_scores: Any) -> torch.Tensor:
+    """The relative completeness error |Σ attributions − (F(x) − F(x'))| / |F(x) − F(x')|, element-wise, in fp64,
+    the denominator floored at :data:`COMPLETENESS_FLOOR`; never negative. Tensors or numbers (a 0-d tensor back).
+
+    The one definition used by the engine, the adaptive refinement, the reference loop and the reports."""
+    sums, scores, baseline_scores = (torch.as_tensor(t, dtype=torch.float64) for t in (sums, scores, baseline_scores))
+    diff = scores - baseline_scores
+    return (sums - diff).abs() / diff.abs().clamp_min(COMPLETENESS_FLOOR)
 
 
 def _rows(n_samples: int, n_alphas: int, device: torch.device) -> torch.Tensor:
@@ -428,11 +437,10 @@ def integrated_gradients_adaptive(
     diff = inputs - baselines
     from_rule = precision == "fp32" and first_alphas[0] == 0.0 and first_alphas[-1] == 1.0
     ends: dict[float, torch.Tensor] = {}
-    if from_rule:
-        target = None
-    else:
+    scores: torch.Tensor | None = None
+    base_scores: torch.Tensor | None = None
+    if not from_rule:
         scores, base_scores = evaluate_endpoints(forward, inputs, baselines)
-        target = (scores - base_scores).double()
     nested = _NESTED[method] is not None
     per_node = nested and method not in _CLASS_WEIGHTED
 
@@ -504,12 +512,11 @@ def integrated_gradients_adaptive(
                                        on_output=on_output(alphas))
             evaluations[active] += n
             attributions[rows] = reduce(d_a * total)
-        if target is None:
+        if scores is None:
             scores, base_scores = ends[1.0], ends[0.0]
-            target = (scores - base_scores).double()
         steps[active] = n
         sums_a = attributions[rows].double().flatten(1).sum(1).cpu()
-        rel = (sums_a - target[active]).abs() / target[active].abs().clamp_min(1e-12)
+        rel = relative_delta(sums_a, scores[active], base_scores[active])
         ok = rel <= tolerance
         converged[active[ok]] = True
         # a non-finite delta never converges: stop refining it (the caller reports it), do not spend max_steps

@@ -14,7 +14,7 @@ Inputs, all in one source directory:
 - one or more checkpoints, each with its learning rate (TracIn weights each checkpoint's dot products by it).
 
 Every tensor's name and shape is checked against the config before anything is written
-(:class:`models.formats.StateMismatch` names the tensors).
+(:class:`models.weight_files.StateMismatch` names the tensors).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from models.formats import check_state, load_state_file
 from models.kg.checkpoint import FORMAT
 from models.kg.conve import ConvE, ConvEConfig
 from models.kg.shapes import canonical_name
 from models.kg.train import rank_metrics, ranks_from_scores
 from models.kg.triples import TriplesDataset, Vocab, read_triples, write_dataset_dir
+from models.weight_files import check_state, load_state_file
 
 ENTITY_FILES = ("node_dict", "entity_to_id", "entities.dict", "entity2id")
 RELATION_FILES = ("rel_dict", "relation_to_id", "relations.dict", "relation2id")

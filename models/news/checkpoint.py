@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models.common import count_parameters
-from models.formats import check_state
 from models.news.modules import BertTokenEncoder, NewsRecommender, build_model
 from models.news.text import WordTokenizer
+from models.weight_files import check_state
 
 FROZEN_PREFIX = "token_encoder.bert."
 ENCODER_DIR = "encoder"

@@ -10,11 +10,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from app import registry
-from app.kinds.ablations import resolve_dataset
-from app.kinds.base import FieldError
-from app.settings import Settings
-from app.store import Store, get_store
+from core import registry
+from core.filestore import Store, get_store
+from core.kinds.ablations import resolve_dataset
+from core.kinds.base import FieldError
+from core.settings import Settings
 from workers.context import JobContext, JobError
 
 log = logging.getLogger("explainq.ablations")

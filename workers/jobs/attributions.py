@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from app.artifacts import artifacts_key
-from app.store import get_store
+from core.artifacts import artifacts_key
+from core.filestore import get_store
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
 from workers.fanout import (
@@ -28,7 +28,7 @@ NPZ_MIN_SAMPLES = 32  # runs with at least this many samples also write an npz a
 
 
 def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> list:
-    from app import registry
+    from core import registry
     from models.news.data import LabelsMissing, Sample, load_samples
 
     if payload.get("samples") is not None:
@@ -145,7 +145,7 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     """Generate the synthetic datasets and train the demo models (idempotent: existing ones are kept)."""
     from tqdm.auto import tqdm
 
-    from app import registry
+    from core import registry
     from models.common import default_device
     from models.news.demo import DEMOS, make_datasets, train_demo
 

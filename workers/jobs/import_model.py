@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from app.kinds.import_model import REGISTRY_KIND, WEIGHT_DEFAULTS, model_dir
+from core.kinds.import_model import REGISTRY_KIND, WEIGHT_DEFAULTS, model_dir
 from workers.context import JobContext, JobError
 from workers.jobs.attributions import _clean
 
@@ -27,10 +27,10 @@ def _config(src: Path, given: dict[str, Any] | None) -> dict[str, Any]:
 def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from models.formats import check_state, load_state_file, strip_prefix
     from models.news import checkpoint
     from models.news.modules import build_model
     from models.news.text import WordTokenizer
+    from models.weight_files import check_state, load_state_file, strip_prefix
 
     config = _config(src, p.get("config"))
     config.pop("meta", None)
@@ -68,10 +68,10 @@ def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
 def _import_bdh(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from models.formats import check_state, load_state_file, strip_prefix
     from models.vision.bdh import VisionBDH
     from models.vision.checkpoint import save_model_dir
     from models.vision.config import Optimizations, VisionBDHConfig
+    from models.weight_files import check_state, load_state_file, strip_prefix
 
     raw = _config(src, p.get("config"))
     model_cfg = raw.get("model", raw)
@@ -95,7 +95,7 @@ def _import_bdh(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    from models.formats import StateMismatch
+    from models.weight_files import StateMismatch
 
     p = payload
     src = model_dir(ctx.settings, p["path"])

@@ -19,9 +19,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from app.artifacts import artifacts_key
-from app.fanout import shard_id
-from app.store import get_store
+from core.artifacts import artifacts_key
+from core.fanout import shard_id
+from core.filestore import get_store
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
 from workers.fanout import (

@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.artifacts import owner_record
-from app.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_marker
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
-from app.store import StoreError, get_store
+from core.filestore import StoreError, get_store
+from core.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_marker
+from core.ownership import owns_files
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 from workers.context import JobContext, JobError
 
 LOADER = "models.vision.checkpoint:load"
@@ -76,8 +76,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if store.exists(f"{own}/trainer_state.pt"):  # this job restarted (on this host or another)
         resume_from = store.local_dir(own)
     elif payload.get("resume_from"):
-        other = owner_record(ctx.settings, payload["resume_from"])
-        if other is None or other.get("owner") != ctx.owner:
+        if not owns_files(ctx.settings, payload["resume_from"], ctx.owner):
             raise JobError("bad_resume_from", f"no job {payload['resume_from']!r} of yours to resume from")
         try:
             resume_from = store.local_dir(checkpoint_key(payload["resume_from"]))
@@ -159,7 +158,7 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """
     from tqdm import tqdm
 
-    from app import registry
+    from core import registry
 
     steps = [("digits", None), *((name, CIFAR_DIRS[name][0]) for name in CIFAR_DIRS)]
     for name, dirname in tqdm(steps, desc="vision datasets", disable=not progress):

@@ -6,9 +6,9 @@ import shutil
 import uuid
 from typing import Any
 
-from app import registry
-from app.kinds.train_conve import resolve_dataset
-from app.settings import Settings
+from core import registry
+from core.kinds.train_conve import resolve_dataset
+from core.settings import Settings
 from workers.context import JobContext, JobError
 
 LOADER = "models.kg.checkpoint:load"

@@ -7,9 +7,9 @@ import shutil
 import time
 from typing import Any
 
-from app import registry
-from app.kinds.train_news import resolve_news_dataset
-from app.store import clean_key
+from core import registry
+from core.filestore import clean_key
+from core.kinds.train_news import resolve_news_dataset
 from workers.context import JobContext, JobError
 from workers.jobs.attributions import _clean
 
@@ -67,7 +67,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobError("bad_dataset", f"dataset {p['dataset']!r}: {exc}") from None
     config = _model_config(p)
     if p.get("glove_path"):
-        from app.paths import resolve_data_path
+        from core.userfiles import resolve_data_path
 
         config["glove"] = str(resolve_data_path(ctx.settings, p["glove_path"]))
     store = registry.store(ctx.settings)

@@ -71,6 +71,16 @@
     });
   }
 
+  // a metrics object as one chart row: nested values flattened with "_" (as the server's rows are)
+  function flatRow(obj, prefix, out) {
+    Object.keys(obj).forEach(function (k) {
+      var v = obj[k];
+      if (v && typeof v === "object" && !Array.isArray(v)) flatRow(v, prefix + k + "_", out);
+      else if (!Array.isArray(v)) out[prefix + k] = v;
+    });
+    return out;
+  }
+
   function updateCurves(view) {
     var c = document.getElementById("curves");
     if (!c || !view.metrics) return;
@@ -83,7 +93,7 @@
     } else {
       if (typeof m.epoch !== "number") return;
       var rows = (c._rows || []).filter(function (r) { return r.epoch !== m.epoch; });
-      rows.push({ epoch: m.epoch, loss: m.loss, valid_mrr: m.valid_mrr });
+      rows.push(flatRow(m, "", {}));
       rows.sort(function (a, b) { return a.epoch - b.epoch; });
       c._rows = rows;
     }

@@ -9,26 +9,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-__all__ = ["KIND_ROUTES", "NOT_GIVEN", "KindMethods", "NotGiven", "route_for"]
+__all__ = ["NOT_GIVEN", "KindMethods", "NotGiven", "route_for"]
 
-KIND_ROUTES = {
-    "attributions": "/attributions",
-    "tracin": "/tracin",
-    "train_bdh": "/train/bdh",
-    "train_conve": "/train/conve",
-    "ablations": "/ablations",
-}
-
-
-def route_for(kind: str) -> str:
-    """The submit route of a kind: a known kind name (``train_bdh``, also ``train/bdh`` or ``train-bdh``), or
-    a route given as is (``/test/sleep``)."""
+def route_for(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
+    """The submit route of a kind: a kind the server runs (``kinds``: name -> its ``GET /kinds`` description;
+    ``train_bdh``, also ``train/bdh`` or ``train-bdh``), or a route given as is (``/test/sleep``)."""
     if kind.startswith("/"):
         return kind
     name = kind.replace("/", "_").replace("-", "_")
-    if name not in KIND_ROUTES:
-        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(KIND_ROUTES)}, or a route such as '/x'")
-    return KIND_ROUTES[name]
+    if name not in kinds:
+        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(sorted(kinds))}, or a route such as '/x'")
+    return str(kinds[name]["route"])
 
 
 class NotGiven:
@@ -69,12 +60,13 @@ class KindMethods(Generic[R]):
     :class:`AsyncClient`."""
 
     def submit(self, kind: str, body: Mapping[str, Any], *, idempotency_key: str | None = None) -> R:
-        """Submit a job of ``kind`` (a kind name or a route) with a raw request ``body``.
+        """Submit a job of ``kind`` (a kind the server runs, see ``kinds()``, or a route) with a raw request
+        ``body``; an unknown kind raises ``ValueError``.
 
         An ``Idempotency-Key`` is generated when none is given, so retries never create a second job."""
-        return self._submit(route_for(kind), dict(body), idempotency_key)
+        return self._submit(kind, dict(body), idempotency_key)
 
-    def _submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> R:
+    def _submit(self, kind_or_route: str, body: dict[str, Any], idempotency_key: str | None) -> R:
         raise NotImplementedError
 
     def attributions(

@@ -23,7 +23,7 @@ from explainq_client._http import (
     artifact_target,
     new_idempotency_key,
 )
-from explainq_client._kinds import KindMethods
+from explainq_client._kinds import KindMethods, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, list_params
 from explainq_client.results import Result
@@ -52,6 +52,7 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
                                        timeout=self.config.timeout, transport=transport)
         self.jobs = AsyncJobs(self)
         self.models = AsyncModels(self)
+        self._kinds: dict[str, dict[str, Any]] | None = None
 
     # ---- transport
     async def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
@@ -84,9 +85,25 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
         finally:
             await response.aclose()
 
-    async def _submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> AsyncJob:
+    async def _submit(self, kind_or_route: str, body: dict[str, Any], idempotency_key: str | None) -> AsyncJob:
+        route = kind_or_route
+        if not route.startswith("/"):
+            route = route_for(kind_or_route, await self._kind_table())
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         return AsyncJob(self, (await self._send("POST", route, json=body, headers=headers)).json())
+
+    # ---- the server's job kinds
+    async def kinds(self) -> list[dict[str, Any]]:
+        """``GET /kinds``: every job kind the server runs, as it describes itself; read once per client."""
+        return list((await self._kind_table()).values())
+
+    async def _kind_table(self) -> dict[str, dict[str, Any]]:
+        if self._kinds is None:
+            self._kinds = {k["name"]: k for k in (await self._send("GET", "/kinds")).json()["kinds"]}
+        return self._kinds
+
+    async def _renderer(self, kind: str | None) -> str | None:
+        return ((await self._kind_table()).get(kind or "") or {}).get("renderer")
 
     # ---- service
     async def health(self) -> dict[str, Any]:
@@ -161,7 +178,8 @@ class AsyncJob(JobBase):
         """The result of the succeeded job (a dict that renders itself in Jupyter). A job that has not
         succeeded raises :class:`ConflictError` (code ``not_ready``, ``failed`` or ``canceled``)."""
         if self._result is None:
-            self._keep_result((await self._client._send("GET", self.path + "/result")).json())
+            data = (await self._client._send("GET", self.path + "/result")).json()
+            self._keep_result(data, await self._client._renderer(self.kind))
         assert self._result is not None
         return self._result
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from explainq_client._kinds import KIND_ROUTES, route_for
 from explainq_client.client import Client, Job
 from explainq_client.errors import (
     APIConnectionError,
@@ -122,11 +121,11 @@ def _finish(job: Job, args: argparse.Namespace) -> int:
 
 
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    body = _read_request(args.request)
     try:
-        route = route_for(args.kind)
-    except ValueError as exc:
+        job = client.submit(args.kind, body, idempotency_key=args.idempotency_key)
+    except ValueError as exc:  # a kind the server does not run
         raise UsageError(str(exc)) from None
-    job = client.submit(route, _read_request(args.request), idempotency_key=args.idempotency_key)
     if not (args.wait or args.follow):
         _print_json(job.data)
         return EXIT_OK
@@ -195,6 +194,16 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_kinds(client: Client, args: argparse.Namespace) -> int:
+    kinds = client.kinds()
+    if args.json:
+        _print_json({"kinds": kinds})
+        return EXIT_OK
+    for k in kinds:
+        print(f"{k['name']:<14} POST {k['route']:<16} {k['queue']:<8} {k.get('summary', '')}")
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------------------------------ parser
 def _add_wait_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="wait for the job to end; exit code says how")
@@ -213,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("submit", help="submit a job from a JSON request file ('-' for stdin)")
-    p.add_argument("kind", help=f"one of {', '.join(KIND_ROUTES)} (or a route such as /train/bdh)")
+    p.add_argument("kind", help="a job kind the server runs (see `kinds`), or a route such as /train/bdh")
     p.add_argument("request", help="the request body as a JSON file, or - for stdin")
     p.add_argument("--idempotency-key", default=None, help="default: a fresh random key")
     _add_wait_flags(p)
@@ -245,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--download", metavar="DIR", default=None, help="download into DIR")
     p.add_argument("--name", action="append", help="only this artifact (repeatable)")
     p.set_defaults(func=cmd_artifacts)
+
+    p = sub.add_parser("kinds", help="the job kinds the server runs: name, route, queue, summary")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_kinds)
 
     p = sub.add_parser("models", help="registered models and datasets")
     p.add_argument("--json", action="store_true")

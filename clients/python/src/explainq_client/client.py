@@ -22,7 +22,7 @@ from explainq_client._http import (
     artifact_target,
     new_idempotency_key,
 )
-from explainq_client._kinds import KindMethods
+from explainq_client._kinds import KindMethods, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, list_params
 from explainq_client.results import Result
@@ -51,6 +51,7 @@ class Client(KindMethods["Job"]):
                                   timeout=self.config.timeout, transport=transport)
         self.jobs = Jobs(self)
         self.models = Models(self)
+        self._kinds: dict[str, dict[str, Any]] | None = None
 
     # ---- transport
     def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
@@ -83,9 +84,24 @@ class Client(KindMethods["Job"]):
         finally:
             response.close()
 
-    def _submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> Job:
+    def _submit(self, kind_or_route: str, body: dict[str, Any], idempotency_key: str | None) -> Job:
+        route = kind_or_route if kind_or_route.startswith("/") else route_for(kind_or_route, self._kind_table())
         headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
         return Job(self, self._send("POST", route, json=body, headers=headers).json())
+
+    # ---- the server's job kinds
+    def kinds(self) -> list[dict[str, Any]]:
+        """``GET /kinds``: every job kind the server runs, as it describes itself (name, route, queue, title,
+        summary, result renderer, SDK method); read once per client."""
+        return list(self._kind_table().values())
+
+    def _kind_table(self) -> dict[str, dict[str, Any]]:
+        if self._kinds is None:
+            self._kinds = {k["name"]: k for k in self._send("GET", "/kinds").json()["kinds"]}
+        return self._kinds
+
+    def _renderer(self, kind: str | None) -> str | None:
+        return (self._kind_table().get(kind or "") or {}).get("renderer")
 
     # ---- service
     def health(self) -> dict[str, Any]:
@@ -160,7 +176,8 @@ class Job(JobBase):
         """The result of the succeeded job (a dict that renders itself in Jupyter). A job that has not
         succeeded raises :class:`ConflictError` (code ``not_ready``, ``failed`` or ``canceled``)."""
         if self._result is None:
-            self._keep_result(self._client._send("GET", self.path + "/result").json())
+            data = self._client._send("GET", self.path + "/result").json()
+            self._keep_result(data, self._client._renderer(self.kind))
         assert self._result is not None
         return self._result
 

@@ -199,8 +199,8 @@ class JobBase:
         if self.status == "canceled":
             raise JobCanceledError(self, str(error.get("code", "canceled")), str(error.get("message", "")))
 
-    def _keep_result(self, data: Any) -> Result:
-        self._result = make_result(self.kind, data)
+    def _keep_result(self, data: Any, renderer: str | None) -> Result:
+        self._result = make_result(renderer, data, self.kind)
         return self._result
 
     def _on_line(self, parser: SSEParser, line: str) -> JobEvent | None:

@@ -24,21 +24,21 @@ class Result(dict[str, Any]):
 
 
 class AttributionResult(Result):
-    """``attributions``: renders each sample's headline as words coloured by attribution."""
+    """Renderer ``attributions``: renders each sample's headline as words coloured by attribution."""
 
     def _repr_html_(self) -> str:
         return render.attribution_html(self)
 
 
 class TracInResult(Result):
-    """``tracin``: renders proponents and opponents (or the self-influence ranking) as tables."""
+    """Renderer ``influence`` (``tracin``): renders proponents and opponents (or the self-influence ranking) as tables."""
 
     def _repr_html_(self) -> str:
         return render.tracin_html(self)
 
 
 class TrainingResult(Result):
-    """``train_bdh`` / ``train_conve``: renders the per-epoch curves and the final metrics."""
+    """Renderer ``training`` (``train_bdh``, ``train_conve``): renders the per-epoch curves and the final metrics."""
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -49,22 +49,24 @@ class TrainingResult(Result):
 
 
 class AblationResult(Result):
-    """``ablations``: renders the representation × layer-set table and the all → visual drop."""
+    """Renderer ``ablation`` (``ablations``): renders the representation × layer-set table and the all → visual drop."""
 
     def _repr_html_(self) -> str:
         return render.ablation_html(self)
 
 
+# By the renderer a kind names (``GET /kinds``), never by kind name: a new kind that draws its result as an
+# existing one does needs no change here.
 RESULT_TYPES: dict[str, type[Result]] = {
     "attributions": AttributionResult,
-    "tracin": TracInResult,
-    "train_bdh": TrainingResult,
-    "train_conve": TrainingResult,
-    "ablations": AblationResult,
+    "influence": TracInResult,
+    "training": TrainingResult,
+    "ablation": AblationResult,
 }
 
 
-def make_result(kind: str | None, data: Any) -> Result:
-    """The result class for ``kind`` around ``data`` (a non-object result is kept under ``"value"``)."""
-    cls = RESULT_TYPES.get(kind or "", Result)
+def make_result(renderer: str | None, data: Any, kind: str | None = None) -> Result:
+    """The result class for the kind's ``renderer`` around ``data`` (a non-object result is kept under
+    ``"value"``); a kind without a renderer, or one this SDK does not know, gets a plain :class:`Result`."""
+    cls = RESULT_TYPES.get(renderer or "", Result)
     return cls(data if isinstance(data, Mapping) else {"value": data}, kind)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app import registry
-from app.kinds.base import FieldError, JobKind, register, require_new_name
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
+from core import registry
+from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
@@ -81,5 +81,13 @@ register(JobKind(
     func="workers.jobs.train_conve:run",
     timeout_s=12 * 3600,
     summary="Train ConvE on knowledge-graph triples with TracIn checkpoints; registers the model",
+    title="Train ConvE",
+    renderer="training",
+    pickers={"dataset": ("datasets", "triples")},
+    charts=(
+        {"id": "loss", "title": "Loss", "series": [["loss", "train loss"]]},
+        {"id": "mrr", "title": "Validation MRR / Hits@k", "series": [["valid_mrr", "MRR"], ["valid_hits@1", "Hits@1"],
+                                                                   ["valid_hits@10", "Hits@10"]]},
+    ),
     validate=validate,
 ))

@@ -18,6 +18,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from core import keys
+from core.jobview import STATUS_MAP, parse_meta, parse_ts
+from core.keys import JOB_PREFIX
+
 BULK = "bulk"
 SHARD_DIGITS = 5
 
@@ -28,10 +32,6 @@ def shard_id(parent: str, index: int) -> str:
 
 def reduce_id(parent: str) -> str:
     return f"{parent}-reduce"
-
-
-def children_key(parent: str) -> str:
-    return f"explainq:children:{parent}"
 
 
 def plan(n_items: int, shard_size: int) -> list[tuple[int, int]]:
@@ -51,15 +51,11 @@ def plan(n_items: int, shard_size: int) -> list[tuple[int, int]]:
 
 
 def _meta_of(raw: bytes | None) -> dict[str, Any]:
-    from app.jobstore import _meta  # app.jobstore imports this module: import its helpers when called
-
-    return _meta({b"meta": raw} if raw else {})
+    return parse_meta({b"meta": raw} if raw else {})
 
 
 def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """The parent's public view from its shards and reduce step (one pipelined read of their status fields)."""
-    from app.jobstore import _STATUS_MAP, JOB_PREFIX, _parse_ts
-
     fan = meta.get("fanout") or {}
     n = int(fan.get("shards", 0))
     ids = [shard_id(parent_id, i) for i in range(n)] + [reduce_id(parent_id)]
@@ -71,7 +67,7 @@ def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, An
     done = 0.0
     first_start: float | None = None
     for i, (status, meta_raw, started, _ended) in enumerate(rows[:n]):
-        state = _STATUS_MAP.get(status.decode() if status else "", "queued")
+        state = STATUS_MAP.get(status.decode() if status else "", "queued")
         m = _meta_of(meta_raw)
         if state == "failed" and m.get("canceled"):
             state = "canceled"
@@ -83,11 +79,11 @@ def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, An
             p = m["progress"]
             if p.get("total"):
                 done += min(size, size * float(p.get("done") or 0) / float(p["total"]))
-        t = _parse_ts(started.decode() if started else None)
+        t = parse_ts(started.decode() if started else None)
         if t is not None and (first_start is None or t < first_start):
             first_start = t
     r_status, r_meta_raw, _, r_ended = rows[n]
-    r_state = _STATUS_MAP.get(r_status.decode() if r_status else "", "queued")
+    r_state = STATUS_MAP.get(r_status.decode() if r_status else "", "queued")
     r_meta = _meta_of(r_meta_raw)
     total = float(fan.get("items") or 0)
     view = dict(view)
@@ -129,21 +125,18 @@ def is_parent(meta: dict[str, Any]) -> bool:
 
 def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes]) -> dict[str, Any]:
     """``view`` with the fan-out overlay when the job is a parent (one more pipelined read); unchanged otherwise."""
-    from app.jobstore import cancel_key
 
     meta = _meta_of(raw.get(b"meta"))
     if not is_parent(meta) or view["status"] in ("queued", "failed"):
         return view  # still planning, or the planning itself failed: the parent's own status is the truth
-    if redis.exists(cancel_key(job_id)):
+    if redis.exists(keys.cancel(job_id)):
         meta = {**meta, "canceled": True}
     return overlay(redis, job_id, view, meta)
 
 
 def children(redis: Any, parent: str) -> list[str]:
     """The parent's shard ids in order, then its reduce step when it exists."""
-    ids = [m.decode() for m in redis.zrange(children_key(parent), 0, -1)]
-    from app.jobstore import JOB_PREFIX
-
+    ids = [m.decode() for m in redis.zrange(keys.children(parent), 0, -1)]
     if redis.exists(JOB_PREFIX + reduce_id(parent)):
         ids.append(reduce_id(parent))
     return ids

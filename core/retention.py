@@ -19,11 +19,11 @@ from calendar import timegm
 from pathlib import Path
 from typing import Any
 
-from app import registry
-from app.artifacts import OWNERS_KEY, artifacts_key
-from app.jobstore import JOB_PREFIX
-from app.settings import Settings
-from app.store import get_store
+from core import keys, registry
+from core.artifacts import artifacts_key
+from core.filestore import get_store
+from core.keys import JOB_PREFIX
+from core.settings import Settings
 
 log = logging.getLogger("explainq.gc")
 
@@ -45,13 +45,13 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
 
     # 1. artifacts of jobs that no longer exist
     job_dirs = store.list_dirs("artifacts")
-    owners = {k.decode() for k in r.hkeys(OWNERS_KEY)}
+    owners = {k.decode() for k in r.hkeys(keys.ARTIFACT_OWNERS)}
     for job_id in sorted(set(job_dirs) | owners):
         if r.exists(JOB_PREFIX + job_id):
             continue
         if job_id in job_dirs:
             store.delete(artifacts_key(job_id))
-        r.hdel(OWNERS_KEY, job_id)
+        r.hdel(keys.ARTIFACT_OWNERS, job_id)
         removed["artifacts"].append(job_id)
 
     # 2. versions released by a replacement or a deletion
@@ -60,12 +60,12 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
         for entry in registry._list(settings, section).values():
             if entry.get("location"):
                 referenced.add(entry["location"])
-    for raw_key, _score in r.zrangebyscore(registry.ORPHANS_KEY, 0, now - grace_s, withscores=True):
+    for raw_key, _score in r.zrangebyscore(registry.keys.STORE_ORPHANS, 0, now - grace_s, withscores=True):
         key = raw_key.decode()
         if key not in referenced:
             store.delete(key)
             removed["versions"].append(key)
-        r.zrem(registry.ORPHANS_KEY, raw_key)
+        r.zrem(registry.keys.STORE_ORPHANS, raw_key)
 
     # 3. versions never registered (their upload's registration failed or its process died)
     for section in registry.SECTIONS:
@@ -75,7 +75,7 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
                 age = _version_age_s(version, now)
                 if key in referenced or age is None or age < grace_s:
                     continue
-                if registry.connection(settings).zscore(registry.ORPHANS_KEY, key) is not None:
+                if registry.connection(settings).zscore(registry.keys.STORE_ORPHANS, key) is not None:
                     continue  # released recently: step 2 deletes it after its grace period
                 store.delete(key)
                 removed["versions"].append(key)

@@ -234,15 +234,6 @@ class Store:
                 raise
         return dest
 
-    def local_file(self, key: str) -> Path:
-        """A local path of one file (in place, or copied into the cache)."""
-        if self.in_place:
-            path = Path(self.full(key))
-            if not path.is_file():
-                raise StoreError(f"no {key!r} in the store")
-            return path
-        return self.local_dir(key) / posixpath.basename(key)
-
     # ---- deleting
     def delete(self, key: str) -> None:
         full = self.full(key)

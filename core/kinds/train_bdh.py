@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app import registry
-from app.artifacts import artifacts_key, owner_record
-from app.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
-from app.store import get_store
+from core import registry
+from core.artifacts import artifacts_key, owner_record
+from core.filestore import get_store
+from core.keys import valid_job_id
+from core.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
+from core.ownership import owns
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 
 # Directory names of the official python-pickle archives, and the file that marks a complete one.
 CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
-JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 class BDHModelSpec(BaseModel):
@@ -134,10 +134,10 @@ def check_resume_from(settings: Settings, job_id: str, owner: str) -> None:
     """``resume_from`` names one of the caller's own train/bdh jobs that has a checkpoint in the store.
     Another owner's job answers 404, exactly as an unknown one (its existence is private)."""
     loc = ("body", "resume_from")
-    if not JOB_ID.match(job_id):
+    if not valid_job_id(job_id):
         raise FieldError(loc, "not a job id", value=job_id)
     record = owner_record(settings, job_id)
-    if record is None or record.get("owner") != owner:
+    if not owns(record, owner):
         raise FieldNotFound(loc, f"no job {job_id!r} of yours with files to resume from", value=job_id)
     if record.get("kind") not in (None, "train_bdh"):
         raise FieldError(loc, f"job {job_id!r} is a {record['kind']} job, not train_bdh", value=job_id)
@@ -155,6 +155,14 @@ register(JobKind(
     timeout_s=48 * 3600,
     result_ttl_s=30 * 24 * 3600,
     summary="Train a Vision-BDH image classifier (digits, CIFAR-10/100) with checkpoints and resume",
+    title="Train Vision-BDH",
+    renderer="training",
+    live_rows="history",
+    charts=(
+        {"id": "loss", "title": "Loss", "series": [["train_loss", "train loss"], ["val_loss", "validation loss"]]},
+        {"id": "acc", "title": "Accuracy", "series": [["train_accuracy", "train accuracy"],
+                                                     ["val_accuracy", "validation accuracy"]]},
+    ),
     validate=validate,
     tags=("training", "vision"),
 ))

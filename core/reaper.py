@@ -30,18 +30,14 @@ from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 from rq.utils import parse_composite_key, utcformat
 
+from core import keys
+
 log = logging.getLogger("explainq.reaper")
 
-ALIVE_PREFIX = "explainq:alive:"
-JOB_PREFIX = Job.redis_job_namespace_prefix
 LOST_ERROR = {
     "code": "worker_lost",
     "message": "the worker running this job stopped (killed or crashed) before it finished; submit the job again",
 }
-
-
-def alive_key(worker_name: str) -> str:
-    return f"{ALIVE_PREFIX}{worker_name}"
 
 
 def redis_uptime_s(redis: Redis | Pipeline) -> float:
@@ -58,7 +54,7 @@ def is_abandoned(redis: Redis | Pipeline, job_id: str, heartbeat_ttl_s: float, u
                  now: float | None = None) -> bool:
     """True when job ``job_id`` is ``started`` but its worker is gone (see the module docstring for the rule)."""
     status, worker, last_beat, started = redis.hmget(
-        JOB_PREFIX + job_id, "status", "worker_name", "last_heartbeat", "started_at"
+        keys.JOB_PREFIX + job_id, "status", "worker_name", "last_heartbeat", "started_at"
     )
     if status is None or status.decode() != JobStatus.STARTED.value:
         return False
@@ -66,7 +62,7 @@ def is_abandoned(redis: Redis | Pipeline, job_id: str, heartbeat_ttl_s: float, u
         uptime_s = redis_uptime_s(redis)
     if uptime_s < heartbeat_ttl_s:
         return False
-    if worker and redis.exists(alive_key(worker.decode())):
+    if worker and redis.exists(keys.alive(worker.decode())):
         return False
     last = _parse_ts(last_beat) or _parse_ts(started)
     return last is None or (now or time.time()) - last > heartbeat_ttl_s
@@ -77,7 +73,7 @@ def reap_job(redis: Redis, job_id: str, heartbeat_ttl_s: float, uptime_s: float 
 
     Returns whether the job was failed here. This is the call for the API (e.g. when a client reads a running job).
     """
-    key = JOB_PREFIX + job_id
+    key = keys.JOB_PREFIX + job_id
     with redis.pipeline() as pipe:
         try:
             pipe.watch(key)
@@ -132,7 +128,7 @@ def reap_queue(redis: Redis, queue_name: str, heartbeat_ttl_s: float) -> list[st
     stale: list[bytes] = []
     for entry, score in redis.zrange(registry.key, 0, -1, withscores=True):
         job_id = parse_composite_key(entry.decode())[0]
-        status = redis.hget(JOB_PREFIX + job_id, "status")
+        status = redis.hget(keys.JOB_PREFIX + job_id, "status")
         if status is not None and status.decode() == JobStatus.STARTED.value:
             if job_id not in reaped and reap_job(redis, job_id, heartbeat_ttl_s, uptime_s=uptime):
                 reaped.append(job_id)

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from app import registry
-from app.kinds.base import (
+from core import registry
+from core.filestore import StoreError
+from core.kinds.base import (
     FieldError,
     JobKind,
     max_failed_field,
@@ -24,9 +25,8 @@ from app.kinds.base import (
     shard_retries_field,
     shard_size_field,
 )
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
-from app.store import StoreError
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 from models.kg.shapes import LAYER_NAMES
 from models.kg.tsv import TriplesFormatError, read_triples
 
@@ -189,6 +189,9 @@ register(JobKind(
     timeout_s=3600,
     result_ttl_s=7 * 24 * 3600,
     summary="TracIn influence of training triples on a ConvE prediction",
+    title="TracIn influence",
+    renderer="influence",
+    pickers={"model": ("models", "conve")},
     validate=validate,
 ))
 register_fanout("tracin", "workers.jobs.tracin", timeout_s=4 * 3600)

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from app.settings import Settings
+from core.settings import Settings
 from models.kg.tsv import TriplesFormatError, read_triples
 
 SPLITS = ("train", "valid", "test")
@@ -160,8 +160,8 @@ def news_labelled(settings: Settings, entry: dict[str, Any], split: str) -> bool
     """Whether a registered news dataset's ``split`` carries real/fake labels; None when it cannot tell cheaply.
 
     Reads only a sidecar's existence or a CSV header, from the dataset's directory or the store."""
-    from app import registry
-    from app.store import StoreError, clean_key
+    from core import registry
+    from core.filestore import StoreError, clean_key
 
     meta_counts = (entry.get("meta") or {}).get("counts") or {}
     if isinstance(meta_counts.get(split), dict) and "labelled" in meta_counts[split]:

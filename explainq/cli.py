@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from app.logs import setup_logging
-from app.redis_server import is_loopback
-from app.settings import Settings
+from core.logs import setup_logging
+from core.redis_server import is_loopback
+from core.settings import Settings
 
 log = logging.getLogger("explainq")
 
@@ -67,7 +67,7 @@ def cmd_worker(args: argparse.Namespace) -> None:
 
 
 def cmd_redis(args: argparse.Namespace) -> None:
-    from app.redis_server import EmbeddedRedis, read_password_file
+    from core.redis_server import EmbeddedRedis, read_password_file
 
     settings = Settings()
     if args.no_password and not is_loopback(args.host):
@@ -94,7 +94,7 @@ def cmd_redis(args: argparse.Namespace) -> None:
 def cmd_gc(args: argparse.Namespace) -> None:
     import json
 
-    from app.gc import collect
+    from core.retention import collect
 
     removed = collect(Settings(), grace_s=args.grace_s)
     print(json.dumps({k: len(v) for k, v in removed.items()}), flush=True)
@@ -184,10 +184,10 @@ class Supervisor:
     def argv(self, name: str) -> list[str]:
         """The command line of process ``name`` (``api`` or ``worker:<queues>``)."""
         if name == "api":
-            return [sys.executable, "-m", "app.cli", "api", "--host", self.args.host, "--port", str(self.args.port)]
+            return [sys.executable, "-m", "explainq.cli", "api", "--host", self.args.host, "--port", str(self.args.port)]
         queue = name.split(":", 1)[1]
         threads, nice = self.plan[queue]
-        return [sys.executable, "-m", "app.cli", "worker", "--queues", queue, "--threads", str(threads),
+        return [sys.executable, "-m", "explainq.cli", "worker", "--queues", queue, "--threads", str(threads),
                 "--nice", str(nice)]
 
     def _spawn(self, name: str) -> None:
@@ -199,7 +199,7 @@ class Supervisor:
     def start(self) -> None:
         self.settings.home.mkdir(parents=True, exist_ok=True)
         if not self.settings.redis_url:
-            from app.redis_server import EmbeddedRedis
+            from core.redis_server import EmbeddedRedis
 
             self.redis = EmbeddedRedis(self.settings.home / "redis").start()
             self.env["REDIS_URL"] = self.redis.url
@@ -208,7 +208,7 @@ class Supervisor:
         self._spawn("api")
         if not self.args.no_demo:
             log.info("preparing demo models and data (first start only; cached under %s)", self.settings.home)
-            demo = subprocess.run([sys.executable, "-m", "app.cli", "demo"], env=self.env)
+            demo = subprocess.run([sys.executable, "-m", "explainq.cli", "demo"], env=self.env)
             if demo.returncode != 0:
                 log.error("demo preparation failed (exit %s); the service runs without the missing demos",
                           demo.returncode)
@@ -224,7 +224,7 @@ class Supervisor:
         if self.gc_proc is not None and self.gc_proc.poll() is None:
             return
         self.next_gc = time.monotonic() + self.args.gc_interval_s
-        self.gc_proc = subprocess.Popen([sys.executable, "-m", "app.cli", "gc"], env=self.env,
+        self.gc_proc = subprocess.Popen([sys.executable, "-m", "explainq.cli", "gc"], env=self.env,
                                         stdout=subprocess.DEVNULL)
 
     def check(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from app.kinds.base import KINDS, FieldError, JobKind, register
+from core.kinds.base import KINDS, FieldError, JobKind, register
 
 __all__ = ["KINDS", "FieldError", "JobKind", "register", "load_all"]
 

@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app import registry
-from app.kinds.base import FieldError, JobKind, register, require_new_name
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
+from core import registry
+from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 from models.news.data import has_split
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -119,5 +119,6 @@ register(JobKind(
     func="workers.jobs.train_news:run",
     timeout_s=24 * 3600,
     summary="Train an NRMS or NAML news recommender (MIND metrics per epoch, checkpoints, resume); registers it",
+    title="Train a news recommender",
     validate=validate,
 ))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.settings import Settings
+from core.settings import Settings
 
 
 class PathError(ValueError):

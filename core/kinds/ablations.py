@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app import registry
-from app.kinds.base import FieldError, JobKind, register
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
+from core import registry
+from core.kinds.base import FieldError, JobKind, register
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
 
 DATASET_KIND = "lora"
@@ -114,6 +114,9 @@ register(JobKind(
     timeout_s=12 * 3600,
     result_ttl_s=30 * 24 * 3600,
     summary="LoRA weight-space ablation: can the concept be probed from all layers vs visual (attn1) layers only?",
+    title="LoRA visual ablation",
+    renderer="ablation",
+    pickers={"dataset": ("datasets", "lora")},
     validate=validate,
     tags=("lora",),
 ))

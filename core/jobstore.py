@@ -19,7 +19,6 @@ import base64
 import hashlib
 import json
 import logging
-import re
 import time
 import uuid
 from datetime import UTC, datetime
@@ -34,85 +33,33 @@ from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry
 from rq.serializers import JSONSerializer
 
-from app import fanout
-from app.kinds.base import QUEUES, JobKind
-from app.metrics import record_finished, record_submitted
-from app.reaper import reap_job
-from app.settings import Settings
+from core import fanout, keys
+from core.jobview import (
+    _RQ_ACTIVE,
+    QUEUE_KEYS,
+    VIEW_FIELDS,
+    VIEW_FUNCTION,
+    FiniteJSONSerializer,
+    fields_to_raw,
+    is_abandoned,
+    job_view,
+    parse_meta,
+    view_script_result,
+)
+from core.keys import JOB_PREFIX, QUEUE_PREFIX, valid_job_id
+from core.kinds.base import QUEUES, JobKind
+from core.metrics import record_finished, record_submitted
+from core.reaper import reap_job
+from core.settings import Settings
 
 log = logging.getLogger("explainq.jobs")
 
 RUNNER = "workers.runner.execute"
-JOB_PREFIX = Job.redis_job_namespace_prefix
-QUEUE_PREFIX = Queue.redis_queue_namespace_prefix
-TERMINAL = ("succeeded", "failed", "canceled")
-STATUSES = ("queued", "running", *TERMINAL)
-# RQ ids are uuid4 hex; shard ids are ``<parent>-s0001``. Anything else never reaches Redis.
-JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-
-# The job-hash fields the view needs. Reading only these (HMGET) instead of the whole hash (HGETALL) skips RQ's
-# compressed call data, the bulk of the hash, which the API never needs.
-VIEW_FIELDS = ("status", "origin", "created_at", "started_at", "ended_at", "last_heartbeat", "meta")
-_VIEW_FIELDS_B = tuple(f.encode() for f in VIEW_FIELDS)
-_RQ_ACTIVE = {s.value for s in (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED, JobStatus.STARTED)}
-
-
-def valid_job_id(job_id: str) -> bool:
-    return JOB_ID_RE.fullmatch(job_id) is not None
-
-
-def fields_to_raw(values: list[bytes | None]) -> dict[bytes, bytes]:
-    """HMGET's list of values back into the ``{field: value}`` shape of HGETALL (missing fields dropped)."""
-    return {f: v for f, v in zip(_VIEW_FIELDS_B, values, strict=True) if v is not None}
-
-
-_STATUS_MAP = {
-    JobStatus.QUEUED.value: "queued",
-    JobStatus.DEFERRED.value: "queued",
-    JobStatus.SCHEDULED.value: "queued",
-    JobStatus.STARTED.value: "running",
-    JobStatus.FINISHED.value: "succeeded",
-    JobStatus.FAILED.value: "failed",
-    JobStatus.STOPPED.value: "canceled",
-    JobStatus.CANCELED.value: "canceled",
-}
-
-
-def owner_index_key(owner: str) -> str:
-    return f"explainq:jobs:{owner}"
-
-
-def active_key(owner: str) -> str:
-    return f"explainq:active:{owner}"
-
-
-def cancel_key(job_id: str) -> str:
-    return f"explainq:cancel:{job_id}"
-
-
 def body_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------- non-finite numbers
-def _nonfinite(_: str) -> None:
-    return None
-
-
-def loads_finite(value: bytes | str) -> Any:
-    """``json.loads`` with ``NaN`` / ``Infinity`` / ``-Infinity`` read as ``None``: stored data stays valid JSON."""
-    return json.loads(value, parse_constant=_nonfinite)
-
-
-class FiniteJSONSerializer(JSONSerializer):
-    """RQ's JSON serializer, reading non-finite numbers as ``None`` (results, meta)."""
-
-    @staticmethod
-    def loads(s, *args, **kwargs):
-        return loads_finite(s.decode("utf-8") if isinstance(s, bytes) else s)
-
-
-# ------------------------------------------------------------------------------------------------- errors
 class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different body."""
 
@@ -131,28 +78,6 @@ class QuotaExceeded(Exception):
         self.message = message
 
 
-# --------------------------------------------------------------------------------------------- Lua scripts
-# A job's view fields and, for a queued job, its position in its queue. The field names are part of the script
-# (status and origin first). ``queues_from`` is the index in KEYS of the first of the queue lists.
-_VIEW_FUNCTION = """
-local function view(job_key, job_id, queues_from)
-  local values = redis.call('HMGET', job_key, """ + ", ".join(f"'{f}'" for f in VIEW_FIELDS) + """)
-  local position = false
-  if values[1] == 'queued' and values[2] then
-    local wanted = '""" + QUEUE_PREFIX + """' .. values[2]
-    for i = queues_from, #KEYS do
-      if KEYS[i] == wanted then position = redis.call('LPOS', KEYS[i], job_id) end
-    end
-  end
-  values[#values + 1] = position
-  return values
-end
-"""
-# The job view in one round trip; a call sends only the keys and the id.
-# KEYS: the job hash, then every queue list. ARGV: the job id.
-VIEW_SCRIPT = _VIEW_FUNCTION + """
-return view(KEYS[1], ARGV[1], 2)
-"""
 # A submission in one round trip, atomically: the Idempotency-Key check, the quota admission, then the job's writes
 # (recorded from RQ's own enqueue, with the owner index, the submission count and the key's record), and the new job's
 # view. Nothing is written unless the job is admitted, and two requests can never both take the last slot.
@@ -163,7 +88,7 @@ return view(KEYS[1], ARGV[1], 2)
 # Answers {'created', job id, view...}, {'replayed', earlier job id, view...}, {'conflict'}, {'in_progress'},
 # {'quota_active'} or {'quota_queue'}. A replayed job's hash is read by a key built here (the id is in the record);
 # like RQ itself, this assumes one Redis server, not a cluster.
-SUBMIT_SCRIPT = _VIEW_FUNCTION + """
+SUBMIT_SCRIPT = VIEW_FUNCTION + """
 if ARGV[5] == '1' then
   local current = redis.call('GET', KEYS[4])
   if current then
@@ -197,7 +122,7 @@ for k = 1, """ + str(len(VIEW_FIELDS)) + """ do answer[#answer + 1] = values[k] 
 answer[#answer + 1] = math.max(redis.call('LLEN', KEYS[3]) - 1, 0)
 return answer
 """
-QUEUE_KEYS = tuple(QUEUE_PREFIX + q for q in QUEUES)
+
 
 
 async def run_script(client: Any, script: Any, keys: list[Any], args: list[Any]) -> Any:
@@ -224,99 +149,6 @@ async def run_script(client: Any, script: Any, keys: list[Any], args: list[Any])
     finally:
         await pool.release(conn)
     return await script(keys=keys, args=args)
-
-
-def view_script_args(job_id: str) -> tuple[list[str], list[str]]:
-    return [JOB_PREFIX + job_id, *QUEUE_KEYS], [job_id]
-
-
-def view_script_result(values: list[Any]) -> tuple[dict[bytes, bytes], int | None]:
-    """The ``VIEW_SCRIPT`` answer as (raw fields, queue position or None)."""
-    *fields, position = values
-    return fields_to_raw(fields), (int(position) if position is not None else None)
-
-
-# --------------------------------------------------------------------------------------------- the job view
-def _text(raw: dict[bytes, bytes], field: str) -> str | None:
-    value = raw.get(field.encode())
-    if value is None or value == b"":
-        return None
-    return value.decode()
-
-
-def _parse_ts(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-
-
-def _meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    value = raw.get(b"meta")
-    if not value:
-        return {}
-    return loads_finite(value)
-
-
-def parse_meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
-    """The job's ``meta`` field (kind, owner, progress...), ``{}`` when absent."""
-    return _meta(raw)
-
-
-def is_abandoned(raw: dict[bytes, bytes], heartbeat_ttl_s: float, now: float | None = None) -> bool:
-    """A started job whose worker stopped heart-beating for longer than the heartbeat TTL."""
-    if _text(raw, "status") != JobStatus.STARTED.value:
-        return False
-    last = _parse_ts(_text(raw, "last_heartbeat")) or _parse_ts(_text(raw, "started_at"))
-    if last is None:
-        return False
-    return (now or time.time()) - last > heartbeat_ttl_s
-
-
-def job_view(job_id: str, raw: dict[bytes, bytes], base_url: str = "", position: int | None = None,
-             meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The public job resource (DESIGN.md "Jobs") from the RQ job hash fields (one HMGET, nothing unpickled).
-
-    ``position`` is the job's place in its queue (0 = next), shown only while the job is queued. ``meta`` is
-    ``parse_meta(raw)`` when the caller has it already.
-    """
-    if meta is None:
-        meta = _meta(raw)
-    rq_status = _text(raw, "status") or "queued"
-    status = _STATUS_MAP.get(rq_status, "queued")
-    if status == "failed" and meta.get("canceled"):
-        status = "canceled"
-    error = None
-    if status == "failed":
-        error = meta.get("error") or {
-            "code": "worker_lost",
-            "message": "the worker running this job stopped (killed or crashed) before it finished; "
-            "submit the job again",
-        }
-    elif status == "canceled":
-        error = {"code": "canceled", "message": meta.get("cancel_message") or "canceled on request"}
-    path = f"{base_url}/jobs/{job_id}"
-    view = {
-        "id": job_id,
-        "kind": meta.get("kind"),
-        "status": status,
-        "queue": _text(raw, "origin"),
-        "position": position if status == "queued" else None,
-        "created_at": _text(raw, "created_at"),
-        "started_at": _text(raw, "started_at"),
-        "finished_at": _text(raw, "ended_at") if status in TERMINAL else None,
-        "progress": meta.get("progress"),
-        "metrics": meta.get("metrics"),
-        "error": error,
-        "result_url": f"{path}/result" if status == "succeeded" else None,
-        "links": {"self": path, "cancel": path, "events": f"{path}/events", "result": f"{path}/result"},
-    }
-    if status == "canceled" and view["finished_at"] is None:
-        view["finished_at"] = meta.get("canceled_at")
-    return view
-
-
-def owner_of(raw: dict[bytes, bytes]) -> str | None:
-    return _meta(raw).get("owner")
 
 
 def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
@@ -347,7 +179,6 @@ class JobStore:
         self.settings = settings
         self.serializer = JSONSerializer
         self._queues: dict[str, Queue] = {}
-        self._view = redis.register_script(VIEW_SCRIPT)
         self._submit = redis.register_script(SUBMIT_SCRIPT)
         self._asubmit = aredis.register_script(SUBMIT_SCRIPT) if aredis is not None else None
 
@@ -422,11 +253,11 @@ class JobStore:
             pipeline=recorder,
         )
         record_submitted(recorder, kind.name)
-        recorder.zadd(owner_index_key(owner), {job_id: time.time()})
+        recorder.zadd(keys.owner_jobs(owner), {job_id: time.time()})
         job_key = JOB_PREFIX + job_id
         idem_key = job_key
         if idempotency_key is not None:
-            idem_key = f"explainq:idem:{owner}:{hashlib.sha256(idempotency_key.encode()).hexdigest()}"
+            idem_key = keys.idempotency(owner, hashlib.sha256(idempotency_key.encode()).hexdigest())
             record = json.dumps({"job_id": job_id, "body": digest, "state": "created"})
             recorder.set(idem_key, record, ex=max(s.result_ttl_for(kind.result_ttl_s), s.failure_ttl_s))
         writes = [command for command, _ in recorder.command_stack]
@@ -436,7 +267,7 @@ class JobStore:
         for command in writes:
             args.append(len(command))
             args.extend(command)
-        return [job_key, active_key(owner), QUEUE_PREFIX + kind.queue, idem_key, *QUEUE_KEYS], args
+        return [job_key, keys.owner_active(owner), QUEUE_PREFIX + kind.queue, idem_key, *QUEUE_KEYS], args
 
     def _outcome(self, kind: JobKind, answer: list[Any]) -> tuple[str, bool, dict[str, Any]] | None:
         """``(job_id, replayed, view)`` from ``SUBMIT_SCRIPT``'s answer; None when the owner is at the active-job
@@ -464,7 +295,7 @@ class JobStore:
 
     def prune_active(self, owner: str) -> int:
         """Remove ids of ended or vanished jobs from the owner's active set; returns how many went."""
-        members = list(self.redis.smembers(active_key(owner)))
+        members = list(self.redis.smembers(keys.owner_active(owner)))
         if not members:
             return 0
         with self.redis.pipeline(transaction=False) as pipe:
@@ -473,21 +304,17 @@ class JobStore:
             statuses = pipe.execute()
         done = [m for m, st in zip(members, statuses, strict=True) if st is None or st.decode() not in _RQ_ACTIVE]
         if done:
-            self.redis.srem(active_key(owner), *done)
+            self.redis.srem(keys.owner_active(owner), *done)
         return len(done)
 
     # ---- reading
     def raw(self, job_id: str) -> dict[bytes, bytes]:
         return fields_to_raw(self.redis.hmget(JOB_PREFIX + job_id, VIEW_FIELDS))
 
-    def raw_and_position(self, job_id: str) -> tuple[dict[bytes, bytes], int | None]:
-        keys, args = view_script_args(job_id)
-        return view_script_result(self._view(keys=keys, args=args))
-
     def reap_if_abandoned(self, raw: dict[bytes, bytes], job_id: str) -> dict[bytes, bytes]:
         """Move an abandoned running job to failed now instead of waiting for a worker's maintenance pass.
 
-        ``is_abandoned`` (stale heartbeat) is only the cheap pre-check; ``app.reaper.reap_job`` decides with the
+        ``is_abandoned`` (stale heartbeat) is only the cheap pre-check; ``core.reaper.reap_job`` decides with the
         full rule (the worker's liveness key is gone and Redis has been up one TTL), so a Redis restart or a slow
         poll never fails a job whose worker is alive."""
         if not is_abandoned(raw, self.settings.heartbeat_ttl_s):
@@ -515,7 +342,7 @@ class JobStore:
         When ``scan_limit`` entries were looked at without filling the page (filters skipping many), the page
         is returned short with a cursor to continue from.
         """
-        index = owner_index_key(owner)
+        index = keys.owner_jobs(owner)
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
         items: list[dict[str, Any]] = []
         scanned = 0
@@ -572,12 +399,12 @@ class JobStore:
         entry in RQ's canceled registry. Canceling a fanned-out parent cancels its shards and its reduce step.
         """
         if _cascade:
-            meta = _meta(self.raw(job_id))
+            meta = parse_meta(self.raw(job_id))
             if fanout.is_parent(meta):
                 for child in fanout.related(self.redis, job_id, meta):
                     if self.redis.exists(JOB_PREFIX + child):
                         self.cancel(child, _cascade=False)
-        self.redis.set(cancel_key(job_id), "1", ex=self.settings.result_ttl_s)
+        self.redis.set(keys.cancel(job_id), "1", ex=self.settings.result_ttl_s)
         ttl = self.settings.failure_ttl_s
         job_key = JOB_PREFIX + job_id
         with self.redis.pipeline(transaction=True) as pipe:
@@ -615,7 +442,7 @@ class JobStore:
         return payload if isinstance(payload, dict) else None
 
     def result(self, job_id: str) -> Any:
-        if fanout.is_parent(_meta(self.raw(job_id))):  # a fanned-out request's result is its reduce step's
+        if fanout.is_parent(parse_meta(self.raw(job_id))):  # a fanned-out request's result is its reduce step's
             job_id = fanout.reduce_id(job_id)
         job = Job.fetch(job_id, connection=self.redis, serializer=FiniteJSONSerializer)
         return job.return_value(refresh=True)

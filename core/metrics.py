@@ -30,14 +30,15 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
 
-from app.kinds.base import QUEUES
+from core import keys
+from core.kinds.base import QUEUES
 
 log = logging.getLogger("explainq.metrics")
 
-SUBMITTED = "explainq:metrics:submitted"
-FINISHED = "explainq:metrics:finished"
-DURATION = "explainq:metrics:duration"
-MODEL_LOADS = "explainq:metrics:model_loads"
+SUBMITTED = keys.METRICS_SUBMITTED
+FINISHED = keys.METRICS_FINISHED
+DURATION = keys.METRICS_DURATION
+MODEL_LOADS = keys.METRICS_MODEL_LOADS
 SEP = "\t"
 # Job durations span milliseconds (tests, tiny explanations) to hours (training runs).
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, math.inf)
@@ -216,12 +217,3 @@ def build_registry(redis: Redis, queues: Iterable[str] = QUEUES) -> tuple[Collec
     errors = Counter("explainq_api_redis_errors", "Redis errors seen by this API process", ["error"],
                      registry=registry)
     return registry, errors
-
-
-def install(app: Any) -> None:
-    """Give a FastAPI app its registry (``app.state.metrics_registry``), its Redis-error counter
-    (``app.state.redis_errors``) and the ``GET /metrics`` route."""
-    from app.routers.metrics import router
-
-    app.state.metrics_registry, app.state.redis_errors = build_registry(app.state.redis)
-    app.include_router(router)

@@ -32,21 +32,15 @@ from typing import Any
 
 import redis as redis_lib
 
-from app.settings import Settings
-from app.store import Store, StoreError, clean_key, get_store, new_version
+from core import keys
+from core.filestore import Store, StoreError, clean_key, get_store, new_version
+from core.settings import Settings
 
 log = logging.getLogger("explainq.registry")
 
 SECTIONS = ("models", "datasets")
 SYSTEM = "system"
-ORPHANS_KEY = "explainq:store:orphans"  # zset: store key of a replaced/deleted version -> when it was released
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def section_key(section: str) -> str:
-    if section not in SECTIONS:
-        raise ValueError(section)
-    return f"explainq:registry:{section}"
 
 
 class OwnershipError(Exception):
@@ -134,7 +128,7 @@ def _put(settings: Settings, section: str, name: str, entry: dict[str, Any], own
          client: redis_lib.Redis | None = None) -> dict[str, Any] | None:
     """Write the record if ``owner`` may; returns the record it replaced (or None)."""
     r = client or connection(settings)
-    res = r.eval(_PUT_IF_OWNER, 2, section_key(section), ORPHANS_KEY, name, json.dumps(entry, sort_keys=True), owner,
+    res = r.eval(_PUT_IF_OWNER, 2, keys.registry(section), keys.STORE_ORPHANS, name, json.dumps(entry, sort_keys=True), owner,
                  entry.get("location") or "", time.time())
     status, other = int(res[0]), res[1]
     if status == 0:
@@ -218,7 +212,7 @@ def register_dataset(
 
 
 def _get(settings: Settings, section: str, name: str) -> dict[str, Any] | None:
-    return _decode(connection(settings).hget(section_key(section), name))
+    return _decode(connection(settings).hget(keys.registry(section), name))
 
 
 def get_model(settings: Settings, name: str) -> dict[str, Any] | None:
@@ -230,7 +224,7 @@ def get_dataset(settings: Settings, name: str) -> dict[str, Any] | None:
 
 
 def _list(settings: Settings, section: str) -> dict[str, dict[str, Any]]:
-    raw = connection(settings).hgetall(section_key(section))
+    raw = connection(settings).hgetall(keys.registry(section))
     return {k.decode(): _decode(v) for k, v in sorted(raw.items())}
 
 
@@ -245,7 +239,7 @@ def list_datasets(settings: Settings) -> dict[str, dict[str, Any]]:
 def delete(settings: Settings, section: str, name: str, owner: str) -> dict[str, Any] | None:
     """Delete ``name`` if ``owner`` owns it: the record, returned; None when absent; OwnershipError otherwise.
     Its store files are released to ``explainq gc`` (a worker may still be loading them)."""
-    res = connection(settings).eval(_DELETE_IF_OWNER, 2, section_key(section), ORPHANS_KEY, name, owner,
+    res = connection(settings).eval(_DELETE_IF_OWNER, 2, keys.registry(section), keys.STORE_ORPHANS, name, owner,
                                     time.time())
     status, value = int(res[0]), res[1]
     if status == -1:
@@ -312,7 +306,7 @@ def import_legacy(settings: Settings, client: redis_lib.Redis) -> int:
         data = json.loads(path.read_text())
         count = 0
         for name, old in data.get("models", {}).items():
-            if client.hexists(section_key("models"), name):
+            if client.hexists(keys.registry("models"), name):
                 continue
             directory = Path(old["path"])
             directory = directory if directory.is_absolute() else settings.home / directory
@@ -327,7 +321,7 @@ def import_legacy(settings: Settings, client: redis_lib.Redis) -> int:
             _put(settings, "models", name, entry, SYSTEM, client)
             count += 1
         for name, old in data.get("datasets", {}).items():
-            if client.hexists(section_key("datasets"), name):
+            if client.hexists(keys.registry("datasets"), name):
                 continue
             p = Path(old["path"])
             entry = {"name": name, "kind": old.get("kind"), "meta": old.get("meta", {}), "owner": SYSTEM,

@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.kinds.base import FieldError, JobKind, register, require_new_name
-from app.paths import PathError, resolve_data_path
-from app.settings import Settings
+from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core.settings import Settings
+from core.userfiles import PathError, resolve_data_path
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh"}
@@ -77,9 +77,9 @@ def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
     """Names and shapes of the ConvE weight files, from a ``.safetensors`` JSON header or a ``.pt`` file's pickle
     read without running it (no torch either way): a mismatch with the config is a 422 naming the tensors. A file
     in neither form (a legacy pickle, say) is checked by the job."""
-    from models.formats import PICKLE_SUFFIXES, pickle_shapes, shape_problems
     from models.kg.shapes import canonical_name, expected_shapes
     from models.lora.keys import DatasetFormatError, read_safetensors_header
+    from models.weight_files import PICKLE_SUFFIXES, pickle_shapes, shape_problems
 
     try:
         shape = json.loads((directory / "config.json").read_text()) if (directory / "config.json").is_file() else {}
@@ -160,5 +160,6 @@ register(JobKind(
     timeout_s=2 * 3600,
     summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked); "
             "registers it",
+    title="Import a model",
     validate=validate,
 ))

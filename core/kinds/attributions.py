@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from app import registry
-from app.formats import news_labelled
-from app.kinds.base import (
+from core import registry
+from core.dataset_formats import news_labelled
+from core.kinds.base import (
     FieldError,
     JobKind,
     max_failed_field,
@@ -21,7 +21,7 @@ from app.kinds.base import (
     shard_retries_field,
     shard_size_field,
 )
-from app.settings import Settings
+from core.settings import Settings
 from models.explain.rules import METHODS as RULES
 from models.explain.rules import NEEDS_TWO, default_method
 
@@ -123,6 +123,10 @@ register(JobKind(
     timeout_s=2 * 3600,
     result_ttl_s=7 * 24 * 3600,
     summary="Integrated Gradients of a news recommender's score over the words of a headline",
+    title="Attributions (Integrated Gradients)",
+    renderer="attributions",
+    pickers={"model": ("models", "news"), "compare_with": ("models", "news"), "dataset.name": ("datasets", "news")},
+    widgets={"samples": "news_samples"},
     validate=validate,
 ))
 register_fanout("attributions", "workers.jobs.attributions", timeout_s=2 * 3600)

@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app import registry
-from app.settings import Settings
-from app.store import clean_key
-
-OWNERS_KEY = "explainq:artifacts:owners"  # hash: job id -> {"owner", "kind"}
+from core import keys, registry
+from core.filestore import clean_key
+from core.settings import Settings
 
 
 def artifacts_key(job_id: str, *parts: str) -> str:
@@ -24,11 +22,11 @@ def artifacts_key(job_id: str, *parts: str) -> str:
 
 
 def record_owner(settings: Settings, job_id: str, owner: str, kind: str | None) -> None:
-    registry.connection(settings).hset(OWNERS_KEY, job_id, json.dumps({"owner": owner, "kind": kind}))
+    registry.connection(settings).hset(keys.ARTIFACT_OWNERS, job_id, json.dumps({"owner": owner, "kind": kind}))
 
 
 def owner_record(settings: Settings, job_id: str) -> dict[str, Any] | None:
-    raw = registry.connection(settings).hget(OWNERS_KEY, job_id)
+    raw = registry.connection(settings).hget(keys.ARTIFACT_OWNERS, job_id)
     return json.loads(raw) if raw else None
 
 

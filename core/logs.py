@@ -58,10 +58,6 @@ def job_logging(**fields: Any) -> Iterator[None]:
         _context.reset(token)
 
 
-def current_fields() -> dict[str, Any]:
-    return {**_process_fields, **(_context.get() or {})}
-
-
 class JsonLineFormatter(JsonFormatter):
     """``{"level", "logger", "message", <extra fields>..., "time"}``, one object per line.
 

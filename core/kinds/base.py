@@ -8,11 +8,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.settings import Settings
+from core.keys import JOB_ID_PATTERN
+from core.settings import Settings
 
 # Workers list their queues in priority order: "explain,bulk" serves an interactive request before the next shard
 # of a dataset-scale run; "train" runs long training jobs on workers of its own.
 QUEUES = ("explain", "bulk", "train")
+# The result views clients know how to draw (a kind names one, or none for its result as JSON).
+RENDERERS = ("attributions", "influence", "training", "ablation")
+# Form widgets beyond the ones a field's JSON schema implies.
+FORM_WIDGETS = ("news_samples",)
 
 
 class FieldError(ValueError):
@@ -69,6 +74,21 @@ class JobKind:
     tags: tuple[str, ...] = field(default_factory=tuple)
     # run only by other jobs (the shards and reduce step of a fanned-out request): no HTTP route
     internal: bool = False
+    # --- how clients present the kind (the dashboard and the SDK read this; neither branches on kind names)
+    title: str = ""  # display name; default: the name in words
+    # the result view: one of RENDERERS, or None for the result as JSON
+    renderer: str | None = None
+    sdk_method: str | None = None  # the SDK's typed submit method; default: the kind's name
+    # form fields that name registry entries: dotted field -> ("models" | "datasets", registry kind)
+    pickers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # form fields with a widget of their own: dotted field -> widget name (see FORM_WIDGETS)
+    widgets: dict[str, str] = field(default_factory=dict)
+    # renderer "training": charts of the per-epoch rows, each {"id", "title", "series": [[row key, label], ...]};
+    # nested values in a row are flattened with "_" ({"valid": {"mrr": x}} is "valid_mrr")
+    charts: tuple[dict[str, Any], ...] = ()
+    # where live rows come from while the job runs: "history" (the metrics carry every epoch so far) or
+    # "latest" (each progress event's metrics are one more row)
+    live_rows: str = "latest"
 
     def __post_init__(self) -> None:
         if self.queue not in QUEUES:
@@ -77,11 +97,34 @@ class JobKind:
             raise ValueError("func must be 'module.path:function'")
         if not self.internal and not self.route.startswith("/"):
             raise ValueError("route must start with '/'")
+        if self.renderer is not None and self.renderer not in RENDERERS:
+            raise ValueError(f"renderer must be one of {RENDERERS} or None, got {self.renderer!r}")
+        if self.live_rows not in ("history", "latest"):
+            raise ValueError("live_rows must be 'history' or 'latest'")
+        if any(w not in FORM_WIDGETS for w in self.widgets.values()):
+            raise ValueError(f"widgets must be among {FORM_WIDGETS}")
+
+    def describe(self) -> dict[str, Any]:
+        """What a client needs to present the kind: ``GET /kinds`` and the submit route's ``x-explainq-kind``."""
+        return {
+            "name": self.name,
+            "route": self.route,
+            "queue": self.queue,
+            "title": self.title or self.name.replace("_", " ").capitalize(),
+            "summary": self.summary,
+            "renderer": self.renderer,
+            "sdk_method": self.sdk_method or self.name,
+            "pickers": {k: list(v) for k, v in self.pickers.items()},
+            "widgets": dict(self.widgets),
+            "charts": [dict(c) for c in self.charts],
+            "live_rows": self.live_rows,
+            # the request field naming an earlier job of the same kind to continue, when the kind has one
+            "resume_field": "resume_from" if "resume_from" in self.request.model_fields else None,
+        }
 
 
 KINDS: dict[str, JobKind] = {}
 
-JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 
 
 class ShardRequest(BaseModel):
@@ -142,7 +185,7 @@ def unregister(name: str) -> None:
 
 def require_name_free(settings: Settings, name: str, owner: str, field: str, section: str = "models") -> None:
     """409 on ``field`` when ``name`` is registered to another owner (only its owner may replace it)."""
-    from app import registry
+    from core import registry
 
     try:
         registry.check_owner(settings, section, name, owner)
@@ -154,7 +197,7 @@ def require_new_name(settings: Settings, name: str, owner: str, kind: str, overw
                      field: str = "name") -> None:
     """The model name a job will register: 409 when another owner holds it; 422 when the caller's model of that
     name exists and ``overwrite`` is false, or is of another kind."""
-    from app import registry
+    from core import registry
 
     require_name_free(settings, name, owner, field)
     existing = registry.get_model(settings, name)
@@ -169,7 +212,7 @@ def require_new_name(settings: Settings, name: str, owner: str, kind: str, overw
 def require_model(settings: Settings, name: str, kind: str, field: str = "model",
                   kind_label: str | None = None) -> dict[str, Any]:
     """The registry entry of model ``name``, which must be of ``kind``; a FieldError on ``field`` otherwise."""
-    from app import registry
+    from core import registry
 
     entry = registry.get_model(settings, name)
     if entry is None:

@@ -1,0 +1,109 @@
+"""Every Redis key explainq writes, in one place.
+
+RQ's own keys (``rq:job:<id>``, ``rq:queue:<name>``, its registries) are RQ's: :data:`JOB_PREFIX` and
+:data:`QUEUE_PREFIX` are read from RQ. Everything else is ``explainq:*`` and is spelled here only; docs/DESIGN.md's
+table of shared state is checked against :data:`KEYS` by a test.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rq.job import Job
+from rq.queue import Queue
+
+JOB_PREFIX = Job.redis_job_namespace_prefix  # rq:job:<id>: RQ's job hash
+QUEUE_PREFIX = Queue.redis_queue_namespace_prefix  # rq:queue:<name>: RQ's queue list
+
+PREFIX = "explainq:"
+
+# The one job-id rule: RQ's ids are uuid4 hex, a shard is ``<parent>-s00001``, a reduce step ``<parent>-reduce``.
+# An id is a key component, so anything else never reaches Redis (a path or query naming another id is a 404/422).
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+_JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+
+
+def valid_job_id(job_id: str) -> bool:
+    return _JOB_ID_RE.fullmatch(job_id) is not None
+
+# fixed keys
+ARTIFACT_OWNERS = "explainq:artifacts:owners"
+STORE_ORPHANS = "explainq:store:orphans"
+WORKER_MODELS = "explainq:worker-models"
+UI_SECRET = "explainq:ui:secret"
+METRICS_SUBMITTED = "explainq:metrics:submitted"
+METRICS_FINISHED = "explainq:metrics:finished"
+METRICS_DURATION = "explainq:metrics:duration"
+METRICS_MODEL_LOADS = "explainq:metrics:model_loads"
+ALIVE_PREFIX = "explainq:alive:"
+
+
+def owner_jobs(owner: str) -> str:
+    """Sorted set: the owner's job ids by creation time (keyset paging for ``GET /jobs``)."""
+    return f"explainq:jobs:{owner}"
+
+
+def owner_active(owner: str) -> str:
+    """Set: the owner's job ids that may still be queued or running (the active-jobs quota)."""
+    return f"explainq:active:{owner}"
+
+
+def idempotency(owner: str, key_digest: str) -> str:
+    """String: an ``Idempotency-Key``'s record, by the SHA-256 hex digest of the key."""
+    return f"explainq:idem:{owner}:{key_digest}"
+
+
+def cancel(job_id: str) -> str:
+    """String: the cooperative cancel flag a running job checks at each progress step."""
+    return f"explainq:cancel:{job_id}"
+
+
+def children(parent: str) -> str:
+    """List: a fanned-out job's shard ids."""
+    return f"explainq:children:{parent}"
+
+
+def registry(section: str) -> str:
+    """Hash: name -> JSON record of the ``models`` or ``datasets`` section."""
+    if section not in ("models", "datasets"):
+        raise ValueError(section)
+    return f"explainq:registry:{section}"
+
+
+def alive(worker_name: str) -> str:
+    """String with a TTL: a worker's liveness key, holding the id of the job it runs."""
+    return f"{ALIVE_PREFIX}{worker_name}"
+
+
+def worker_models(worker_name: str) -> str:
+    """String with a TTL: JSON of the models a worker holds loaded (the set :data:`WORKER_MODELS` names workers)."""
+    return f"{WORKER_MODELS}:{worker_name}"
+
+
+def rate(kind: str, model: str) -> str:
+    """String: measured throughput (items per second, a moving average) that sizes ``auto`` shards."""
+    return f"explainq:rate:{kind}:{model}"
+
+
+# Each key as the docs write it: the pattern with its placeholders, and what it holds. DESIGN.md's table must name
+# every one of these (tests/test_architecture.py).
+KEYS: dict[str, str] = {
+    "explainq:jobs:<owner>": "the owner's job ids scored by creation time (keyset paging for `GET /jobs`)",
+    "explainq:active:<owner>": "quota accounting: the owner's queued or running jobs",
+    "explainq:idem:<owner>:<sha256>": "an `Idempotency-Key`'s job, with the job id and body hash",
+    "explainq:cancel:<id>": "the cooperative cancel flag",
+    "explainq:registry:models": "model name -> JSON record with owner, kind, store location, metadata",
+    "explainq:registry:datasets": "dataset name -> JSON record with owner, kind, location or path, metadata",
+    STORE_ORPHANS: "replaced or deleted store versions, by release time, for retention",
+    ARTIFACT_OWNERS: "job id -> owner of its files (kept until retention removes the files)",
+    "explainq:children:<parent>": "a fanned-out job's shards",
+    "explainq:alive:<worker>": "a worker's liveness key: the job it runs, TTL = heartbeat TTL",
+    WORKER_MODELS: "the names of workers that publish their loaded models",
+    "explainq:worker-models:<worker>": "the models one worker holds loaded, TTL = heartbeat TTL",
+    METRICS_SUBMITTED: "jobs submitted, by kind",
+    METRICS_FINISHED: "jobs finished, by kind and status",
+    METRICS_DURATION: "job duration histogram buckets, by kind",
+    METRICS_MODEL_LOADS: "model loads and their time, by model",
+    "explainq:rate:<kind>:<model>": "measured throughput (moving average) that sizes shards",
+    UI_SECRET: "the dashboard's cookie-signing secret, generated once",
+}
