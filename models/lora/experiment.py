@@ -157,6 +157,207 @@ def _write_json(path: Path, obj: dict) -> None:
 ProgressFn = Callable[[int, int, str], None]
 
 
+@dataclass
+class _Plan:
+    """What one ablation covers: the data splits, each layer set's layers (and their names), the
+    representations, and the (layer set, representation) cells an earlier attempt already finished."""
+
+    split_list: list
+    layer_sets: dict[str, list]
+    names: dict[str, list[str]]
+    reps: list[str]
+    runs: int
+    memo: Path | None
+    state_path: Path | None
+    done_cells: dict  # with a state_path, each cell is added as it finishes
+    todo: list[tuple[str, str]] = field(init=False)  # the cells left at the start
+
+    def __post_init__(self) -> None:
+        self.todo = [(ls, rep) for ls in self.layer_sets for rep in self.reps if not self.is_done(ls, rep)]
+
+    def is_done(self, ls: str, rep: str) -> bool:
+        return rep in self.done_cells.get(ls, {})
+
+    @property
+    def total_units(self) -> int:
+        return len(self.layer_sets) * len(self.reps) * self.runs
+
+    @property
+    def resumed_cells(self) -> int:
+        return len(self.layer_sets) * len(self.reps) - len(self.todo)
+
+    @property
+    def resumed_units(self) -> int:
+        return self.resumed_cells * self.runs
+
+
+class _Progress:
+    """``progress(done, total, message)`` with ``done`` the finished (layer set, representation, run) units."""
+
+    def __init__(self, progress: ProgressFn | None, total: int, done: int) -> None:
+        self.progress, self.total, self.done = progress, total, done
+
+    def report(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress(self.done, self.total, message)
+
+
+def _select_layer_sets(dataset: LoraDataset, config: AblationConfig) -> dict[str, list]:
+    """Each requested layer set's layers, taken from one seeded sample of all layers when ``sample_layers < 1``;
+    a layer set with no layer is a ``DatasetFormatError``."""
+    sampled = config.sample_layers < 1
+    pool = dataset.layer_set("all")
+    if sampled:
+        pool = sample_layers(pool, config.sample_layers,
+                             int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0]))
+    layer_sets: dict[str, list] = {}
+    for ls in config.layer_sets:
+        layers = select_layers(pool, ls)
+        if not layers:
+            where = "the sampled layers" if sampled else "the dataset"
+            raise DatasetFormatError(f"layer set {ls!r} matches no layer of {where}",
+                                     field="sample_layers" if sampled else "layer_sets")
+        layer_sets[ls] = layers
+    return layer_sets
+
+
+def _finished_cells(
+    state_dir: Path | None, fingerprint: str, config: AblationConfig, names: dict[str, list[str]]
+) -> tuple[Path | None, dict]:
+    """The resume file of this experiment (``None`` without a ``state_dir``) and the cells it already holds."""
+    if state_dir is None:
+        return None, {}
+    state_path = state_dir / f"{_state_key(fingerprint, config, names)}.json"
+    done_cells = json.loads(state_path.read_text()).get("cells", {}) if state_path.is_file() else {}
+    return state_path, done_cells
+
+
+def _plan(dataset: LoraDataset, config: AblationConfig, cache_dir: Path | None, state_dir: Path | None) -> _Plan:
+    """Splits, layer sets and the resume state; the dataset fingerprint is memoised under ``cache_dir``."""
+    split_list = [stratified_split(dataset.labels, split_seed(config.seed, k)) for k in range(config.splits)]
+    layer_sets = _select_layer_sets(dataset, config)
+    memo = cache_dir / "fingerprints.json" if cache_dir is not None else None
+    fingerprint = dataset.fingerprint(memo)
+    names = {ls: [layer.name for layer in layers] for ls, layers in layer_sets.items()}
+    state_path, done_cells = _finished_cells(state_dir, fingerprint, config, names)
+    return _Plan(split_list=split_list, layer_sets=layer_sets, names=names, reps=list(config.representations),
+                 runs=config.runs, memo=memo, state_path=state_path, done_cells=done_cells)
+
+
+def _missing_features(
+    dataset: LoraDataset, plan: _Plan, device: torch.device, cache: FeatureCache | None, tracker: _Progress
+) -> tuple[dict, Any]:
+    """Features of the unfinished cells only, for the sampled layers only (``({}, None)`` when all are done)."""
+    todo = plan.todo
+    if not todo:
+        return {}, None
+    todo_reps = sorted({rep for _, rep in todo})
+    todo_sets = {ls: plan.layer_sets[ls] for ls in sorted({ls for ls, _ in todo})}
+    return compute_features(
+        dataset, todo_sets, todo_reps, device, cache=cache, memo_path=plan.memo,
+        progress=lambda d, t: tracker.report(f"features: {d}/{t} layers"),
+    )
+
+
+def _cell_features(feats: dict, plan: _Plan, ls: str, rep: str, device: torch.device) -> torch.Tensor:
+    """The cell's feature matrix on ``device`` (moved once per cell, not once per run); non-finite columns raise."""
+    x = feats[(ls, rep)].select(plan.names[ls]).to(device)
+    if not torch.isfinite(x).all():
+        bad = int((~torch.isfinite(x)).any(0).sum())
+        raise FloatingPointError(f"{rep} on {ls}: {bad} feature column(s) are not finite")
+    return x
+
+
+def _run_message(ls: str, rep: str, run: int, runs: int, test_acc: float) -> str:
+    return f"{ls}/{rep} run {run + 1}/{runs}: test acc {test_acc:.3f}"
+
+
+@dataclass
+class _Prober:
+    """Trains the probes of each unfinished cell: run r on split r mod n_splits with probe seed seed + r."""
+
+    dataset: LoraDataset
+    config: AblationConfig
+    plan: _Plan
+    device: torch.device
+    tracker: _Progress
+    on_epoch: Callable[[int, float], None] | None
+    training_s: float = 0.0
+    y: torch.Tensor = field(init=False)
+    probe_cfg: ProbeConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.y = torch.as_tensor(self.dataset.labels).to(self.device)
+        self.probe_cfg = self.config.probe()
+
+    def run_all(self, feats: dict) -> dict:
+        """Results per layer set and representation; finished cells are taken over from the resume file."""
+        results: dict = {ls: {} for ls in self.plan.layer_sets}
+        for ls in self.plan.layer_sets:
+            for rep in self.plan.reps:
+                if self.plan.is_done(ls, rep):
+                    results[ls][rep] = self.plan.done_cells[ls][rep]
+                    continue
+                runs = self.probe_runs(_cell_features(feats, self.plan, ls, rep, self.device), ls, rep)
+                results[ls][rep] = aggregate(runs)
+                self.save(ls, rep, results[ls][rep])
+                # after saving: a cancel raised here keeps the finished cell
+                self.tracker.report(_run_message(ls, rep, self.config.runs - 1, self.config.runs,
+                                                 runs[-1]["test_acc"]))
+        return results
+
+    def probe_runs(self, x: torch.Tensor, ls: str, rep: str) -> list[dict]:
+        """``config.runs`` probes on ``x``; progress after each but the last (reported once the cell is saved)."""
+        split_list = self.plan.split_list
+        runs = []
+        for run in range(self.config.runs):
+            t0 = time.perf_counter()
+            runs.append(run_probe(x, self.y, split_list[run % len(split_list)], self.dataset.num_classes,
+                                  self.probe_cfg, self.config.seed + run, self.device, on_epoch=self.on_epoch))
+            runs[-1]["split"] = run % len(split_list)
+            self.training_s += time.perf_counter() - t0
+            self.tracker.done += 1
+            if run + 1 < self.config.runs:
+                self.tracker.report(_run_message(ls, rep, run, self.config.runs, runs[-1]["test_acc"]))
+        return runs
+
+    def save(self, ls: str, rep: str, cell: dict) -> None:
+        if self.plan.state_path is not None:
+            self.plan.done_cells.setdefault(ls, {})[rep] = cell
+            _write_json(self.plan.state_path, {"cells": self.plan.done_cells})
+
+
+def _assemble_result(
+    dataset: LoraDataset, config: AblationConfig, plan: _Plan, device: torch.device, results: dict,
+    fstats: Any, dataset_name: str | None, t_start: float, training_s: float,
+) -> dict:
+    splits = plan.split_list[0]
+    return {
+        "dataset": dataset_name or str(dataset.root),
+        "synthetic": dataset.synthetic,
+        "format": dataset.format,
+        "num_items": len(dataset),
+        "num_classes": dataset.num_classes,
+        "classes": dataset.classes,
+        "num_layers": dataset.num_layers(),
+        "layers_used": {ls: len(v) for ls, v in plan.layer_sets.items()},
+        "splits": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test),
+                   "n_splits": len(plan.split_list)},
+        "config": {**asdict(config), "runs": config.runs},
+        "device": str(device),
+        "results": results,
+        "drop": accuracy_drop(results),
+        "timing": {
+            "total_s": time.perf_counter() - t_start,
+            "features_s": (fstats.compute_s + fstats.load_s) if fstats else 0.0,
+            "training_s": training_s,
+            "features_computed": [list(k) for k in fstats.computed] if fstats else [],
+            "features_cached": [list(k) for k in fstats.cached] if fstats else [],
+            "resumed_cells": plan.resumed_cells,
+        },
+    }
+
+
 def run_ablation(
     dataset: LoraDataset,
     config: AblationConfig,
@@ -176,101 +377,15 @@ def run_ablation(
     """
     config.validate()
     t_start = time.perf_counter()
-    split_list = [stratified_split(dataset.labels, split_seed(config.seed, k)) for k in range(config.splits)]
-    splits = split_list[0]
-    pool = dataset.layer_set("all")
-    if config.sample_layers < 1:
-        pool = sample_layers(pool, config.sample_layers,
-                             int(np.random.SeedSequence([config.seed, 0]).generate_state(1)[0]))
-    layer_sets: dict[str, list] = {}
-    for ls in config.layer_sets:
-        layers = select_layers(pool, ls)
-        if not layers:
-            where = "the sampled layers" if config.sample_layers < 1 else "the dataset"
-            raise DatasetFormatError(f"layer set {ls!r} matches no layer of {where}",
-                                     field="sample_layers" if config.sample_layers < 1 else "layer_sets")
-        layer_sets[ls] = layers
-    reps = list(config.representations)
-    total = len(layer_sets) * len(reps) * config.runs
-    memo = cache_dir / "fingerprints.json" if cache_dir is not None else None
-    fingerprint = dataset.fingerprint(memo)
-    names = {ls: [layer.name for layer in layers] for ls, layers in layer_sets.items()}
-    state_path = None
-    done_cells: dict = {}
-    if state_dir is not None:
-        state_path = state_dir / f"{_state_key(fingerprint, config, names)}.json"
-        if state_path.is_file():
-            done_cells = json.loads(state_path.read_text()).get("cells", {})
-
-    def report(done: int, message: str) -> None:
-        if progress is not None:
-            progress(done, total, message)
-
-    done = sum(config.runs for ls in layer_sets for rep in reps if rep in done_cells.get(ls, {}))
-    report(done, "computing features")
-    todo = [(ls, rep) for ls in layer_sets for rep in reps if rep not in done_cells.get(ls, {})]
-    resumed = len(layer_sets) * len(reps) - len(todo)
-    todo_reps = sorted({rep for _, rep in todo})
-    todo_sets = {ls: layer_sets[ls] for ls in sorted({ls for ls, _ in todo})}  # sampled layers only
+    plan = _plan(dataset, config, cache_dir, state_dir)
+    tracker = _Progress(progress, plan.total_units, plan.resumed_units)
+    tracker.report("computing features")
     cache = FeatureCache(cache_dir, shared_cache) if (cache_dir is not None and config.cache_features) else None
-    feats, fstats = compute_features(
-        dataset, todo_sets, todo_reps, device, cache=cache, memo_path=memo,
-        progress=lambda d, t: report(done, f"features: {d}/{t} layers"),
-    ) if todo else ({}, None)
-    y = torch.as_tensor(dataset.labels).to(device)
-    probe_cfg = config.probe()
-    results: dict = {ls: {} for ls in layer_sets}
-    t_train = 0.0
-    for ls in layer_sets:
-        for rep in reps:
-            if rep in done_cells.get(ls, {}):
-                results[ls][rep] = done_cells[ls][rep]
-                continue
-            x = feats[(ls, rep)].select(names[ls]).to(device)  # once per cell, not once per run
-            if not torch.isfinite(x).all():
-                bad = int((~torch.isfinite(x)).any(0).sum())
-                raise FloatingPointError(f"{rep} on {ls}: {bad} feature column(s) are not finite")
-            runs = []
-            for run in range(config.runs):
-                t0 = time.perf_counter()
-                runs.append(run_probe(x, y, split_list[run % len(split_list)], dataset.num_classes, probe_cfg,
-                                      config.seed + run, device, on_epoch=on_epoch))
-                runs[-1]["split"] = run % len(split_list)
-                t_train += time.perf_counter() - t0
-                done += 1
-                message = f"{ls}/{rep} run {run + 1}/{config.runs}: test acc {runs[-1]['test_acc']:.3f}"
-                if run + 1 < config.runs:
-                    report(done, message)
-            results[ls][rep] = aggregate(runs)
-            if state_path is not None:
-                done_cells.setdefault(ls, {})[rep] = results[ls][rep]
-                _write_json(state_path, {"cells": done_cells})
-            report(done, message)  # after saving: a cancel raised here keeps the finished cell
-    counts = dataset.num_layers()
-    return {
-        "dataset": dataset_name or str(dataset.root),
-        "synthetic": dataset.synthetic,
-        "format": dataset.format,
-        "num_items": len(dataset),
-        "num_classes": dataset.num_classes,
-        "classes": dataset.classes,
-        "num_layers": counts,
-        "layers_used": {ls: len(v) for ls, v in layer_sets.items()},
-        "splits": {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test),
-                   "n_splits": len(split_list)},
-        "config": {**asdict(config), "runs": config.runs},
-        "device": str(device),
-        "results": results,
-        "drop": accuracy_drop(results),
-        "timing": {
-            "total_s": time.perf_counter() - t_start,
-            "features_s": (fstats.compute_s + fstats.load_s) if fstats else 0.0,
-            "training_s": t_train,
-            "features_computed": [list(k) for k in fstats.computed] if fstats else [],
-            "features_cached": [list(k) for k in fstats.cached] if fstats else [],
-            "resumed_cells": resumed,
-        },
-    }
+    feats, fstats = _missing_features(dataset, plan, device, cache, tracker)
+    prober = _Prober(dataset, config, plan, device, tracker, on_epoch)
+    results = prober.run_all(feats)
+    return _assemble_result(dataset, config, plan, device, results, fstats, dataset_name, t_start,
+                            prober.training_s)
 
 
 def format_table(result: dict) -> str:

@@ -337,6 +337,313 @@ def _device_modes(device: torch.device, deterministic: bool) -> None:
     torch.backends.cudnn.benchmark = fast
 
 
+def _prepare_process(config: TrainConfig, device: torch.device) -> str:
+    """Seeds, determinism and device switches, the CPU allocator; returns the resolved precision."""
+    precision = resolve_precision(config.precision, device, cuda_half="bf16", cpu_native_bf16=True)
+    seed_everything(config.seed, config.deterministic)
+    _device_modes(device, config.deterministic)
+    if device.type == "cpu" and config.tune_cpu_allocator:
+        tune_cpu_allocator()
+    return precision
+
+
+@dataclass
+class _Model:
+    """The model and what trains it, plus the metadata written with every checkpoint."""
+
+    config: VisionBDHConfig
+    model: VisionBDH
+    optimizer: torch.optim.Optimizer
+    optimizer_name: str
+    scaler: torch.amp.GradScaler
+    meta: dict[str, Any]
+
+
+def _build_model(
+    config: TrainConfig, data: ImageArrays, loaders: Loaders, device: torch.device, precision: str
+) -> _Model:
+    """Vision-BDH sized for the data (classes, image size, channels), AdamW and the fp16 gradient scaler."""
+    model_config = dataclasses.replace(
+        config.model, num_classes=loaders.num_classes, img_size=int(data.train_images.shape[-1]),
+        in_channels=int(data.train_images.shape[1]),
+    )
+    model = VisionBDH(model_config, config.optimizations).to(device, memory_format=torch.channels_last)
+    optimizer, optimizer_name = make_optimizer(param_groups(model, config.weight_decay), config.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    meta = {"classes": loaders.classes, "mean": loaders.mean, "std": loaders.std, "dataset": data.name}
+    return _Model(model_config, model, optimizer, optimizer_name, scaler, meta)
+
+
+@dataclass
+class _RunState:
+    """What the ``last`` checkpoint carries besides weights, optimizer and RNG: the history, the best epoch so
+    far and the position in the schedule (the next epoch, optimizer steps taken)."""
+
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_epoch: int | None = None
+    best_acc: float | None = None
+    start_epoch: int = 1
+    step: int = 0
+
+
+def _read_resume_state(last: Path, config: TrainConfig, ckpt_dir: Path, model_config: VisionBDHConfig) -> dict:
+    """The trainer state of checkpoint ``last``, refused when its model or trajectory settings differ, or when
+    another run's checkpoint has no epoch left to train."""
+    saved_model = read_config(last)["model"]
+    if VisionBDHConfig.from_dict(saved_model) != model_config:
+        raise ResumeError(f"checkpoint model {saved_model} differs from the requested {model_config.to_dict()}")
+    state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
+    if state.get("train_config") is not None:
+        compare_resume_config(state["train_config"], config, int(state["epoch"]))
+    own = last.resolve() == (ckpt_dir / "last").resolve()
+    # A restart of this run after its last epoch (the worker stopped before registering) just finishes;
+    # another run's finished checkpoint has nothing left to train.
+    if state["epoch"] >= config.epochs and not own:
+        raise ResumeError(f"the checkpoint already has {state['epoch']} epochs; ask for more than that")
+    return state
+
+
+def _resume(
+    resume_from: Path | str, config: TrainConfig, ckpt_dir: Path, m: _Model, device: torch.device
+) -> _RunState:
+    """Restore weights, optimizer, scaler and RNG from the checkpoint; its ``best`` is copied into this run."""
+    last = find_checkpoint(resume_from)
+    state = _read_resume_state(last, config, ckpt_dir, m.config)
+    m.model.load_state_dict(load_state_dict(last))
+    m.optimizer.load_state_dict(state["optimizer"])
+    m.scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng_cpu"])
+    if device.type == "cuda" and state.get("rng_cuda") is not None:
+        torch.cuda.set_rng_state(state["rng_cuda"], device)
+    run = _RunState(history=list(state["history"]), best_epoch=state["best_epoch"],
+                    best_acc=state["best_val_accuracy"], start_epoch=state["epoch"] + 1, step=state["global_step"])
+    previous_best = last.parent / "best"
+    if previous_best.resolve() != (ckpt_dir / "best").resolve() and (previous_best / MODEL_FILE).is_file():
+        shutil.copytree(previous_best, ckpt_dir / "best", dirs_exist_ok=True)
+    return run
+
+
+class _Forward:
+    """The forward pass: ``torch.compile`` unless off; a compiled model that fails on its first call falls back
+    to eager mode for the rest of the run, with a warning."""
+
+    def __init__(self, model: torch.nn.Module, mode: str) -> None:
+        self.model, self.mode = model, mode
+        self.net: torch.nn.Module = model
+        self.warnings: list[str] = []
+        self.first_compiled_call = mode != "off"
+        if self.first_compiled_call:
+            self.net = torch.compile(model, mode=mode)
+
+    def __call__(self, images: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+        try:
+            with autocast(device, precision):
+                logits = self.net(images)
+        except Exception as exc:  # noqa: BLE001 - any compiler failure; eager mode is always available
+            if not self.first_compiled_call:
+                raise
+            self.first_compiled_call = False
+            self.net = self.model
+            self.warnings.append(f"torch.compile(mode={self.mode!r}) failed ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained in eager mode")
+            log.warning(self.warnings[-1])
+            with autocast(device, precision):
+                logits = self.net(images)
+        self.first_compiled_call = False  # compiled or fallen back: the first call decided
+        return logits
+
+
+@dataclass
+class _Schedule:
+    """Micro-batches and optimizer steps of the run (``epochs`` is the cosine horizon)."""
+
+    batches_per_epoch: int
+    accum: int
+    total_steps: int
+    total_batches: int
+    group_samples: list[int]  # samples in the optimizer step of micro-batch i (an epoch's last may be short)
+
+    @classmethod
+    def plan(cls, config: TrainConfig, n_train: int) -> _Schedule:
+        bs, accum = config.batch_size, config.grad_accum_steps
+        batches_per_epoch = math.ceil(n_train / bs)
+        steps_per_epoch = math.ceil(batches_per_epoch / accum)
+        batch_sizes = [min(bs, n_train - i * bs) for i in range(batches_per_epoch)]
+        group_samples = [sum(batch_sizes[(i // accum) * accum : (i // accum + 1) * accum])
+                         for i in range(batches_per_epoch)]
+        return cls(batches_per_epoch=batches_per_epoch, accum=accum, total_steps=config.epochs * steps_per_epoch,
+                   total_batches=config.epochs * batches_per_epoch, group_samples=group_samples)
+
+    def ends_step(self, i: int) -> bool:
+        """Micro-batch ``i`` completes an optimizer step."""
+        return (i + 1) % self.accum == 0 or i + 1 == self.batches_per_epoch
+
+    def log_due(self, i: int) -> bool:
+        return (i + 1) % LOG_EVERY_BATCHES == 0 or i + 1 == self.batches_per_epoch
+
+
+@dataclass
+class _EpochSums:
+    """Running loss, correct count and first non-finite batch of an epoch, kept on the device: reading them is
+    a synchronisation, done only when reported."""
+
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+    bad_batch: torch.Tensor
+    seen: int = 0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> _EpochSums:
+        return cls(loss_sum=torch.zeros((), device=device, dtype=torch.float64),
+                   correct=torch.zeros((), device=device, dtype=torch.int64),
+                   bad_batch=torch.full((), -1, device=device, dtype=torch.int64))
+
+    def add(self, i: int, batch_loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        self.loss_sum += batch_loss.detach()
+        self.correct += (logits.detach().argmax(dim=1) == labels).sum()
+        self.bad_batch = torch.where((self.bad_batch < 0) & ~torch.isfinite(batch_loss.detach()), i + 1,
+                                     self.bad_batch)
+        self.seen += labels.numel()
+
+
+@dataclass
+class _Trainer:
+    """The epoch loop over one model: micro-batches, optimizer steps, validation and checkpoints."""
+
+    config: TrainConfig
+    out_dir: Path
+    device: torch.device
+    precision: str
+    loaders: Loaders
+    m: _Model
+    run: _RunState
+    on_batch_end: Callable[[BatchEvent], bool | None] | None
+    progress_bar: bool
+    forward: _Forward = field(init=False)
+    schedule: _Schedule = field(init=False)
+    params: list[torch.nn.Parameter] = field(init=False)
+    lr: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.forward = _Forward(self.m.model, self.config.compile)
+        self.schedule = _Schedule.plan(self.config, self.loaders.n_train)
+        self.params = [p for g in self.m.optimizer.param_groups for p in g["params"]]
+        self.lr = lr_at(self.run.step, self.config.lr, self.config.warmup_steps, self.schedule.total_steps)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    def fit(self, stop_after_epoch: int | None) -> tuple[bool, int]:
+        """Epochs ``start_epoch`` … ``epochs`` (or to ``stop_after_epoch``); returns (canceled, epochs completed)."""
+        epochs_completed = self.run.start_epoch - 1
+        for epoch in range(self.run.start_epoch, self.config.epochs + 1):
+            t0 = time.perf_counter()
+            sums = self.train_epoch(epoch)
+            if sums is None:
+                return True, epochs_completed
+            self.end_epoch(epoch, sums, t0)
+            epochs_completed = epoch
+            if stop_after_epoch is not None and epoch >= stop_after_epoch:
+                break
+        return False, epochs_completed
+
+    def train_epoch(self, epoch: int) -> _EpochSums | None:
+        """One pass over the training batches; ``None`` when ``on_batch_end`` asked to stop (the partial epoch
+        is dropped)."""
+        self.loaders.train_sampler.set_epoch(epoch)
+        self.m.model.train()
+        sums = _EpochSums.zeros(self.device)
+        bar = self._open_bar(epoch)
+        canceled = False
+        for i, (images, labels) in enumerate(bar if bar is not None else self.loaders.train):
+            self.train_batch(i, images, labels, sums)
+            if bar is not None and self.schedule.log_due(i):
+                _check_diverged(sums.bad_batch, epoch, self.run.step)
+                bar.set_postfix(loss=f"{float(sums.loss_sum) / sums.seen:.4f}", lr=f"{self.lr:.2e}")
+            if self.on_batch_end is not None and self.on_batch_end(self._event(epoch, i, sums)):
+                canceled = True
+                break
+        if bar is not None:
+            bar.close()
+        return None if canceled else sums
+
+    def _open_bar(self, epoch: int) -> Any:
+        if not self.progress_bar:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(self.loaders.train, total=self.schedule.batches_per_epoch,
+                    desc=f"epoch {epoch}/{self.config.epochs}", leave=False)
+
+    def _event(self, epoch: int, i: int, sums: _EpochSums) -> BatchEvent:
+        per_epoch = self.schedule.batches_per_epoch
+        return BatchEvent(
+            epoch=epoch, epochs=self.config.epochs, batch=i + 1, batches_per_epoch=per_epoch,
+            done_batches=(epoch - 1) * per_epoch + i + 1, total_batches=self.schedule.total_batches,
+            lr=self.lr, history=self.run.history, loss_sum=sums.loss_sum, seen=sums.seen,
+        )
+
+    def train_batch(self, i: int, images: torch.Tensor, labels: torch.Tensor, sums: _EpochSums) -> None:
+        """Forward and backward of micro-batch ``i`` (its loss scaled by its step's sample count), the optimizer
+        step when the micro-batch completes one, and the running sums."""
+        images = _to_device(images, self.device)
+        labels = labels.to(self.device, non_blocking=True)
+        logits = self.forward(images, self.device, self.precision)
+        batch_loss = F.cross_entropy(
+            logits.float(), labels, reduction="sum", label_smoothing=self.config.label_smoothing
+        )
+        self.m.scaler.scale(batch_loss / self.schedule.group_samples[i]).backward()
+        if self.schedule.ends_step(i):
+            self.optimizer_step()
+        sums.add(i, batch_loss, logits, labels)
+
+    def optimizer_step(self) -> None:
+        """Scheduled learning rate, unscale, clip the global gradient norm, step, clear the gradients."""
+        optimizer, scaler = self.m.optimizer, self.m.scaler
+        self.lr = lr_at(self.run.step, self.config.lr, self.config.warmup_steps, self.schedule.total_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        self.run.step += 1
+
+    def end_epoch(self, epoch: int, sums: _EpochSums, t0: float) -> None:
+        """Divergence check, validation, the metrics row (history and ``metrics.csv``), then the checkpoints."""
+        _check_diverged(sums.bad_batch, epoch, self.run.step)
+        val_loss, val_acc = evaluate(self.forward.net, self.loaders.val, self.device, self.precision)
+        row = {
+            "epoch": epoch, "train_loss": float(sums.loss_sum) / sums.seen, "val_accuracy": val_acc,
+            "epoch_time_s": time.perf_counter() - t0, "lr": self.lr, "train_accuracy": int(sums.correct) / sums.seen,
+            "val_loss": val_loss,
+        }
+        self.run.history.append(row)
+        _write_csv(self.out_dir / "metrics.csv", self.run.history)
+        self.save_checkpoints(epoch, val_acc)
+
+    def save_checkpoints(self, epoch: int, val_acc: float) -> None:
+        """``best`` when validation accuracy improved, ``epoch_NNN`` with ``keep_checkpoints="all"``, ``last``."""
+        m, run, ckpt_dir = self.m, self.run, self.ckpt_dir
+        if run.best_acc is None or val_acc > run.best_acc:
+            run.best_epoch, run.best_acc = epoch, val_acc
+            tmp = ckpt_dir / "best.tmp"
+            save_model_dir(tmp, m.model, m.config, {**m.meta, "epoch": epoch, "val_accuracy": val_acc})
+            replace_dir(tmp, ckpt_dir / "best")
+        if self.config.keep_checkpoints == "all":
+            save_model_dir(ckpt_dir / f"epoch_{epoch:03d}", m.model, m.config, {**m.meta, "epoch": epoch})
+        _save_last(ckpt_dir, m.model, m.config, m.meta, m.optimizer, m.scaler, self.device, epoch, run.step,
+                   run.history, run.best_epoch, run.best_acc, self.config)
+
+    def test_accuracy(self) -> float:
+        """Accuracy of the best checkpoint's weights on the test split (loaded into the eager model)."""
+        self.m.model.load_state_dict(load_state_dict(self.ckpt_dir / "best"))
+        _, test_acc = evaluate(self.m.model, self.loaders.test, self.device, self.precision)
+        return test_acc
+
+
 def _train(
     config: TrainConfig,
     out_dir: Path,
@@ -350,177 +657,25 @@ def _train(
     ckpt_dir = out_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(device) if device is not None else default_device()
-    precision = resolve_precision(config.precision, device, cuda_half="bf16", cpu_native_bf16=True)
-    seed_everything(config.seed, config.deterministic)
-    _device_modes(device, config.deterministic)
-    if device.type == "cpu" and config.tune_cpu_allocator:
-        tune_cpu_allocator()
-
+    precision = _prepare_process(config, device)
     data = data if data is not None else load_arrays(config.dataset, config.data_dir)
     loaders: Loaders = make_loaders(
         data, config.batch_size, config.val_fraction, config.seed, config.augment, config.max_train_samples,
         config.num_workers, pin_memory=device.type == "cuda",
     )
-    model_config = dataclasses.replace(
-        config.model, num_classes=loaders.num_classes, img_size=int(data.train_images.shape[-1]),
-        in_channels=int(data.train_images.shape[1]),
-    )
-    model = VisionBDH(model_config, config.optimizations).to(device, memory_format=torch.channels_last)
-    optimizer, optimizer_name = make_optimizer(param_groups(model, config.weight_decay), config.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    meta = {"classes": loaders.classes, "mean": loaders.mean, "std": loaders.std, "dataset": data.name}
-
-    history: list[dict[str, float]] = []
-    best_epoch: int | None = None
-    best_acc: float | None = None
-    start_epoch, step = 1, 0
-    if resume_from is not None:
-        last = find_checkpoint(resume_from)
-        saved_model = read_config(last)["model"]
-        if VisionBDHConfig.from_dict(saved_model) != model_config:
-            raise ResumeError(f"checkpoint model {saved_model} differs from the requested {model_config.to_dict()}")
-        state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
-        if state.get("train_config") is not None:
-            compare_resume_config(state["train_config"], config, int(state["epoch"]))
-        own = last.resolve() == (ckpt_dir / "last").resolve()
-        # A restart of this run after its last epoch (the worker stopped before registering) just finishes;
-        # another run's finished checkpoint has nothing left to train.
-        if state["epoch"] >= config.epochs and not own:
-            raise ResumeError(f"the checkpoint already has {state['epoch']} epochs; ask for more than that")
-        model.load_state_dict(load_state_dict(last))
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["rng_cpu"])
-        if device.type == "cuda" and state.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(state["rng_cuda"], device)
-        history = list(state["history"])
-        best_epoch, best_acc = state["best_epoch"], state["best_val_accuracy"]
-        start_epoch, step = state["epoch"] + 1, state["global_step"]
-        previous_best = last.parent / "best"
-        if previous_best.resolve() != (ckpt_dir / "best").resolve() and (previous_best / MODEL_FILE).is_file():
-            shutil.copytree(previous_best, ckpt_dir / "best", dirs_exist_ok=True)
-
-    net: torch.nn.Module = model
-    warnings: list[str] = []
-    compiled = config.compile != "off"
-    if compiled:
-        net = torch.compile(model, mode=config.compile)
-
-    n_train = loaders.n_train
-    bs, accum = config.batch_size, config.grad_accum_steps
-    batches_per_epoch = math.ceil(n_train / bs)
-    steps_per_epoch = math.ceil(batches_per_epoch / accum)
-    total_steps = config.epochs * steps_per_epoch
-    # Samples in the optimizer step that micro-batch i belongs to (the last group of an epoch may be short).
-    batch_sizes = [min(bs, n_train - i * bs) for i in range(batches_per_epoch)]
-    group_samples = [sum(batch_sizes[(i // accum) * accum : (i // accum + 1) * accum]) for i in range(batches_per_epoch)]
-    total_batches = config.epochs * batches_per_epoch
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-
-    canceled = False
-    epochs_completed = start_epoch - 1
-    lr = lr_at(step, config.lr, config.warmup_steps, total_steps)
-    for epoch in range(start_epoch, config.epochs + 1):
-        t0 = time.perf_counter()
-        loaders.train_sampler.set_epoch(epoch)
-        model.train()
-        # running sums stay on the device: reading them is a synchronisation, done only when reported
-        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-        correct = torch.zeros((), device=device, dtype=torch.int64)
-        bad_batch = torch.full((), -1, device=device, dtype=torch.int64)
-        seen = 0
-        batches = loaders.train
-        bar = None
-        if progress_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(batches, total=batches_per_epoch, desc=f"epoch {epoch}/{config.epochs}", leave=False)
-            batches = bar
-        for i, (images, labels) in enumerate(batches):
-            images = _to_device(images, device)
-            labels = labels.to(device, non_blocking=True)
-            try:
-                with autocast(device, precision):
-                    logits = net(images)
-            except Exception as exc:  # noqa: BLE001 - any compiler failure; eager mode is always available
-                if not compiled:
-                    raise
-                compiled = False
-                net = model
-                warnings.append(f"torch.compile(mode={config.compile!r}) failed ({type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained in eager mode")
-                log.warning(warnings[-1])
-                with autocast(device, precision):
-                    logits = net(images)
-            compiled = False  # compiled or fallen back: the first call decided
-            batch_loss = F.cross_entropy(
-                logits.float(), labels, reduction="sum", label_smoothing=config.label_smoothing
-            )
-            scaler.scale(batch_loss / group_samples[i]).backward()
-            if (i + 1) % accum == 0 or i + 1 == batches_per_epoch:
-                lr = lr_at(step, config.lr, config.warmup_steps, total_steps)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-            loss_sum += batch_loss.detach()
-            correct += (logits.detach().argmax(dim=1) == labels).sum()
-            bad_batch = torch.where((bad_batch < 0) & ~torch.isfinite(batch_loss.detach()), i + 1, bad_batch)
-            seen += labels.numel()
-            if bar is not None and ((i + 1) % LOG_EVERY_BATCHES == 0 or i + 1 == batches_per_epoch):
-                _check_diverged(bad_batch, epoch, step)
-                bar.set_postfix(loss=f"{float(loss_sum) / seen:.4f}", lr=f"{lr:.2e}")
-            if on_batch_end is not None:
-                event = BatchEvent(
-                    epoch=epoch, epochs=config.epochs, batch=i + 1, batches_per_epoch=batches_per_epoch,
-                    done_batches=(epoch - 1) * batches_per_epoch + i + 1, total_batches=total_batches,
-                    lr=lr, history=history, loss_sum=loss_sum, seen=seen,
-                )
-                if on_batch_end(event):
-                    canceled = True
-                    break
-        if bar is not None:
-            bar.close()
-        if canceled:
-            break
-        _check_diverged(bad_batch, epoch, step)
-        val_loss, val_acc = evaluate(net, loaders.val, device, precision)
-        row = {
-            "epoch": epoch, "train_loss": float(loss_sum) / seen, "val_accuracy": val_acc,
-            "epoch_time_s": time.perf_counter() - t0, "lr": lr, "train_accuracy": int(correct) / seen,
-            "val_loss": val_loss,
-        }
-        history.append(row)
-        _write_csv(out_dir / "metrics.csv", history)
-        if best_acc is None or val_acc > best_acc:
-            best_epoch, best_acc = epoch, val_acc
-            tmp = ckpt_dir / "best.tmp"
-            save_model_dir(tmp, model, model_config, {**meta, "epoch": epoch, "val_accuracy": val_acc})
-            replace_dir(tmp, ckpt_dir / "best")
-        if config.keep_checkpoints == "all":
-            save_model_dir(ckpt_dir / f"epoch_{epoch:03d}", model, model_config, {**meta, "epoch": epoch})
-        _save_last(ckpt_dir, model, model_config, meta, optimizer, scaler, device, epoch, step, history,
-                   best_epoch, best_acc, config)
-        epochs_completed = epoch
-        if stop_after_epoch is not None and epoch >= stop_after_epoch:
-            break
-
-    test_acc = None
-    if not canceled and best_epoch is not None:
-        model.load_state_dict(load_state_dict(ckpt_dir / "best"))
-        _, test_acc = evaluate(model, loaders.test, device, precision)
+    m = _build_model(config, data, loaders, device, precision)
+    run = _resume(resume_from, config, ckpt_dir, m, device) if resume_from is not None else _RunState()
+    trainer = _Trainer(config, out_dir, device, precision, loaders, m, run, on_batch_end, progress_bar)
+    canceled, epochs_completed = trainer.fit(stop_after_epoch)
+    test_acc = trainer.test_accuracy() if not canceled and run.best_epoch is not None else None
 
     checkpoints = {p.name: str(p) for p in sorted(ckpt_dir.iterdir()) if p.is_dir()}
     return TrainResult(
-        history=history, best_epoch=best_epoch, best_val_accuracy=best_acc, test_accuracy=test_acc,
-        parameters=sum(p.numel() for p in model.parameters()), expected_parameters=model_config.expected_parameters(),
+        history=run.history, best_epoch=run.best_epoch, best_val_accuracy=run.best_acc, test_accuracy=test_acc,
+        parameters=sum(p.numel() for p in m.model.parameters()), expected_parameters=m.config.expected_parameters(),
         epochs_completed=epochs_completed, canceled=canceled, out_dir=out_dir, checkpoints=checkpoints,
-        device=str(device), precision=precision, optimizer=optimizer_name, model_config=model_config.to_dict(),
-        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test, warnings=warnings,
+        device=str(device), precision=precision, optimizer=m.optimizer_name, model_config=m.config.to_dict(),
+        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test, warnings=trainer.forward.warnings,
     )
 
 
