@@ -6,6 +6,7 @@ A local directory is the default store and stands for a shared mount; memory:// 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -98,6 +99,61 @@ def test_put_dir_needs_a_local_directory(store, tmp_path):
         with pytest.raises(StoreError, match="not a directory"):
             store.put_dir(bad, KEY)
     assert not store.exists(KEY)
+
+
+def snapshot(store: Store) -> dict[str, bytes | None]:
+    """Every path in the store with its content (None for a directory)."""
+    return {p: None if store.fs.isdir(p) else store.fs.cat_file(p) for p in everything_under_root(store)}
+
+
+@pytest.mark.parametrize("occupant", ["version", "file", "empty directory"])
+def test_a_version_key_that_exists_is_refused(store, tmp_path, occupant):
+    """Versions are immutable: a second upload to a key that holds anything is refused and changes nothing
+    (neither replaced, nor merged into, nor a staging copy left behind)."""
+    if occupant == "version":
+        store.put_dir(tree(tmp_path / "first", {"config.json": "1", "w.bin": "old"}), KEY)
+    elif occupant == "file":
+        store.put_bytes(b"not a version", KEY)
+    else:
+        store.fs.makedirs(store.full(KEY), exist_ok=True)
+    before = snapshot(store)
+    with pytest.raises(StoreError, match="already exists"):
+        store.put_dir(tree(tmp_path / "second", {"config.json": "2", "extra.txt": "new"}), KEY)
+    assert snapshot(store) == before
+
+
+def test_a_version_another_host_writes_during_the_upload_is_refused(backend, store, tmp_path, monkeypatch):
+    """On a file system the rename itself refuses a key that appeared after the check (another host won)."""
+    if backend != "local":
+        pytest.skip("no rename on this backend: the check before the upload is not atomic (see Store.put_dir)")
+    theirs = tree(tmp_path / "theirs", {"config.json": "theirs"})
+    rename = os.rename
+
+    def another_host_wins(src_path, dst_path):
+        if dst_path == store.full(KEY):
+            shutil.copytree(theirs, dst_path)
+        return rename(src_path, dst_path)
+
+    monkeypatch.setattr(filestore.os, "rename", another_host_wins)
+    with pytest.raises(StoreError, match="already exists"):
+        store.put_dir(tree(tmp_path / "ours", {"config.json": "ours", "extra.txt": "x"}), KEY)
+    assert store.list_files(KEY) == [{"name": "config.json", "size": 6, "media_type": "application/json"}]
+    assert store.read_text(f"{KEY}/config.json") == "theirs"
+    assert not [p for p in everything_under_root(store) if ".tmp-" in p]  # our staging copy is gone
+
+
+def test_a_failed_upload_keeps_its_error_and_leaves_nothing(backend, store, tmp_path, monkeypatch):
+    if backend != "local":
+        pytest.skip("no staging on this backend: the files sent stay under a key nothing names")
+
+    def rename_fails(src_path, dst_path):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(filestore.os, "rename", rename_fails)
+    with pytest.raises(OSError, match="cross-device") as caught:
+        store.put_dir(tree(tmp_path / "src", {"config.json": "{}"}), KEY)
+    assert not isinstance(caught.value, StoreError)  # not mistaken for an existing version
+    assert not store.exists(KEY) and not [p for p in everything_under_root(store) if ".tmp-" in p]
 
 
 def test_put_file_and_put_bytes_replace_single_files(store, tmp_path):
@@ -245,14 +301,11 @@ def test_local_dir_reads_a_file_system_store_in_place_and_copies_any_other(backe
             ".complete", "config.json", "sub/x.txt"]
 
 
-def test_another_host_reads_a_version_from_its_own_cache(backend, store, other_host, tmp_path):
+def test_another_host_reads_a_version_from_its_own_cache(store, other_host, tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "sub" / "x.txt").write_text("hello")
     store.put_dir(src, "models/m/v1")
-    if backend == "local":  # not yet on memory://, where a second upload merges into the version
-        with pytest.raises(OSError):
-            store.put_dir(src, "models/m/v1")  # versions are never overwritten
     local = other_host.local_dir("models/m/v1")
     assert local.is_relative_to(tmp_path / "hostB" / "cache")
     assert (local / "sub" / "x.txt").read_text() == "hello"
