@@ -44,8 +44,10 @@ def new_version() -> str:
 
 
 def clean_key(*parts: str) -> str:
-    """Join parts into a relative key; refuses absolute parts, ``..`` and empty names."""
-    joined = posixpath.join(*[str(p).strip("/") for p in parts if str(p).strip("/")])
+    """Join parts into a relative key inside the store; refuses ``..`` that would leave it, NUL and empty
+    names. Leading and trailing slashes are dropped, so an absolute part is read as relative to the store."""
+    kept = [str(p).strip("/") for p in parts if str(p).strip("/")]
+    joined = posixpath.join(*kept) if kept else ""
     norm = posixpath.normpath(joined) if joined else ""
     if not norm or norm == "." or norm.startswith("../") or norm == ".." or "\x00" in norm:
         raise StoreError(f"invalid store key {joined!r}")
