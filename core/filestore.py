@@ -4,9 +4,10 @@ Everything another host may need lives here, under keys such as ``models/<name>/
 ``artifacts/<job id>/influence.csv``. The store is any fsspec URL (``EXPLAINQ_STORE``): a local directory by default
 (``$EXPLAINQ_HOME/store``), a path on a shared mount, ``s3://bucket/prefix``, ``gs://...``.
 
-Writes are safe across hosts: a directory is uploaded under a fresh temporary key and then renamed (on file
-systems), and readers only ever see keys that the registry or a finished job names. Model and dataset versions
-are immutable (a replacement is a new version key), so a host's local copy of a key never goes stale.
+Writes are safe across hosts: on file systems a directory is uploaded under a fresh temporary key and then
+renamed, on other stores its files go straight to their key (see ``Store.put_dir``), and readers only ever see keys
+that the registry or a finished job names. Model and dataset versions are immutable (a replacement is a new
+version key, and ``put_dir`` refuses a key that exists), so a host's local copy of a key never goes stale.
 
 Reading: ``local_dir(key)`` gives a local directory with the key's files. A store on a local or mounted file
 system is read in place; any other store (or every store, with ``EXPLAINQ_STORE_CACHE=always``) is copied once
@@ -34,7 +35,7 @@ _COMPLETE = ".complete"  # written last into a local cache copy: a copy without 
 
 
 class StoreError(Exception):
-    """A key that does not exist, or a name that would escape its prefix."""
+    """A key that does not exist, a version key that does already, or a name that would escape its prefix."""
 
 
 def new_version() -> str:
@@ -43,8 +44,10 @@ def new_version() -> str:
 
 
 def clean_key(*parts: str) -> str:
-    """Join parts into a relative key; refuses absolute parts, ``..`` and empty names."""
-    joined = posixpath.join(*[str(p).strip("/") for p in parts if str(p).strip("/")])
+    """Join parts into a relative key inside the store; refuses ``..`` that would leave it, NUL and empty
+    names. Leading and trailing slashes are dropped, so an absolute part is read as relative to the store."""
+    kept = [str(p).strip("/") for p in parts if str(p).strip("/")]
+    joined = posixpath.join(*kept) if kept else ""
     norm = posixpath.normpath(joined) if joined else ""
     if not norm or norm == "." or norm.startswith("../") or norm == ".." or "\x00" in norm:
         raise StoreError(f"invalid store key {joined!r}")
@@ -112,17 +115,42 @@ class Store:
             self.fs.pipe_file(target, data)
 
     def put_dir(self, local: Path, key: str) -> None:
-        """Upload a directory tree to ``key`` (which must not exist yet: version keys are fresh)."""
+        """Upload a directory tree to ``key``, which must not exist yet (version keys are fresh): StoreError
+        if anything is there already, and the existing files are left as they were."""
         local = Path(local)
         if not local.is_dir():
             raise StoreError(f"{local} is not a directory")
         target = self.full(key)
+        if self.fs.exists(target):
+            raise StoreError(f"{key!r} already exists in the store; a version is never overwritten")
         if self.local:
+            # Copy into a staging directory, then rename: readers see the whole version or none of it.
+            # The rename is the real guard, atomic on one file system: it fails when another writer put
+            # a non-empty directory or a file at the key after the check above. (POSIX rename replaces an
+            # empty directory, so only an empty version racing an empty version could slip through.)
             staging = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-            shutil.copytree(local, staging, symlinks=False)
-            os.makedirs(posixpath.dirname(target), exist_ok=True)
-            os.rename(staging, target)  # fails if target exists, so a version is never overwritten
+            try:
+                shutil.copytree(local, staging, symlinks=False)
+                os.makedirs(posixpath.dirname(target), exist_ok=True)
+                try:
+                    os.rename(staging, target)
+                except OSError as exc:
+                    if os.path.lexists(target):
+                        raise StoreError(f"{key!r} already exists in the store; a version is never "
+                                         "overwritten") from exc
+                    raise
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
             return
+        # Other stores (s3://, gs://, memory://) have no atomic rename: fsspec's mv is a copy then a delete,
+        # object by object, and copying onto an existing directory nests the source inside it instead of
+        # failing. Staging and moving would double the upload and still let the version appear file by file,
+        # so the files go straight to the version key. That is safe for readers because nothing reads a
+        # version before put_dir returns and the registry (or a finished job) names it. The check above and
+        # the upload are not atomic: two hosts putting one key at the same moment could both pass it and
+        # mix their files. Keys from new_version carry 48 random bits, so only a reused key can collide,
+        # and the check refuses a key that was written before.
         for path in sorted(p for p in local.rglob("*") if p.is_file()):
             self.fs.put_file(str(path), posixpath.join(target, path.relative_to(local).as_posix()))
 

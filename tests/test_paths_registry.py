@@ -133,53 +133,7 @@ def test_legacy_registry_json_is_imported_once(redis_server, tmp_path):
     assert not (tmp_path / "registry.json").exists() and (tmp_path / "registry.json.imported").exists()
 
 
-def test_store_copies_remote_style_keys_into_the_host_cache(tmp_path):
-    from core.filestore import Store, StoreError
-
-    shared = tmp_path / "shared"
-    a = Store(str(shared), tmp_path / "hostA" / "cache", cache_mode="always")
-    b = Store(str(shared), tmp_path / "hostB" / "cache", cache_mode="always")
-    src = tmp_path / "src"
-    (src / "sub").mkdir(parents=True)
-    (src / "sub" / "x.txt").write_text("hello")
-    a.put_dir(src, "models/m/v1")
-    with pytest.raises(OSError):
-        a.put_dir(src, "models/m/v1")  # versions are never overwritten
-    local = b.local_dir("models/m/v1")
-    assert local.is_relative_to(tmp_path / "hostB" / "cache")
-    assert (local / "sub" / "x.txt").read_text() == "hello"
-    assert b.local_dir("models/m/v1") == local  # reused
-    assert b.list_files("models/m/v1") == [{"name": "sub/x.txt", "size": 5, "media_type": "text/plain"}]
-    with pytest.raises(StoreError):
-        b.local_dir("models/m/none")
-    with pytest.raises(StoreError):
-        b.full("../escape")
-
-
 def test_malformed_api_keys_raise():
     with pytest.raises(ValueError, match="name:key"):
         _ = Settings(EXPLAINQ_API_KEYS="justakey").api_keys
     assert Settings(EXPLAINQ_API_KEYS="a:1, b:2").api_keys == {"1": "a", "2": "b"}
-
-
-def test_sync_dir_sends_only_files_changed_since_the_last_call(tmp_path, monkeypatch):
-    import os
-
-    from core.filestore import Store
-
-    store = Store(str(tmp_path / "store"), tmp_path / "cache")
-    src = tmp_path / "job"
-    src.mkdir()
-    (src / "a.txt").write_text("1")
-    (src / "b.txt").write_text("2")
-    sent: list[str] = []
-    put = store.put_file
-    monkeypatch.setattr(store, "put_file", lambda path, key: (sent.append(key), put(path, key)))
-    uploaded: dict = {}
-    store.sync_dir(src, "artifacts/j", uploaded)
-    store.sync_dir(src, "artifacts/j", uploaded)  # nothing changed: nothing sent
-    assert sent == ["artifacts/j/a.txt", "artifacts/j/b.txt"]
-    (src / "b.txt").write_text("22")
-    os.utime(src / "b.txt", ns=(1, 10**18))
-    store.sync_dir(src, "artifacts/j", uploaded)
-    assert sent[2:] == ["artifacts/j/b.txt"] and store.read_text("artifacts/j/b.txt") == "22"
