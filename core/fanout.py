@@ -54,40 +54,68 @@ def _meta_of(raw: bytes | None) -> dict[str, Any]:
     return parse_meta({b"meta": raw} if raw else {})
 
 
-def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """The parent's public view from its shards and reduce step (one pipelined read of their status fields)."""
-    fan = meta.get("fanout") or {}
-    n = int(fan.get("shards", 0))
+def _state_of(status: bytes | None) -> str:
+    """A job hash's status field in the service's vocabulary (a missing job reads as queued)."""
+    return STATUS_MAP.get(status.decode() if status else "", "queued")
+
+
+def _read_rows(redis: Any, parent_id: str, n: int) -> list[Any]:
+    """``[status, meta, started_at, ended_at]`` of each of the ``n`` shards, then of the reduce step."""
     ids = [shard_id(parent_id, i) for i in range(n)] + [reduce_id(parent_id)]
     with redis.pipeline(transaction=False) as pipe:
         for jid in ids:
             pipe.hmget(JOB_PREFIX + jid, "status", "meta", "started_at", "ended_at")
-        rows = pipe.execute()
+        return pipe.execute()
+
+
+def _shard_state(status: bytes | None, meta_raw: bytes | None) -> tuple[str, dict[str, Any]]:
+    """A shard's state (a failure that was a cancel counts as canceled) and its meta."""
+    state = _state_of(status)
+    m = _meta_of(meta_raw)
+    if state == "failed" and m.get("canceled"):
+        state = "canceled"
+    return state, m
+
+
+def _shard_size(fan: dict[str, Any], i: int) -> int:
+    return fan["ranges"][i][1] - fan["ranges"][i][0] if fan.get("ranges") else 0
+
+
+def _shard_done(state: str, m: dict[str, Any], size: int) -> float:
+    """Items of a shard done: all of a succeeded one, a running one's reported fraction, none otherwise."""
+    if state == "succeeded":
+        return size
+    if state == "running" and m.get("progress"):
+        p = m["progress"]
+        if p.get("total"):
+            return min(size, size * float(p.get("done") or 0) / float(p["total"]))
+    return 0.0
+
+
+def _earlier(first: float | None, started: bytes | None) -> float | None:
+    """The earliest start so far, given one more shard's ``started_at``."""
+    t = parse_ts(started.decode() if started else None)
+    if t is not None and (first is None or t < first):
+        return t
+    return first
+
+
+def _tally_shards(rows: list[Any], fan: dict[str, Any], n: int) -> tuple[dict[str, int], float, float | None]:
+    """(counts by state, items done, the earliest shard start) over the shards' rows."""
     counts = {"total": n, "queued": 0, "running": 0, "succeeded": 0, "failed": 0, "canceled": 0}
     done = 0.0
     first_start: float | None = None
-    for i, (status, meta_raw, started, _ended) in enumerate(rows[:n]):
-        state = STATUS_MAP.get(status.decode() if status else "", "queued")
-        m = _meta_of(meta_raw)
-        if state == "failed" and m.get("canceled"):
-            state = "canceled"
+    for i, (status, meta_raw, started, _ended) in enumerate(rows):
+        state, m = _shard_state(status, meta_raw)
         counts[state] += 1
-        size = fan["ranges"][i][1] - fan["ranges"][i][0] if fan.get("ranges") else 0
-        if state == "succeeded":
-            done += size
-        elif state == "running" and m.get("progress"):
-            p = m["progress"]
-            if p.get("total"):
-                done += min(size, size * float(p.get("done") or 0) / float(p["total"]))
-        t = parse_ts(started.decode() if started else None)
-        if t is not None and (first_start is None or t < first_start):
-            first_start = t
-    r_status, r_meta_raw, _, r_ended = rows[n]
-    r_state = STATUS_MAP.get(r_status.decode() if r_status else "", "queued")
-    r_meta = _meta_of(r_meta_raw)
-    total = float(fan.get("items") or 0)
-    view = dict(view)
-    view["shards"] = counts
+        done += _shard_done(state, m, _shard_size(fan, i))
+        first_start = _earlier(first_start, started)
+    return counts, done, first_start
+
+
+def _set_status(view: dict[str, Any], meta: dict[str, Any], r_state: str, r_meta: dict[str, Any],
+                r_ended: bytes | None) -> None:
+    """The parent's status, end time and error: canceled wins, then the reduce step's outcome; running otherwise."""
     canceled = meta.get("canceled") or view["status"] == "canceled"
     if canceled:
         view["status"] = "canceled"
@@ -103,14 +131,35 @@ def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, An
         view["status"] = "running"
         view["finished_at"] = None
         view["error"] = None
+
+
+def _eta_s(status: str, first_start: float | None, done: float, total: float) -> float | None:
+    """Seconds left at the rate the shards have gone since the first one started (running parents only)."""
+    eta = None
+    if status == "running" and first_start is not None and 0 < done < total:
+        rate = done / max(datetime.now(UTC).timestamp() - first_start, 1e-6)
+        eta = round((total - done) / rate, 1) if rate > 0 else None
+    return eta
+
+
+def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The parent's public view from its shards and reduce step (one pipelined read of their status fields)."""
+    fan = meta.get("fanout") or {}
+    n = int(fan.get("shards", 0))
+    rows = _read_rows(redis, parent_id, n)
+    counts, done, first_start = _tally_shards(rows[:n], fan, n)
+    r_status, r_meta_raw, _, r_ended = rows[n]
+    r_state = _state_of(r_status)
+    r_meta = _meta_of(r_meta_raw)
+    total = float(fan.get("items") or 0)
+    view = dict(view)
+    view["shards"] = counts
+    _set_status(view, meta, r_state, r_meta, r_ended)
     if view["status"] != "succeeded":
         view["result_url"] = None
     else:
         view["result_url"] = view["links"]["result"]
-    eta = None
-    if view["status"] == "running" and first_start is not None and 0 < done < total:
-        rate = done / max(datetime.now(UTC).timestamp() - first_start, 1e-6)
-        eta = round((total - done) / rate, 1) if rate > 0 else None
+    eta = _eta_s(view["status"], first_start, done, total)
     view["progress"] = {"done": round(done, 3), "total": total, "unit": fan.get("unit", "items"),
                         "message": f"{counts['succeeded']}/{n} shards done" + (
                             ", merging" if r_state == "running" else ""), "eta_s": eta}

@@ -348,44 +348,11 @@ class JobStore:
         scanned = 0
         batch = min(max(limit * 2, 50), 1000, scan_limit)
         while True:
-            with self.redis.pipeline(transaction=False) as pipe:
-                if bound is None:
-                    pipe.zrange(index, "+inf", "-inf", byscore=True, desc=True, offset=0, num=batch,
-                                withscores=True)
-                else:
-                    score = repr(bound[0])
-                    pipe.zrange(index, score, score, byscore=True, withscores=True)
-                    pipe.zrange(index, f"({score}", "-inf", byscore=True, desc=True, offset=0, num=batch,
-                                withscores=True)
-                answers = pipe.execute()
-            older = answers[-1]
-            rows = []
-            if bound is not None:
-                rows = sorted(((m, sc) for m, sc in answers[0] if m.decode() < bound[1]),
-                              key=lambda row: row[0], reverse=True)
-            rows += older
+            rows, older = _index_rows(self.redis, index, bound, batch)
             if not rows:
                 return items, None
-            with self.redis.pipeline(transaction=False) as pipe:
-                for member, _ in rows:
-                    pipe.hmget(JOB_PREFIX + member.decode(), VIEW_FIELDS)
-                raws = [fields_to_raw(values) for values in pipe.execute()]
-            stale = []
-            for (member, score), raw in zip(rows, raws, strict=True):
-                scanned += 1
-                job_id = member.decode()
-                bound = (score, job_id)
-                if not raw:
-                    stale.append(member)
-                    continue
-                view = fanout.apply(self.redis, job_id, job_view(job_id, raw, base_url), raw)
-                if (kind and view["kind"] != kind) or (status and view["status"] != status):
-                    continue
-                items.append(view)
-                if len(items) == limit:
-                    break
-            if stale:
-                self.redis.zrem(index, *stale)
+            looked_at, bound = _take_views(self.redis, index, rows, items, limit, (kind, status), base_url)
+            scanned += looked_at
             if len(items) == limit or scanned >= scan_limit:
                 return items, encode_cursor(*bound)
             if len(older) < batch:
@@ -446,6 +413,64 @@ class JobStore:
             job_id = fanout.reduce_id(job_id)
         job = Job.fetch(job_id, connection=self.redis, serializer=FiniteJSONSerializer)
         return job.return_value(refresh=True)
+
+
+# ---- listing (JobStore.list)
+_Row = tuple[bytes, float]  # an owner index entry: (job id, creation time)
+
+
+def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
+                batch: int) -> tuple[list[_Row], list[_Row]]:
+    """The next index entries after ``bound``, newest first: those sharing its score with a smaller id, then up to
+    ``batch`` strictly older ones; returns (all of them, the older ones)."""
+    with redis.pipeline(transaction=False) as pipe:
+        if bound is None:
+            pipe.zrange(index, "+inf", "-inf", byscore=True, desc=True, offset=0, num=batch,
+                        withscores=True)
+        else:
+            score = repr(bound[0])
+            pipe.zrange(index, score, score, byscore=True, withscores=True)
+            pipe.zrange(index, f"({score}", "-inf", byscore=True, desc=True, offset=0, num=batch,
+                        withscores=True)
+        answers = pipe.execute()
+    older = answers[-1]
+    rows = []
+    if bound is not None:
+        rows = sorted(((m, sc) for m, sc in answers[0] if m.decode() < bound[1]),
+                      key=lambda row: row[0], reverse=True)
+    rows += older
+    return rows, older
+
+
+def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str, Any]], limit: int,
+                wanted: tuple[str | None, str | None], base_url: str) -> tuple[int, tuple[float, str]]:
+    """Append to ``items`` the views of ``rows`` that match ``wanted`` (kind, status) until it holds ``limit``;
+    drops the ids whose job hash is gone from the index. Returns (entries looked at, the last one's bound)."""
+    with redis.pipeline(transaction=False) as pipe:
+        for member, _ in rows:
+            pipe.hmget(JOB_PREFIX + member.decode(), VIEW_FIELDS)
+        raws = [fields_to_raw(values) for values in pipe.execute()]
+    stale = []
+    looked_at = 0
+    for (member, score), raw in zip(rows, raws, strict=True):
+        looked_at += 1
+        job_id = member.decode()
+        bound = (score, job_id)
+        if not raw:
+            stale.append(member)
+            continue
+        view = fanout.apply(redis, job_id, job_view(job_id, raw, base_url), raw)
+        if _matches(view, *wanted):
+            items.append(view)
+            if len(items) == limit:
+                break
+    if stale:
+        redis.zrem(index, *stale)
+    return looked_at, bound
+
+
+def _matches(view: dict[str, Any], kind: str | None, status: str | None) -> bool:
+    return not ((kind and view["kind"] != kind) or (status and view["status"] != status))
 
 
 def encode_cursor(score: float, job_id: str) -> str:

@@ -137,77 +137,105 @@ class RedisCollector(Collector):
         self.queues = tuple(queues)
 
     def collect(self) -> Iterator[Any]:
-        r = self.redis
-        with r.pipeline(transaction=False) as pipe:
-            for key in (SUBMITTED, FINISHED, DURATION, MODEL_LOADS):
-                pipe.hgetall(key)
-            for q in self.queues:
-                pipe.llen(f"rq:queue:{q}")
-                pipe.lindex(f"rq:queue:{q}", 0)
-                pipe.smembers(f"rq:workers:{q}")
-            submitted, finished, duration, loads, *per_queue = pipe.execute()
-        heads = [per_queue[3 * i + 1] for i in range(len(self.queues))]
-        worker_sets = [sorted(per_queue[3 * i + 2]) for i in range(len(self.queues))]
-        with r.pipeline(transaction=False) as pipe:
-            for head in heads:
-                if head:
-                    pipe.hget(b"rq:job:" + head, "enqueued_at")
-            for members in worker_sets:
-                for key in members:
-                    pipe.exists(key)
-            answers = iter(pipe.execute())
-        enqueued = [next(answers) if head else None for head in heads]
-        live = [sum(int(next(answers)) for _ in members) for members in worker_sets]
+        submitted, finished, duration, loads, per_queue = _read_hashes_and_queues(self.redis, self.queues)
+        enqueued, live = _read_heads_and_workers(self.redis, per_queue, len(self.queues))
+        yield _submitted_family(submitted)
+        yield _finished_family(finished)
+        yield _duration_family(duration)
+        yield from _queue_families(self.queues, per_queue, enqueued, live)
+        yield from _model_load_families(loads)
 
-        fam = CounterMetricFamily("explainq_jobs_submitted", "Jobs submitted, by kind", labels=["kind"])
-        for field, value in submitted.items():
-            fam.add_metric([field.decode()], int(value))
-        yield fam
 
-        fam = CounterMetricFamily("explainq_jobs_finished", "Jobs that ended, by kind and final status",
-                                  labels=["kind", "status"])
-        for kind, status, value in _split(finished):
-            fam.add_metric([kind, status], int(value))
-        yield fam
+def _read_hashes_and_queues(redis: Redis, queues: tuple[str, ...]) -> tuple[Any, Any, Any, Any, list[Any]]:
+    """The four metric hashes, then for each queue its length, its head job id and its workers' keys (one
+    pipelined read)."""
+    with redis.pipeline(transaction=False) as pipe:
+        for key in (SUBMITTED, FINISHED, DURATION, MODEL_LOADS):
+            pipe.hgetall(key)
+        for q in queues:
+            pipe.llen(f"rq:queue:{q}")
+            pipe.lindex(f"rq:queue:{q}", 0)
+            pipe.smembers(f"rq:workers:{q}")
+        submitted, finished, duration, loads, *per_queue = pipe.execute()
+    return submitted, finished, duration, loads, per_queue
 
-        hist: dict[str, dict[str, float]] = {}
-        for kind, sub, value in _split(duration):
-            hist.setdefault(kind, {})[sub] = float(value)
-        fam = HistogramMetricFamily("explainq_job_duration_seconds", "Run time of jobs that ended, by kind",
-                                    labels=["kind"])
-        for kind, fields in sorted(hist.items()):
-            cumulative, buckets = 0.0, []
-            for bound in DURATION_BUCKETS:
-                cumulative += fields.get(_le(bound), 0.0)
-                buckets.append((_le(bound), cumulative))
-            fam.add_metric([kind], buckets, sum_value=fields.get("sum", 0.0))
-        yield fam
 
-        now = time.time()
-        depth = GaugeMetricFamily("explainq_queue_depth", "Jobs waiting in each queue", labels=["queue"])
-        age = GaugeMetricFamily("explainq_queue_oldest_age_seconds",
-                                "Age of the job at the head of each queue (0 when empty)", labels=["queue"])
-        workers = GaugeMetricFamily("explainq_workers_live", "Live workers listening on each queue",
-                                    labels=["queue"])
-        for i, q in enumerate(self.queues):
-            depth.add_metric([q], int(per_queue[3 * i]))
-            t = _rq_time(enqueued[i])
-            age.add_metric([q], max(0.0, now - t) if t is not None else 0.0)
-            workers.add_metric([q], live[i])
-        yield depth
-        yield age
-        yield workers
+def _read_heads_and_workers(redis: Redis, per_queue: list[Any], n_queues: int) -> tuple[list[Any], list[int]]:
+    """Per queue: the head job's ``enqueued_at`` (None when empty) and how many of its workers are alive."""
+    heads = [per_queue[3 * i + 1] for i in range(n_queues)]
+    worker_sets = [sorted(per_queue[3 * i + 2]) for i in range(n_queues)]
+    with redis.pipeline(transaction=False) as pipe:
+        for head in heads:
+            if head:
+                pipe.hget(b"rq:job:" + head, "enqueued_at")
+        for members in worker_sets:
+            for key in members:
+                pipe.exists(key)
+        answers = iter(pipe.execute())
+    enqueued = [next(answers) if head else None for head in heads]
+    live = [sum(int(next(answers)) for _ in members) for members in worker_sets]
+    return enqueued, live
 
-        counts: dict[str, dict[str, float]] = {}
-        for model, sub, value in _split(loads):
-            counts.setdefault(model, {})[sub] = float(value)
-        n = CounterMetricFamily("explainq_model_loads", "Model loads by workers", labels=["model"])
-        s = CounterMetricFamily("explainq_model_load_seconds", "Time spent loading models", labels=["model"])
-        for model, fields in sorted(counts.items()):
-            n.add_metric([model], fields.get("count", 0.0))
-            s.add_metric([model], fields.get("sum", 0.0))
-        yield n
-        yield s
+
+def _submitted_family(submitted: dict[bytes, bytes]) -> CounterMetricFamily:
+    fam = CounterMetricFamily("explainq_jobs_submitted", "Jobs submitted, by kind", labels=["kind"])
+    for field, value in submitted.items():
+        fam.add_metric([field.decode()], int(value))
+    return fam
+
+
+def _finished_family(finished: dict[bytes, bytes]) -> CounterMetricFamily:
+    fam = CounterMetricFamily("explainq_jobs_finished", "Jobs that ended, by kind and final status",
+                              labels=["kind", "status"])
+    for kind, status, value in _split(finished):
+        fam.add_metric([kind, status], int(value))
+    return fam
+
+
+def _duration_family(duration: dict[bytes, bytes]) -> HistogramMetricFamily:
+    """The duration histogram per kind, its per-bucket counts made cumulative."""
+    hist: dict[str, dict[str, float]] = {}
+    for kind, sub, value in _split(duration):
+        hist.setdefault(kind, {})[sub] = float(value)
+    fam = HistogramMetricFamily("explainq_job_duration_seconds", "Run time of jobs that ended, by kind",
+                                labels=["kind"])
+    for kind, fields in sorted(hist.items()):
+        cumulative, buckets = 0.0, []
+        for bound in DURATION_BUCKETS:
+            cumulative += fields.get(_le(bound), 0.0)
+            buckets.append((_le(bound), cumulative))
+        fam.add_metric([kind], buckets, sum_value=fields.get("sum", 0.0))
+    return fam
+
+
+def _queue_families(queues: tuple[str, ...], per_queue: list[Any], enqueued: list[Any],
+                    live: list[int]) -> list[GaugeMetricFamily]:
+    """Queue depth, the age of the job at each queue's head, and live workers per queue."""
+    now = time.time()
+    depth = GaugeMetricFamily("explainq_queue_depth", "Jobs waiting in each queue", labels=["queue"])
+    age = GaugeMetricFamily("explainq_queue_oldest_age_seconds",
+                            "Age of the job at the head of each queue (0 when empty)", labels=["queue"])
+    workers = GaugeMetricFamily("explainq_workers_live", "Live workers listening on each queue",
+                                labels=["queue"])
+    for i, q in enumerate(queues):
+        depth.add_metric([q], int(per_queue[3 * i]))
+        t = _rq_time(enqueued[i])
+        age.add_metric([q], max(0.0, now - t) if t is not None else 0.0)
+        workers.add_metric([q], live[i])
+    return [depth, age, workers]
+
+
+def _model_load_families(loads: dict[bytes, bytes]) -> list[CounterMetricFamily]:
+    """Model loads and the time they took, per model."""
+    counts: dict[str, dict[str, float]] = {}
+    for model, sub, value in _split(loads):
+        counts.setdefault(model, {})[sub] = float(value)
+    n = CounterMetricFamily("explainq_model_loads", "Model loads by workers", labels=["model"])
+    s = CounterMetricFamily("explainq_model_load_seconds", "Time spent loading models", labels=["model"])
+    for model, fields in sorted(counts.items()):
+        n.add_metric([model], fields.get("count", 0.0))
+        s.add_metric([model], fields.get("sum", 0.0))
+    return [n, s]
 
 
 def build_registry(redis: Redis, queues: Iterable[str] = QUEUES) -> tuple[CollectorRegistry, Counter]:

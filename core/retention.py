@@ -41,9 +41,20 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
     now = time.time() if now is None else now
     r = registry.connection(settings)
     store = get_store(settings)
-    removed: dict[str, Any] = {"artifacts": [], "versions": [], "scratch": [], "cache": []}
+    removed: dict[str, Any] = {"artifacts": _remove_expired_artifacts(r, store)}
+    referenced = _referenced_locations(settings)
+    removed["versions"] = _remove_released_versions(r, store, referenced, grace_s, now)
+    removed["versions"] += _remove_unregistered_versions(settings, store, referenced, grace_s, now)
+    removed["scratch"] = _remove_scratch(settings, r, grace_s, now)
+    removed["cache"] = _remove_stale_cache(settings, r, store, referenced)
+    if any(removed.values()):
+        log.info("gc removed %s", {k: len(v) for k, v in removed.items()})
+    return removed
 
-    # 1. artifacts of jobs that no longer exist
+
+def _remove_expired_artifacts(r: Any, store: Any) -> list[str]:
+    """Step 1: the artifacts (and owner records) of jobs that no longer exist; returns their job ids."""
+    removed = []
     job_dirs = store.list_dirs("artifacts")
     owners = {k.decode() for k in r.hkeys(keys.ARTIFACT_OWNERS)}
     for job_id in sorted(set(job_dirs) | owners):
@@ -52,44 +63,76 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
         if job_id in job_dirs:
             store.delete(artifacts_key(job_id))
         r.hdel(keys.ARTIFACT_OWNERS, job_id)
-        removed["artifacts"].append(job_id)
+        removed.append(job_id)
+    return removed
 
-    # 2. versions released by a replacement or a deletion
+
+def _referenced_locations(settings: Settings) -> set[str]:
+    """Store keys of every registered model and dataset version."""
     referenced = set()
     for section in registry.SECTIONS:
         for entry in registry._list(settings, section).values():
             if entry.get("location"):
                 referenced.add(entry["location"])
+    return referenced
+
+
+def _remove_released_versions(r: Any, store: Any, referenced: set[str], grace_s: float, now: float) -> list[str]:
+    """Step 2: versions released by a replacement or a deletion more than ``grace_s`` ago; returns their keys."""
+    removed = []
     for raw_key, _score in r.zrangebyscore(registry.keys.STORE_ORPHANS, 0, now - grace_s, withscores=True):
         key = raw_key.decode()
         if key not in referenced:
             store.delete(key)
-            removed["versions"].append(key)
+            removed.append(key)
         r.zrem(registry.keys.STORE_ORPHANS, raw_key)
+    return removed
 
-    # 3. versions never registered (their upload's registration failed or its process died)
+
+def _remove_unregistered_versions(settings: Settings, store: Any, referenced: set[str], grace_s: float,
+                                  now: float) -> list[str]:
+    """Step 3: versions never registered (their upload's registration failed or its process died) once older than
+    ``grace_s``; returns their keys."""
+    removed = []
     for section in registry.SECTIONS:
         for name in store.list_dirs(section):
             for version in store.list_dirs(f"{section}/{name}"):
                 key = f"{section}/{name}/{version}"
-                age = _version_age_s(version, now)
-                if key in referenced or age is None or age < grace_s:
-                    continue
-                if registry.connection(settings).zscore(registry.keys.STORE_ORPHANS, key) is not None:
-                    continue  # released recently: step 2 deletes it after its grace period
-                store.delete(key)
-                removed["versions"].append(key)
+                if _unregistered_and_old(settings, key, version, referenced, grace_s, now):
+                    store.delete(key)
+                    removed.append(key)
+    return removed
 
-    # 4. this host: scratch of jobs that are gone, cached copies of keys that are gone
+
+def _unregistered_and_old(settings: Settings, key: str, version: str, referenced: set[str], grace_s: float,
+                          now: float) -> bool:
+    age = _version_age_s(version, now)
+    if key in referenced or age is None or age < grace_s:
+        return False
+    if registry.connection(settings).zscore(registry.keys.STORE_ORPHANS, key) is not None:
+        return False  # released recently: step 2 deletes it after its grace period
+    return True
+
+
+def _remove_scratch(settings: Settings, r: Any, grace_s: float, now: float) -> list[str]:
+    """Step 4, this host: scratch directories of jobs that are gone; returns their names."""
+    removed: list[str] = []
     work = settings.work_dir
-    if work.is_dir():
-        for path in work.iterdir():
-            if not path.is_dir() or now - path.stat().st_mtime < grace_s or path.name.startswith(("demo-", "lora-")):
-                continue  # demo-*: this host's demo build inputs, reused by the next build
-            if not path.name.startswith("conve-") and r.exists(JOB_PREFIX + path.name):
-                continue  # a job that still exists (a failed one may be retried from its scratch)
-            shutil.rmtree(path, ignore_errors=True)
-            removed["scratch"].append(path.name)
+    if not work.is_dir():
+        return removed
+    for path in work.iterdir():
+        if not path.is_dir() or now - path.stat().st_mtime < grace_s or path.name.startswith(("demo-", "lora-")):
+            continue  # demo-*: this host's demo build inputs, reused by the next build
+        if not path.name.startswith("conve-") and r.exists(JOB_PREFIX + path.name):
+            continue  # a job that still exists (a failed one may be retried from its scratch)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    return removed
+
+
+def _remove_stale_cache(settings: Settings, r: Any, store: Any, referenced: set[str]) -> list[str]:
+    """Step 4, this host: cached copies of store keys that are gone; returns the keys."""
+    removed = []
     cache = settings.store_cache_dir
     for key_dir in _cached_keys(cache):
         key = key_dir.relative_to(cache).as_posix()
@@ -100,9 +143,7 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
             gone = key not in referenced
         if gone:
             shutil.rmtree(key_dir, ignore_errors=True)
-            removed["cache"].append(key)
-    if any(removed.values()):
-        log.info("gc removed %s", {k: len(v) for k, v in removed.items()})
+            removed.append(key)
     return removed
 
 

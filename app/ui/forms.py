@@ -92,44 +92,71 @@ def fields_for(widgets: dict[str, str], schema: dict[str, Any], components: dict
         path = f"{prefix}{name}"
         if widgets.get(path) == "news_samples":
             out.append(_sample_composer(raw, components))
-            continue
-        prop, nullable = _nullable(raw)
-        prop = {**_resolve(prop, components), **{k: v for k, v in prop.items() if k != "$ref"}}
-        f = FormField(name=path, label=_label(name, raw), widget="json", required=name in req,
-                      default=raw.get("default"), description=raw.get("description", "")
-                      or prop.get("description", ""))
-        if prop.get("properties"):
-            f.widget = "group"
-            f.children = fields_for(widgets, prop, components, prefix=path + ".")
-            f.optional_group = nullable
-        elif prop.get("type") in ("integer", "number"):
-            f.widget, f.number_type = "number", prop["type"]
-            for key, attr in (("minimum", "min"), ("maximum", "max")):
-                if key in prop:
-                    f.attrs[attr] = _num(prop[key])
-            for key in ("exclusiveMinimum", "exclusiveMaximum"):
-                if key in prop:
-                    f.attrs["data-" + key.lower()] = _num(prop[key])
-            f.attrs["step"] = "1" if prop["type"] == "integer" else "any"
-        elif prop.get("type") == "boolean":
-            f.widget = "checkbox"
-        elif prop.get("enum") and prop.get("type") == "string":
-            f.widget, f.options = "select", list(prop["enum"])
-        elif prop.get("type") == "array" and (prop.get("items") or {}).get("enum"):
-            f.widget, f.options = "checkboxes", list(prop["items"]["enum"])
-        elif prop.get("type") == "string":
-            f.widget = "text"
-            for key, attr in (("maxLength", "maxlength"), ("minLength", "minlength"), ("pattern", "pattern")):
-                if key in prop:
-                    f.attrs[attr] = prop[key]
-        if nullable and f.widget != "group":
-            f.required = False
-        if nullable and f.widget == "select" and f.default is None:
-            f.options = ["", *f.options]  # unset: the server picks (e.g. the rule that suits a tolerance)
-        if f.widget == "json" and "anyOf" in raw:
-            f.description = (f.description + " " if f.description else "") + "(JSON, or a plain word such as auto)"
-        out.append(f)
+        else:
+            out.append(_form_field(widgets, name, raw, path, req, components))
     return out
+
+
+def _form_field(widgets: dict[str, str], name: str, raw: dict[str, Any], path: str, req: frozenset[str],
+                components: dict[str, Any]) -> FormField:
+    """One property's field: a JSON text field unless its schema implies a better widget."""
+    prop, nullable = _nullable(raw)
+    prop = {**_resolve(prop, components), **{k: v for k, v in prop.items() if k != "$ref"}}
+    f = FormField(name=path, label=_label(name, raw), widget="json", required=name in req,
+                  default=raw.get("default"), description=raw.get("description", "")
+                  or prop.get("description", ""))
+    _set_widget(f, prop, nullable, widgets, components)
+    _adjust_for_null(f, raw, nullable)
+    return f
+
+
+def _set_widget(f: FormField, prop: dict[str, Any], nullable: bool, widgets: dict[str, str],
+                components: dict[str, Any]) -> None:
+    """The widget the property's schema implies: a fieldset, number, checkbox, select, checkboxes or text."""
+    if prop.get("properties"):
+        f.widget = "group"
+        f.children = fields_for(widgets, prop, components, prefix=f.name + ".")
+        f.optional_group = nullable
+    elif prop.get("type") in ("integer", "number"):
+        _set_number(f, prop)
+    elif prop.get("type") == "boolean":
+        f.widget = "checkbox"
+    elif prop.get("enum") and prop.get("type") == "string":
+        f.widget, f.options = "select", list(prop["enum"])
+    elif prop.get("type") == "array" and (prop.get("items") or {}).get("enum"):
+        f.widget, f.options = "checkboxes", list(prop["items"]["enum"])
+    elif prop.get("type") == "string":
+        _set_text(f, prop)
+
+
+def _set_number(f: FormField, prop: dict[str, Any]) -> None:
+    """A number input keeping the schema's limits (exclusive ones as data attributes)."""
+    f.widget, f.number_type = "number", prop["type"]
+    for key, attr in (("minimum", "min"), ("maximum", "max")):
+        if key in prop:
+            f.attrs[attr] = _num(prop[key])
+    for key in ("exclusiveMinimum", "exclusiveMaximum"):
+        if key in prop:
+            f.attrs["data-" + key.lower()] = _num(prop[key])
+    f.attrs["step"] = "1" if prop["type"] == "integer" else "any"
+
+
+def _set_text(f: FormField, prop: dict[str, Any]) -> None:
+    """A text input keeping the schema's length limits and pattern."""
+    f.widget = "text"
+    for key, attr in (("maxLength", "maxlength"), ("minLength", "minlength"), ("pattern", "pattern")):
+        if key in prop:
+            f.attrs[attr] = prop[key]
+
+
+def _adjust_for_null(f: FormField, raw: dict[str, Any], nullable: bool) -> None:
+    """A nullable field is optional (a select gains an empty choice); a JSON field of a union says so."""
+    if nullable and f.widget != "group":
+        f.required = False
+    if nullable and f.widget == "select" and f.default is None:
+        f.options = ["", *f.options]  # unset: the server picks (e.g. the rule that suits a tolerance)
+    if f.widget == "json" and "anyOf" in raw:
+        f.description = (f.description + " " if f.description else "") + "(JSON, or a plain word such as auto)"
 
 
 def _num(v: float) -> int | float:
@@ -176,6 +203,9 @@ def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict
             f.options = ([""] if not f.required else []) + names
 
 
+_OMIT = object()  # a field left out of the body
+
+
 def body_from_form(fields: list[FormField], form: FormData) -> dict[str, Any]:
     """The JSON body for the API from the posted form (empty optional fields are left out)."""
     body: dict[str, Any] = {}
@@ -186,32 +216,40 @@ def body_from_form(fields: list[FormField], form: FormData) -> dict[str, Any]:
                 body["samples"] = [sample]
             continue
         key = f.name.rsplit(".", 1)[-1]
-        if f.widget == "group":
-            if f.optional_group and not form.get(f.name + TOGGLE):
-                continue
-            body[key] = body_from_form(f.children, form)
-            continue
-        if f.widget == "checkbox":
-            body[key] = form.get(f.name) is not None
-            continue
-        if f.widget == "checkboxes":
-            body[key] = [str(v) for v in form.getlist(f.name)]
-            continue
-        raw = str(form.get(f.name) or "").strip()
-        if raw == "":
-            continue
-        if f.widget == "number":
-            body[key] = _number(raw, f.number_type)
-        elif f.widget == "json":
-            try:
-                body[key] = json.loads(raw)
-            except ValueError:
-                body[key] = raw
-        elif f.widget == "lines":
-            body[key] = [line.strip() for line in raw.splitlines() if line.strip()]
-        else:
-            body[key] = raw
+        value = _field_value(f, form)
+        if value is not _OMIT:
+            body[key] = value
     return body
+
+
+def _field_value(f: FormField, form: FormData) -> Any:
+    """One field's value from the posted form, or ``_OMIT`` (an optional group switched off, an empty input)."""
+    if f.widget == "group":
+        if f.optional_group and not form.get(f.name + TOGGLE):
+            return _OMIT
+        return body_from_form(f.children, form)
+    if f.widget == "checkbox":
+        return form.get(f.name) is not None
+    if f.widget == "checkboxes":
+        return [str(v) for v in form.getlist(f.name)]
+    raw = str(form.get(f.name) or "").strip()
+    if raw == "":
+        return _OMIT
+    return _typed(f, raw)
+
+
+def _typed(f: FormField, raw: str) -> Any:
+    """A non-empty text input's value as its widget reads it (a number, JSON, lines, or the text itself)."""
+    if f.widget == "number":
+        return _number(raw, f.number_type)
+    if f.widget == "json":
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    if f.widget == "lines":
+        return [line.strip() for line in raw.splitlines() if line.strip()]
+    return raw
 
 
 def _number(raw: str, number_type: str) -> int | float | str:

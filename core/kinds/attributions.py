@@ -77,41 +77,65 @@ class AttributionsRequest(BaseModel):
     shard_retries: int = shard_retries_field()
 
 
-def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:
-    """Registry and cross-field checks; each raises a FieldError naming the field (422)."""
+def _check_models(req: AttributionsRequest, settings: Settings) -> None:
+    """``model`` and ``compare_with`` (when given) are registered news recommenders."""
     for field, name in (("model", req.model), ("compare_with", req.compare_with)):
         if name is None:
             continue
         require_model(settings, name, MODEL_KIND, field=field, kind_label="a news recommender")
-    if (req.samples is None) == (req.dataset is None):
-        raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
-    if req.samples is not None:
-        seen: set[str] = set()
-        for i, s in enumerate(req.samples):
-            if s.id in seen:
-                raise FieldError(("body", "samples", i, "id"), f"duplicate sample id {s.id!r}", value=s.id)
-            seen.add(s.id)
-            if s.history_bodies is not None and len(s.history_bodies) != len(s.history):
-                raise FieldError(("body", "samples", i, "history_bodies"), f"history_bodies has "
-                                 f"{len(s.history_bodies)} entries for {len(s.history)} history titles",
-                                 value=len(s.history_bodies))
-    if req.dataset is not None:
-        entry = registry.get_dataset(settings, req.dataset.name)
-        if entry is None or entry.get("kind") != DATASET_KIND:
-            raise FieldError(("body", "dataset", "name"), f"unknown news dataset {req.dataset.name!r}",
-                             value=req.dataset.name)
-        if req.dataset.balanced and news_labelled(settings, entry, req.dataset.split) is False:
-            raise FieldError(("body", "dataset", "balanced"), f"dataset {req.dataset.name!r} has no real/fake "
-                             f"labels in its {req.dataset.split} split (no labels.tsv or candidate_is_fake), so "
-                             "it cannot be balanced", value=True)
+
+
+def _check_samples(samples: list[SampleIn]) -> None:
+    """Sample ids are unique, and each sample's history bodies (when given) match its history titles."""
+    seen: set[str] = set()
+    for i, s in enumerate(samples):
+        if s.id in seen:
+            raise FieldError(("body", "samples", i, "id"), f"duplicate sample id {s.id!r}", value=s.id)
+        seen.add(s.id)
+        if s.history_bodies is not None and len(s.history_bodies) != len(s.history):
+            raise FieldError(("body", "samples", i, "history_bodies"), f"history_bodies has "
+                             f"{len(s.history_bodies)} entries for {len(s.history)} history titles",
+                             value=len(s.history_bodies))
+
+
+def _check_dataset(dataset: DatasetIn, settings: Settings) -> None:
+    """A registered news dataset, with real/fake labels in its split when a balanced draw is asked for."""
+    entry = registry.get_dataset(settings, dataset.name)
+    if entry is None or entry.get("kind") != DATASET_KIND:
+        raise FieldError(("body", "dataset", "name"), f"unknown news dataset {dataset.name!r}",
+                         value=dataset.name)
+    if dataset.balanced and news_labelled(settings, entry, dataset.split) is False:
+        raise FieldError(("body", "dataset", "balanced"), f"dataset {dataset.name!r} has no real/fake "
+                         f"labels in its {dataset.split} split (no labels.tsv or candidate_is_fake), so "
+                         "it cannot be balanced", value=True)
+
+
+def _check_batch_sizes(req: AttributionsRequest) -> None:
     for field in ("alpha_batch_size", "batch_size", "shard_size"):
         value = getattr(req, field)
         if value != "auto" and value < 1:
             raise FieldError(("body", field), f"{field} must be >= 1 or 'auto'", value=value)
+
+
+def _check_steps(req: AttributionsRequest) -> None:
+    """Rules that evaluate both ends of the path need at least two steps."""
     method = req.method or default_method(req.tolerance)
     if method in NEEDS_TWO and req.n_steps < 2:
         why = "" if req.method else " (the default method with a tolerance)"
         raise FieldError(("body", "n_steps"), f"{method}{why} needs n_steps >= 2", value=req.n_steps)
+
+
+def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:
+    """Registry and cross-field checks; each raises a FieldError naming the field (422)."""
+    _check_models(req, settings)
+    if (req.samples is None) == (req.dataset is None):
+        raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
+    if req.samples is not None:
+        _check_samples(req.samples)
+    if req.dataset is not None:
+        _check_dataset(req.dataset, settings)
+    _check_batch_sizes(req)
+    _check_steps(req)
 
 
 register(JobKind(

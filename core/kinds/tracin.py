@@ -136,10 +136,8 @@ def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
     req.test_triples = [list(r) for r in rows]
 
 
-def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> None:
-    vocab = model_vocab(settings, req.model)
-    if req.test_triples_path is not None:
-        _read_test_triples_path(req, settings)
+def _check_mode_inputs(req: TracInRequest) -> None:
+    """The triples each mode needs (and only those), and test triples for a filter to centre on."""
     if req.mode != "self" and not req.test_triples:
         raise FieldError(("body", "test_triples"), f"mode {req.mode!r} needs test_triples", value=req.test_triples)
     if req.mode == "single" and not req.train_triples:
@@ -149,16 +147,27 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
                          value=req.train_triples)
     if req.filter is not None and not req.test_triples:
         raise FieldError(("body", "filter"), "the filter is centred on test_triples; give some", value=None)
+
+
+def _check_triple_names(req: TracInRequest, vocab: dict[str, Any]) -> None:
+    """Every entity and relation of the test and training triples is one the model knows."""
     if req.test_triples:
         field = "test_triples_path" if req.test_triples_path is not None else "test_triples"
         _check_triples(field, req.test_triples, vocab)
     if req.train_triples:
         _check_triples("train_triples", req.train_triples, vocab)
+
+
+def _check_checkpoints(req: TracInRequest, vocab: dict[str, Any]) -> None:
     if req.checkpoints != "all":
         for i, name in enumerate(req.checkpoints):
             if name not in vocab["checkpoints"]:
                 raise FieldError(("body", "checkpoints", i), f"unknown checkpoint {name!r}; the model has "
                                  f"{sorted(vocab['checkpoints'])}", value=name)
+
+
+def _check_layers(req: TracInRequest) -> None:
+    """Named layers exist, and the output embedding is not asked for twice."""
     if req.layers not in ("all", "last"):
         for i, name in enumerate(req.layers):
             if name not in LAYER_NAMES:
@@ -167,6 +176,10 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
         if "ent.weight:output" in req.layers and ("ent.weight" in req.layers or "ent" in req.layers):
             raise FieldError(("body", "layers"), "'ent.weight' already includes 'ent.weight:output'",
                              value=req.layers)
+
+
+def _check_sizes(req: TracInRequest) -> None:
+    """A usable shard size, and no more (test, train) pairs in mode 'single' than one job returns."""
     if req.shard_size != "auto" and req.shard_size < 1:
         raise FieldError(("body", "shard_size"), "shard_size must be >= 1 or 'auto'", value=req.shard_size)
     if req.mode == "single" and req.train_triples and req.test_triples \
@@ -174,10 +187,26 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
         raise FieldError(("body", "train_triples"), f"mode 'single' scores every (test, train) pair and returns "
                          f"them all: {len(req.test_triples)} x {len(req.train_triples)} pairs is more than "
                          f"{MAX_SINGLE_PAIRS}; use mode 'test' with top_k for larger sets", value=len(req.train_triples))
+
+
+def _check_method(req: TracInRequest) -> None:
+    """Method 'vmap' is the fp32 reference: no projection, no reduced precision."""
     if req.method == "vmap" and req.projection_dim is not None:
         raise FieldError(("body", "projection_dim"), "projection_dim needs method 'ghost'", value=req.projection_dim)
     if req.method == "vmap" and req.precision not in ("auto", "fp32"):
         raise FieldError(("body", "precision"), "method 'vmap' is the fp32 reference", value=req.precision)
+
+
+def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> None:
+    vocab = model_vocab(settings, req.model)
+    if req.test_triples_path is not None:
+        _read_test_triples_path(req, settings)
+    _check_mode_inputs(req)
+    _check_triple_names(req, vocab)
+    _check_checkpoints(req, vocab)
+    _check_layers(req)
+    _check_sizes(req)
+    _check_method(req)
 
 
 register(JobKind(
