@@ -307,7 +307,9 @@ def test_naml_attributes_title_and_body_separately(small) -> None:
     assert report["summary"]["views"] == ["title", "body"]
     for r in report["samples"]:
         body = r["views"]["body"]
-        assert body["score"] == pytest.approx(r["score"])  # the same F(x), a different path
+        # the same F(x), a different path: computed in the body run's passes, whose batches differ from the title
+        # run's, so fp32 summation order may move it by an ulp or so; 1e-5 on the scale of the score's terms
+        assert body["score"] == pytest.approx(r["score"], rel=1e-5, abs=1e-5)
         assert body["baseline_score"] != r["baseline_score"]
         assert len(body["tokens"]) > len(r["tokens"]) / 2
     rels = [r["relative_delta"] for r in report["samples"]] + [r["views"]["body"]["relative_delta"]
