@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -143,7 +144,16 @@ def test_report_modes_topk_and_csv(trained, tmp_path):
         assert all(o["influence"] < 0 for o in r["opponents"])
     res3, _ = tracin_report(b, tests, mode="test", top_k=3, layers="all")
     for full, cut in zip(res["results"], res3["results"], strict=True):
-        assert cut["proponents"] == full["proponents"][:3] and cut["n_candidates"] == n_train
+        head = full["proponents"][:3]
+        # both calls score in the same streaming pass (the same batches): the same triples, the same influences
+        assert [{k: v for k, v in p.items() if k != "train_self_influence"} for p in cut["proponents"]] == [
+            {k: v for k, v in p.items() if k != "train_self_influence"} for p in head]
+        assert cut["n_candidates"] == n_train
+        # the full listing recomputes the train self-influence of the listed triples alone (TracIn.self_influence,
+        # in other batches than the streaming pass the top-k takes it from), so fp32 summation order may move it by
+        # an ulp or so; it is a sum of squared gradient norms (no cancellation): 1e-5 relative is ~100 ulps
+        np.testing.assert_allclose([p["train_self_influence"] for p in cut["proponents"]],
+                                   [p["train_self_influence"] for p in head], rtol=1e-5, atol=0)
         assert cut["truncated"] == (full["n_positive"] > 3 or full["n_negative"] > 3)
     # the filter restricts candidates to the 1-hop neighbourhood of usa/uk
     resf, _ = tracin_report(b, tests[:1], mode="test", top_k=None, filter=FilterSpec(n_hops=1))

@@ -261,12 +261,23 @@ def test_a_failing_sample_is_listed_never_zeroed(small, samples) -> None:
 
 
 def test_bf16_forward_keeps_completeness_terms_in_fp32(small, samples) -> None:
+    from models.news import attribution
+
     model = small["models"]["nrms-minilm-demo"]
+    # F(x') comes from a per-model cache that every precision shares: cleared, each run computes its own
+    attribution.clear_caches(model)
     lo = explain(model, samples[:2], IGOptions(n_steps=16, precision="bf16"))
+    attribution.clear_caches(model)
     hi = explain(model, samples[:2], _fp32(n_steps=16))
     assert lo["summary"]["precision"] == "bf16"
+    # Both runs compute F(x) and F(x') in fp32, but in passes over other rows (fp32 folds F(x) into its first
+    # gradient pass, bf16 evaluates it alone; the two memory probes give other batches and packed layouts), so fp32
+    # summation order can move them by an ulp or so (seen: 0.6701279878616333 against 0.6701280474662781, 9e-8
+    # relative). 1e-5 on the scale of the score's terms is ~100 ulps; either term evaluated under bf16 autocast
+    # moved by 6e-4 to 1.4e-2 on these samples.
     for a, b in zip(lo["samples"], hi["samples"], strict=True):
-        assert a["score"] == b["score"] and a["baseline_score"] == b["baseline_score"]
+        for key in ("score", "baseline_score"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-5), key
         assert a["attribution_sum"] == pytest.approx(b["attribution_sum"], rel=0.1, abs=0.05)
 
 
@@ -296,7 +307,9 @@ def test_naml_attributes_title_and_body_separately(small) -> None:
     assert report["summary"]["views"] == ["title", "body"]
     for r in report["samples"]:
         body = r["views"]["body"]
-        assert body["score"] == pytest.approx(r["score"])  # the same F(x), a different path
+        # the same F(x), a different path: computed in the body run's passes, whose batches differ from the title
+        # run's, so fp32 summation order may move it by an ulp or so; 1e-5 on the scale of the score's terms
+        assert body["score"] == pytest.approx(r["score"], rel=1e-5, abs=1e-5)
         assert body["baseline_score"] != r["baseline_score"]
         assert len(body["tokens"]) > len(r["tokens"]) / 2
     rels = [r["relative_delta"] for r in report["samples"]] + [r["views"]["body"]["relative_delta"]

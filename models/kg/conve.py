@@ -115,12 +115,6 @@ class ConvE(nn.Module):
         table = self.ent.weight if out_weight is None else out_weight
         return self.encode(h, r) @ table.t() + self.ent_bias
 
-    def smoothed_targets(self, t: torch.Tensor) -> torch.Tensor:
-        """y = (1 − ε) onehot(t) + 1/N, as in the ConvE reference code."""
-        n = self.config.num_entities
-        y = F.one_hot(t, n).to(torch.float32)
-        return (1.0 - self.config.label_smoothing) * y + 1.0 / n
-
 
 def query_loss(logits: torch.Tensor, t: torch.Tensor, label_smoothing: float, kind: str = "train") -> torch.Tensor:
     """Per-query loss ``[B]`` in fp32.

@@ -408,69 +408,136 @@ def _packing_pays(lengths: Sequence[int], batch_size: int, alpha_batch_size: int
     return alpha_batch_size * len(lengths) / len(exact) < PACK_BELOW_ROWS
 
 
-def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions, precision: str,
-              n_steps: int, progress: ProgressFn | None, offset: int, total: int,
-              errors: list[dict[str, Any]]) -> _ViewRun:
+# ----------------------------------------------------------------------------------- one view, chunk by chunk
+@dataclass
+class _ViewPlan:
+    """How one view's chunks are integrated, resolved once before the first chunk."""
+    view: str
+    precision: str
+    n_steps: int
+    batch_size: int
+    alpha_batch_size: int | None
+    budget_rows: int | None  # interpolated rows per pass within the memory budget; None when nothing is auto
+    lengths: list[int]  # tokens of each prepared sample in this view
+    pack: bool  # encode rows packed several to a sequence (see _chunk)
+    exact: bool  # cut chunks where the length changes (see _chunks)
+
+
+def _plan_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions,
+               precision: str, n_steps: int) -> _ViewPlan:
+    """Batch sizes, packing and chunking of ``view`` for this run (``n_steps``: the fixed or starting steps)."""
     batch_size, alpha_batch_size, budget_rows = _resolve_batches(model, prepared, view, opts, precision, n_steps)
-    run = _ViewRun(view, {}, {}, {}, {}, n_steps, alpha_batch_size, batch_size)
-    done = 0
     lengths = [int(p.enc[view][0].shape[0]) for p in prepared]
     # On CPU padding costs FLOPs in proportion: a model that packs rows takes samples of any length in one chunk
     # (no padding is computed) where exact-length passes would be small, others cut chunks at length changes. On
     # CUDA chunks are only sorted.
     pack = packs_by_default(model) and _packing_pays(lengths, batch_size, alpha_batch_size)
-    for chunk in _chunks(lengths, batch_size, exact=model.device.type != "cuda" and not pack):
+    exact = model.device.type != "cuda" and not pack
+    return _ViewPlan(view, precision, n_steps, batch_size, alpha_batch_size, budget_rows, lengths, pack, exact)
+
+
+@dataclass
+class _ChunkAttributions:
+    """Per sample of a chunk: token attributions (float64, unpadded), F(x) and F(x')."""
+    attrs: list[np.ndarray]
+    scores: list[float]
+    baseline_scores: list[float]
+
+
+def _reference_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _ViewPlan,
+                     opts: IGOptions) -> _ChunkAttributions:
+    """The reference loop (``optimized=False``): one sample at a time, with the source's per-step function."""
+    results = []
+    for p in items:
+        ch = _chunk(model, [p], plan.view, opts.baseline)
+        with torch.enable_grad():
+            results.append(integrated_gradients_reference(
+                _reference_score(model, p, plan.view, opts.max_history), ch.x[0], ch.base[0],
+                n_steps=plan.n_steps, method=opts.method))
+    return _ChunkAttributions([r.attributions[0].sum(-1).double().cpu().numpy() for r in results],
+                              [float(r.scores[0]) for r in results],
+                              [float(r.baseline_scores[0]) for r in results])
+
+
+def _integrate(model: NewsRecommender, ch: _Chunk, plan: _ViewPlan, opts: IGOptions) -> IGResult:
+    """Occlusion, IG refined per sample until ``opts.tolerance`` is met, or IG at a fixed ``plan.n_steps``."""
+    if opts.method == "occlusion":
+        return occlusion(ch.forward, ch.x, ch.base, ch.content)
+    if opts.tolerance is not None:
+        auto_alphas = opts.alpha_batch_size == "auto"
+        return integrated_gradients_adaptive(
+            ch.forward, ch.x, ch.base, tolerance=opts.tolerance, method=opts.method,
+            start_steps=plan.n_steps, max_steps=opts.max_steps,
+            alpha_batch_size=None if auto_alphas else plan.alpha_batch_size,
+            max_rows=plan.budget_rows if auto_alphas else None,
+            precision=plan.precision, token_sums=True)
+    return integrated_gradients(ch.forward, ch.x, ch.base, n_steps=plan.n_steps, method=opts.method,
+                                alpha_batch_size=plan.alpha_batch_size, precision=plan.precision,
+                                baseline_scores=baseline_scores(model, ch, plan.view, opts.baseline))
+
+
+def _record_refinement(run: _ViewRun, items: Sequence[_Prepared], res: IGResult) -> None:
+    """The steps, gradient evaluations and convergence of each sample of an adaptive chunk."""
+    for j, p in enumerate(items):
+        run.steps[p.sample.id] = int(res.steps[j])
+        run.evaluations[p.sample.id] = int(res.evaluations[j])
+        run.converged[p.sample.id] = bool(res.converged[j])
+
+
+def _optimized_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _ViewPlan, opts: IGOptions,
+                     run: _ViewRun) -> _ChunkAttributions:
+    """The whole chunk in batched passes (every method but the reference loop)."""
+    ch = _chunk(model, items, plan.view, opts.baseline, pack=plan.pack)
+    res = _integrate(model, ch, plan, opts)
+    if _is_adaptive(opts):
+        _record_refinement(run, items, res)
+    tok_attr = res.attributions.sum(-1).double().cpu().numpy()
+    return _ChunkAttributions([tok_attr[i, : ch.lengths[i]] for i in range(len(items))],
+                              res.scores.tolist(), res.baseline_scores.tolist())
+
+
+def _attribute_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _ViewPlan, opts: IGOptions,
+                     run: _ViewRun) -> _ChunkAttributions:
+    """One chunk's attributions; a failure of the computation raises AttributionError naming its samples."""
+    ids = [p.sample.id for p in items]
+    try:
+        if not opts.optimized and opts.method != "occlusion":
+            return _reference_chunk(model, items, plan, opts)
+        return _optimized_chunk(model, items, plan, opts, run)
+    except (RuntimeError, ValueError) as exc:
+        raise AttributionError(f"attribution failed for samples {ids} (view {plan.view}): {exc}") from exc
+
+
+def _check_finite(items: Sequence[_Prepared], out: _ChunkAttributions, view: str) -> None:
+    """Raise NonFiniteError naming every sample with a NaN or infinite attribution or score."""
+    bad = [p.sample.id for p, a, fx, fb in zip(items, out.attrs, out.scores, out.baseline_scores, strict=True)
+           if not (np.isfinite(a).all() and math.isfinite(fx) and math.isfinite(fb))]
+    if bad:
+        raise NonFiniteError(f"non-finite attribution or score in view {view} for samples {bad}", bad)
+
+
+def _store(run: _ViewRun, items: Sequence[_Prepared], out: _ChunkAttributions) -> None:
+    """Record a chunk's attributions, completeness terms and attribution sums in the view's run."""
+    for p, a, fx, fb in zip(items, out.attrs, out.scores, out.baseline_scores, strict=True):
+        sid = p.sample.id
+        run.token_attr[sid] = a
+        run.scores[sid] = fx
+        run.baseline_scores[sid] = fb
+        run.sums[sid] = float(a.sum())
+
+
+def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions, precision: str,
+              n_steps: int, progress: ProgressFn | None, offset: int, total: int) -> _ViewRun:
+    """Attribute ``view`` of every prepared sample, chunk by chunk; ``offset`` and ``total`` count samples over
+    all views for ``progress``."""
+    plan = _plan_view(model, prepared, view, opts, precision, n_steps)
+    run = _ViewRun(view, {}, {}, {}, {}, n_steps, plan.alpha_batch_size, plan.batch_size)
+    done = 0
+    for chunk in _chunks(plan.lengths, plan.batch_size, exact=plan.exact):
         items = [prepared[i] for i in chunk]
-        ids = [p.sample.id for p in items]
-        try:
-            if not opts.optimized and opts.method != "occlusion":
-                results = []
-                for p in items:
-                    ch = _chunk(model, [p], view, opts.baseline)
-                    with torch.enable_grad():
-                        results.append(integrated_gradients_reference(
-                            _reference_score(model, p, view, opts.max_history), ch.x[0], ch.base[0],
-                            n_steps=n_steps, method=opts.method))
-                attrs = [r.attributions[0].sum(-1).double().cpu().numpy() for r in results]
-                f_x = [float(r.scores[0]) for r in results]
-                f_b = [float(r.baseline_scores[0]) for r in results]
-            else:
-                ch = _chunk(model, items, view, opts.baseline, pack=pack)
-                res: IGResult
-                if opts.method == "occlusion":
-                    res = occlusion(ch.forward, ch.x, ch.base, ch.content)
-                elif opts.tolerance is not None:
-                    auto_alphas = opts.alpha_batch_size == "auto"
-                    res = integrated_gradients_adaptive(
-                        ch.forward, ch.x, ch.base, tolerance=opts.tolerance, method=opts.method,
-                        start_steps=n_steps, max_steps=opts.max_steps,
-                        alpha_batch_size=None if auto_alphas else alpha_batch_size,
-                        max_rows=budget_rows if auto_alphas else None,
-                        precision=precision, token_sums=True)
-                    for j, p in enumerate(items):
-                        run.steps[p.sample.id] = int(res.steps[j])
-                        run.evaluations[p.sample.id] = int(res.evaluations[j])
-                        run.converged[p.sample.id] = bool(res.converged[j])
-                else:
-                    res = integrated_gradients(ch.forward, ch.x, ch.base, n_steps=n_steps, method=opts.method,
-                                               alpha_batch_size=alpha_batch_size, precision=precision,
-                                               baseline_scores=baseline_scores(model, ch, view, opts.baseline))
-                tok_attr = res.attributions.sum(-1).double().cpu().numpy()
-                attrs = [tok_attr[i, : ch.lengths[i]] for i in range(len(items))]
-                f_x = res.scores.tolist()
-                f_b = res.baseline_scores.tolist()
-        except (RuntimeError, ValueError) as exc:
-            raise AttributionError(f"attribution failed for samples {ids} (view {view}): {exc}") from exc
-        bad = [p.sample.id for p, a, fx, fb in zip(items, attrs, f_x, f_b, strict=True)
-               if not (np.isfinite(a).all() and math.isfinite(fx) and math.isfinite(fb))]
-        if bad:
-            raise NonFiniteError(f"non-finite attribution or score in view {view} for samples {bad}", bad)
-        for p, a, fx, fb in zip(items, attrs, f_x, f_b, strict=True):
-            sid = p.sample.id
-            run.token_attr[sid] = a
-            run.scores[sid] = fx
-            run.baseline_scores[sid] = fb
-            run.sums[sid] = float(a.sum())
+        out = _attribute_chunk(model, items, plan, opts, run)
+        _check_finite(items, out, view)
+        _store(run, items, out)
         done += len(items)
         if progress is not None:
             progress(offset + done, total, f"{view}: {offset + done}/{total} samples, n_steps={n_steps}")
@@ -522,6 +589,144 @@ def compare_reports(base: dict[str, Any], other: dict[str, Any], threshold: floa
                    threshold, min_count)
 
 
+# ------------------------------------------------------------------ explain: the paths, the views, the report
+def _is_adaptive(opts: IGOptions) -> bool:
+    """Whether each sample is refined on its own until ``opts.tolerance`` is met (:mod:`models.explain.ig`). The
+    reference loop (``optimized=False``) meets a tolerance by rerunning everything at twice the steps instead;
+    occlusion has no steps."""
+    return opts.tolerance is not None and opts.optimized and opts.method != "occlusion"
+
+
+def _precision(model: NewsRecommender, opts: IGOptions) -> str:
+    """The precision of the forward and backward passes; occlusion and the reference loop always run in fp32
+    (``opts.precision`` is still validated)."""
+    precision = resolve_precision(opts.precision, model.device)
+    if opts.method == "occlusion" or not opts.optimized:
+        precision = "fp32"
+    return precision
+
+
+@dataclass
+class _Attributed:
+    """Every view's run over the prepared samples (one per view, none without samples), the steps they ran at
+    (an adaptive run's start; its samples' own steps are in the runs) and whether the tolerance was met (None
+    without a tolerance, or without samples)."""
+    runs: list[_ViewRun]
+    n_steps: int
+    tolerance_met: bool | None = None
+
+
+def _run_views(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
+               n_steps: int, progress: ProgressFn | None) -> list[_ViewRun]:
+    """One run per view of the model (NAML: title, then body), each over every prepared sample."""
+    if not prepared:
+        return []
+    total = len(prepared) * len(model.views)
+    return [_run_view(model, prepared, v, opts, precision, n_steps, progress, k * len(prepared), total)
+            for k, v in enumerate(model.views)]
+
+
+def _relative_deltas(runs: Sequence[_ViewRun]) -> list[float]:
+    return [_rel(r, sid) for r in runs for sid in r.token_attr]
+
+
+def _attribute_adaptive(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
+                        progress: ProgressFn | None) -> _Attributed:
+    """One pass: every sample starts at (at most) ``ADAPTIVE_START_STEPS`` and is refined on its own."""
+    n_steps = min(opts.n_steps, ADAPTIVE_START_STEPS)
+    runs = _run_views(model, prepared, opts, precision, n_steps, progress)
+    met = all(all(r.converged.values()) for r in runs) if runs else None
+    return _Attributed(runs, n_steps, met)
+
+
+def _attribute_doubling(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
+                        progress: ProgressFn | None) -> _Attributed:
+    """The reference loop with a tolerance: the whole run at twice the steps until the median relative delta
+    meets it, or ``opts.max_steps`` is reached."""
+    n_steps = opts.n_steps
+    while True:
+        runs = _run_views(model, prepared, opts, precision, n_steps, progress)
+        rels = _relative_deltas(runs)
+        if not rels:
+            return _Attributed(runs, n_steps)
+        met = statistics.median(rels) <= opts.tolerance
+        if met or n_steps >= opts.max_steps:
+            return _Attributed(runs, n_steps, met)
+        n_steps = min(opts.max_steps, n_steps * 2)
+
+
+def _attribute(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
+               progress: ProgressFn | None) -> _Attributed:
+    """Every view of every prepared sample: adaptive, doubling (the reference loop with a tolerance), or one
+    run at ``opts.n_steps`` (and occlusion, which ignores a tolerance)."""
+    if _is_adaptive(opts):
+        return _attribute_adaptive(model, prepared, opts, precision, progress)
+    if opts.tolerance is not None and opts.method != "occlusion":
+        return _attribute_doubling(model, prepared, opts, precision, progress)
+    return _Attributed(_run_views(model, prepared, opts, precision, opts.n_steps, progress), opts.n_steps)
+
+
+def _sample_record(model: NewsRecommender, p: _Prepared, runs: Sequence[_ViewRun], opts: IGOptions
+                   ) -> dict[str, Any]:
+    """One sample's report: the first view's at the top level, the others (NAML's body) under ``views``."""
+    main = _view_report(model, p, runs[0], opts.top_k)
+    rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main}
+    if _is_adaptive(opts):
+        rec["n_steps"] = {r.view: r.steps[p.sample.id] for r in runs}
+        rec["tolerance_met"] = all(r.converged[p.sample.id] for r in runs)
+    if len(runs) > 1:
+        rec["views"] = {r.view: _view_report(model, p, r, opts.top_k) for r in runs[1:]}
+    if p.sample.meta:
+        rec["meta"] = p.sample.meta
+    return rec
+
+
+def _sample_records(model: NewsRecommender, prepared: Sequence[_Prepared], runs: Sequence[_ViewRun],
+                    opts: IGOptions, errors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The report of every prepared sample whose id is not among ``errors``."""
+    failed = {e["id"] for e in errors}
+    return [_sample_record(model, p, runs, opts) for p in prepared if p.sample.id not in failed]
+
+
+def _step_counts(att: _Attributed, opts: IGOptions, n_runs: int) -> tuple[int | None, int | None]:
+    """The summary's ``n_steps`` (an adaptive run's largest per-sample rule) and ``gradient_evaluations``;
+    both None for occlusion. ``n_runs``: samples times views."""
+    if opts.method == "occlusion":
+        return None, None
+    if _is_adaptive(opts):
+        n_steps = max(st for r in att.runs for st in r.steps.values()) if att.runs else att.n_steps
+        return n_steps, sum(sum(r.evaluations.values()) for r in att.runs)
+    return att.n_steps, att.n_steps * n_runs
+
+
+def _summary(model: NewsRecommender, opts: IGOptions, precision: str, att: _Attributed, n_prepared: int,
+             out_samples: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]], started: float,
+             prepare_seconds: float) -> dict[str, Any]:
+    """The report's ``summary``: the run's settings, step counts, completeness and timings."""
+    rels = _relative_deltas(att.runs)
+    n_steps, evaluations = _step_counts(att, opts, n_prepared * len(model.views))
+    first = att.runs[0] if att.runs else None
+    return {
+        "n_samples": len(out_samples),
+        "n_errors": len(errors),
+        "method": opts.method,
+        "n_steps": n_steps,
+        "gradient_evaluations": evaluations,
+        "precision": precision,
+        "baseline": opts.baseline,
+        "optimized": opts.optimized,
+        "views": list(model.views),
+        "median_relative_delta": statistics.median(rels) if rels else float("nan"),
+        "max_relative_delta": max(rels) if rels else float("nan"),
+        "tolerance": opts.tolerance,
+        "tolerance_met": att.tolerance_met,
+        "batch_size": first.batch_size if first else None,
+        "alpha_batch_size": first.alpha_batch_size if first else None,
+        "seconds": time.perf_counter() - started,
+        "seconds_prepare": prepare_seconds,  # tokenisation and the cached user vectors
+    }
+
+
 def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions | None = None,
             progress: ProgressFn | None = None) -> dict[str, Any]:
     """Attribute every sample's candidate score to its words. Returns the JSON-ready report: ``samples``,
@@ -532,73 +737,14 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
     opts.check()
     started = time.perf_counter()
     model.eval()
-    precision = resolve_precision(opts.precision, model.device)
-    if opts.method == "occlusion" or not opts.optimized:
-        precision = "fp32"
+    precision = _precision(model, opts)
     errors: list[dict[str, Any]] = []
     with torch.no_grad():
         prepared = _prepare(model, samples, opts.max_history, errors)
     prepare_seconds = time.perf_counter() - started
-    views = model.views
-    total = len(prepared) * len(views)
-    n_steps = opts.n_steps
-    tolerance_met: bool | None = None
-    adaptive = opts.tolerance is not None and opts.optimized and opts.method != "occlusion"
-    if adaptive:
-        n_steps = min(n_steps, ADAPTIVE_START_STEPS)  # refined per sample from here (models.explain.ig)
-    while True:
-        run_errors: list[dict[str, Any]] = []
-        runs = [_run_view(model, prepared, v, opts, precision, n_steps, progress, k * len(prepared), total,
-                          run_errors) for k, v in enumerate(views)] if prepared else []
-        rels = [_rel(r, sid) for r in runs for sid in r.token_attr]
-        median = statistics.median(rels) if rels else float("nan")
-        if adaptive and runs:
-            tolerance_met = all(all(r.converged.values()) for r in runs)
-            break
-        if opts.tolerance is None or opts.method == "occlusion" or not rels:
-            break
-        # the reference loop (optimized=False): the whole run at twice the steps until the median meets it
-        tolerance_met = median <= opts.tolerance
-        if tolerance_met or n_steps >= opts.max_steps:
-            break
-        n_steps = min(opts.max_steps, n_steps * 2)
-    errors.extend(run_errors)
-    failed = {e["id"] for e in errors}
-    out_samples = []
-    for p in prepared:
-        if p.sample.id in failed:
-            continue
-        main = _view_report(model, p, runs[0], opts.top_k)
-        rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main}
-        if adaptive:
-            rec["n_steps"] = {r.view: r.steps[p.sample.id] for r in runs}
-            rec["tolerance_met"] = all(r.converged[p.sample.id] for r in runs)
-        if len(runs) > 1:
-            rec["views"] = {r.view: _view_report(model, p, r, opts.top_k) for r in runs[1:]}
-        if p.sample.meta:
-            rec["meta"] = p.sample.meta
-        out_samples.append(rec)
-    summary = {
-        "n_samples": len(out_samples),
-        "n_errors": len(errors),
-        "method": opts.method,
-        "n_steps": (max(st for r in runs for st in r.steps.values()) if adaptive and prepared else n_steps)
-        if opts.method != "occlusion" else None,
-        "gradient_evaluations": (sum(sum(r.evaluations.values()) for r in runs) if adaptive else
-                                 (n_steps * total if opts.method != "occlusion" else None)),
-        "precision": precision,
-        "baseline": opts.baseline,
-        "optimized": opts.optimized,
-        "views": list(views),
-        "median_relative_delta": median,
-        "max_relative_delta": max(rels) if rels else float("nan"),
-        "tolerance": opts.tolerance,
-        "tolerance_met": tolerance_met,
-        "batch_size": runs[0].batch_size if runs else None,
-        "alpha_batch_size": runs[0].alpha_batch_size if runs else None,
-        "seconds": time.perf_counter() - started,
-        "seconds_prepare": prepare_seconds,  # tokenisation and the cached user vectors
-    }
+    att = _attribute(model, prepared, opts, precision, progress)
+    out_samples = _sample_records(model, prepared, att.runs, opts, errors)
+    summary = _summary(model, opts, precision, att, len(prepared), out_samples, errors, started, prepare_seconds)
     return {"samples": out_samples, "errors": errors, "summary": summary, "word_stats": word_stats(out_samples)}
 
 

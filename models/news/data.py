@@ -394,17 +394,6 @@ def _mind_sample(imp_id: str, user: str, hist_ids: Sequence[str], nid: str, news
     )
 
 
-def samples_from_split(
-    split: MindSplit, n_samples: int, balanced: bool = False, seed: int = 0, max_history: int = MAX_HISTORY,
-    with_bodies: bool = False,
-) -> list[Sample]:
-    """Draw (history, candidate) samples from impressions already in memory, deterministically."""
-    pairs = ((imp, nid) for imp in split.behaviors if imp.history for nid, _ in imp.candidates)
-    chosen = draw(pairs, n_samples, balanced, seed, lambda p: label_text(split.news[p[1]].fake))
-    return [_mind_sample(imp.id, imp.user, imp.history[-max_history:], nid, split.news, with_bodies)
-            for imp, nid in chosen]
-
-
 # ------------------------------------------------------------------------------------------- synthetic data
 TOPICS: dict[str, dict[str, list[str]]] = {
     "sports": {
@@ -597,13 +586,6 @@ def generate_synthetic(
     counts["news"] = len(news)
     counts["fake_news"] = sum(n.fake for n in news)
     return counts
-
-
-def iter_titles(split: MindSplit) -> Iterator[str]:
-    for n in split.news.values():
-        yield n.title
-        if n.body:
-            yield n.body
 
 
 def load_samples(root: str | Path, split: str, n_samples: int, balanced: bool = False, seed: int = 0,
