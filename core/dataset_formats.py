@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
+from core.userfiles import UserFileError, UserFiles, check_tree
+from models.files import LOCAL, FileAccess, open_text
 from models.kg.tsv import TriplesFormatError, read_triples
 
 SPLITS = ("train", "valid", "test")
@@ -33,101 +35,105 @@ class FormatError(ValueError):
     """The directory holds no known dataset format, or a file in it is malformed (the message says which)."""
 
 
-def _count_lines(path: Path) -> int:
+def _count_lines(files: FileAccess, path: Path, fmt: str) -> int:
     n = 0
-    with open(path, "rb") as fh:
+    last = b"\n"
+    with files.open(path, fmt) as fh:
         while chunk := fh.read(1 << 22):
             n += chunk.count(b"\n")
-    if path.stat().st_size and not _ends_with_newline(path):
-        n += 1
-    return n
+            last = chunk[-1:]
+    return n + (last != b"\n")
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, 2)
-        return fh.read(1) == b"\n"
-
-
-def _first_lines(path: Path, n: int = 5) -> list[str]:
+def _first_lines(files: FileAccess, path: Path, fmt: str, n: int = 5) -> list[str]:
     out = []
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    with open_text(files, path, fmt) as fh:
         for line in fh:
             if line.strip():
-                out.append(line.rstrip("\n"))
+                out.append(line.rstrip("\r\n"))
             if len(out) >= n:
                 break
     return out
 
 
-def _mind_split(split_dir: Path) -> dict[str, Any]:
+def _mind_split(files: FileAccess, split_dir: Path) -> dict[str, Any]:
     news, behaviors = split_dir / "news.tsv", split_dir / "behaviors.tsv"
-    for line in _first_lines(news):
+    for i, line in enumerate(_first_lines(files, news, "mind"), 1):
         if len(line.split("\t")) < 4:
-            raise FormatError(f"{news.name} in {split_dir.name}: expected at least 4 tab-separated columns "
+            raise FormatError(f"{files.display(news)}:{i}: expected at least 4 tab-separated columns "
                               "(news_id, category, subcategory, title, ...)")
-    lines = _first_lines(behaviors)
+    lines = _first_lines(files, behaviors, "mind")
     clicks_labelled = None
-    for line in lines:
+    for i, line in enumerate(lines, 1):
         parts = line.split("\t")
         if len(parts) != 5:
-            raise FormatError(f"{behaviors.name} in {split_dir.name}: expected 5 tab-separated columns "
-                              "(impression_id, user_id, time, history, impressions)")
+            raise FormatError(f"{files.display(behaviors)}:{i}: expected 5 tab-separated columns "
+                              f"(impression_id, user_id, time, history, impressions), got {len(parts)}")
         tokens = parts[4].split()
         if tokens:
             clicks_labelled = all(_LABELLED_TOKEN.match(t) for t in tokens)
-    return {"news": _count_lines(news), "impressions": _count_lines(behaviors),
+    return {"news": _count_lines(files, news, "mind"), "impressions": _count_lines(files, behaviors, "mind"),
             "labelled": (split_dir / "labels.tsv").is_file(), "clicks_labelled": clicks_labelled}
 
 
-def _csv_split(path: Path) -> dict[str, Any]:
-    with open(path, newline="", encoding="utf-8") as fh:
+def _csv_split(files: FileAccess, path: Path) -> dict[str, Any]:
+    with open_text(files, path, "csv") as fh:
         reader = csv.reader(fh)
-        header = next(reader, None) or []
-        missing = [c for c in PAIR_REQUIRED if c not in header]
-        if missing:
-            raise FormatError(f"{path.name}: missing columns {missing}")
-        rows = sum(1 for _ in reader)
+        try:
+            header = next(reader, None) or []
+            missing = [c for c in PAIR_REQUIRED if c not in header]
+            if missing:
+                raise FormatError(f"{files.display(path)}: missing columns {missing}")
+            rows = sum(1 for _ in reader)
+        except csv.Error as exc:
+            raise FormatError(f"{files.display(path)}:{reader.line_num}: {exc}") from None
     return {"rows": rows, "labelled": "candidate_is_fake" in header,
             "history_bodies": "history_bodies" in header}
 
 
-def _triples_split(path: Path, entities: set[str], relations: set[str]) -> int:
+def _triples_split(files: FileAccess, path: Path, entities: set[str], relations: set[str]) -> int:
     try:
-        rows = read_triples(path)
+        rows = read_triples(path, files)
     except TriplesFormatError as exc:
-        raise FormatError(str(exc).replace(str(path.parent) + "/", "")) from None
+        raise FormatError(str(exc)) from None
     for h, r, t in rows:
         entities.update((h, t))
         relations.add(r)
     return len(rows)
 
 
-def detect(path: Path) -> dict[str, Any]:
-    """``{"format", "kind", "counts"}`` of the dataset directory ``path``; FormatError when none fits."""
+def detect(path: Path, files: FileAccess = LOCAL) -> dict[str, Any]:
+    """``{"format", "kind", "counts"}`` of the dataset directory ``path``; FormatError when none fits.
+
+    With :class:`core.userfiles.UserFiles` as ``files``, the whole directory is checked first (every entry a regular
+    file or directory inside the data roots) and every file is read through it (size caps, bounded reads)."""
     path = Path(path)
     if not path.is_dir():
-        raise FormatError(f"{path.name} is not a directory")
+        raise FormatError(f"{files.display(path)} is not a directory")
     try:
-        return _detect(path)
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"a text file is not UTF-8: {exc}") from None
+        if isinstance(files, UserFiles):
+            check_tree(files.settings, path)
+        return _detect(path, files)
+    except UserFileError as exc:
+        raise FormatError(str(exc)) from None
+    except UnicodeDecodeError:
+        raise FormatError("a text file is not UTF-8") from None
 
 
-def _detect(path: Path) -> dict[str, Any]:
+def _detect(path: Path, files: FileAccess) -> dict[str, Any]:
     mind_splits = [s for s in SPLITS if (path / s / "behaviors.tsv").is_file() and (path / s / "news.tsv").is_file()]
     if mind_splits:
-        return {"format": "mind", "kind": "news", "counts": {s: _mind_split(path / s) for s in mind_splits}}
+        return {"format": "mind", "kind": "news", "counts": {s: _mind_split(files, path / s) for s in mind_splits}}
     if (path / "behaviors.tsv").is_file() and (path / "news.tsv").is_file():
-        return {"format": "mind", "kind": "news", "counts": {"split": _mind_split(path)}}
+        return {"format": "mind", "kind": "news", "counts": {"split": _mind_split(files, path)}}
     csvs = [s for s in SPLITS if (path / f"pairs_{s}.csv").is_file()]
     if csvs:
         return {"format": "pairwise_csv", "kind": "news",
-                "counts": {s: _csv_split(path / f"pairs_{s}.csv") for s in csvs}}
+                "counts": {s: _csv_split(files, path / f"pairs_{s}.csv") for s in csvs}}
     if (path / "train.txt").is_file():
         entities: set[str] = set()
         relations: set[str] = set()
-        counts: dict[str, Any] = {f"{s}_triples": _triples_split(path / f"{s}.txt", entities, relations)
+        counts: dict[str, Any] = {f"{s}_triples": _triples_split(files, path / f"{s}.txt", entities, relations)
                                   for s in SPLITS if (path / f"{s}.txt").is_file()}
         counts.update(entities=len(entities), relations=len(relations))
         return {"format": "triples", "kind": "triples", "counts": counts}
@@ -139,7 +145,7 @@ def _detect(path: Path) -> dict[str, Any]:
         from models.lora.keys import DatasetFormatError, summarize_dataset
 
         try:
-            summary = summarize_dataset(path)
+            summary = summarize_dataset(path, files)
         except (DatasetFormatError, OSError, ValueError) as exc:
             raise FormatError(str(exc)) from None
         fmt = "lora_safetensors" if summary.format == "safetensors_dir" else "hf_save_to_disk"

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models.files import LOCAL, FileAccess
+
 if TYPE_CHECKING:  # this module is imported by the API, which never imports torch
     import torch
 
@@ -26,17 +28,70 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
 
 
+# Hard limits of the torch-free shape reader: a state dict's object graph is small (a few hundred bytes and a few
+# dozen pickle operations per tensor), so anything past these is refused, never built.
+MAX_PICKLE_BYTES = 16 << 20       # data.pkl inside the archive
+MAX_PICKLE_OPS = 2_000_000        # pickle operations executed
+MAX_PICKLE_MEMO = 500_000         # memoised objects
+MAX_PICKLE_STACK = 500_000        # items on the unpickler's stacks
+MAX_TENSORS = 100_000
+MAX_TENSOR_DIMS = 8
+MAX_DECLARED_ELEMENTS = 10**12    # elements over all tensors (about 4 TB of fp32)
+MAX_ZIP_ENTRIES = 200_000
+
+
 class _Shape(tuple):
     """A tensor's shape standing in for the tensor (what ``pickle_shapes`` rebuilds)."""
 
 
-class _ShapeUnpickler(pickle.Unpickler):
+class PickleLimit(pickle.UnpicklingError):
+    """The pickle exceeds one of the shape reader's limits."""
+
+
+def _counted(op):  # noqa: ANN001, ANN202 - wraps one opcode of pickle's pure-Python unpickler
+    def run(self: _ShapeUnpickler) -> None:
+        self._ops += 1
+        if self._ops > MAX_PICKLE_OPS:
+            raise PickleLimit(f"more than {MAX_PICKLE_OPS} pickle operations")
+        op(self)
+        if len(self.memo) > MAX_PICKLE_MEMO:
+            raise PickleLimit(f"more than {MAX_PICKLE_MEMO} memoised objects")
+        if len(self.stack) + len(self.metastack) > MAX_PICKLE_STACK:
+            raise PickleLimit(f"more than {MAX_PICKLE_STACK} objects on the stack")
+    return run
+
+
+class _ShapeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the Python one: its opcodes can be counted
     """Unpickles a torch zip-format state dict into ``{name: _Shape}`` without torch: only the callables a state
-    dict needs are allowed, each replaced by one that returns a shape; anything else is refused."""
+    dict needs are allowed, each replaced by one that returns a shape; anything else is refused. Fails closed on any
+    limit above (operations, memo, stack, tensors, dimensions, declared elements)."""
+
+    dispatch = {code: _counted(op) for code, op in pickle._Unpickler.dispatch.items()}  # type: ignore[attr-defined]
+
+    def __init__(self, file):  # noqa: ANN001
+        super().__init__(file)
+        self._ops = 0
+        self._tensors = 0
+        self._elements = 0
+
+    def _rebuild(self, storage, offset, size, stride, *rest):  # noqa: ANN001, ANN202
+        if not isinstance(size, tuple | list) or len(size) > MAX_TENSOR_DIMS or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**48 for d in size):
+            raise PickleLimit(f"a tensor size is not a list of at most {MAX_TENSOR_DIMS} non-negative integers")
+        self._tensors += 1
+        if self._tensors > MAX_TENSORS:
+            raise PickleLimit(f"more than {MAX_TENSORS} tensors")
+        n = 1
+        for d in size:
+            n *= d
+        self._elements += n
+        if self._elements > MAX_DECLARED_ELEMENTS:
+            raise PickleLimit(f"more than {MAX_DECLARED_ELEMENTS} elements declared")
+        return _Shape(size)
 
     def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle protocol
         if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return lambda storage, offset, size, stride, *rest: _Shape(size)
+            return self._rebuild
         if module == "torch._utils" and name == "_rebuild_parameter":
             return lambda data, *rest: data
         if module == "collections" and name == "OrderedDict":
@@ -52,16 +107,34 @@ class _ShapeUnpickler(pickle.Unpickler):
         return None
 
 
-def pickle_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
+def _data_pkl(zf: zipfile.ZipFile) -> bytes | None:
+    infos = zf.infolist()
+    if len(infos) > MAX_ZIP_ENTRIES:
+        raise PickleLimit(f"more than {MAX_ZIP_ENTRIES} archive entries")
+    info = next((i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"), None)
+    if info is None:
+        return None
+    if info.file_size > MAX_PICKLE_BYTES:
+        raise PickleLimit(f"data.pkl is {info.file_size} bytes; at most {MAX_PICKLE_BYTES}")
+    with zf.open(info) as member:  # bounded whatever the header claims: a zip bomb stops here
+        raw = member.read(MAX_PICKLE_BYTES + 1)
+    if len(raw) > MAX_PICKLE_BYTES:
+        raise PickleLimit(f"data.pkl holds more than {MAX_PICKLE_BYTES} bytes")
+    return raw
+
+
+def pickle_shapes(path: str | Path, files: FileAccess = LOCAL) -> dict[str, tuple[int, ...]] | None:
     """Tensor names and shapes of a torch zip-format pickle (``torch.save``), read without torch and without running
-    anything in the file; None when the file is not a plain (possibly wrapped) state dict in that format."""
+    anything in the file; None when the file is not a plain (possibly wrapped) state dict in that format or exceeds
+    the reader's limits (then the worker's ``weights_only`` load decides, with its own bounds)."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            name = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
-            if name is None:
+        with files.open(Path(path), "pickle") as fh, zipfile.ZipFile(fh) as zf:
+            raw = _data_pkl(zf)
+            if raw is None:
                 return None
-            obj = _ShapeUnpickler(io.BytesIO(zf.read(name))).load()
-    except (zipfile.BadZipFile, pickle.UnpicklingError, OSError, EOFError, ValueError, TypeError, AttributeError):
+            obj = _ShapeUnpickler(io.BytesIO(raw)).load()
+    except (zipfile.BadZipFile, pickle.UnpicklingError, OSError, EOFError, ValueError, TypeError, AttributeError,
+            IndexError, KeyError, RecursionError, zipfile.LargeZipFile, NotImplementedError):
         return None
     for key in WRAPPER_KEYS:
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The torch-free modules of ``models`` the core may import (format readers and names shared with the workers).
 CORE_MAY_USE = {
     "models.explain.rules",
+    "models.files",
     "models.kg.shapes",
     "models.kg.tsv",
     "models.lora.keys",

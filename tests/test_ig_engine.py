@@ -334,3 +334,17 @@ def test_given_baseline_scores_are_used_and_only_the_inputs_are_evaluated() -> N
     assert calls == [4 * 2 + 2]  # the alphas and F(x); F(x') is not recomputed
     assert res.baseline_scores.tolist() == given.tolist()
     torch.testing.assert_close(res.scores, evaluate_fp32(lambda z, rows: f(z, ctx[rows]), x), rtol=1e-6, atol=1e-7)
+
+
+def test_relative_delta_is_the_one_completeness_measure_and_never_negative():
+    """|Σattr − (F(x) − F(x'))| / |F(x) − F(x')|, worked by hand: an attribution sum short of the score difference
+    and one past it give the same positive error, a zero difference is floored, numbers and tensors agree."""
+    from models.explain.ig import COMPLETENESS_FLOOR, relative_delta
+
+    assert float(relative_delta(1.0, 3.0, 1.0)) == 0.5       # |1 - 2| / 2
+    assert float(relative_delta(3.0, 3.0, 1.0)) == 0.5       # |3 - 2| / 2: over, not -0.5
+    assert float(relative_delta(-1.0, 1.0, 3.0)) == 0.5      # F(x) < F(x'): |-1 - (-2)| / 2
+    assert float(relative_delta(1e-3, 2.0, 2.0)) == pytest.approx(1e-3 / COMPLETENESS_FLOOR)
+    sums, scores, base = torch.tensor([1.0, 3.0]), torch.tensor([3.0, 3.0]), torch.tensor([1.0, 1.0])
+    out = relative_delta(sums, scores, base)
+    assert out.dtype == torch.float64 and out.tolist() == [0.5, 0.5]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -145,9 +146,14 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
         name = type(exc).__name__
         if name == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError, matched without importing torch here
             fail("out_of_memory", f"the device ran out of memory: {exc}; use smaller batch sizes")
+            log.error("job failed:\n%s", traceback.format_exc())
         else:
-            fail("internal", f"{name}: {exc}")
-        log.error("job failed:\n%s", traceback.format_exc())
+            # the exception's text may hold server paths or another tenant's data: it goes to the log only, and
+            # the job's error names the log line by a correlation id
+            incident = uuid.uuid4().hex[:12]
+            fail("internal", f"an internal error stopped the job ({name}); the server log has the details under "
+                 f"incident {incident}")
+            log.error("job failed, incident %s:\n%s", incident, traceback.format_exc(), extra={"incident": incident})
         raise
     finally:
         _finish_artifacts(ctx, published)

@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import caller
-from core import registry
+from core import dataset_refs, registry
 from core.dataset_formats import FormatError, detect
 from core.kinds.base import FieldConflict, FieldError, require_name_free
-from core.userfiles import PathError, resolve_data_path
+from core.userfiles import PathError, UserFiles, resolve_data_path
 
 router = APIRouter(tags=["datasets"])
 
@@ -41,13 +41,14 @@ def register_dataset(body: DatasetRequest, request: Request, owner: str = Depend
     except PathError as exc:
         raise FieldError(("body", "path"), str(exc), value=body.path) from None
     require_name_free(settings, body.name, owner, "name", section="datasets")
+    dataset_refs.check_registrable(settings, body.name, path)
     if registry.get_dataset(settings, body.name) is not None and not body.overwrite:
         raise FieldConflict(("body", "name"), f"you already have a dataset named {body.name!r}; pass "
                             "overwrite=true to replace it", value=body.name)
     try:
-        found = detect(path)
+        found = detect(path, UserFiles(settings))
     except FormatError as exc:
-        raise FieldError(("body", "path"), f"{body.path!r}: {exc}", value=body.path) from None
+        raise FieldError(("body", "path"), str(exc), value=body.path) from None
     meta: dict[str, Any] = {"format": found["format"], "counts": found["counts"]}
     if body.description:
         meta["description"] = body.description

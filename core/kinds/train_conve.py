@@ -6,10 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import registry
+from core import dataset_refs, registry
 from core.kinds.base import FieldError, JobKind, register, require_new_name
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
@@ -40,33 +39,20 @@ class TrainConvERequest(BaseModel):
     overwrite: bool = Field(False, description="replace your existing model of the same name (another owner's name is 409)")
 
 
-def resolve_dataset(settings: Settings, name: str) -> Path | None:
-    """``nations`` -> None (the shipped data, unless a dataset of that name is registered); a registered
-    ``triples`` dataset or a directory under the data roots -> its path. FieldError on ``dataset`` otherwise."""
-    entry = registry.get_dataset(settings, name)
-    if entry is None and name == NATIONS:
+def resolve_dataset(settings: Settings, name: str, owner: str) -> Path | None:
+    """``nations`` (the shipped graph) -> None; otherwise the directory of the ``triples`` dataset ``name`` names
+    for ``owner`` (:mod:`core.dataset_refs`). FieldError on ``dataset`` otherwise."""
+    if name == NATIONS and registry.get_dataset(settings, name) is None:
         return None
-    if entry is not None:
-        if entry.get("kind") != "triples":
-            raise FieldError(("body", "dataset"), f"dataset {name!r} is a {entry.get('kind')!r} dataset, "
-                             "not triples", value=name)
-        try:
-            path = registry.local_path(settings, entry)
-        except FileNotFoundError as exc:
-            raise FieldError(("body", "dataset"), str(exc), value=name) from None
-    else:
-        try:
-            path = resolve_data_path(settings, name)
-        except PathError as exc:
-            raise FieldError(("body", "dataset"), f"unknown dataset {name!r}: not 'nations', not a registered "
-                             f"dataset, and {exc}", value=name) from None
-    if not (path / "train.txt").is_file():
+    ref = dataset_refs.resolve(settings, name, owner, "triples")
+    path = dataset_refs.local_dir(settings, ref, name)
+    if not (path / "train.txt").exists():
         raise FieldError(("body", "dataset"), f"dataset {name!r} has no train.txt", value=name)
     return path
 
 
 def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") -> None:
-    resolve_dataset(settings, req.dataset)
+    resolve_dataset(settings, req.dataset, owner)
     problem = check_image(req.embedding_dim, req.embedding_height)
     if problem:
         loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"

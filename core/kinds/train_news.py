@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core import registry
+from core import dataset_refs
 from core.kinds.base import FieldError, JobKind, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
@@ -57,22 +57,10 @@ class TrainNewsRequest(BaseModel):
     overwrite: bool = Field(False, description="replace your existing model of the same name")
 
 
-def resolve_news_dataset(settings: Settings, name: str, field: str = "dataset") -> Path:
-    """A registered ``news`` dataset's directory, else ``name`` as a directory under the data roots."""
-    entry = registry.get_dataset(settings, name)
-    if entry is not None:
-        if entry.get("kind") != "news":
-            raise FieldError(("body", field), f"dataset {name!r} is a {entry.get('kind')!r} dataset, not news",
-                             value=name)
-        try:
-            return registry.local_path(settings, entry)
-        except FileNotFoundError as exc:
-            raise FieldError(("body", field), str(exc), value=name) from None
-    try:
-        return resolve_data_path(settings, name)
-    except PathError as exc:
-        raise FieldError(("body", field), f"unknown dataset {name!r}: not registered, and {exc}",
-                         value=name) from None
+def resolve_news_dataset(settings: Settings, name: str, owner: str, field: str = "dataset") -> Path:
+    """The directory of the ``news`` dataset ``name`` names for ``owner`` (:mod:`core.dataset_refs`)."""
+    ref = dataset_refs.resolve(settings, name, owner, "news", field=field)
+    return dataset_refs.local_dir(settings, ref, name, field=field)
 
 
 def _data_file(settings: Settings, raw: str, field: str) -> str:
@@ -84,7 +72,7 @@ def _data_file(settings: Settings, raw: str, field: str) -> str:
 
 
 def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> None:
-    root = resolve_news_dataset(settings, req.dataset)
+    root = resolve_news_dataset(settings, req.dataset, owner)
     for field in ("train_split", "valid_split"):
         split = getattr(req, field)
         if split is not None and not has_split(root, split):

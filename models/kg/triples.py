@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from models.files import LOCAL, FileAccess, open_text
 from models.kg.tsv import TriplesFormatError, read_triples  # noqa: F401  (re-exported)
 
 SPLITS = ("train", "valid", "test")
@@ -29,35 +30,36 @@ def nations_dir() -> Path:
     return NATIONS_DIR
 
 
-def read_id_dict(path: Path) -> dict[str, int]:
+def read_id_dict(path: Path, files: FileAccess = LOCAL) -> dict[str, int]:
     """Read an id dictionary, ``name<TAB>id`` (or ``id<TAB>name``, detected per file)."""
     rows: list[tuple[str, str]] = []
-    with open(path, encoding="utf-8") as fh:
+    shown = files.display(Path(path))
+    with open_text(files, Path(path), "triples") as fh:
         for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\n")
+            line = line.rstrip("\n").rstrip("\r")
             if not line.strip():
                 continue
             parts = line.split("\t")
             if len(parts) != 2:
-                raise TriplesFormatError(f"{path}:{lineno}: expected name<TAB>id, got {line!r}")
+                raise TriplesFormatError(f"{shown}:{lineno}: expected name<TAB>id, got {len(parts)} fields")
             rows.append((parts[0].strip(), parts[1].strip()))
     if not rows:
-        raise TriplesFormatError(f"{path}: empty dictionary")
+        raise TriplesFormatError(f"{shown}: empty dictionary")
     id_second = all(b.lstrip("-").isdigit() for _, b in rows)
     id_first = all(a.lstrip("-").isdigit() for a, _ in rows)
     if not (id_second or id_first):
-        raise TriplesFormatError(f"{path}: no integer id column")
+        raise TriplesFormatError(f"{shown}: no integer id column")
     mapping = {a: int(b) for a, b in rows} if id_second else {b: int(a) for a, b in rows}
     ids = sorted(mapping.values())
     if ids != list(range(len(ids))):
-        raise TriplesFormatError(f"{path}: ids must be 0..{len(ids) - 1} without gaps or repeats")
+        raise TriplesFormatError(f"{shown}: ids must be 0..{len(ids) - 1} without gaps or repeats")
     return mapping
 
 
-def read_labels(path: Path) -> dict[str, str]:
+def read_labels(path: Path, files: FileAccess = LOCAL) -> dict[str, str]:
     """Read ``name<TAB>label`` display labels."""
     out: dict[str, str] = {}
-    with open(path, encoding="utf-8") as fh:
+    with open_text(files, Path(path), "triples") as fh:
         for line in fh:
             parts = line.rstrip("\n").split("\t", 1)
             if len(parts) == 2 and parts[0].strip():
@@ -141,18 +143,18 @@ class TriplesDataset:
         return self.relation_labels.get(name, name)
 
 
-def load_triples_dir(path: Path | str, name: str | None = None) -> TriplesDataset:
-    """Load a dataset directory (see the module docstring)."""
+def load_triples_dir(path: Path | str, name: str | None = None, files: FileAccess = LOCAL) -> TriplesDataset:
+    """Load a dataset directory (see the module docstring); every file is opened through ``files``."""
     path = Path(path)
-    if not (path / "train.txt").is_file():
-        raise FileNotFoundError(f"{path} has no train.txt")
-    raw = {s: read_triples(path / f"{s}.txt") for s in SPLITS if (path / f"{s}.txt").is_file()}
-    if (path / "entities.dict").is_file():
-        entities = Vocab.from_mapping(read_id_dict(path / "entities.dict"))
+    if not (path / "train.txt").exists():
+        raise FileNotFoundError(f"{files.display(path)} has no train.txt")
+    raw = {s: read_triples(path / f"{s}.txt", files) for s in SPLITS if (path / f"{s}.txt").exists()}
+    if (path / "entities.dict").exists():
+        entities = Vocab.from_mapping(read_id_dict(path / "entities.dict", files))
     else:
         entities = Vocab(sorted({e for rows in raw.values() for h, _, t in rows for e in (h, t)}))
-    if (path / "relations.dict").is_file():
-        relations = Vocab.from_mapping(read_id_dict(path / "relations.dict"))
+    if (path / "relations.dict").exists():
+        relations = Vocab.from_mapping(read_id_dict(path / "relations.dict", files))
     else:
         relations = Vocab(sorted({r for rows in raw.values() for _, r, _ in rows}))
     ds = TriplesDataset(name or path.name, entities, relations, {})
@@ -160,11 +162,12 @@ def load_triples_dir(path: Path | str, name: str | None = None) -> TriplesDatase
         try:
             ds.splits[split] = ds.encode(rows)
         except KeyError as exc:
-            raise TriplesFormatError(f"{path / (split + '.txt')}: {exc.args[0]} is not in the dictionary") from exc
-    if (path / "entity_labels.tsv").is_file():
-        ds.entity_labels = read_labels(path / "entity_labels.tsv")
-    if (path / "relation_labels.tsv").is_file():
-        ds.relation_labels = read_labels(path / "relation_labels.tsv")
+            raise TriplesFormatError(f"{files.display(path / (split + '.txt'))}: {exc.args[0]!r} is not in the "
+                                     "dictionary") from exc
+    if (path / "entity_labels.tsv").exists():
+        ds.entity_labels = read_labels(path / "entity_labels.tsv", files)
+    if (path / "relation_labels.tsv").exists():
+        ds.relation_labels = read_labels(path / "relation_labels.tsv", files)
     return ds
 
 

@@ -4,22 +4,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models.files import LOCAL, FileAccess, open_text
+
 
 class TriplesFormatError(ValueError):
     """A triples or dictionary file that cannot be parsed; the message names the file and line."""
 
 
-def read_triples(path: Path) -> list[tuple[str, str, str]]:
-    """Read ``head<TAB>relation<TAB>tail`` lines (blank lines skipped)."""
+def read_triples(path: Path, files: FileAccess = LOCAL, fmt: str = "triples",
+                 max_rows: int | None = None) -> list[tuple[str, str, str]]:
+    """Read ``head<TAB>relation<TAB>tail`` lines (blank lines skipped). A malformed line is named by file and
+    number, never quoted (the file may not be the caller's). More than ``max_rows`` triples is an error."""
     out: list[tuple[str, str, str]] = []
-    with open(path, encoding="utf-8") as fh:
+    shown = files.display(Path(path))
+    with open_text(files, Path(path), fmt) as fh:
         for lineno, line in enumerate(fh, 1):
             line = line.rstrip("\n").rstrip("\r")
             if not line.strip():
                 continue
             parts = line.split("\t")
-            if len(parts) != 3 or not all(p.strip() for p in parts):
-                raise TriplesFormatError(f"{path}:{lineno}: expected 3 tab-separated fields, got {line!r}")
+            if len(parts) != 3:
+                raise TriplesFormatError(f"{shown}:{lineno}: expected 3 tab-separated fields, got {len(parts)}")
+            if not all(p.strip() for p in parts):
+                raise TriplesFormatError(f"{shown}:{lineno}: a field is empty")
+            if max_rows is not None and len(out) >= max_rows:
+                raise TriplesFormatError(f"{shown}: more than {max_rows} triples")
             h, r, t = (p.strip() for p in parts)
             out.append((h, r, t))
     return out

@@ -44,6 +44,7 @@ from models.explain.ig import (
     integrated_gradients_adaptive,
     integrated_gradients_reference,
     probe_bytes_per_row,
+    relative_delta,
     rows_for_budget,
 )
 from models.explain.occlusion import occlusion
@@ -545,8 +546,7 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
 
 
 def _rel(run: _ViewRun, sid: str) -> float:
-    diff = run.scores[sid] - run.baseline_scores[sid]
-    return abs(run.sums[sid] - diff) / max(abs(diff), 1e-12)
+    return float(relative_delta(run.sums[sid], run.scores[sid], run.baseline_scores[sid]))
 
 
 def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int) -> dict[str, Any]:

@@ -8,7 +8,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from core.kinds.import_model import REGISTRY_KIND, WEIGHT_DEFAULTS, model_dir
+from core.kinds.base import FieldError
+from core.kinds.import_model import (
+    PACKAGED_ENCODERS,
+    REGISTRY_KIND,
+    WEIGHT_DEFAULTS,
+    model_dir,
+    pretrained_problem,
+)
+from core.userfiles import UserFileError, UserFiles, check_tree
+from models.files import LOCAL, read_bytes
 from workers.context import JobContext, JobError
 from workers.jobs.attributions import _clean
 
@@ -20,11 +29,17 @@ def _weights(src: Path, given: str | None) -> str:
     return given or next(w for w in WEIGHT_DEFAULTS if (src / w).is_file())
 
 
-def _config(src: Path, given: dict[str, Any] | None) -> dict[str, Any]:
-    return dict(given) if given is not None else json.loads((src / "config.json").read_text())
+def _config(src: Path, given: dict[str, Any] | None, settings: Any = None) -> dict[str, Any]:
+    if given is not None:
+        return dict(given)
+    files = UserFiles(settings) if settings is not None else LOCAL
+    config = json.loads(read_bytes(files, src / "config.json", "json"))
+    if not isinstance(config, dict):
+        raise ValueError("config.json does not hold a JSON object")
+    return config
 
 
-def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
+def _import_news(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict[str, Any]:
     import torch
 
     from models.news import checkpoint
@@ -32,15 +47,14 @@ def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
     from models.news.text import WordTokenizer
     from models.weight_files import check_state, load_state_file, strip_prefix
 
-    config = _config(src, p.get("config"))
+    config = _config(src, p.get("config"), settings)
     config.pop("meta", None)
     config["kind"] = p["kind"]
-    pretrained = config.get("pretrained")
-    if isinstance(pretrained, str) and (src / pretrained).is_dir():  # an encoder inside the model directory
-        if not (src / pretrained).resolve().is_relative_to(src):
-            raise JobError("invalid_model", "config.pretrained: the encoder directory must be inside the model "
-                           "directory")
-        config["pretrained"] = str((src / pretrained).resolve())
+    problem = pretrained_problem(src, config.get("pretrained"))
+    if problem:
+        raise JobError("invalid_model", f"config.pretrained: {problem}")
+    if config.get("pretrained") not in (None, *PACKAGED_ENCODERS):  # an encoder inside the model directory
+        config["pretrained"] = str((src / config["pretrained"]).resolve())
     vocab = src / (p.get("vocab") or "vocab.json")
     tokenizer = WordTokenizer.load(vocab) if vocab.is_file() else None
     if p["kind"] == "naml" or config.get("encoder") == "word":
@@ -65,7 +79,7 @@ def _import_news(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
             "smoke": {"scores": [float(s) for s in scores], "finite": bool(torch.isfinite(scores).all())}}
 
 
-def _import_bdh(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
+def _import_bdh(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict[str, Any]:
     import torch
 
     from models.vision.bdh import VisionBDH
@@ -73,7 +87,7 @@ def _import_bdh(src: Path, out: Path, p: dict[str, Any]) -> dict[str, Any]:
     from models.vision.config import Optimizations, VisionBDHConfig
     from models.weight_files import check_state, load_state_file, strip_prefix
 
-    raw = _config(src, p.get("config"))
+    raw = _config(src, p.get("config"), settings)
     model_cfg = raw.get("model", raw)
     try:
         config = VisionBDHConfig.from_dict(model_cfg)
@@ -98,7 +112,13 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     from models.weight_files import StateMismatch
 
     p = payload
-    src = model_dir(ctx.settings, p["path"])
+    try:
+        src = model_dir(ctx.settings, p["path"])
+        check_tree(ctx.settings, src)
+    except FieldError as exc:
+        raise JobError("invalid_model", exc.message) from None
+    except UserFileError as exc:
+        raise JobError("invalid_model", str(exc)) from None
     out = ctx.settings.work_dir / f"import-{ctx.job_id}"
     ctx.progress(0, 2, "steps", message="checking names and shapes")
     try:
@@ -113,9 +133,9 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             except ImportError_ as exc:
                 raise JobError("invalid_model", str(exc)) from None
         elif p["kind"] in ("nrms", "naml"):
-            report = _import_news(src, out, p)
+            report = _import_news(src, out, p, ctx.settings)
         else:
-            report = _import_bdh(src, out, p)
+            report = _import_bdh(src, out, p, ctx.settings)
         ctx.progress(1, 2, "steps", message="registering")
         ctx.register_model(p["name"], kind=REGISTRY_KIND[p["kind"]], loader=LOADERS[p["kind"]], path=out,
                            parameters=report["parameters"],

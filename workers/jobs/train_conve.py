@@ -7,8 +7,10 @@ import uuid
 from typing import Any
 
 from core import registry
+from core.kinds.base import FieldError
 from core.kinds.train_conve import resolve_dataset
 from core.settings import Settings
+from core.userfiles import UserFileError, files_for
 from workers.context import JobContext, JobError
 
 LOADER = "models.kg.checkpoint:load"
@@ -26,15 +28,19 @@ TRAIN_FIELDS = ("epochs", "batch_size", "lr", "lr_decay", "weight_decay", "label
 
 def _train_and_register(settings: Settings, name: str, dataset: str, params: dict[str, Any], device: Any,
                         progress: Any = None, show_progress: bool = False, register: Any = None,
-                        preload: bool = False) -> dict:
+                        preload: bool = False, owner: str = registry.SYSTEM) -> dict:
     from models.kg.train import TrainConfig, train_conve
     from models.kg.triples import TriplesFormatError, load_nations, load_triples_dir
 
-    path = resolve_dataset(settings, dataset)
     try:
-        ds = load_nations() if path is None else load_triples_dir(path, dataset)
-    except (TriplesFormatError, FileNotFoundError) as exc:
+        path = resolve_dataset(settings, dataset, owner)
+        ds = load_nations() if path is None else load_triples_dir(path, dataset, files_for(settings, path))
+    except FieldError as exc:
+        raise JobError("bad_dataset", exc.message) from None
+    except (TriplesFormatError, FileNotFoundError, UserFileError) as exc:
         raise JobError("bad_dataset", str(exc)) from None
+    except UnicodeDecodeError:
+        raise JobError("bad_dataset", f"dataset {dataset!r}: a file is not UTF-8 text") from None
     cfg = TrainConfig(**{k: params[k] for k in TRAIN_FIELDS if k in params})
     # Train into local scratch; registering uploads it into the store as a new version, so a model replaced
     # with overwrite=true changes no file that a worker may be reading.
@@ -60,7 +66,7 @@ def run(payload: dict, ctx: JobContext) -> dict:
 
     try:
         return _train_and_register(ctx.settings, payload["name"], payload["dataset"], payload, ctx.device,
-                                   progress=progress, register=ctx.register_model)
+                                   progress=progress, register=ctx.register_model, owner=ctx.owner)
     except ValueError as exc:
         raise JobError("invalid_request", str(exc)) from None
 
