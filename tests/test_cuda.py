@@ -5,6 +5,7 @@ Marked ``cuda``; skipped where ``torch.cuda.is_available()`` is false. Run with 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -19,6 +20,18 @@ pytestmark = [
 CUDA = torch.device("cuda")
 
 
+@pytest.fixture()
+def autograd_kernels():
+    """PyTorch's nn.TransformerEncoder runs a fused inference kernel under no_grad whose outputs differ from the
+    autograd path's by about 1e-4 relative on CUDA (measured on an H100: 7.5e-5 on a score of 0.7). IG integrates
+    the autograd path's gradients and reads F(x), F(x') off a separate no_grad forward when the forward runs in half
+    precision, so the comparison is made on one kernel path: the fused one is switched off for the test."""
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    yield
+    torch.backends.mha.set_fastpath_enabled(before)
+
+
 def _encoder(d: int = 64) -> torch.nn.Module:
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True, activation="gelu")
@@ -29,21 +42,27 @@ def _encoder(d: int = 64) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_ig_half_precision_against_fp32(precision: str) -> None:
+def test_ig_half_precision_against_fp32(precision: str, autograd_kernels: None) -> None:
     from models.explain.ig import integrated_gradients
 
     enc = _encoder()
     g = torch.Generator(device="cpu").manual_seed(1)
     x = torch.randn(4, 12, 64, generator=g).to(CUDA)
     ctx = torch.randn(4, 64, generator=g).to(CUDA)
+    # the baseline is another input, not zeros: after each residual the encoder applies LayerNorm, which is scale-
+    # invariant, so along the straight path from zeros F is flat except in a spike near alpha = 0 that no 64-node
+    # rule resolves (relative deltas up to 3.5 in fp32, on the CPU as on CUDA); between two inputs the path is smooth
+    base = torch.randn(4, 12, 64, generator=g).to(CUDA)
 
     def fwd(z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return (enc(z).mean(1).float() * ctx[rows]).sum(-1)
 
-    ref = integrated_gradients(fwd, x, torch.zeros_like(x), n_steps=64, precision="fp32")
-    half = integrated_gradients(fwd, x, torch.zeros_like(x), n_steps=64, precision=precision)
+    ref = integrated_gradients(fwd, x, base, n_steps=64, precision="fp32")
+    half = integrated_gradients(fwd, x, base, n_steps=64, precision=precision)
     assert half.attributions.dtype == torch.float32
-    torch.testing.assert_close(half.scores, ref.scores)  # endpoints are always fp32
+    # endpoints are always fp32: equal up to fp32 summation order (one batch of rows against another: 3e-7 seen on
+    # an H100); endpoints computed in half precision would be off by 1e-3 (fp16) to 1e-2 (bf16)
+    torch.testing.assert_close(half.scores, ref.scores, rtol=1e-5, atol=1e-6)
     assert float(ref.relative_deltas.max()) < 1e-4
     assert float(half.relative_deltas.max()) < (2e-2 if precision == "bf16" else 5e-3)
     scale = float(ref.attributions.abs().max())
@@ -115,6 +134,11 @@ def test_lora_probe_under_amp(precision: str) -> None:
     cfg = ProbeConfig(hidden_dim=64, dropout=0.0, max_epochs=30, patience=30, batch_size=64, precision=precision)
     res = train_probe(x[:300].to(CUDA), y[:300].to(CUDA), x[300:].to(CUDA), y[300:].to(CUDA), 2, cfg, seed=0,
                       device=CUDA)
-    assert res.best_val_acc >= 0.9
+    ref = train_probe(x[:300].to(CUDA), y[:300].to(CUDA), x[300:].to(CUDA), y[300:].to(CUDA), 2,
+                      dataclasses.replace(cfg, precision="fp32"), seed=0, device=CUDA)
+    # the task is learnable to about 0.88 from 300 samples (fp32 on the CPU and on an H100 alike; chance is 0.5):
+    # the half-precision probe must learn it as well as fp32 does
+    assert ref.best_val_acc >= 0.8
+    assert res.best_val_acc >= ref.best_val_acc - 0.03, (res.best_val_acc, ref.best_val_acc)
     fp32 = float((predict(res.model, x[300:].to(CUDA), 64, CUDA, "fp32") == y[300:].to(CUDA)).float().mean())
     assert fp32 == pytest.approx(res.best_val_acc, abs=3 / 100 + 1e-9)  # a few logits near a tie may flip
