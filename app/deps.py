@@ -26,7 +26,7 @@ async def caller(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header and session.COOKIE in request.cookies:
-        found = session.sessions(request).read(request)
+        found = await session.sessions(request).read(request)
         if found is not None and (request.method in ("GET", "HEAD")
                                   or session.csrf_ok(found, request.headers.get(session.CSRF_HEADER))):
             return found.owner

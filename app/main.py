@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import security
 from app.routers import artifacts, health, imports, jobs, models, submit
 from app.routers import metrics as metrics_router
 from app.ui import router as ui
@@ -162,8 +163,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return JSONResponse(
-            status_code=500, content={"detail": {"code": "internal", "message": "internal error; see server logs"}}
+        return JSONResponse(  # sent by Starlette's outermost middleware, around SecurityHeaders: its headers here
+            status_code=500, content={"detail": {"code": "internal", "message": "internal error; see server logs"}},
+            headers=security.HEADERS,
         )
 
     # Routes are matched in order, each request walking the list up to its route: the hot ones come first
@@ -180,6 +182,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ui.router)
     app.mount(ui.STATIC_URL, ui.static_files(), name="ui-static")
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
+    # Added last, so outermost: the 413s of BodySizeLimit get the headers too. The API docs' pages load Swagger UI
+    # and ReDoc from a CDN with an inline script: they get a policy of their own (app/security.py).
+    app.add_middleware(security.SecurityHeaders, docs_paths=(app.docs_url, app.redoc_url,
+                                                             app.swagger_ui_oauth2_redirect_url))
 
     return app
 

@@ -31,6 +31,7 @@ ARTIFACT_OWNERS = "explainq:artifacts:owners"
 STORE_ORPHANS = "explainq:store:orphans"
 WORKER_MODELS = "explainq:worker-models"
 UI_SECRET = "explainq:ui:secret"
+UI_SESSION_PREFIX = "explainq:ui:session:"
 METRICS_SUBMITTED = "explainq:metrics:submitted"
 METRICS_FINISHED = "explainq:metrics:finished"
 METRICS_DURATION = "explainq:metrics:duration"
@@ -80,6 +81,12 @@ def worker_models(worker_name: str) -> str:
     return f"{WORKER_MODELS}:{worker_name}"
 
 
+def ui_session(digest: str) -> str:
+    """String with a TTL: a dashboard session's record (its API key's fingerprint, its CSRF token), by the SHA-256
+    of the session id its cookie carries; deleted at sign-out."""
+    return f"{UI_SESSION_PREFIX}{digest}"
+
+
 def rate(kind: str, model: str) -> str:
     """String: measured throughput (items per second, a moving average) that sizes ``auto`` shards."""
     return f"explainq:rate:{kind}:{model}"
@@ -106,4 +113,5 @@ KEYS: dict[str, str] = {
     METRICS_MODEL_LOADS: "model loads and their time, by model",
     "explainq:rate:<kind>:<model>": "measured throughput (moving average) that sizes shards",
     UI_SECRET: "the dashboard's cookie-signing secret, generated once",
+    "explainq:ui:session:<sha256>": "a dashboard session: its API key's fingerprint and CSRF token, TTL = its lifetime",
 }

@@ -3,6 +3,10 @@
 The password is generated on first start and kept at ``<data dir>/password`` (mode 0600); every client gets it
 through the URL (``redis://:<password>@host:port/0``). It is handed to redis-server on stdin, never on the command
 line, so ``ps`` does not show it. ``redact_url`` is what logs print instead of a URL.
+
+The data dir holds every job's result and the dashboard's signing secret (in the AOF and RDB files): it is kept
+0700 and every file in it 0600. ``start`` tightens what is already there and runs redis-server under umask 0077,
+so the files it writes later (AOF, Redis 7's ``appendonlydir``, RDB snapshots, its log) are born private.
 """
 
 from __future__ import annotations
@@ -65,6 +69,26 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+PRIVATE_UMASK = 0o077  # redis-server's umask: what it creates is readable by its own user only
+
+
+def make_private(directory: Path) -> None:
+    """Create ``directory`` (0700) when missing; make it and everything under it private (directories 0700, files
+    0600). Symbolic links are left alone (``chmod`` would follow them out of the directory)."""
+    directory = Path(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o700)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o600)
+
+
 def read_password_file(path: Path) -> str:
     password = Path(path).read_text().strip()
     if not password:
@@ -114,6 +138,7 @@ class EmbeddedRedis:
     def __init__(self, data_dir: Path, port: int | None = None, host: str = "127.0.0.1", appendonly: bool = True,
                  password: str | None = None, password_file: Path | None = None):
         self.data_dir = Path(data_dir)
+        make_private(self.data_dir)
         self.host = host
         self.port = port or free_port(host if host != "0.0.0.0" else "127.0.0.1")
         self.appendonly = appendonly
@@ -137,7 +162,7 @@ class EmbeddedRedis:
         return redact_url(self.url)
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedRedis:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.data_dir)  # files from an earlier run or version, or loosened while it was stopped
         args = [
             find_redis_server(),
             "-",  # the rest of the configuration (the password) comes on stdin
@@ -152,7 +177,7 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
         ]
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+                                     stderr=subprocess.DEVNULL, start_new_session=True, umask=PRIVATE_UMASK)
         config = f'requirepass "{self.password}"\n' if self.password else ""
         self.proc.stdin.write(config.encode())
         self.proc.stdin.close()

@@ -98,16 +98,16 @@ def _auth_on(request: Request) -> bool:
     return bool(request.app.state.settings.api_keys)
 
 
-def current(request: Request) -> Session:
+async def current(request: Request) -> Session:
     """The signed-in user; with auth off, an anonymous session is issued on first visit (for CSRF tokens)."""
     sessions = session.sessions(request)
-    found = sessions.read(request)
-    if found is not None:
-        return found
-    if _auth_on(request):
-        raise LoginRequired
-    value, found = sessions.issue(None)
-    request.state.ui_cookie = value
+    found = await sessions.read(request)
+    if found is None:
+        if _auth_on(request):
+            raise LoginRequired
+        value, found = await sessions.issue(None)
+        request.state.ui_cookie = value
+    request.state.ui_user = found  # for the pages this request renders (error pages included)
     return found
 
 
@@ -149,8 +149,7 @@ def _to_login(request: Request) -> Response:
 def _page(request: Request, template: str, context: dict[str, Any], status: int = 200,
           user: Session | None = None) -> HTMLResponse:
     if user is None:
-        found = session.sessions(request).read(request)
-        user = found
+        user = getattr(request.state, "ui_user", None)
     ctx = {"user": user, "auth_on": _auth_on(request), "csrf_field": session.CSRF_FIELD,
            "path": request.url.path, **context}
     return templates.TemplateResponse(request, template, ctx, status_code=status)
@@ -181,13 +180,15 @@ async def login(request: Request) -> Response:
     key = sessions.key_for(str(form.get("api_key") or "").strip())
     if key is None:
         return _page(request, "login.html", {"next": nxt, "error": "unknown API key"}, status=401)
-    value, _ = sessions.issue(key)
+    await sessions.end(sessions.session_id(request))  # a session id is never carried over a sign-in
+    value, _ = await sessions.issue(key)
     request.state.ui_cookie = value
     return RedirectResponse(nxt, status_code=303)
 
 
 @router.post("/logout")
 async def logout(request: Request, sent: tuple[Session, FormData] = Depends(posted)) -> Response:
+    await session.sessions(request).end(sent[0].id)  # the record goes now: a copy of the cookie is refused
     response = RedirectResponse("/ui/login" if _auth_on(request) else "/ui/jobs", status_code=303)
     response.delete_cookie(session.COOKIE, path="/")
     return response

@@ -1,18 +1,27 @@
-"""The dashboard's sign-in session: a signed cookie naming an API key by its fingerprint, never the key itself.
+"""The dashboard's sign-in sessions: server-side records in Redis, named by a random id in a signed cookie.
 
-The cookie holds ``{"f": fingerprint, "c": csrf}`` signed with itsdangerous under a server secret that is
-generated once and kept in Redis (``explainq:ui:secret``, behind Redis's password), so every API process on every
-host accepts the same cookies. The fingerprint is an HMAC of the key under that secret: removing a key from
-``EXPLAINQ_API_KEYS`` ends its sessions. ``csrf`` is the synchronizer token every dashboard form (and any
-non-GET API call made with the cookie) must echo back.
+The cookie holds only a random session id, signed with itsdangerous under a server secret that is generated once
+and kept in Redis (``explainq:ui:secret``, behind Redis's password), so every API process on every host accepts the
+same cookies. The session itself is a Redis record (``explainq:ui:session:<digest of the id>``, expiring with the
+session) holding ``{"f": fingerprint, "c": csrf}``:
+
+- ``f`` names the API key by an HMAC under the server secret, never the key itself. A session whose key is no
+  longer configured, or was replaced, is refused at once on every host that has the new configuration.
+- ``c`` is the synchronizer token every dashboard form (and any non-GET API call made with the cookie) must echo
+  back.
+
+Signing out deletes the record, so a copy of the cookie is refused from that moment on, as is an expired one. With
+auth off (no API keys), an anonymous session exists only to carry a CSRF token.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import HTTPConnection
@@ -24,7 +33,8 @@ COOKIE = "explainq_session"
 CSRF_HEADER = "x-csrf-token"
 CSRF_FIELD = "csrf_token"
 MAX_AGE_S = 12 * 3600
-_SALT = "explainq-ui-session"
+_SALT = "explainq-ui-session-id"  # a cookie of the earlier format (the fingerprint itself) never verifies
+_ID_BYTES = 32
 
 
 def load_secret(settings: Settings) -> bytes:
@@ -41,15 +51,23 @@ class Session:
     owner: str
     key: str | None  # the API key the dashboard calls the API with; None when auth is off
     csrf: str
+    id: str = ""  # the random id the cookie carries (its record is ``keys.ui_session(record_name(id))``)
+
+
+def record_name(session_id: str) -> str:
+    """The record's name in Redis: a digest of the id, so that the names Redis lists are not cookies."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 class Sessions:
-    """Issue and verify session cookies for one app (its settings and secret)."""
+    """Issue, verify and end sessions for one app (its settings, secret and asyncio Redis client)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, redis: Any):
         self.settings = settings
+        self.redis = redis
         self.secret = load_secret(settings)
         self.serializer = URLSafeTimedSerializer(self.secret, salt=_SALT)
+        self._key_by_fingerprint = {self.fingerprint(key): key for key in settings.api_keys}
 
     def fingerprint(self, key: str) -> str:
         return hmac.new(self.secret, key.encode(), hashlib.sha256).hexdigest()[:32]
@@ -58,32 +76,52 @@ class Sessions:
         """The configured key equal to ``supplied`` (by digest: constant-time), or None."""
         return self.settings.api_key_for(supplied)
 
-    def issue(self, key: str | None) -> tuple[str, Session]:
-        """A new cookie value for ``key`` (None when auth is off) with a fresh CSRF token."""
+    async def issue(self, key: str | None) -> tuple[str, Session]:
+        """A new session for ``key`` (None when auth is off): its record in Redis, and the cookie value naming it."""
+        session_id = secrets.token_urlsafe(_ID_BYTES)
         csrf = secrets.token_urlsafe(24)
-        value = self.serializer.dumps({"f": self.fingerprint(key) if key else "", "c": csrf})
+        record = json.dumps({"f": self.fingerprint(key) if key else "", "c": csrf})
+        await self.redis.set(keys.ui_session(record_name(session_id)), record, ex=MAX_AGE_S)
         owner = self.settings.api_keys[key] if key else "anonymous"
-        return value, Session(owner=owner, key=key, csrf=csrf)
+        return self.serializer.dumps(session_id), Session(owner=owner, key=key, csrf=csrf, id=session_id)
 
-    def read(self, conn: HTTPConnection) -> Session | None:
-        """The session of the request's cookie, or None when absent, forged, expired or for a removed key."""
+    def session_id(self, conn: HTTPConnection) -> str | None:
+        """The id the request's cookie carries, when its signature verifies and it is younger than a session."""
         value = conn.cookies.get(COOKIE)
         if not value:
             return None
         try:
-            data = self.serializer.loads(value, max_age=MAX_AGE_S)
+            session_id = self.serializer.loads(value, max_age=MAX_AGE_S)
         except BadSignature:
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("c"), str):
+        return session_id if isinstance(session_id, str) and 32 <= len(session_id) <= 64 else None
+
+    async def read(self, conn: HTTPConnection) -> Session | None:
+        """The session of the request's cookie, or None when absent, forged, expired, ended, or for a key that is
+        no longer configured."""
+        session_id = self.session_id(conn)
+        if session_id is None:
             return None
-        keys = self.settings.api_keys
-        if not keys:
-            return Session(owner="anonymous", key=None, csrf=data["c"])
-        fp = data.get("f")
-        for key, name in keys.items():
-            if isinstance(fp, str) and hmac.compare_digest(self.fingerprint(key), fp):
-                return Session(owner=name, key=key, csrf=data["c"])
-        return None
+        raw = await self.redis.get(keys.ui_session(record_name(session_id)))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("c"), str) or not isinstance(data.get("f"), str):
+            return None
+        if not self.settings.api_keys:
+            return Session(owner="anonymous", key=None, csrf=data["c"], id=session_id)
+        key = self._key_by_fingerprint.get(data["f"]) if data["f"] else None
+        if key is None:  # signed in with a key that was removed or replaced since (or while auth was off)
+            return None
+        return Session(owner=self.settings.api_keys[key], key=key, csrf=data["c"], id=session_id)
+
+    async def end(self, session_id: str | None) -> None:
+        """Delete a session's record: its cookie is refused from now on, wherever it is replayed."""
+        if session_id:
+            await self.redis.delete(keys.ui_session(record_name(session_id)))
 
 
 def sessions(conn: HTTPConnection) -> Sessions:
@@ -91,7 +129,7 @@ def sessions(conn: HTTPConnection) -> Sessions:
     state = conn.app.state
     found = getattr(state, "ui_sessions", None)
     if found is None:
-        found = state.ui_sessions = Sessions(state.settings)
+        found = state.ui_sessions = Sessions(state.settings, state.aredis)
     return found
 
 
