@@ -41,6 +41,7 @@ SIZE_CAPS: dict[str, int] = {
     "pickle": 16 * GiB,          # a torch.save zip archive
     "pickle_member": 256 * MiB,  # data.pkl inside it (the object graph, not the tensor bytes)
     "image_batch": 1 * GiB,      # a CIFAR python batch
+    "embeddings": 8 * GiB,       # GloVe text vectors (glove.840B.300d.txt is 5.6 GB)
 }
 DEFAULT_CAP = 1 * GiB
 READ_BUDGET_S = 600.0            # one file, start to end of reading

@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core import registry
+from core import dataset_refs
 from core.artifacts import artifacts_key, owner_record
 from core.filestore import get_store
 from core.keys import valid_job_id
 from core.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
 from core.ownership import owns
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
+from core.userfiles import PathError, UserFileError, check_tree, display, resolve_data_path
 
 # Directory names of the official python-pickle archives, and the file that marks a complete one.
 CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
@@ -100,6 +100,33 @@ def checkpoint_key(job_id: str) -> str:
     return artifacts_key(job_id, "checkpoints", "last")
 
 
+def cifar_dir(settings: Settings, dataset: str, data_dir: str | None, owner: str) -> Path:
+    """The directory holding ``dataset``'s python batches: ``data_dir`` as :mod:`core.dataset_refs` resolves it for
+    ``owner`` (a registered ``image_classification`` dataset or a directory under the data roots), else the official
+    directory name under the data roots. Every entry must be a regular file inside the roots. FieldError on
+    ``data_dir`` otherwise; messages name directories relative to the data roots."""
+    name, marker = CIFAR_DIRS[dataset]
+    loc = ("body", "data_dir")
+    if data_dir:
+        ref = dataset_refs.resolve(settings, data_dir, owner, "image_classification", field="data_dir")
+        directory = dataset_refs.local_dir(settings, ref, data_dir, field="data_dir")
+    else:
+        try:
+            directory = resolve_data_path(settings, name, must_exist=False)
+        except PathError as exc:
+            raise FieldError(loc, str(exc), value=data_dir) from None
+    found = cifar_marker(dataset, directory)
+    if found is None:
+        raise FieldError(loc, f"{dataset} not found in {display(settings, directory)!r}: extract the official python "
+                         f"version ({name}.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html) into a data root "
+                         f"so that {name}/{marker} exists there, or pass data_dir", value=data_dir)
+    try:
+        check_tree(settings, found)
+    except UserFileError as exc:
+        raise FieldError(loc, str(exc), value=data_dir) from None
+    return found
+
+
 def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") -> None:
     """Data directory inside the data roots and complete; resume_from names a job with a checkpoint."""
     if req.dataset == "digits":
@@ -107,23 +134,7 @@ def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") ->
             raise FieldError(("body", "data_dir"), "digits is bundled with scikit-learn; omit data_dir",
                              value=req.data_dir)
     else:
-        name, marker = CIFAR_DIRS[req.dataset]
-        entry = registry.get_dataset(settings, req.data_dir) if req.data_dir else None
-        if entry is not None and entry.get("kind") == "image_classification" and entry.get("path"):
-            req.data_dir = entry["path"]  # a dataset registered with POST /datasets, by name
-        raw = req.data_dir or name
-        try:
-            directory = resolve_data_path(settings, raw, must_exist=False)
-        except PathError as exc:
-            raise FieldError(("body", "data_dir"), str(exc), value=req.data_dir) from None
-        if cifar_marker(req.dataset, directory) is None:
-            raise FieldError(
-                ("body", "data_dir"),
-                f"{req.dataset} not found at {directory}: extract the official python version "
-                f"({name}.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html) so that "
-                f"{settings.data_roots[0] / name / marker} exists, or pass data_dir",
-                value=req.data_dir,
-            )
+        cifar_dir(settings, req.dataset, req.data_dir, owner)
     if req.register_as is not None:
         require_name_free(settings, req.register_as, owner, "register_as")
     if req.resume_from is not None:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core import dataset_refs
 from core.kinds.base import FieldError, JobKind, register, require_new_name
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
+from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
 from models.news.data import has_split
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -63,12 +63,18 @@ def resolve_news_dataset(settings: Settings, name: str, owner: str, field: str =
     return dataset_refs.local_dir(settings, ref, name, field=field)
 
 
-def _data_file(settings: Settings, raw: str, field: str) -> str:
+def data_file(settings: Settings, raw: str, field: str, fmt: str | None = None) -> Path:
+    """A file (``fmt`` given: a regular file readable under that format's cap) or directory (``fmt`` None: checked
+    whole, every entry inside the roots) that a request names under the data roots; FieldError on ``field``."""
     try:
         path = resolve_data_path(settings, raw)
-    except PathError as exc:
+        if fmt is None:
+            check_tree(settings, path)
+        else:
+            UserFiles(settings).open(path, fmt).close()
+    except (PathError, UserFileError) as exc:
         raise FieldError(("body", field), str(exc), value=raw) from None
-    return str(path)
+    return path
 
 
 def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> None:
@@ -83,7 +89,7 @@ def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -
     if req.encoder == "pretrained":
         if req.pretrained_path is None:
             raise FieldError(("body", "pretrained_path"), "encoder 'pretrained' needs pretrained_path", value=None)
-        path = Path(_data_file(settings, req.pretrained_path, "pretrained_path"))
+        path = data_file(settings, req.pretrained_path, "pretrained_path")
         if not (path / "config.json").is_file() or not (path / "tokenizer.json").is_file():
             raise FieldError(("body", "pretrained_path"), f"{req.pretrained_path!r} needs config.json and a fast "
                              "tokenizer (tokenizer.json), as written by save_pretrained", value=req.pretrained_path)
@@ -96,7 +102,7 @@ def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -
     if req.glove_path is not None:
         if req.encoder != "word":
             raise FieldError(("body", "glove_path"), "glove_path is for encoder 'word'", value=req.glove_path)
-        _data_file(settings, req.glove_path, "glove_path")
+        data_file(settings, req.glove_path, "glove_path", "embeddings")
     require_new_name(settings, req.name, owner, "news", req.overwrite or req.resume)
 
 register(JobKind(

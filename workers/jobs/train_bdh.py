@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from core.filestore import StoreError, get_store
-from core.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_marker
+from core.kinds.base import FieldError
+from core.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_dir, cifar_marker
 from core.ownership import owns_files
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
 from workers.context import JobContext, JobError
 
 LOADER = "models.vision.checkpoint:load"
@@ -37,18 +37,14 @@ def train_config(payload: dict[str, Any], data_dir: Path | None, device_type: st
     )
 
 
-def _data_dir(settings: Settings, payload: dict[str, Any]) -> Path | None:
+def _data_dir(settings: Settings, payload: dict[str, Any], owner: str) -> Path | None:
     dataset = payload["dataset"]
     if dataset == "digits":
         return None
     try:
-        directory = resolve_data_path(settings, payload.get("data_dir") or CIFAR_DIRS[dataset][0], must_exist=False)
-    except PathError as exc:
-        raise JobError("bad_data_dir", str(exc)) from None
-    found = cifar_marker(dataset, directory)
-    if found is None:
-        raise JobError("dataset_not_found", f"{dataset} is no longer at {directory}")
-    return found
+        return cifar_dir(settings, dataset, payload.get("data_dir"), owner)
+    except FieldError as exc:
+        raise JobError("dataset_not_found", exc.message) from None
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -67,7 +63,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         train,
     )
 
-    data_dir = _data_dir(ctx.settings, payload)
+    data_dir = _data_dir(ctx.settings, payload, ctx.owner)
     config = train_config(payload, data_dir, ctx.device.type)
     out_dir = ctx.artifacts_dir
     store = get_store(ctx.settings)

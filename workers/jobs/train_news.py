@@ -10,7 +10,7 @@ from typing import Any
 from core import registry
 from core.filestore import clean_key
 from core.kinds.base import FieldError
-from core.kinds.train_news import resolve_news_dataset
+from core.kinds.train_news import data_file, resolve_news_dataset
 from core.userfiles import UserFileError, UserFiles, check_tree, files_for
 from workers.context import JobContext, JobError
 from workers.jobs.attributions import _clean
@@ -75,10 +75,14 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     except (FileNotFoundError, ValueError) as exc:
         raise JobError("bad_dataset", f"dataset {p['dataset']!r}: {exc}") from None
     config = _model_config(p)
-    if p.get("glove_path"):
-        from core.userfiles import resolve_data_path
-
-        config["glove"] = str(resolve_data_path(ctx.settings, p["glove_path"]))
+    try:
+        if p.get("glove_path"):
+            config["glove"] = str(data_file(ctx.settings, p["glove_path"], "glove_path", "embeddings"))
+        if p.get("pretrained_path") and config.get("pretrained") not in (None, "minilm"):
+            # the directory under the data roots, resolved as at submission (never relative to this process)
+            config["pretrained"] = str(data_file(ctx.settings, p["pretrained_path"], "pretrained_path"))
+    except FieldError as exc:
+        raise JobError("bad_dataset", exc.message) from None
     store = registry.store(ctx.settings)
     resume = _latest_checkpoint(ctx, p["name"], p["epochs"]) if p.get("resume") else None
     if p.get("resume") and resume is None:
