@@ -14,8 +14,6 @@ import os
 import re
 import shutil
 import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +22,7 @@ import pytest
 from app.ui.views import signed
 from core import registry
 from models.news.text import WordTokenizer
+from tests.http_server import HttpServer
 
 CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
@@ -54,9 +53,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real service with a tiny news model, served over HTTP by uvicorn in a thread."""
-    import uvicorn
 
-    from app.main import create_app
     from models.news.demo import build_small
     from tests.service import Service
 
@@ -79,19 +76,10 @@ def server(tmp_path_factory):
               .read_text(encoding="utf-8").splitlines()]
     known = [t for t in titles if all(w in vocab for w in WordTokenizer.words(t))]
     assert len(known) >= 3, "the small demo vocabulary covers too few headlines"
-    port = _free_port()
-    uv = uvicorn.Server(uvicorn.Config(create_app(svc.settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert uv.started, "uvicorn did not start"
     try:
-        yield svc, f"http://127.0.0.1:{port}", known[0], known[1:3]
+        with HttpServer(svc.settings) as http:
+            yield svc, http.url, known[0], known[1:3]
     finally:
-        uv.should_exit = True
-        thread.join(10)
         svc.stop()
 
 

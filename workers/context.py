@@ -6,6 +6,7 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,24 @@ if redis.call('HGET', KEYS[1], 'status') == ARGV[2] then
 end
 return 0
 """
+
+
+def user_dataset(ctx: JobContext, resolve: Callable[..., Path], value: str) -> Path:
+    """The directory a job's dataset field names, resolved as at submission (``resolve(settings, value, owner)``
+    from the kind) and, when it is a tenant's directory under the data roots, checked whole before any reader opens
+    it (every entry a regular file or directory inside the roots). ``bad_dataset`` otherwise."""
+    from core.kinds.base import FieldError
+    from core.userfiles import UserFileError, UserFiles, check_tree, files_for
+
+    try:
+        root = resolve(ctx.settings, value, ctx.owner)
+        if isinstance(files_for(ctx.settings, root), UserFiles):
+            check_tree(ctx.settings, root)
+    except FieldError as exc:
+        raise JobError("bad_dataset", exc.message) from None
+    except UserFileError as exc:
+        raise JobError("bad_dataset", str(exc)) from None
+    return root
 
 
 def json_safe(obj: Any) -> Any:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from models.files import LOCAL, FileAccess, open_text
-from models.kg.tsv import TriplesFormatError, read_triples  # noqa: F401  (re-exported)
+from models.kg.tsv import TriplesFormatError, iter_tsv, read_triples  # noqa: F401  (re-exported)
 
 SPLITS = ("train", "valid", "test")
 NATIONS_DIR = Path(__file__).resolve().parent / "data" / "nations"
@@ -34,15 +34,10 @@ def read_id_dict(path: Path, files: FileAccess = LOCAL) -> dict[str, int]:
     """Read an id dictionary, ``name<TAB>id`` (or ``id<TAB>name``, detected per file)."""
     rows: list[tuple[str, str]] = []
     shown = files.display(Path(path))
-    with open_text(files, Path(path), "triples") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if len(parts) != 2:
-                raise TriplesFormatError(f"{shown}:{lineno}: expected name<TAB>id, got {len(parts)} fields")
-            rows.append((parts[0].strip(), parts[1].strip()))
+    for lineno, parts in iter_tsv(path, files):
+        if len(parts) != 2:
+            raise TriplesFormatError(f"{shown}:{lineno}: expected name<TAB>id, got {len(parts)} fields")
+        rows.append((parts[0].strip(), parts[1].strip()))
     if not rows:
         raise TriplesFormatError(f"{shown}: empty dictionary")
     id_second = all(b.lstrip("-").isdigit() for _, b in rows)

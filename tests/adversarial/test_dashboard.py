@@ -7,8 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -327,25 +325,10 @@ CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("
 @pytest.fixture(scope="module")
 def served(settings):
     """The app over HTTP (uvicorn in a thread), as a browser sees it."""
-    import socket
+    from tests.http_server import HttpServer
 
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with HttpServer(settings) as http:
+        yield http.url
 
 
 # Reports every violation as a console error (Chromium logs most of them anyway; this makes sure).

@@ -13,10 +13,8 @@ from typing import Any
 from core import registry
 from core.filestore import Store, get_store
 from core.kinds.ablations import resolve_dataset
-from core.kinds.base import FieldError
 from core.settings import Settings
-from core.userfiles import UserFileError, UserFiles, check_tree, files_for
-from workers.context import JobContext, JobError
+from workers.context import JobContext, JobError, user_dataset
 
 log = logging.getLogger("explainq.ablations")
 
@@ -67,14 +65,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     from models.lora.experiment import AblationConfig, format_table, run_ablation
     from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError
 
-    try:
-        root = resolve_dataset(ctx.settings, payload["dataset"], ctx.owner)
-        if isinstance(files_for(ctx.settings, root), UserFiles):
-            check_tree(ctx.settings, root)
-    except FieldError as exc:
-        raise JobError("bad_dataset", exc.message) from None
-    except UserFileError as exc:
-        raise JobError("bad_dataset", str(exc)) from None
+    root = user_dataset(ctx, resolve_dataset, payload["dataset"])
     ctx.progress(0, None, "runs", message="reading the dataset")
     try:
         dataset = LoraDataset(root)

@@ -11,8 +11,7 @@ from core import registry
 from core.filestore import clean_key
 from core.kinds.base import FieldError
 from core.kinds.train_news import data_file, resolve_news_dataset
-from core.userfiles import UserFileError, UserFiles, check_tree, files_for
-from workers.context import JobContext, JobError
+from workers.context import JobContext, JobError, user_dataset
 from workers.jobs.attributions import _clean
 
 LOADER = "models.news.checkpoint:load"
@@ -61,14 +60,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     from models.news.train import TrainConfig, evaluate, train
 
     p = payload
-    try:
-        root = resolve_news_dataset(ctx.settings, p["dataset"], ctx.owner)
-        if isinstance(files_for(ctx.settings, root), UserFiles):
-            check_tree(ctx.settings, root)
-    except FieldError as exc:
-        raise JobError("bad_dataset", exc.message) from None
-    except UserFileError as exc:
-        raise JobError("bad_dataset", str(exc)) from None
+    root = user_dataset(ctx, resolve_news_dataset, p["dataset"])
     try:
         train_split = read_split(root, p["train_split"])
         valid_split = read_split(root, p["valid_split"]) if p.get("valid_split") else None
