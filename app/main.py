@@ -6,12 +6,15 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -85,6 +88,30 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its JSON spelling as a string (``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``), so that an error echoing a client's input is valid JSON (``1e999`` is read as infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """FastAPI's 422 ``detail`` for ``RequestValidationError.errors()``, JSON-safe: non-finite numbers in an error's
+    ``input`` and ``ctx`` become strings; an input nested too deeply to copy is left out."""
+    out = []
+    for error in jsonable_encoder(errors):
+        try:
+            out.append(finite_json(error))
+        except RecursionError:
+            out.append(finite_json({k: v for k, v in error.items() if k != "input"}))
+    return out
+
+
 @functools.cache
 def _hiredis_packing(connection_class: type) -> type:
     """``connection_class`` packing commands with hiredis, as redis-py's synchronous connections do when hiredis is
@@ -139,9 +166,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = JobStore(app.state.redis, settings, app.state.aredis)
     jobs.register_scripts(app)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes a NaN or an infinity as a bare float, which JSON cannot carry (a 500)
+        return JSONResponse(status_code=422, content={"detail": validation_errors(exc.errors())})
+
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code, content=exc.body())
+        return JSONResponse(status_code=exc.status_code, content=finite_json(exc.body()))
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
