@@ -11,12 +11,12 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.deps import caller
 from core import registry
 from core.dataset_formats import FormatError, detect
-from core.kinds.base import FieldConflict, FieldError, require_name_free
+from core.kinds.base import FieldConflict, FieldError, RequestModel, require_name_free
 from core.userfiles import PathError, resolve_data_path
 
 router = APIRouter(tags=["datasets"])
@@ -24,8 +24,7 @@ router = APIRouter(tags=["datasets"])
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
-class DatasetRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DatasetRequest(RequestModel):
     name: str = Field(..., pattern=NAME_PATTERN, description="the name jobs use for this dataset")
     path: str = Field(..., min_length=1, max_length=4096, description="a directory under the data roots")
     description: str | None = Field(None, max_length=2000)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from core import registry
-from core.kinds.base import FieldError, JobKind, register
+from core.kinds.base import FieldError, JobKind, RequestModel, register
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
@@ -20,9 +20,7 @@ from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize
 DATASET_KIND = "lora"
 
 
-class AblationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class AblationRequest(RequestModel):
     dataset: str = Field(..., min_length=1, max_length=1024,
                          description="a registered dataset name, or a directory under the data roots")
     representations: list[str] | Literal["all"] = Field(

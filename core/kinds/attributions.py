@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import Field, StrictStr
 
 from core import registry
 from core.dataset_formats import news_labelled
 from core.kinds.base import (
     FieldError,
     JobKind,
+    RequestModel,
     max_failed_field,
     register,
     register_fanout,
@@ -32,8 +33,7 @@ DATASET_KIND = "news"
 Title = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
 
 
-class SampleIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SampleIn(RequestModel):
     id: Annotated[StrictStr, Field(min_length=1, max_length=200)]
     history: list[Title] = Field(min_length=1, max_length=500, description="titles the user clicked")
     candidate: Title
@@ -44,8 +44,7 @@ class SampleIn(BaseModel):
         None, max_length=500, description="one body per history title, for models with a body view (NAML)")
 
 
-class DatasetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DatasetIn(RequestModel):
     name: str = Field(min_length=1, max_length=200)
     split: Literal["train", "valid", "test"] = "test"
     n_samples: int = Field(32, ge=1, le=1_000_000, description="large runs fan out over the workers (shard_size)")
@@ -53,8 +52,7 @@ class DatasetIn(BaseModel):
     seed: int = 0
 
 
-class AttributionsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AttributionsRequest(RequestModel):
     model: str = Field(min_length=1, max_length=200)
     samples: list[SampleIn] | None = Field(None, min_length=1, max_length=20000)
     dataset: DatasetIn | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,32 @@ QUEUES = ("explain", "bulk", "train")
 RENDERERS = ("attributions", "influence", "training", "ablation")
 # Form widgets beyond the ones a field's JSON schema implies.
 FORM_WIDGETS = ("news_samples",)
+
+
+class RequestModel(BaseModel):
+    """The base of every request model and of every model nested in one.
+
+    A field the schema does not name is an error (a typo is never silently ignored), and so are NaN and the
+    infinities in float fields: ``ge=0`` lets ``Infinity`` through, and no job can use one. (JSON has no such
+    numbers, but Python's parser reads ``NaN``, ``Infinity`` and ``1e999``.)
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def refuse_non_finite(value: Any) -> Any:
+    """A field validator for free-form JSON (``dict[str, Any]``, which ``allow_inf_nan`` does not reach): ``value``
+    unchanged, or a ValueError naming the first non-finite number's place in it."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where.lstrip('.') or 'the value'} must be a finite number, not {item}")
+        if isinstance(item, dict):
+            stack.extend((f"{where}.{k}", v) for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+    return value
 
 
 class FieldError(ValueError):
@@ -127,10 +154,8 @@ KINDS: dict[str, JobKind] = {}
 
 
 
-class ShardRequest(BaseModel):
+class ShardRequest(RequestModel):
     """One shard of a fanned-out request: items ``[start, end)`` of the parent's ``request``."""
-
-    model_config = ConfigDict(extra="forbid")
     parent: str = Field(..., pattern=JOB_ID_PATTERN)
     index: int = Field(..., ge=0)
     start: int = Field(..., ge=0)
@@ -138,10 +163,8 @@ class ShardRequest(BaseModel):
     request: dict[str, Any]
 
 
-class ReduceRequest(BaseModel):
+class ReduceRequest(RequestModel):
     """The step that merges a parent's ``shards`` shards."""
-
-    model_config = ConfigDict(extra="forbid")
     parent: str = Field(..., pattern=JOB_ID_PATTERN)
     shards: int = Field(..., ge=1)
     request: dict[str, Any]

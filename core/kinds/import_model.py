@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, field_validator
 
-from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core.kinds.base import FieldError, JobKind, RequestModel, refuse_non_finite, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 
@@ -22,16 +22,13 @@ REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh":
 WEIGHT_DEFAULTS = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin")
 
 
-class CheckpointIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CheckpointIn(RequestModel):
     file: str = Field(..., min_length=1, max_length=512, description="a state dict in the model directory")
     lr: float = Field(..., gt=0, description="the learning rate in use when it was saved (TracIn weight)")
     epoch: int | None = Field(None, ge=0)
 
 
-class ImportModelRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ImportModelRequest(RequestModel):
     name: str = Field(..., pattern=NAME_PATTERN, description="name to register the model under")
     kind: Literal["conve", "nrms", "naml", "vision_bdh"]
     path: str = Field(..., min_length=1, max_length=4096, description="the model directory, under the data roots")
@@ -53,6 +50,11 @@ class ImportModelRequest(BaseModel):
     vocab: str | None = Field(None, min_length=1, max_length=512, description="NRMS/NAML word models: the "
                               "vocabulary (JSON list starting [PAD], [UNK]); default vocab.json")
     overwrite: bool = Field(False, description="replace your existing model of the same name")
+
+    @field_validator("config")
+    @classmethod
+    def _finite_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return refuse_non_finite(value)
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:

@@ -11,13 +11,14 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
 from core import registry
 from core.filestore import StoreError
 from core.kinds.base import (
     FieldError,
     JobKind,
+    RequestModel,
     max_failed_field,
     register,
     register_fanout,
@@ -36,16 +37,13 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[head, relation, tail] by name")]
 
 
-class FilterRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FilterRequest(RequestModel):
     n_hops: int = Field(1, ge=1, le=6)
     min_degree: int = Field(0, ge=0)
     preserve_test_entities: bool = True
 
 
-class TracInRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TracInRequest(RequestModel):
     model: str = Field(..., min_length=1)
     test_triples: list[Triple] | None = Field(None, min_length=1, max_length=MAX_TEST_TRIPLES,
                                               description="required except in mode 'self'")

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from core import registry
 from core.artifacts import artifacts_key, owner_record
 from core.filestore import get_store
 from core.keys import valid_job_id
-from core.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
+from core.kinds.base import FieldError, FieldNotFound, JobKind, RequestModel, register, require_name_free
 from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
@@ -20,10 +20,8 @@ from core.userfiles import PathError, resolve_data_path
 CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
 
 
-class BDHModelSpec(BaseModel):
+class BDHModelSpec(RequestModel):
     """Vision-BDH architecture: N = mlp_multiplier · n_embd / n_head neurons per head."""
-
-    model_config = ConfigDict(extra="forbid")
 
     n_layer: int = Field(6, ge=1, le=64, description="times the shared BDH layer is applied")
     n_embd: int = Field(192, ge=4, le=4096, description="embedding width D")
@@ -50,9 +48,7 @@ class BDHModelSpec(BaseModel):
         return mult
 
 
-class TrainBDHRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TrainBDHRequest(RequestModel):
     dataset: Literal["digits", "cifar10", "cifar100"] = "digits"
     data_dir: str | None = Field(
         None, max_length=4096,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from core import registry
-from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 from models.kg.shapes import check_image
@@ -16,9 +16,7 @@ NATIONS = "nations"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
-class TrainConvERequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TrainConvERequest(RequestModel):
     name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
     dataset: str = Field(NATIONS, min_length=1, description="'nations' (shipped), a registered triples dataset, "
                          "or a directory under the data roots holding train.txt [valid.txt test.txt]")

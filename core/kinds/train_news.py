@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from core import registry
-from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 from models.news.data import has_split
@@ -20,9 +20,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SPLITS = ("train", "valid", "test")
 
 
-class TrainNewsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TrainNewsRequest(RequestModel):
     name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
     architecture: Literal["nrms", "naml"] = "nrms"
     encoder: Literal["minilm", "pretrained", "word"] = Field(

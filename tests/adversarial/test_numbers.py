@@ -6,12 +6,16 @@ Runs against the real app over a private Redis (no worker: accepted jobs stay qu
 from __future__ import annotations
 
 import json
+import math
+import typing
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
 from core.redis_server import EmbeddedRedis
 from core.settings import Settings
+from tests.test_kinds_contract import PRODUCT_KINDS, _objects
 
 NON_FINITE = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity", "1e999": "Infinity",
               "-1e999": "-Infinity"}
@@ -81,3 +85,112 @@ def test_a_non_finite_body_is_a_json_422(client, token):
     r = post_raw(client, "/tracin", token)
     assert r.status_code == 422, r.text
     assert errors_at(r, ("body",))[0]["input"] == NON_FINITE[token]
+
+
+# ------------------------------------------------------------------ 1b. request models refuse non-finite numbers
+
+
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The pydantic models an annotation names (through unions, lists, Annotated, dicts)."""
+    found = []
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        found.append(annotation)
+    for arg in typing.get_args(annotation):
+        found.extend(_models_in(arg))
+    return found
+
+
+def model_classes(model: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Every model class reachable from a request model's fields, by class name (the JSON schema's title)."""
+    out: dict[str, type[BaseModel]] = {}
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if m.__name__ not in out:
+            out[m.__name__] = m
+            for f in m.model_fields.values():
+                stack.extend(_models_in(f.annotation))
+    return out
+
+
+def request_models() -> dict[str, type[BaseModel]]:
+    from app.routers.imports import DatasetRequest
+
+    return {**{name: kind.request for name, kind in PRODUCT_KINDS.items()}, "POST /datasets": DatasetRequest}
+
+
+def number_fields() -> list[tuple[str, str, str, str]]:
+    """(request, route, nested object path, field) of every float field of every request, nested ones included
+    (the walker of tests/test_kinds_contract.py)."""
+    from app.routers.imports import DatasetRequest
+
+    routes = {**{name: kind.route for name, kind in PRODUCT_KINDS.items()}, "POST /datasets": "/datasets"}
+    out = []
+    for name, model in request_models().items():
+        schema = model.model_json_schema()
+        for path, obj in _objects(schema, schema.get("$defs", {})):
+            for field, prop in obj["properties"].items():
+                alts = prop.get("anyOf", [prop])
+                if any(a.get("type") == "number" for a in alts):
+                    out.append((name, routes[name], path, field))
+    assert DatasetRequest  # the plain route has no float field today; the loop covers it when it gets one
+    return out
+
+
+def _body(path: str, field: str, value) -> tuple[dict, tuple]:
+    """A body setting ``field`` of the object at ``path`` ("body.model", "body.checkpoints[]") to ``value``,
+    and the error location that names it."""
+    parts = path.split(".")[1:]
+    inner: dict = {field: value}
+    loc: list = [field]
+    for part in reversed(parts):
+        if part.endswith("[]"):
+            inner, loc = {part[:-2]: [inner]}, [part[:-2], 0, *loc]
+        else:
+            inner, loc = {part: inner}, [part, *loc]
+    return inner, ("body", *loc)
+
+
+@pytest.mark.parametrize("name", sorted(request_models()))
+def test_every_request_model_refuses_non_finite_numbers(name):
+    """allow_inf_nan=False on the request model and on every model nested in it (the shared base config)."""
+    model = request_models()[name]
+    classes = model_classes(model)
+    schema = model.model_json_schema()
+    titles = {obj.get("title") for _, obj in _objects(schema, schema.get("$defs", {}))}
+    assert titles <= set(classes), titles - set(classes)
+    lax = [n for n, cls in classes.items() if cls.model_config.get("allow_inf_nan") is not False]
+    assert lax == []
+    assert all(cls.model_config.get("extra") == "forbid" for cls in classes.values())
+
+
+def test_number_fields_are_found():
+    found = {(name, path, field) for name, _, path, field in number_fields()}
+    assert ("train_conve", "body", "weight_decay") in found
+    assert ("import_model", "body.checkpoints[]", "lr") in found
+    assert ("train_bdh", "body.model", "dropout") in found
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("name, route, path, field", number_fields())
+def test_non_finite_number_in_any_float_field_is_422_naming_it(client, name, route, path, field, value):
+    body, loc = _body(path, field, value)
+    r = post_raw(client, route, json.dumps(body))
+    assert r.status_code == 422, r.text
+    found = [d for d in strict_json(r.text)["detail"] if tuple(d["loc"][:len(loc)]) == loc]
+    assert any(d["type"] == "finite_number" for d in found), (loc, r.text)
+
+
+def test_infinite_weight_decay_no_longer_queues_a_training_job(client):
+    """Infinity passes ge=0; it used to be queued and fail in the worker."""
+    r = post_raw(client, "/train/conve", '{"name": "inf-decay", "weight_decay": Infinity}')
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("body", "weight_decay"))[0]["input"] == "Infinity"
+
+
+@pytest.mark.parametrize("raw", ['{"embedding_height": Infinity}', '{"a": [1, {"b": NaN}]}',
+                                 '{"embedding_dim": -1e999}'])
+def test_non_finite_number_in_a_free_form_config_is_422(client, raw):
+    r = post_raw(client, "/models/import", '{"name": "m", "kind": "conve", "path": "p", "config": ' + raw + "}")
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("body", "config")), r.text
