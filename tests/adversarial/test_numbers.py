@@ -194,3 +194,29 @@ def test_non_finite_number_in_a_free_form_config_is_422(client, raw):
     r = post_raw(client, "/models/import", '{"name": "m", "kind": "conve", "path": "p", "config": ' + raw + "}")
     assert r.status_code == 422, r.text
     assert errors_at(r, ("body", "config")), r.text
+
+
+# ----------------------------------------------------------------------------------- 3. integers in query strings
+
+
+@pytest.fixture(scope="module")
+def own_job(client) -> str:
+    """A job of the caller's (queued: no worker runs here)."""
+    r = client.post("/train/conve", json={"name": "cursor-parent", "epochs": 1})
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+@pytest.mark.parametrize("cursor", ["\u00b2", "\u0663", "\uff11", "9" * 5000, "-1", " 1", "1.0", "+1", "0x1", ""])
+def test_malformed_child_cursor_is_422_naming_it(client, own_job, cursor):
+    """``str.isdigit`` accepts superscripts ('²'), which ``int`` refuses (a 500), and other scripts' digits;
+    a 5000-digit cursor exceeds ``int``'s digit limit."""
+    r = client.get("/jobs", params={"parent": own_job, "cursor": cursor})
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("query", "cursor")), r.text
+
+
+def test_child_cursor_pages_as_before(client, own_job):
+    r = client.get("/jobs", params={"parent": own_job, "cursor": "0"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"items": [], "next_cursor": None}
