@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 
 from app.deps import caller
-from core import registry
+from core import limits, registry
 from core.dataset_formats import FormatError, detect
 from core.kinds.base import FieldConflict, FieldError, RequestModel, require_name_free
 from core.userfiles import PathError, resolve_data_path
@@ -25,9 +25,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 class DatasetRequest(RequestModel):
-    name: str = Field(..., pattern=NAME_PATTERN, description="the name jobs use for this dataset")
-    path: str = Field(..., min_length=1, max_length=4096, description="a directory under the data roots")
-    description: str | None = Field(None, max_length=2000)
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="the name jobs use for this dataset")
+    path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
+                      description="a directory under the data roots")
+    description: str | None = Field(None, max_length=limits.MAX_DESCRIPTION_LENGTH)
     overwrite: bool = Field(False, description="replace your own dataset of the same name")
 
 

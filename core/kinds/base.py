@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core import limits
 from core.keys import JOB_ID_PATTERN
 from core.settings import Settings
 
@@ -50,14 +51,18 @@ def refuse_non_finite(value: Any) -> Any:
 class FieldError(ValueError):
     """A request field that is well-formed but wrong for this server (unknown model, path outside roots...).
 
-    Rendered as a 422 in FastAPI's error shape, with ``loc`` naming the field.
+    Rendered as a 422 in FastAPI's error shape, with ``loc`` naming the field. ``related`` names other fields the
+    same problem involves, as ``(loc, value)`` pairs (a size that is the product of two fields): each gets an entry
+    with the same message.
     """
 
-    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None):
+    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None,
+                 related: Sequence[tuple[tuple[str | int, ...], Any]] = ()):
         super().__init__(message)
         self.loc = tuple(loc)
         self.message = message
         self.value = value
+        self.related = [(tuple(rloc), rvalue) for rloc, rvalue in related]
 
     status_code = 422
     code = "invalid"
@@ -68,7 +73,8 @@ class FieldError(ValueError):
     def body(self) -> dict[str, Any]:
         """The response body: FastAPI's validation shape for 422, ``{"detail": {code, message, loc}}`` otherwise."""
         if self.status_code == 422:
-            return {"detail": [self.detail()]}
+            return {"detail": [self.detail()] + [{**self.detail(), "loc": list(rloc), "input": rvalue}
+                                                 for rloc, rvalue in self.related]}
         return {"detail": {"code": self.code, "message": self.message, "loc": list(self.loc)}}
 
 
@@ -170,6 +176,10 @@ class ReduceRequest(RequestModel):
     request: dict[str, Any]
 
 
+# ``shard_size``: items per shard, or "auto" (validate refuses a size below 1 with its own message)
+ShardSize = Annotated[int, Field(le=limits.MAX_SHARD_SIZE)] | Literal["auto"]
+
+
 def shard_size_field(unit: str) -> Any:
     """``shard_size`` of a request that can fan out: ``unit`` per shard, or ``"auto"``."""
     return Field("auto", description=f"{unit} per shard when a large request fans out over the workers: 'auto' "
@@ -183,7 +193,7 @@ def max_failed_field(unit: str) -> Any:
 
 
 def shard_retries_field() -> Any:
-    return Field(1, ge=0, le=5, description="retries of a failed shard")
+    return Field(1, ge=0, le=limits.MAX_SHARD_RETRIES, description="retries of a failed shard")
 
 
 def register_fanout(kind: str, module: str, timeout_s: int) -> None:

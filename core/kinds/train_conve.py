@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from core import registry
+from core import limits, registry
 from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
@@ -17,24 +17,27 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class TrainConvERequest(RequestModel):
-    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
-    dataset: str = Field(NATIONS, min_length=1, description="'nations' (shipped), a registered triples dataset, "
-                         "or a directory under the data roots holding train.txt [valid.txt test.txt]")
-    epochs: int = Field(20, ge=1, le=10_000)
-    batch_size: int = Field(128, ge=2, le=65_536)
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="name to register the trained model under")
+    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "
+                         "(shipped), a registered triples dataset, or a directory under the data roots holding "
+                         "train.txt [valid.txt test.txt]")
+    epochs: int = Field(20, ge=1, le=limits.MAX_EPOCHS)
+    batch_size: int = Field(128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
     lr: float = Field(0.003, gt=0, le=10)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier after each epoch")
     weight_decay: float = Field(0.0, ge=0)
     label_smoothing: float = Field(0.1, ge=0, lt=1)
-    embedding_dim: int = Field(200, ge=6, le=4096)
-    embedding_height: int | None = Field(None, ge=1, description="image height; default 10 for 200 (10x20)")
-    num_filters: int = Field(32, ge=1, le=1024)
+    embedding_dim: int = Field(200, ge=6, le=limits.MAX_EMBEDDING_DIM)
+    embedding_height: int | None = Field(None, ge=1, le=limits.MAX_EMBEDDING_DIM,
+                                         description="image height; default 10 for 200 (10x20)")
+    num_filters: int = Field(32, ge=1, le=limits.MAX_CONVE_FILTERS)
     input_dropout: float = Field(0.2, ge=0, lt=1)
     feature_dropout: float = Field(0.2, ge=0, lt=1)
     hidden_dropout: float = Field(0.3, ge=0, lt=1)
     reciprocal: bool = True
-    checkpoint_every: int = Field(5, ge=1, le=10_000)
-    seed: int = 0
+    checkpoint_every: int = Field(5, ge=1, le=limits.MAX_EPOCHS)
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
     overwrite: bool = Field(False, description="replace your existing model of the same name (another owner's name is 409)")
 
 

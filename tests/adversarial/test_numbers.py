@@ -59,6 +59,12 @@ def errors_at(response, loc: tuple) -> list[dict]:
     return [d for d in body["detail"] if tuple(d["loc"]) == loc]
 
 
+def errors_under(response, loc: tuple) -> list[dict]:
+    """Errors at ``loc`` or inside it (a union's member: ("body", "shard_size", "constrained-int"))."""
+    body = strict_json(response.text)
+    return [d for d in body["detail"] if tuple(d["loc"][:len(loc)]) == loc]
+
+
 # ------------------------------------------------------------------------------ 1. non-finite numbers in errors
 
 
@@ -220,3 +226,159 @@ def test_child_cursor_pages_as_before(client, own_job):
     r = client.get("/jobs", params={"parent": own_job, "cursor": "0"})
     assert r.status_code == 200, r.text
     assert r.json() == {"items": [], "next_cursor": None}
+
+
+# ------------------------------------------------------------------------- 2. one table of limits (core/limits.py)
+
+
+def _unbounded(schema: dict, defs: dict, path: str = "body"):
+    """(path, what) for every integer without a maximum, string without a maxLength, array without maxItems and
+    free-form object without maxProperties in a request schema, nested ones included."""
+    if "$ref" in schema:
+        yield from _unbounded(defs[schema["$ref"].rsplit("/", 1)[-1]], defs, path)
+        return
+    if "const" in schema or "enum" in schema:
+        return
+    for key in ("anyOf", "oneOf", "allOf"):
+        for alt in schema.get(key, []):
+            yield from _unbounded(alt, defs, path)
+    kind = schema.get("type")
+    if kind == "integer" and "maximum" not in schema and "exclusiveMaximum" not in schema:
+        yield path, "integer without maximum"
+    if kind == "string" and "maxLength" not in schema:
+        yield path, "string without maxLength"
+    if kind == "array":
+        if "maxItems" not in schema:
+            yield path, "array without maxItems"
+        for item in [schema["items"]] if isinstance(schema.get("items"), dict) else schema.get("prefixItems", []):
+            yield from _unbounded(item, defs, path + "[]")
+    if kind == "object":
+        for name, prop in schema.get("properties", {}).items():
+            yield from _unbounded(prop, defs, f"{path}.{name}")
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) or extra is True:
+            if "maxProperties" not in schema:
+                yield path, "object without maxProperties"
+            if isinstance(extra, dict):
+                yield from _unbounded(extra, defs, path + "{}")
+
+
+@pytest.mark.parametrize("name", sorted(request_models()))
+def test_every_count_size_and_string_of_every_request_is_bounded(name):
+    schema = request_models()[name].model_json_schema()
+    assert list(_unbounded(schema, schema.get("$defs", {}))) == []
+
+
+def _bounds_at(schema: dict, defs: dict, parts: list[str]) -> set[int]:
+    """The upper bounds (maximum, maxLength, maxItems, maxProperties) of the node(s) at a dotted limit path."""
+    if "$ref" in schema:
+        return _bounds_at(defs[schema["$ref"].rsplit("/", 1)[-1]], defs, parts)
+    found: set[int] = set()
+    for alt in schema.get("anyOf", []):
+        found |= _bounds_at(alt, defs, parts)
+    if not parts:
+        return found | {schema[k] for k in ("maximum", "maxLength", "maxItems", "maxProperties") if k in schema}
+    head, rest = parts[0], parts[1:]
+    if head == "[]" and isinstance(schema.get("items"), dict):
+        found |= _bounds_at(schema["items"], defs, rest)
+    elif head in schema.get("properties", {}):
+        found |= _bounds_at(schema["properties"][head], defs, rest)
+    return found
+
+
+def _limit_path(field: str) -> tuple[str, list[str]]:
+    kind, _, rest = field.partition(".")
+    parts: list[str] = []
+    for part in rest.split("."):
+        name = part.rstrip("[]")
+        parts += [name] + ["[]"] * ((len(part) - len(name)) // 2)
+    return ("POST /datasets" if kind == "datasets" else kind), parts
+
+
+def test_every_limit_is_applied_where_the_table_says():
+    from core.limits import LIMITS
+
+    models = request_models()
+    for limit in LIMITS.values():
+        for field in limit.fields:
+            name, parts = _limit_path(field)
+            schema = models[name].model_json_schema()
+            assert limit.value in _bounds_at(schema, schema.get("$defs", {}), parts), (limit.name, field)
+
+
+@pytest.mark.parametrize("route, body, loc", [
+    ("/tracin", {"model": "m", "top_k": 50_000_000}, ("body", "top_k")),         # 2.8 GB of a shared worker
+    ("/tracin", {"model": "m", "top_k": 1e18}, ("body", "top_k")),               # a float with no fraction: an int
+    ("/tracin", {"model": "m", "top_k": 1e20}, ("body", "top_k")),
+    ("/tracin", {"model": "m", "top_k": 1e23}, ("body", "top_k")),
+    ("/tracin", {"model": "m", "batch_size": 10**6}, ("body", "batch_size")),
+    ("/tracin", {"model": "m", "filter": {"min_degree": 2**70}}, ("body", "filter", "min_degree")),
+    ("/tracin", {"model": "m", "shard_size": 10**12}, ("body", "shard_size")),
+    ("/tracin", {"model": "m" * 10_000}, ("body", "model")),
+    ("/tracin", {"model": "m", "checkpoints": ["c"] * 5000}, ("body", "checkpoints")),
+    ("/attributions", {"model": "m", "batch_size": 10**9}, ("body", "batch_size")),
+    ("/attributions", {"model": "m", "dataset": {"name": "d", "seed": 2**70}}, ("body", "dataset", "seed")),
+    ("/train/conve", {"name": "x", "seed": 2**70}, ("body", "seed")),
+    ("/train/conve", {"name": "x", "seed": -1}, ("body", "seed")),
+    ("/train/conve", {"name": "x", "embedding_height": 10**30}, ("body", "embedding_height")),
+    ("/train/news", {"name": "x", "dataset": "d", "seed": 2**64}, ("body", "seed")),
+    ("/train/bdh", {"max_train_samples": 10**30}, ("body", "max_train_samples")),
+    ("/train/bdh", {"resume_from": "j" * 10_000}, ("body", "resume_from")),
+    ("/models/import", {"name": "m", "kind": "conve", "path": "p", "config": {str(i): i for i in range(1000)}},
+     ("body", "config")),
+    ("/ablations", {"dataset": "d", "representations": ["x" * 100_000]}, ("body", "representations")),
+])
+def test_over_a_limit_is_422_naming_the_field(client, route, body, loc):
+    r = client.post(route, json=body)
+    assert r.status_code == 422, r.text
+    found = errors_under(r, loc)
+    assert found and all(d["type"] != "missing" for d in found), r.text
+
+
+@pytest.fixture(scope="module")
+def conve_model(client, home):
+    """A registered ConvE model's files as TracIn validation reads them (a toy vocabulary, no weights)."""
+    from core import registry
+
+    settings = client.app.state.settings
+    src = home / "toy-conve"
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "entities.dict").write_text("".join(f"e{i}\t{i}\n" for i in range(2000)))
+    (src / "data" / "relations.dict").write_text("r0\t0\n")
+    (src / "config.json").write_text(json.dumps({"checkpoints": [{"file": "checkpoints/epoch_0001.safetensors",
+                                                                   "epoch": 1, "lr": 0.01}]}))
+    registry.register_model(settings, "toy-conve", kind="conve", loader="models.kg.checkpoint:load", path=src,
+                            owner="system")
+    return "toy-conve"
+
+
+def test_tracin_test_triples_times_top_k_is_bounded(client, conve_model):
+    from core.limits import MAX_TRACIN_LISTED
+
+    triples = [[f"e{i}", "r0", f"e{i + 1}"] for i in range(1000)]
+    r = client.post("/tracin", json={"model": conve_model, "test_triples": triples,
+                                     "top_k": MAX_TRACIN_LISTED // 1000 + 1})
+    assert r.status_code == 422, r.text
+    assert "1000 test triples x top_k" in errors_at(r, ("body", "top_k"))[0]["msg"]
+    r = client.post("/tracin", json={"model": conve_model, "test_triples": triples,
+                                     "top_k": MAX_TRACIN_LISTED // 1000})
+    assert r.status_code == 202, r.text
+
+
+def test_attribution_rows_per_pass_are_bounded_naming_both_fields(client, home):
+    from core import registry
+    from core.limits import MAX_IG_ROWS_PER_PASS
+
+    (home / "toy-news").mkdir()
+    (home / "toy-news" / "config.json").write_text("{}")
+    registry.register_model(client.app.state.settings, "toy-news", kind="news", loader="x:y", path=home / "toy-news",
+                            owner="system")
+    sample = {"id": "a", "history": ["t"], "candidate": "c"}
+    r = client.post("/attributions", json={"model": "toy-news", "samples": [sample], "alpha_batch_size": 4096,
+                                           "batch_size": MAX_IG_ROWS_PER_PASS // 4096 + 1})
+    assert r.status_code == 422, r.text
+    assert [tuple(d["loc"]) for d in strict_json(r.text)["detail"]] == [("body", "batch_size"),
+                                                                      ("body", "alpha_batch_size")]
+    r = client.post("/attributions", json={"model": "toy-news", "samples": [sample], "alpha_batch_size": 4096,
+                                           "batch_size": MAX_IG_ROWS_PER_PASS // 4096})
+    assert r.status_code == 202, r.text
