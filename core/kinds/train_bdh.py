@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from core import limits, registry
+from core import limits, memory, registry
 from core.artifacts import artifacts_key, owner_record
 from core.filestore import get_store
 from core.keys import valid_job_id
@@ -18,6 +18,7 @@ from core.userfiles import PathError, resolve_data_path
 
 # Directory names of the official python-pickle archives, and the file that marks a complete one.
 CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
+NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
 
 
 class BDHModelSpec(RequestModel):
@@ -97,8 +98,23 @@ def checkpoint_key(job_id: str) -> str:
     return artifacts_key(job_id, "checkpoints", "last")
 
 
+def check_memory(req: TrainBDHRequest, settings: Settings) -> None:
+    """The model and one step's activations at ``batch_size`` fit ``EXPLAINQ_WORKER_MEMORY_BYTES``."""
+    m = req.model
+    est = memory.bdh_training(m.n_layer, m.n_embd, m.n_head, m.mlp_multiplier, m.cls_token,
+                              NUM_CLASSES[req.dataset], req.batch_size)
+    sizes = [("model.n_embd", m.n_embd), ("model.mlp_multiplier", m.mlp_multiplier)]
+    acts = [("batch_size", req.batch_size), ("model.n_layer", m.n_layer)]
+    fields = sizes + acts if est.parameter_bytes > est.activation_bytes else acts + sizes
+    what = (f"Vision-BDH with n_layer {m.n_layer}, n_embd {m.n_embd}, n_head {m.n_head} and mlp_multiplier "
+            f"{m.mlp_multiplier} at batch_size {req.batch_size}")
+    memory.check_budget(settings, est, fields, what)
+
+
 def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") -> None:
-    """Data directory inside the data roots and complete; resume_from names a job with a checkpoint."""
+    """Data directory inside the data roots and complete; resume_from names a job with a checkpoint; the model
+    fits a worker."""
+    check_memory(req, settings)
     if req.dataset == "digits":
         if req.data_dir is not None:
             raise FieldError(("body", "data_dir"), "digits is bundled with scikit-learn; omit data_dir",

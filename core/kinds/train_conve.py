@@ -6,13 +6,14 @@ from pathlib import Path
 
 from pydantic import Field
 
-from core import limits, registry
+from core import limits, memory, registry
 from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
+NATIONS_COUNTS = {"entities": 14, "relations": 55}  # the shipped dataset (models/kg/data/nations)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -66,12 +67,35 @@ def resolve_dataset(settings: Settings, name: str) -> Path | None:
     return path
 
 
+def dataset_counts(settings: Settings, name: str) -> dict[str, int]:
+    """Entities and relations of the dataset, where known without reading it: a registered dataset's counts (from
+    ``POST /datasets``) or the shipped nations; otherwise zeros (the estimate then counts the configuration only)."""
+    entry = registry.get_dataset(settings, name)
+    counts = (entry or {}).get("meta", {}).get("counts") or (NATIONS_COUNTS if name == NATIONS else {})
+    return {k: int(counts.get(k) or 0) for k in ("entities", "relations")}
+
+
+def check_memory(req: TrainConvERequest, settings: Settings) -> None:
+    """The model and one step's activations at ``batch_size`` fit ``EXPLAINQ_WORKER_MEMORY_BYTES``."""
+    counts = dataset_counts(settings, req.dataset)
+    est = memory.conve_training(counts["entities"], counts["relations"], req.embedding_dim, req.embedding_height,
+                                req.num_filters, req.batch_size, req.reciprocal)
+    sizes = [("embedding_dim", req.embedding_dim), ("num_filters", req.num_filters)]
+    fields = sizes + [("batch_size", req.batch_size)]
+    if est.activation_bytes > est.parameter_bytes:
+        fields = [("batch_size", req.batch_size), *sizes]
+    what = (f"ConvE with embedding_dim {req.embedding_dim}, num_filters {req.num_filters} and batch_size "
+            f"{req.batch_size} on {req.dataset!r} ({counts['entities']} entities, {counts['relations']} relations)")
+    memory.check_budget(settings, est, fields, what)
+
+
 def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") -> None:
     resolve_dataset(settings, req.dataset)
     problem = check_image(req.embedding_dim, req.embedding_height)
     if problem:
         loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", loc), problem, value=getattr(req, loc))
+    check_memory(req, settings)
     require_new_name(settings, req.name, owner, "conve", req.overwrite)
 
 register(JobKind(

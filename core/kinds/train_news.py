@@ -86,7 +86,22 @@ def _data_file(settings: Settings, raw: str, field: str) -> str:
     return str(path)
 
 
+def check_tokens(req: TrainNewsRequest) -> None:
+    """The tokens one training step encodes stay within ``MAX_NEWS_TOKENS_PER_BATCH``."""
+    per_title = req.max_title_len + (req.max_body_len if req.architecture == "naml" else 0)
+    tokens = req.batch_size * (req.max_history + 1 + req.npratio) * per_title
+    if tokens > limits.MAX_NEWS_TOKENS_PER_BATCH:
+        related = [(("body", f), getattr(req, f)) for f in ("max_history", "npratio", "max_title_len")]
+        if req.architecture == "naml":
+            related.append((("body", "max_body_len"), req.max_body_len))
+        raise FieldError(("body", "batch_size"), f"one step would encode {tokens:,} tokens (batch_size x "
+                         "(max_history + 1 + npratio) x tokens per news), more than "
+                         f"{limits.MAX_NEWS_TOKENS_PER_BATCH:,}; lower batch_size or the lengths",
+                         value=req.batch_size, related=related)
+
+
 def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> None:
+    check_tokens(req)
     root = resolve_news_dataset(settings, req.dataset)
     for field in ("train_split", "valid_split"):
         split = getattr(req, field)

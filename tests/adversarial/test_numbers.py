@@ -382,3 +382,138 @@ def test_attribution_rows_per_pass_are_bounded_naming_both_fields(client, home):
     r = client.post("/attributions", json={"model": "toy-news", "samples": [sample], "alpha_batch_size": 4096,
                                            "batch_size": MAX_IG_ROWS_PER_PASS // 4096})
     assert r.status_code == 202, r.text
+
+
+# ------------------------------------------------------------------------ 2b. memory estimates of training requests
+
+# An estimate of the activations a step saves for its backward pass is within this factor of what a real step
+# of the torch model saves (measured with saved-tensor hooks); parameter counts are exact.
+SAVED_TOLERANCE = (0.8, 1.5)
+
+
+def _saved_bytes(step) -> int:
+    """Bytes of the distinct storages a forward pass saves for its backward pass."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("n_ent, n_rel, dim, height, filters, batch, reciprocal", [
+    (14, 55, 200, None, 32, 128, True),      # the defaults on nations
+    (1000, 20, 200, 10, 32, 256, True),
+    (5000, 10, 64, 8, 16, 128, False),
+    (300, 7, 96, 4, 8, 64, True),
+])
+def test_conve_estimate_matches_the_real_model(n_ent, n_rel, dim, height, filters, batch, reciprocal):
+    import torch
+
+    from core import memory
+    from models.kg.conve import ConvE, ConvEConfig, default_height, triple_loss
+
+    est = memory.conve_training(n_ent, n_rel, dim, height, filters, batch, reciprocal)
+    model = ConvE(ConvEConfig(num_entities=n_ent, num_relations=n_rel, embedding_dim=dim,
+                              embedding_height=height or default_height(dim), num_filters=filters,
+                              reciprocal=reciprocal))
+    assert est.parameters == sum(p.numel() for p in model.parameters())
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    triples = torch.stack([torch.randint(0, n_ent, (batch,), generator=g), torch.randint(0, n_rel, (batch,), generator=g),
+                           torch.randint(0, n_ent, (batch,), generator=g)], 1)
+    measured = _saved_bytes(lambda: triple_loss(model, triples).mean())
+    lo, hi = SAVED_TOLERANCE
+    assert lo * measured <= est.saved_bytes <= hi * measured, (est.saved_bytes, measured)
+
+
+@pytest.mark.parametrize("n_layer, n_embd, n_head, mult, cls_token, classes, batch", [
+    (2, 32, 2, 4, False, 10, 8),
+    (6, 192, 6, 32, False, 10, 4),           # the default architecture
+    (2, 64, 4, 8, True, 100, 16),
+])
+def test_bdh_estimate_matches_the_real_model(n_layer, n_embd, n_head, mult, cls_token, classes, batch):
+    import torch
+
+    from core import memory
+    from models.vision.bdh import VisionBDH
+    from models.vision.config import VisionBDHConfig
+
+    est = memory.bdh_training(n_layer, n_embd, n_head, mult, cls_token, classes, batch)
+    model = VisionBDH(VisionBDHConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, mlp_multiplier=mult,
+                                      cls_token=cls_token, num_classes=classes))
+    assert est.parameters == sum(p.numel() for p in model.parameters())
+    model.train()
+    images = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(batch) % classes
+    measured = _saved_bytes(lambda: torch.nn.functional.cross_entropy(model(images), labels))
+    lo, hi = SAVED_TOLERANCE
+    assert lo * measured <= est.saved_bytes <= hi * measured, (est.saved_bytes, measured)
+
+
+def test_conve_that_cannot_fit_a_worker_is_422_saying_what_it_needs(client):
+    r = client.post("/train/conve", json={"name": "huge", "embedding_dim": 4096, "num_filters": 1024})
+    assert r.status_code == 422, r.text
+    detail = strict_json(r.text)["detail"]
+    assert [tuple(d["loc"]) for d in detail] == [("body", "embedding_dim"), ("body", "num_filters"),
+                                               ("body", "batch_size")]
+    msg = detail[0]["msg"]
+    assert "would need about" in msg and "EXPLAINQ_WORKER_MEMORY_BYTES" in msg
+    need = float(msg.split("would need about ")[1].split(" GiB")[0].replace(",", ""))
+    assert need > 131e9 / 2**30  # the fc layer's weights alone are 131 GB
+
+
+def test_conve_batch_that_cannot_fit_names_batch_size_first(client, home):
+    from core import registry
+
+    data = home / "data" / "big-kg"
+    data.mkdir()
+    (data / "train.txt").write_text("a\tr\tb\n")
+    registry.register_dataset(client.app.state.settings, "big-kg", kind="triples", path=data,
+                              meta={"counts": {"entities": 100_000, "relations": 50}}, owner="anonymous")
+    r = client.post("/train/conve", json={"name": "wide-batch", "dataset": "big-kg", "batch_size": 65_536})
+    assert r.status_code == 422, r.text
+    assert strict_json(r.text)["detail"][0]["loc"] == ["body", "batch_size"]
+    r = client.post("/train/conve", json={"name": "wide-batch", "dataset": "big-kg", "batch_size": 128})
+    assert r.status_code == 202, r.text
+
+
+def test_the_worker_memory_budget_comes_from_settings(tmp_path):
+    from core.kinds.base import FieldError
+    from core.kinds.train_conve import TrainConvERequest, check_memory
+
+    req = TrainConvERequest(name="m")
+    check_memory(req, Settings(EXPLAINQ_HOME=str(tmp_path)))  # the defaults fit the default budget
+    with pytest.raises(FieldError):
+        check_memory(req, Settings(EXPLAINQ_HOME=str(tmp_path), EXPLAINQ_WORKER_MEMORY_BYTES=2**20))
+    huge = TrainConvERequest(name="m", embedding_dim=4096, num_filters=1024)
+    check_memory(huge, Settings(EXPLAINQ_HOME=str(tmp_path), EXPLAINQ_WORKER_MEMORY_BYTES=0))  # 0: no check
+
+
+def test_bdh_that_cannot_fit_a_worker_is_422_naming_the_fields(client):
+    r = client.post("/train/bdh", json={"model": {"n_embd": 4096, "n_head": 8, "mlp_multiplier": 512}})
+    assert r.status_code == 422, r.text
+    detail = strict_json(r.text)["detail"]
+    assert "25,770,307,594 parameters" in detail[0]["msg"]
+    assert {tuple(d["loc"]) for d in detail} == {("body", "model", "n_embd"), ("body", "model", "mlp_multiplier"),
+                                                 ("body", "batch_size"), ("body", "model", "n_layer")}
+    r = client.post("/train/bdh", json={"batch_size": 8192})  # the default model, a batch of 8192 images
+    assert r.status_code == 422, r.text
+    assert strict_json(r.text)["detail"][0]["loc"] == ["body", "batch_size"]
+    r = client.post("/train/bdh", json={})  # the defaults fit
+    assert r.status_code == 202, r.text
+
+
+def test_news_training_tokens_per_step_are_bounded(client):
+    r = client.post("/train/news", json={"name": "n", "dataset": "d", "batch_size": 4096, "max_history": 500,
+                                         "max_title_len": 512})
+    assert r.status_code == 422, r.text
+    detail = strict_json(r.text)["detail"]
+    assert [tuple(d["loc"]) for d in detail] == [("body", "batch_size"), ("body", "max_history"), ("body", "npratio"),
+                                               ("body", "max_title_len")]
