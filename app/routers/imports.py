@@ -49,6 +49,9 @@ def register_dataset(body: DatasetRequest, request: Request, owner: str = Depend
         found = detect(path)
     except FormatError as exc:
         raise FieldError(("body", "path"), f"{body.path!r}: {exc}", value=body.path) from None
+    except OSError as exc:  # a file of the dataset the API cannot read
+        raise FieldError(("body", "path"), f"{body.path!r}: cannot read {exc.filename or 'a file'}: "
+                         f"{exc.strerror or exc}", value=body.path) from None
     meta: dict[str, Any] = {"format": found["format"], "counts": found["counts"]}
     if body.description:
         meta["description"] = body.description

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 from core import limits
 from core.kinds.base import FieldError, JobKind, RequestModel, refuse_non_finite, register, require_new_name
 from core.settings import Settings
-from core.userfiles import PathError, resolve_data_path
+from core.userfiles import PathError, check_path_lengths, resolve_data_path, shown
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh"}
@@ -65,9 +65,16 @@ class ImportModelRequest(RequestModel):
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:
     loc = ("body", *field) if isinstance(field, tuple) else ("body", field)
-    path = (directory / rel).resolve()
-    if not path.is_relative_to(directory) or not path.is_file():
-        raise FieldError(loc, f"no file {rel!r} inside the model directory", value=rel)
+    try:
+        check_path_lengths(rel, directory / rel)
+        path = (directory / rel).resolve()
+        found = path.is_relative_to(directory) and path.is_file()
+    except PathError as exc:
+        raise FieldError(loc, str(exc), value=rel) from None
+    except (OSError, ValueError) as exc:  # a NUL byte, text the file system cannot encode, a loop of links
+        raise FieldError(loc, f"{shown(rel)}: not a file name the file system accepts ({exc})", value=rel) from None
+    if not found:
+        raise FieldError(loc, f"no file {shown(rel)} inside the model directory", value=rel)
     return path
 
 

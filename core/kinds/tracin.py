@@ -126,8 +126,11 @@ def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
         raise FieldError(loc, "give test_triples or test_triples_path, not both", value=req.test_triples_path)
     try:
         rows = read_triples(resolve_data_path(settings, req.test_triples_path))
-    except (PathError, TriplesFormatError, UnicodeDecodeError, IsADirectoryError) as exc:
+    except (PathError, TriplesFormatError, UnicodeDecodeError) as exc:
         raise FieldError(loc, str(exc), value=req.test_triples_path) from None
+    except OSError as exc:  # a directory, no permission...
+        raise FieldError(loc, f"cannot read {req.test_triples_path!r}: {exc.strerror or exc}",
+                         value=req.test_triples_path) from None
     if not rows:
         raise FieldError(loc, "the file holds no triples", value=req.test_triples_path)
     if len(rows) > MAX_TEST_TRIPLES:

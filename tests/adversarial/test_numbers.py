@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import typing
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -517,3 +518,70 @@ def test_news_training_tokens_per_step_are_bounded(client):
     detail = strict_json(r.text)["detail"]
     assert [tuple(d["loc"]) for d in detail] == [("body", "batch_size"), ("body", "max_history"), ("body", "npratio"),
                                                ("body", "max_title_len")]
+
+
+# ----------------------------------------------------------------------- 4. paths longer than the file system allows
+
+LONG_COMPONENT = "a" * 300            # over NAME_MAX (255 bytes): ENAMETOOLONG from the file system
+LONG_PATH = "/".join(["b" * 200] * 15)  # 3,014 characters: over MAX_PATH_LENGTH
+
+
+@pytest.fixture(scope="module")
+def model_dir(home) -> str:
+    (home / "data" / "imports" / "m").mkdir(parents=True)
+    (home / "data" / "imports" / "m" / "model.safetensors").write_bytes(b"")
+    return "imports/m"
+
+
+PATH_FIELDS = [
+    ("/ablations", lambda p: {"dataset": p}, ("body", "dataset")),
+    ("/datasets", lambda p: {"name": "long", "path": p}, ("body", "path")),
+    ("/models/import", lambda p: {"name": "long", "kind": "conve", "path": p}, ("body", "path")),
+    ("/train/news", lambda p: {"name": "long", "dataset": p}, ("body", "dataset")),
+    ("/train/conve", lambda p: {"name": "long", "dataset": p}, ("body", "dataset")),
+    ("/train/bdh", lambda p: {"dataset": "cifar10", "data_dir": p}, ("body", "data_dir")),
+]
+
+
+@pytest.mark.parametrize("path", [LONG_COMPONENT, "x/" + LONG_COMPONENT + "/y", LONG_PATH])
+@pytest.mark.parametrize("route, body, loc", PATH_FIELDS)
+def test_a_path_longer_than_the_file_system_allows_is_422_naming_it(client, route, body, loc, path):
+    r = client.post(route, json=body(path))
+    assert r.status_code == 422, r.text
+    assert errors_at(r, loc), r.text
+
+
+@pytest.mark.parametrize("path", [LONG_COMPONENT, LONG_PATH])
+def test_a_long_test_triples_path_is_422_naming_it(client, conve_model, path):
+    r = client.post("/tracin", json={"model": conve_model, "test_triples_path": path})
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("body", "test_triples_path")), r.text
+
+
+@pytest.mark.parametrize("field", ["weights", "entities", "relations", "valid_triples", "test_triples", "vocab"])
+@pytest.mark.parametrize("name", [LONG_COMPONENT, "a\x00b"])
+def test_a_file_name_the_file_system_refuses_is_422_naming_it(client, model_dir, field, name):
+    r = client.post("/models/import", json={"name": "long", "kind": "conve", "path": model_dir, field: name})
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("body", field)), r.text
+
+
+@pytest.mark.parametrize("name", [LONG_COMPONENT, "a\x00b"])
+def test_a_checkpoint_file_name_the_file_system_refuses_is_422_naming_it(client, model_dir, name):
+    (Path(client.app.state.settings.data_roots[0]) / model_dir / "train.txt").write_text("a\tr\tb\n")
+    r = client.post("/models/import", json={"name": "long", "kind": "conve", "path": model_dir,
+                                            "checkpoints": [{"file": name, "lr": 0.1}]})
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("body", "checkpoints", 0, "file")), r.text
+
+
+@pytest.mark.parametrize("field", ["pretrained_path", "glove_path"])
+def test_long_news_encoder_paths_are_422_naming_them(client, home, field):
+    news = home / "data" / "news"
+    (news / "train").mkdir(parents=True, exist_ok=True)
+    (news / "train" / "behaviors.tsv").write_text("")
+    encoder = "pretrained" if field == "pretrained_path" else "word"
+    r = client.post("/train/news", json={"name": "long", "dataset": "news", "valid_split": None, "encoder": encoder,
+                                         field: LONG_COMPONENT})
+    assert r.status_code == 422, r.text
+    assert errors_at(r, ("body", field)), r.text
