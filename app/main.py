@@ -88,13 +88,28 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _text(value: str) -> str:
+    """``value`` with any lone surrogate (JSON's unpaired ``\\ud800`` escape) replaced by U+FFFD, which UTF-8 can
+    encode."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return value
+
+
 def finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by its JSON spelling as a string (``"NaN"``, ``"Infinity"``,
-    ``"-Infinity"``), so that an error echoing a client's input is valid JSON (``1e999`` is read as infinity)."""
+    """``value`` as a response can carry it: every non-finite float replaced by its JSON spelling as a string
+    (``"NaN"``, ``"Infinity"``, ``"-Infinity"``; ``1e999`` is read as infinity), and every lone surrogate in a
+    string or key by U+FFFD, so that an error echoing a client's input is valid JSON in valid UTF-8."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return _text(value)
     if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
+        return {finite_json(k): finite_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [finite_json(v) for v in value]
     return value
@@ -102,7 +117,7 @@ def finite_json(value: Any) -> Any:
 
 def validation_errors(errors: Any) -> list[dict[str, Any]]:
     """FastAPI's 422 ``detail`` for ``RequestValidationError.errors()``, JSON-safe: non-finite numbers in an error's
-    ``input`` and ``ctx`` become strings; an input nested too deeply to copy is left out."""
+    ``input`` and ``ctx`` become strings, lone surrogates U+FFFD; an input nested too deeply to copy is left out."""
     out = []
     for error in jsonable_encoder(errors):
         try:

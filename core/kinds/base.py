@@ -33,6 +33,35 @@ class RequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def _not_unicode(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def refuse_invalid_text(value: Any) -> Any:
+    """A field validator for free-form JSON (``dict[str, Any]``; pydantic refuses them in ``str`` fields itself):
+    ``value`` unchanged, or a ValueError when a string in it (or a key) is not Unicode text. JSON's ``\\ud800``
+    escape decodes to a lone surrogate, which no file system, Redis client or UTF-8 response can encode."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _not_unicode(item):
+                raise ValueError("must be Unicode text: it holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                                 "escape)")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return value
+
+
 def refuse_non_finite(value: Any) -> Any:
     """A field validator for free-form JSON (``dict[str, Any]``, which ``allow_inf_nan`` does not reach): ``value``
     unchanged, or a ValueError naming the first non-finite number's place in it."""

@@ -14,7 +14,15 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from core import limits
-from core.kinds.base import FieldError, JobKind, RequestModel, refuse_non_finite, register, require_new_name
+from core.kinds.base import (
+    FieldError,
+    JobKind,
+    RequestModel,
+    refuse_invalid_text,
+    refuse_non_finite,
+    register,
+    require_new_name,
+)
 from core.settings import Settings
 from core.userfiles import PathError, check_path_lengths, resolve_data_path, shown
 
@@ -59,8 +67,8 @@ class ImportModelRequest(RequestModel):
 
     @field_validator("config")
     @classmethod
-    def _finite_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return refuse_non_finite(value)
+    def _json_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return refuse_invalid_text(refuse_non_finite(value))
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:

@@ -585,3 +585,68 @@ def test_long_news_encoder_paths_are_422_naming_them(client, home, field):
                                          field: LONG_COMPONENT})
     assert r.status_code == 422, r.text
     assert errors_at(r, ("body", field)), r.text
+
+
+# ------------------------------------------------------------- strings that are not Unicode text (lone surrogates)
+
+
+def string_fields() -> list[tuple[str, str, str, str]]:
+    """(request, route, nested object path, field) of every field of every request that takes a string (or
+    strings), nested ones included."""
+    routes = {**{name: kind.route for name, kind in PRODUCT_KINDS.items()}, "POST /datasets": "/datasets"}
+    out = []
+
+    def takes_text(prop: dict, defs: dict) -> bool:
+        if "$ref" in prop:
+            return False
+        alts = prop.get("anyOf", [prop])
+        return any(a.get("type") == "string" and "enum" not in a and "const" not in a
+                   or a.get("type") == "array" and takes_text(a.get("items", {}), defs) for a in alts)
+
+    for name, model in request_models().items():
+        schema = model.model_json_schema()
+        for path, obj in _objects(schema, schema.get("$defs", {})):
+            for field, prop in obj["properties"].items():
+                if takes_text(prop, schema.get("$defs", {})):
+                    out.append((name, routes[name], path, field))
+    return out
+
+
+def test_string_fields_are_found():
+    found = {(name, path, field) for name, _, path, field in string_fields()}
+    assert {("tracin", "body", "model"), ("attributions", "body.samples[]", "history"),
+            ("import_model", "body.checkpoints[]", "file"), ("POST /datasets", "body", "path")} <= found
+
+
+@pytest.mark.parametrize("name, route, path, field", string_fields())
+def test_a_lone_surrogate_in_any_string_field_is_a_json_422_naming_it(client, name, route, path, field):
+    """JSON's \\ud800 escape decodes to a lone surrogate, which no file system, Redis client or UTF-8 response
+    can encode: refused as a 422 on its field, and never echoed as it came."""
+    schema = request_models()[name].model_json_schema()
+    prop = dict(_objects(schema, schema.get("$defs", {})))[path]["properties"][field]
+    takes_list = any(a.get("type") == "array" for a in prop.get("anyOf", [prop]))
+    body, loc = _body(path, field, ["x\ud800"] if takes_list else "x\ud800")
+    r = post_raw(client, route, json.dumps(body))
+    assert r.status_code == 422, r.text
+    r.content.decode("utf-8")  # valid UTF-8
+    found = [d for d in strict_json(r.text)["detail"] if tuple(d["loc"][:len(loc)]) == loc]
+    assert found, (loc, r.text)
+    assert "\ud800" not in r.text
+
+
+@pytest.mark.parametrize("raw", ['{"model": "m", "\\ud800": 1}', '{"model": "m", "x": "\\udfff"}',
+                                 '{"model": "m", "x": {"\\ud800": ["\\ud800"]}}'])
+def test_a_lone_surrogate_in_an_unknown_field_is_a_json_422(client, raw):
+    r = post_raw(client, "/tracin", raw)
+    assert r.status_code == 422, r.text
+    r.content.decode("utf-8")
+    assert strict_json(r.text)["detail"]
+
+
+@pytest.mark.parametrize("raw", ['{"vocab_file": "\\ud800"}', '{"\\udc00": 1}', '{"a": [{"b": "x\\udfffy"}]}'])
+def test_a_lone_surrogate_in_a_free_form_config_is_422(client, model_dir, raw):
+    r = post_raw(client, "/models/import", '{"name": "m", "kind": "nrms", "path": "' + model_dir + '", "config": '
+                 + raw + "}")
+    assert r.status_code == 422, r.text
+    r.content.decode("utf-8")
+    assert errors_at(r, ("body", "config")), r.text
