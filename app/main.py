@@ -14,8 +14,10 @@ import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.routers import artifacts, health, imports, jobs, models, submit
@@ -127,6 +129,23 @@ def validation_errors(errors: Any) -> list[dict[str, Any]]:
     return out
 
 
+# Why FastAPI could not read a JSON body it then answers with a bare 400 ("There was an error parsing the body")
+UNREADABLE_BODY = {UnicodeDecodeError: "the body is not JSON text: it is not valid UTF-8",
+                   RecursionError: "the body's JSON is nested too deeply to read"}
+
+
+def unreadable_body(exc: StarletteHTTPException) -> JSONResponse | None:
+    """A 422 in the validation shape for a JSON body FastAPI failed to decode, or None for any other error."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    for kind, message in UNREADABLE_BODY.items():
+        if isinstance(cause, kind):
+            return JSONResponse(status_code=422, content={"detail": [
+                {"type": "json_invalid", "loc": ["body"], "msg": message, "input": None}]})
+    return None
+
+
 @functools.cache
 def _hiredis_packing(connection_class: type) -> type:
     """``connection_class`` packing commands with hiredis, as redis-py's synchronous connections do when hiredis is
@@ -185,6 +204,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own handler echoes a NaN or an infinity as a bare float, which JSON cannot carry (a 500)
         return JSONResponse(status_code=422, content={"detail": validation_errors(exc.errors())})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return unreadable_body(exc) or await http_exception_handler(request, exc)
 
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:

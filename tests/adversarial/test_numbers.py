@@ -650,3 +650,17 @@ def test_a_lone_surrogate_in_a_free_form_config_is_422(client, model_dir, raw):
     assert r.status_code == 422, r.text
     r.content.decode("utf-8")
     assert errors_at(r, ("body", "config")), r.text
+
+
+# -------------------------------------------------------------------- bodies that are not JSON text (found by schemathesis)
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe\x00", b'{"model": "\xe9"}', b"\x15\xe3", b"[" * 5000 + b"]" * 5000])
+@pytest.mark.parametrize("route", ["/tracin", "/datasets"])
+def test_a_body_that_is_not_json_text_is_a_422_on_the_body(client, route, raw):
+    """Not UTF-8, or nested deeper than the parser goes: FastAPI answered 400 with a bare string; now the
+    validation shape, like any other JSON error."""
+    r = client.post(route, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    (error,) = strict_json(r.text)["detail"]
+    assert error["loc"] == ["body"] and error["type"] == "json_invalid", error
