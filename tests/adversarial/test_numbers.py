@@ -664,3 +664,13 @@ def test_a_body_that_is_not_json_text_is_a_422_on_the_body(client, route, raw):
     assert r.status_code == 422, r.text
     (error,) = strict_json(r.text)["detail"]
     assert error["loc"] == ["body"] and error["type"] == "json_invalid", error
+
+
+def test_operations_doc_lists_every_limit_with_its_default():
+    from core.limits import LIMITS
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[2].strip() for line in doc.splitlines()
+            if line.startswith("| `MAX_")}
+    assert {name: f"{limit.value:,}" for name, limit in LIMITS.items()} == rows
+    assert "EXPLAINQ_WORKER_MEMORY_BYTES" in doc
