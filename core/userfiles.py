@@ -39,7 +39,8 @@ def resolve_data_path(settings: Settings, raw: str, must_exist: bool = True) -> 
     Relative paths are taken relative to each root in turn (first existing match wins, else the first root).
     Symlinks are resolved before the containment check, so a link pointing out of the roots is rejected, and so
     is any ``..`` that climbs out. A path the file system cannot name (too long) or answer about (a loop of links,
-    no permission) is a PathError, as is one that is not text the file system can encode.
+    no permission) is a PathError, as is one that is not text the file system can encode or that names the home
+    directory of an unknown user (``~name``).
     """
     if not isinstance(raw, str) or not raw.strip():
         raise PathError("path must be a non-empty string")
@@ -52,6 +53,8 @@ def resolve_data_path(settings: Settings, raw: str, must_exist: bool = True) -> 
                         "can encode") from None
     except OSError as exc:
         raise PathError(f"{shown(raw)}: {exc.strerror or exc}") from None
+    except RuntimeError as exc:  # expanduser: "~name" of a user this host does not know
+        raise PathError(f"{shown(raw)}: {exc}") from None
 
 
 def _resolve(settings: Settings, raw: str, must_exist: bool) -> Path:

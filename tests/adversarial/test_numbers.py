@@ -551,6 +551,16 @@ def test_a_path_longer_than_the_file_system_allows_is_422_naming_it(client, rout
     assert errors_at(r, loc), r.text
 
 
+@pytest.mark.parametrize("path", ["~0", "~no-such-user/data", "~\u00e9"])
+@pytest.mark.parametrize("route, body, loc", PATH_FIELDS)
+def test_a_home_directory_of_no_user_is_422_naming_it(client, route, body, loc, path):
+    """``~0`` asked for the home directory of a user who does not exist: expanduser raised RuntimeError, a 500
+    (found by schemathesis)."""
+    r = client.post(route, json=body(path))
+    assert r.status_code == 422, r.text
+    assert errors_at(r, loc), r.text
+
+
 @pytest.mark.parametrize("path", [LONG_COMPONENT, LONG_PATH])
 def test_a_long_test_triples_path_is_422_naming_it(client, conve_model, path):
     r = client.post("/tracin", json={"model": conve_model, "test_triples_path": path})
