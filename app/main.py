@@ -6,13 +6,18 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import security
@@ -86,6 +91,62 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _text(value: str) -> str:
+    """``value`` with any lone surrogate (JSON's unpaired ``\\ud800`` escape) replaced by U+FFFD, which UTF-8 can
+    encode."""
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return value
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` as a response can carry it: every non-finite float replaced by its JSON spelling as a string
+    (``"NaN"``, ``"Infinity"``, ``"-Infinity"``; ``1e999`` is read as infinity), and every lone surrogate in a
+    string or key by U+FFFD, so that an error echoing a client's input is valid JSON in valid UTF-8."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, dict):
+        return {finite_json(k): finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """FastAPI's 422 ``detail`` for ``RequestValidationError.errors()``, JSON-safe: non-finite numbers in an error's
+    ``input`` and ``ctx`` become strings, lone surrogates U+FFFD; an input nested too deeply to copy is left out."""
+    out = []
+    for error in jsonable_encoder(errors):
+        try:
+            out.append(finite_json(error))
+        except RecursionError:
+            out.append(finite_json({k: v for k, v in error.items() if k != "input"}))
+    return out
+
+
+# Why FastAPI could not read a JSON body it then answers with a bare 400 ("There was an error parsing the body")
+UNREADABLE_BODY = {UnicodeDecodeError: "the body is not JSON text: it is not valid UTF-8",
+                   RecursionError: "the body's JSON is nested too deeply to read"}
+
+
+def unreadable_body(exc: StarletteHTTPException) -> JSONResponse | None:
+    """A 422 in the validation shape for a JSON body FastAPI failed to decode, or None for any other error."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    for kind, message in UNREADABLE_BODY.items():
+        if isinstance(cause, kind):
+            return JSONResponse(status_code=422, content={"detail": [
+                {"type": "json_invalid", "loc": ["body"], "msg": message, "input": None}]})
+    return None
+
+
 @functools.cache
 def _hiredis_packing(connection_class: type) -> type:
     """``connection_class`` packing commands with hiredis, as redis-py's synchronous connections do when hiredis is
@@ -140,9 +201,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = JobStore(app.state.redis, settings, app.state.aredis)
     jobs.register_scripts(app)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes a NaN or an infinity as a bare float, which JSON cannot carry (a 500)
+        return JSONResponse(status_code=422, content={"detail": validation_errors(exc.errors())})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return unreadable_body(exc) or await http_exception_handler(request, exc)
+
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code, content=exc.body())
+        return JSONResponse(status_code=exc.status_code, content=finite_json(exc.body()))
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

@@ -15,6 +15,7 @@
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
 | ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
 | ``EXPLAINQ_MODEL_CACHE_BYTES`` | memory budget of a worker's loaded models (least recently used ones are dropped) | 4 GiB |
+| ``EXPLAINQ_WORKER_MEMORY_BYTES`` | memory a training job may need on a worker (``core/memory.py`` estimates it at submission; more is ``422``); 0: no check | 8 GiB |
 | ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
 | ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
 | ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks a worker calls at start to register extra kinds | empty |
@@ -60,6 +61,8 @@ class Settings(BaseSettings):
     store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))
     store_cache_mode: str = Field("auto", pattern="^(auto|always)$", validation_alias=_alias("EXPLAINQ_STORE_CACHE"))
     model_cache_bytes: int = Field(4 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_MODEL_CACHE_BYTES"))
+    # what one training job may need on a worker (the API host cannot see the workers' memory: a fixed budget)
+    worker_memory_bytes: int = Field(8 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_WORKER_MEMORY_BYTES"))
 
     def result_ttl_for(self, kind_default: int | None) -> int:
         """A kind's result TTL: ``EXPLAINQ_RESULT_TTL_S`` when it is set, else the kind's default, else ours."""

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from core.limits import MAX_PATH_LENGTH
 from core.settings import Settings
 from models.files import LOCAL, LocalFiles
 
@@ -45,12 +46,32 @@ SIZE_CAPS: dict[str, int] = {
 }
 DEFAULT_CAP = 1 * GiB
 READ_BUDGET_S = 600.0            # one file, start to end of reading
-MAX_PATH_CHARS = 1024
-MAX_NAME_BYTES = 255             # one path component, as the file systems here allow
+MAX_PATH_CHARS = MAX_PATH_LENGTH  # a path a request names (core.limits)
+
+# What Linux's file systems allow: bytes in one path component, and in a whole path (with its terminating NUL).
+NAME_MAX = 255
+PATH_MAX = 4096
 
 
 class PathError(ValueError):
-    """A user path that is empty, escapes the data roots, or does not exist when it must."""
+    """A user path that is empty, escapes the data roots, does not exist when it must, or that the file system
+    cannot name (a component over NAME_MAX, a path over PATH_MAX)."""
+
+
+def shown(raw: str, limit: int = 120) -> str:
+    """``raw`` as a message quotes it: repr, cut to about ``limit`` characters."""
+    return repr(raw) if len(raw) <= limit else f"{raw[:limit]!r}... ({len(raw)} characters)"
+
+
+def check_path_lengths(raw: str, path: Path) -> None:
+    """PathError when the file system cannot name ``path`` (every call on it would fail with ENAMETOOLONG)."""
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            raise PathError(f"{shown(raw)}: a path component is {len(os.fsencode(part))} bytes long; the file "
+                            f"system allows {NAME_MAX}")
+    if len(os.fsencode(str(path))) >= PATH_MAX:
+        raise PathError(f"{shown(raw)}: the path is {len(os.fsencode(str(path)))} bytes long under the data root; "
+                        f"the file system allows {PATH_MAX - 1}")
 
 
 class UserFileError(ValueError):
@@ -80,9 +101,7 @@ def _check_name(raw: str) -> None:
     if "\x00" in raw:
         raise PathError("path contains a NUL byte")
     if len(raw) > MAX_PATH_CHARS:
-        raise PathError(f"path is longer than {MAX_PATH_CHARS} characters")
-    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in Path(raw).parts):
-        raise PathError(f"a path component is longer than {MAX_NAME_BYTES} bytes")
+        raise PathError(f"{shown(raw)}: a path may have at most {MAX_PATH_CHARS} characters")
 
 
 def resolve_data_path(settings: Settings, raw: str, must_exist: bool = True) -> Path:
@@ -99,10 +118,15 @@ def resolve_data_path(settings: Settings, raw: str, must_exist: bool = True) -> 
     escaped = False
     for cand in candidates:
         try:
+            check_path_lengths(raw, cand)
             resolved = Path(os.path.realpath(cand))
+            check_path_lengths(raw, resolved)
             exists = resolved.exists()
-        except OSError as exc:  # too long after resolution, a loop...
-            raise PathError(f"{raw!r} cannot be resolved ({os.strerror(exc.errno or errno.EINVAL)})") from None
+        except UnicodeEncodeError:
+            raise PathError(f"{shown(raw.encode('utf-8', 'backslashreplace').decode())}: not a path the file "
+                            "system can encode") from None
+        except OSError as exc:  # a loop of links, no permission...
+            raise PathError(f"{shown(raw)} cannot be resolved ({os.strerror(exc.errno or errno.EINVAL)})") from None
         if not _inside(resolved, roots):
             escaped = True
             continue
@@ -110,8 +134,8 @@ def resolve_data_path(settings: Settings, raw: str, must_exist: bool = True) -> 
             continue
         return resolved
     if escaped:
-        raise PathError(f"{raw!r} is outside the data roots")
-    raise PathError(f"{raw!r} does not exist under the data roots")
+        raise PathError(f"{shown(raw)} is outside the data roots")
+    raise PathError(f"{shown(raw)} does not exist under the data roots")
 
 
 class _BoundedRaw(io.RawIOBase):

@@ -11,12 +11,12 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from app.deps import caller
-from core import dataset_refs, registry
+from core import dataset_refs, limits, registry
 from core.dataset_formats import FormatError, detect
-from core.kinds.base import FieldConflict, FieldError, require_name_free
+from core.kinds.base import FieldConflict, FieldError, RequestModel, require_name_free
 from core.userfiles import PathError, UserFiles, resolve_data_path
 
 router = APIRouter(tags=["datasets"])
@@ -24,11 +24,12 @@ router = APIRouter(tags=["datasets"])
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
-class DatasetRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(..., pattern=NAME_PATTERN, description="the name jobs use for this dataset")
-    path: str = Field(..., min_length=1, max_length=4096, description="a directory under the data roots")
-    description: str | None = Field(None, max_length=2000)
+class DatasetRequest(RequestModel):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="the name jobs use for this dataset")
+    path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
+                      description="a directory under the data roots")
+    description: str | None = Field(None, max_length=limits.MAX_DESCRIPTION_LENGTH)
     overwrite: bool = Field(False, description="replace your own dataset of the same name")
 
 
@@ -49,6 +50,9 @@ def register_dataset(body: DatasetRequest, request: Request, owner: str = Depend
         found = detect(path, UserFiles(settings))
     except FormatError as exc:
         raise FieldError(("body", "path"), str(exc), value=body.path) from None
+    except OSError as exc:  # a file of the dataset the API cannot read
+        raise FieldError(("body", "path"), f"{body.path!r}: a file cannot be read ({exc.strerror or 'I/O error'})",
+                         value=body.path) from None
     meta: dict[str, Any] = {"format": found["format"], "counts": found["counts"]}
     if body.description:
         meta["description"] = body.description

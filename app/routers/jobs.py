@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -144,13 +145,18 @@ def list_jobs(
     return {"items": items, "next_cursor": next_cursor}
 
 
+# A shard listing's cursor is the offset of its next page: ASCII digits, at most 12 of them. ``str.isdigit`` also
+# accepts superscripts ('²', which ``int`` refuses) and other scripts' digits, and ``int`` refuses more than 4300.
+CHILD_CURSOR = re.compile(r"[0-9]{1,12}")
+
+
 def _list_children(request: Request, parent: str, owner: str, limit: int, cursor: str | None) -> dict[str, Any]:
     store = request.app.state.store
     raw = store.raw(parent) if valid_job_id(parent) else {}
     if not raw or not owns(parse_meta(raw), owner):
         raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no job {parent!r}",
                                                      "loc": ["query", "parent"]})
-    if cursor is not None and not cursor.isdigit():
+    if cursor is not None and not CHILD_CURSOR.fullmatch(cursor):
         raise HTTPException(status_code=422, detail=[{"loc": ["query", "cursor"], "msg": "malformed cursor",
                                                       "type": "value_error", "input": cursor}])
     start = int(cursor or 0)

@@ -7,42 +7,41 @@ Validation reads only ``labels.csv`` and a safetensors JSON header (or a ``datas
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from core import dataset_refs
-from core.kinds.base import FieldError, JobKind, register
+from core import dataset_refs, limits
+from core.kinds.base import FieldError, JobKind, RequestModel, register
 from core.settings import Settings
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
 
 DATASET_KIND = "lora"
 
 
-class AblationRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    dataset: str = Field(..., min_length=1, max_length=1024,
+class AblationRequest(RequestModel):
+    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
                          description="a registered dataset name, or a directory under the data roots")
-    representations: list[str] | Literal["all"] = Field(
+    representations: Annotated[list[Annotated[str, Field(max_length=limits.MAX_REPRESENTATION_NAME_LENGTH)]],
+                               Field(max_length=len(REPRESENTATION_NAMES))] | Literal["all"] = Field(
         "all", description=f"a list from {list(REPRESENTATION_NAMES)}, or \"all\"")
     layer_sets: list[Literal["all", "visual", "text"]] = Field(
         ["all", "visual"], min_length=1, max_length=3,
         description="all layers, visual (attn1 self-attention) and/or text (attn2 cross-attention)")
-    num_runs: int = Field(10, ge=1, le=100, description="probe runs per cell, seeds seed+run")
-    n_splits: int | None = Field(None, ge=1, le=100, description="distinct seeded data splits over the runs "
+    num_runs: int = Field(10, ge=1, le=limits.MAX_PROBE_RUNS, description="probe runs per cell, seeds seed+run")
+    n_splits: int | None = Field(None, ge=1, le=limits.MAX_PROBE_RUNS, description="distinct seeded data splits over the runs "
                                  "(run r uses split r mod n_splits); default: a new split per run")
     quick: bool = Field(False, description="3 runs instead of num_runs")
     sample_layers: float = Field(1.0, gt=0, le=1, description="fraction of each layer set's layers (seeded)")
     cache_features: bool = True
-    batch_size: int = Field(256, ge=2, le=65536)
-    max_epochs: int = Field(200, ge=1, le=10_000)
-    patience: int = Field(15, ge=1, le=10_000)
-    hidden_dim: int = Field(512, ge=1, le=16384)
+    batch_size: int = Field(256, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
+    max_epochs: int = Field(200, ge=1, le=limits.MAX_EPOCHS)
+    patience: int = Field(15, ge=1, le=limits.MAX_EPOCHS)
+    hidden_dim: int = Field(512, ge=1, le=limits.MAX_PROBE_HIDDEN)
     dropout: float = Field(0.5, ge=0, lt=1)
     weight_decay: float = Field(1e-4, ge=0, le=1)
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    seed: int = Field(42, ge=0, le=2**31 - 1)
+    seed: int = Field(42, ge=0, le=limits.MAX_SEED)
 
     @field_validator("representations")
     @classmethod

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import Field, StrictStr
 
-from core import registry
+from core import limits, registry
 from core.dataset_formats import news_labelled
 from core.kinds.base import (
     FieldError,
     JobKind,
+    RequestModel,
+    ShardSize,
     max_failed_field,
     register,
     register_fanout,
@@ -29,50 +31,52 @@ METHODS = (*RULES, "occlusion")
 MODEL_KIND = "news"
 DATASET_KIND = "news"
 
-Title = Annotated[StrictStr, Field(min_length=1, max_length=2000)]
+Title = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_TITLE_LENGTH)]
+BodyText = Annotated[StrictStr, Field(max_length=limits.MAX_BODY_TEXT_LENGTH)]
 
 
-class SampleIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: Annotated[StrictStr, Field(min_length=1, max_length=200)]
-    history: list[Title] = Field(min_length=1, max_length=500, description="titles the user clicked")
+class SampleIn(RequestModel):
+    id: Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_SAMPLE_ID_LENGTH)]
+    history: list[Title] = Field(min_length=1, max_length=limits.MAX_HISTORY, description="titles the user clicked")
     candidate: Title
     label: Literal["real", "fake"] | None = None
-    candidate_body: Annotated[StrictStr, Field(max_length=20000)] | None = Field(
+    candidate_body: BodyText | None = Field(
         None, description="the candidate's body, for models with a body view (NAML)")
-    history_bodies: list[Annotated[StrictStr, Field(max_length=20000)]] | None = Field(
-        None, max_length=500, description="one body per history title, for models with a body view (NAML)")
+    history_bodies: list[BodyText] | None = Field(
+        None, max_length=limits.MAX_HISTORY, description="one body per history title, for models with a body view "
+        "(NAML)")
 
 
-class DatasetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
+class DatasetIn(RequestModel):
+    name: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH)
     split: Literal["train", "valid", "test"] = "test"
-    n_samples: int = Field(32, ge=1, le=1_000_000, description="large runs fan out over the workers (shard_size)")
+    n_samples: int = Field(32, ge=1, le=limits.MAX_DATASET_SAMPLES, description="large runs fan out over the "
+                           "workers (shard_size)")
     balanced: bool = False
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
 
 
-class AttributionsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str = Field(min_length=1, max_length=200)
-    samples: list[SampleIn] | None = Field(None, min_length=1, max_length=20000)
+class AttributionsRequest(RequestModel):
+    model: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH)
+    samples: list[SampleIn] | None = Field(None, min_length=1, max_length=limits.MAX_SAMPLES)
     dataset: DatasetIn | None = None
-    n_steps: int = Field(64, ge=1, le=4096)
+    n_steps: int = Field(64, ge=1, le=limits.MAX_IG_STEPS)
     method: Literal[METHODS] | None = Field(  # type: ignore[valid-type]
         None, description="quadrature rule; default gausslegendre, or clenshaw_curtis (nested) with a tolerance")
     tolerance: float | None = Field(None, gt=0, lt=1, description="start at min(n_steps, 16) steps and refine "
                                     "each sample until its relative completeness delta is at most this")
-    alpha_batch_size: int | Literal["auto"] = Field("auto", description="alphas per batched pass (int >= 1)")
-    batch_size: int | Literal["auto"] = Field("auto", description="samples per batched pass (int >= 1)")
+    alpha_batch_size: Annotated[int, Field(le=limits.MAX_ALPHA_BATCH_SIZE)] | Literal["auto"] = Field(
+        "auto", description="alphas per batched pass (int >= 1)")
+    batch_size: Annotated[int, Field(le=limits.MAX_IG_BATCH_SIZE)] | Literal["auto"] = Field(
+        "auto", description="samples per batched pass (int >= 1)")
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     baseline: Literal["pad", "zero"] = "pad"
-    top_k: int = Field(10, ge=0, le=200)
+    top_k: int = Field(10, ge=0, le=limits.MAX_ATTRIBUTION_TOP_K)
     optimized: bool = True
-    compare_with: str | None = Field(None, min_length=1, max_length=200)
+    compare_with: str | None = Field(None, min_length=1, max_length=limits.MAX_NAME_LENGTH)
     compare_threshold: float = Field(0.1, ge=0)
-    max_history: int = Field(50, ge=1, le=500)
-    shard_size: int | Literal["auto"] = shard_size_field("samples")
+    max_history: int = Field(50, ge=1, le=limits.MAX_HISTORY)
+    shard_size: ShardSize = shard_size_field("samples")
     max_failed_fraction: float = max_failed_field("samples")
     shard_retries: int = shard_retries_field()
 
@@ -115,6 +119,12 @@ def _check_batch_sizes(req: AttributionsRequest) -> None:
         value = getattr(req, field)
         if value != "auto" and value < 1:
             raise FieldError(("body", field), f"{field} must be >= 1 or 'auto'", value=value)
+    if req.alpha_batch_size != "auto" and req.batch_size != "auto" \
+            and req.alpha_batch_size * req.batch_size > limits.MAX_IG_ROWS_PER_PASS:
+        raise FieldError(("body", "batch_size"), f"alpha_batch_size {req.alpha_batch_size} x batch_size "
+                         f"{req.batch_size} is more than {limits.MAX_IG_ROWS_PER_PASS:,} interpolated rows per pass; "
+                         "lower one, or leave one 'auto' (sized from the model's measured memory)",
+                         value=req.batch_size, related=[(("body", "alpha_batch_size"), req.alpha_batch_size)])
 
 
 def _check_steps(req: AttributionsRequest) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core import limits
 from core.keys import JOB_ID_PATTERN
 from core.settings import Settings
 
@@ -20,17 +22,76 @@ RENDERERS = ("attributions", "influence", "training", "ablation")
 FORM_WIDGETS = ("news_samples",)
 
 
+class RequestModel(BaseModel):
+    """The base of every request model and of every model nested in one.
+
+    A field the schema does not name is an error (a typo is never silently ignored), and so are NaN and the
+    infinities in float fields: ``ge=0`` lets ``Infinity`` through, and no job can use one. (JSON has no such
+    numbers, but Python's parser reads ``NaN``, ``Infinity`` and ``1e999``.)
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _not_unicode(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def refuse_invalid_text(value: Any) -> Any:
+    """A field validator for free-form JSON (``dict[str, Any]``; pydantic refuses them in ``str`` fields itself):
+    ``value`` unchanged, or a ValueError when a string in it (or a key) is not Unicode text. JSON's ``\\ud800``
+    escape decodes to a lone surrogate, which no file system, Redis client or UTF-8 response can encode."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _not_unicode(item):
+                raise ValueError("must be Unicode text: it holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                                 "escape)")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return value
+
+
+def refuse_non_finite(value: Any) -> Any:
+    """A field validator for free-form JSON (``dict[str, Any]``, which ``allow_inf_nan`` does not reach): ``value``
+    unchanged, or a ValueError naming the first non-finite number's place in it."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"{where.lstrip('.') or 'the value'} must be a finite number, not {item}")
+        if isinstance(item, dict):
+            stack.extend((f"{where}.{k}", v) for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(item))
+    return value
+
+
 class FieldError(ValueError):
     """A request field that is well-formed but wrong for this server (unknown model, path outside roots...).
 
-    Rendered as a 422 in FastAPI's error shape, with ``loc`` naming the field.
+    Rendered as a 422 in FastAPI's error shape, with ``loc`` naming the field. ``related`` names other fields the
+    same problem involves, as ``(loc, value)`` pairs (a size that is the product of two fields): each gets an entry
+    with the same message.
     """
 
-    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None):
+    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None,
+                 related: Sequence[tuple[tuple[str | int, ...], Any]] = ()):
         super().__init__(message)
         self.loc = tuple(loc)
         self.message = message
         self.value = value
+        self.related = [(tuple(rloc), rvalue) for rloc, rvalue in related]
 
     status_code = 422
     code = "invalid"
@@ -41,7 +102,8 @@ class FieldError(ValueError):
     def body(self) -> dict[str, Any]:
         """The response body: FastAPI's validation shape for 422, ``{"detail": {code, message, loc}}`` otherwise."""
         if self.status_code == 422:
-            return {"detail": [self.detail()]}
+            return {"detail": [self.detail()] + [{**self.detail(), "loc": list(rloc), "input": rvalue}
+                                                 for rloc, rvalue in self.related]}
         return {"detail": {"code": self.code, "message": self.message, "loc": list(self.loc)}}
 
 
@@ -127,10 +189,8 @@ KINDS: dict[str, JobKind] = {}
 
 
 
-class ShardRequest(BaseModel):
+class ShardRequest(RequestModel):
     """One shard of a fanned-out request: items ``[start, end)`` of the parent's ``request``."""
-
-    model_config = ConfigDict(extra="forbid")
     parent: str = Field(..., pattern=JOB_ID_PATTERN)
     index: int = Field(..., ge=0)
     start: int = Field(..., ge=0)
@@ -138,13 +198,15 @@ class ShardRequest(BaseModel):
     request: dict[str, Any]
 
 
-class ReduceRequest(BaseModel):
+class ReduceRequest(RequestModel):
     """The step that merges a parent's ``shards`` shards."""
-
-    model_config = ConfigDict(extra="forbid")
     parent: str = Field(..., pattern=JOB_ID_PATTERN)
     shards: int = Field(..., ge=1)
     request: dict[str, Any]
+
+
+# ``shard_size``: items per shard, or "auto" (validate refuses a size below 1 with its own message)
+ShardSize = Annotated[int, Field(le=limits.MAX_SHARD_SIZE)] | Literal["auto"]
 
 
 def shard_size_field(unit: str) -> Any:
@@ -160,7 +222,7 @@ def max_failed_field(unit: str) -> Any:
 
 
 def shard_retries_field() -> Any:
-    return Field(1, ge=0, le=5, description="retries of a failed shard")
+    return Field(1, ge=0, le=limits.MAX_SHARD_RETRIES, description="retries of a failed shard")
 
 
 def register_fanout(kind: str, module: str, timeout_s: int) -> None:

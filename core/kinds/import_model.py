@@ -11,56 +11,87 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, field_validator
 
-from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core import limits
+from core.kinds.base import (
+    FieldError,
+    JobKind,
+    RequestModel,
+    refuse_invalid_text,
+    refuse_non_finite,
+    register,
+    require_new_name,
+)
 from core.settings import Settings
-from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
+from core.userfiles import (
+    PathError,
+    UserFileError,
+    UserFiles,
+    check_path_lengths,
+    check_tree,
+    resolve_data_path,
+    shown,
+)
 from models.files import read_bytes
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh"}
 WEIGHT_DEFAULTS = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin")
+FILE = limits.MAX_FILE_NAME_LENGTH  # a file inside the model directory
 
 
-class CheckpointIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    file: str = Field(..., min_length=1, max_length=512, description="a state dict in the model directory")
+class CheckpointIn(RequestModel):
+    file: str = Field(..., min_length=1, max_length=limits.MAX_FILE_NAME_LENGTH,
+                      description="a state dict in the model directory")
     lr: float = Field(..., gt=0, description="the learning rate in use when it was saved (TracIn weight)")
-    epoch: int | None = Field(None, ge=0)
+    epoch: int | None = Field(None, ge=0, le=limits.MAX_EPOCHS)
 
 
-class ImportModelRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the model under")
+class ImportModelRequest(RequestModel):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="name to register the model under")
     kind: Literal["conve", "nrms", "naml", "vision_bdh"]
-    path: str = Field(..., min_length=1, max_length=4096, description="the model directory, under the data roots")
-    weights: str | None = Field(None, min_length=1, max_length=512,
+    path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
+                      description="the model directory, under the data roots")
+    weights: str | None = Field(None, min_length=1, max_length=FILE,
                                 description=f"state dict file; default the first of {', '.join(WEIGHT_DEFAULTS)}")
-    config: dict[str, Any] | None = Field(None, description="ConvE shape hyper-parameters, or the NRMS/NAML/"
-                                          "Vision-BDH config; default the directory's config.json")
-    entities: str | None = Field(None, min_length=1, max_length=512, description="ConvE entity ids (node_dict, "
+    config: dict[str, Any] | None = Field(None, max_length=limits.MAX_CONFIG_KEYS, description="ConvE shape "
+                                          "hyper-parameters, or the NRMS/NAML/Vision-BDH config; default the "
+                                          "directory's config.json")
+    entities: str | None = Field(None, min_length=1, max_length=FILE, description="ConvE entity ids (node_dict, "
                                  "entity_to_id.tsv[.gz]/.json, entities.dict); found by name when omitted")
-    relations: str | None = Field(None, min_length=1, max_length=512, description="ConvE relation ids (rel_dict, "
+    relations: str | None = Field(None, min_length=1, max_length=FILE, description="ConvE relation ids (rel_dict, "
                                   "relation_to_id..., relations.dict)")
     reciprocal: bool | None = Field(None, description="ConvE: default from the relation table's rows")
-    train_triples: str | None = Field(None, min_length=1, max_length=512, description="ConvE: training triples "
+    train_triples: str | None = Field(None, min_length=1, max_length=FILE, description="ConvE: training triples "
                                       "(names or ids, TSV); default train.txt")
-    valid_triples: str | None = Field(None, min_length=1, max_length=512)
-    test_triples: str | None = Field(None, min_length=1, max_length=512)
-    checkpoints: list[CheckpointIn] = Field(default_factory=list, max_length=1000,
+    valid_triples: str | None = Field(None, min_length=1, max_length=FILE)
+    test_triples: str | None = Field(None, min_length=1, max_length=FILE)
+    checkpoints: list[CheckpointIn] = Field(default_factory=list, max_length=limits.MAX_CHECKPOINTS,
                                             description="ConvE: the TracIn checkpoints, each with its lr")
-    vocab: str | None = Field(None, min_length=1, max_length=512, description="NRMS/NAML word models: the "
+    vocab: str | None = Field(None, min_length=1, max_length=FILE, description="NRMS/NAML word models: the "
                               "vocabulary (JSON list starting [PAD], [UNK]); default vocab.json")
     overwrite: bool = Field(False, description="replace your existing model of the same name")
+
+    @field_validator("config")
+    @classmethod
+    def _json_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return refuse_invalid_text(refuse_non_finite(value))
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:
     loc = ("body", *field) if isinstance(field, tuple) else ("body", field)
-    path = (directory / rel).resolve()
-    if not path.is_relative_to(directory) or not path.is_file():
-        raise FieldError(loc, f"no file {rel!r} inside the model directory", value=rel)
+    try:
+        check_path_lengths(rel, directory / rel)
+        path = (directory / rel).resolve()
+        found = path.is_relative_to(directory) and path.is_file()
+    except PathError as exc:
+        raise FieldError(loc, str(exc), value=rel) from None
+    except (OSError, ValueError) as exc:  # a NUL byte, text the file system cannot encode, a loop of links
+        raise FieldError(loc, f"{shown(rel)}: not a file name the file system accepts ({exc})", value=rel) from None
+    if not found:
+        raise FieldError(loc, f"no file {shown(rel)} inside the model directory", value=rel)
     return path
 
 

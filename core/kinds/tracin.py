@@ -11,13 +11,15 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
-from core import registry
+from core import limits, registry
 from core.filestore import StoreError
 from core.kinds.base import (
     FieldError,
     JobKind,
+    RequestModel,
+    ShardSize,
     max_failed_field,
     register,
     register_fanout,
@@ -30,45 +32,43 @@ from core.userfiles import PathError, UserFileError, UserFiles, resolve_data_pat
 from models.kg.shapes import LAYER_NAMES
 from models.kg.tsv import TriplesFormatError, read_triples
 
-MAX_TEST_TRIPLES = 10_000
-MAX_SINGLE_PAIRS = 1_000_000  # mode 'single' returns every pair
-Name = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+MAX_TEST_TRIPLES = limits.MAX_TEST_TRIPLES
+MAX_SINGLE_PAIRS = limits.MAX_SINGLE_PAIRS  # mode 'single' returns every pair
+Name = Annotated[str, StringConstraints(min_length=1, max_length=limits.MAX_TRIPLE_NAME_LENGTH)]
 Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[head, relation, tail] by name")]
 
 
-class FilterRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    n_hops: int = Field(1, ge=1, le=6)
-    min_degree: int = Field(0, ge=0)
+class FilterRequest(RequestModel):
+    n_hops: int = Field(1, ge=1, le=limits.MAX_HOPS)
+    min_degree: int = Field(0, ge=0, le=limits.MAX_MIN_DEGREE)
     preserve_test_entities: bool = True
 
 
-class TracInRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(..., min_length=1)
+class TracInRequest(RequestModel):
+    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH)
     test_triples: list[Triple] | None = Field(None, min_length=1, max_length=MAX_TEST_TRIPLES,
                                               description="required except in mode 'self'")
-    test_triples_path: str | None = Field(None, min_length=1, max_length=4096, description="instead of "
+    test_triples_path: str | None = Field(None, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="instead of "
                                           "test_triples: a TSV file of head<TAB>relation<TAB>tail under the data "
                                           "roots (read at submission; the job keeps the triples)")
     mode: Literal["test", "self", "single"] = "test"
-    top_k: int | None = Field(10, ge=0, description="null returns every candidate")
-    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1)] = "all"
-    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1)] = "all"
+    top_k: int | None = Field(10, ge=0, le=limits.MAX_TRACIN_TOP_K, description="null returns every candidate "
+                              f"(to scores.npy); at most {limits.MAX_TRACIN_LISTED:,} test triples x top_k")
+    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = "all"
+    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = "all"
     loss: Literal["train", "score_bce"] = "train"
-    projection_dim: int | None = Field(None, ge=1, le=1_000_000)
+    projection_dim: int | None = Field(None, ge=1, le=limits.MAX_PROJECTION_DIM)
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    batch_size: int = Field(256, ge=1, le=65_536)
+    batch_size: int = Field(256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE)
     filter: FilterRequest | None = None
-    train_triples: list[Triple] | None = Field(None, min_length=1, max_length=100_000,
+    train_triples: list[Triple] | None = Field(None, min_length=1, max_length=limits.MAX_SINGLE_TRAIN_TRIPLES,
                                                description="mode 'single': the training triples to score")
     lr_weight: Literal["last", "interval"] = Field(
         "last", description="checkpoint weight: 'last' = the learning rate stored with it (last epoch of its "
         "interval); 'interval' = the sum of the epoch rates since the previous checkpoint")
     method: Literal["ghost", "vmap"] = Field("ghost", description="'vmap' materialises per-example gradients "
                                              "(the slow reference)")
-    shard_size: int | Literal["auto"] = shard_size_field("modes 'test' and 'self': candidate training triples")
+    shard_size: ShardSize = shard_size_field("modes 'test' and 'self': candidate training triples")
     max_failed_fraction: float = max_failed_field("candidate training triples")
     shard_retries: int = shard_retries_field()
 
@@ -131,6 +131,9 @@ def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
         raise FieldError(loc, str(exc), value=req.test_triples_path) from None
     except UnicodeDecodeError:
         raise FieldError(loc, "the file is not UTF-8 text", value=req.test_triples_path) from None
+    except OSError as exc:  # no permission...
+        raise FieldError(loc, f"cannot read {req.test_triples_path!r}: {exc.strerror or 'I/O error'}",
+                         value=req.test_triples_path) from None
     if not rows:
         raise FieldError(loc, "the file holds no triples", value=req.test_triples_path)
     req.test_triples = [list(r) for r in rows]
@@ -179,9 +182,16 @@ def _check_layers(req: TracInRequest) -> None:
 
 
 def _check_sizes(req: TracInRequest) -> None:
-    """A usable shard size, and no more (test, train) pairs in mode 'single' than one job returns."""
+    """A usable shard size, no more listed entries than one result holds, and no more (test, train) pairs in mode
+    'single' than one job returns."""
     if req.shard_size != "auto" and req.shard_size < 1:
         raise FieldError(("body", "shard_size"), "shard_size must be >= 1 or 'auto'", value=req.shard_size)
+    n_test = len(req.test_triples or ())
+    if req.mode == "test" and req.top_k is not None and n_test * req.top_k > limits.MAX_TRACIN_LISTED:
+        raise FieldError(("body", "top_k"), f"{n_test} test triples x top_k {req.top_k} is more than "
+                         f"{limits.MAX_TRACIN_LISTED:,} listed proponents (and as many opponents) per result; "
+                         "lower top_k, split the test triples over jobs, or use top_k null (every score, to "
+                         "scores.npy)", value=req.top_k)
     if req.mode == "single" and req.train_triples and req.test_triples \
             and len(req.train_triples) * len(req.test_triples) > MAX_SINGLE_PAIRS:
         raise FieldError(("body", "train_triples"), f"mode 'single' scores every (test, train) pair and returns "

@@ -5,30 +5,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from core import dataset_refs
+from core import dataset_refs, limits, memory
 from core.artifacts import artifacts_key, owner_record
 from core.filestore import get_store
 from core.keys import valid_job_id
-from core.kinds.base import FieldError, FieldNotFound, JobKind, register, require_name_free
+from core.kinds.base import FieldError, FieldNotFound, JobKind, RequestModel, register, require_name_free
 from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, check_tree, display, resolve_data_path
 
 # Directory names of the official python-pickle archives, and the file that marks a complete one.
 CIFAR_DIRS = {"cifar10": ("cifar-10-batches-py", "data_batch_1"), "cifar100": ("cifar-100-python", "train")}
+NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
 
 
-class BDHModelSpec(BaseModel):
+class BDHModelSpec(RequestModel):
     """Vision-BDH architecture: N = mlp_multiplier · n_embd / n_head neurons per head."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    n_layer: int = Field(6, ge=1, le=64, description="times the shared BDH layer is applied")
-    n_embd: int = Field(192, ge=4, le=4096, description="embedding width D")
-    n_head: int = Field(6, ge=1, le=128)
-    mlp_multiplier: int = Field(32, ge=1, le=512)
+    n_layer: int = Field(6, ge=1, le=limits.MAX_BDH_LAYERS, description="times the shared BDH layer is applied")
+    n_embd: int = Field(192, ge=4, le=limits.MAX_EMBEDDING_DIM, description="embedding width D")
+    n_head: int = Field(6, ge=1, le=limits.MAX_BDH_HEADS)
+    mlp_multiplier: int = Field(32, ge=1, le=limits.MAX_BDH_MLP_MULTIPLIER)
     softmax_attention: bool = Field(False, description="softmax attention (SDPA) instead of BDH's linear attention")
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     cls_token: bool = Field(False, description="classify from a CLS token instead of mean-pooling")
@@ -50,38 +49,37 @@ class BDHModelSpec(BaseModel):
         return mult
 
 
-class TrainBDHRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TrainBDHRequest(RequestModel):
     dataset: Literal["digits", "cifar10", "cifar100"] = "digits"
     data_dir: str | None = Field(
-        None, max_length=4096,
+        None, max_length=limits.MAX_PATH_LENGTH,
         description="CIFAR: the python-pickle batch directory (or its parent) inside the data roots; default "
         "cifar-10-batches-py / cifar-100-python in the first data root; or the name of a registered CIFAR "
         "dataset. Not used for digits.",
     )
-    epochs: int = Field(10, ge=1, le=10_000, description="total epochs (a resumed run continues up to this)")
-    batch_size: int = Field(64, ge=1, le=8192)
-    grad_accum_steps: int = Field(1, ge=1, le=1024)
+    epochs: int = Field(10, ge=1, le=limits.MAX_EPOCHS, description="total epochs (a resumed run continues up to "
+                        "this)")
+    batch_size: int = Field(64, ge=1, le=limits.MAX_BDH_BATCH_SIZE)
+    grad_accum_steps: int = Field(1, ge=1, le=limits.MAX_GRAD_ACCUM_STEPS)
     lr: float = Field(1e-3, gt=0.0, le=10.0)
     weight_decay: float = Field(0.05, ge=0.0, le=10.0)
-    warmup_steps: int = Field(50, ge=0, le=10_000_000)
+    warmup_steps: int = Field(50, ge=0, le=limits.MAX_WARMUP_STEPS)
     model: BDHModelSpec = Field(default_factory=BDHModelSpec)
     compile: Literal["off", "default", "max-autotune"] = "off"
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     deterministic: bool = False
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    resume_from: str | None = Field(None, description="id of an earlier train/bdh job whose checkpoint to continue "
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
+    resume_from: str | None = Field(None, max_length=limits.MAX_JOB_ID_LENGTH, description="id of an earlier train/bdh job whose checkpoint to continue "
                                     "(same settings; only epochs may change, above the epochs done)")
     keep_checkpoints: Literal["last_best", "all"] = Field(
         "last_best", description="'last_best': the resumable last checkpoint and the best weights; 'all': also "
         "the weights of every epoch")
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
-    max_train_samples: int | None = Field(None, ge=1)
+    max_train_samples: int | None = Field(None, ge=1, le=limits.MAX_TRAIN_SAMPLES)
     augment: bool = Field(True, description="random resized crop 0.8-1.0, and horizontal flips except for digits")
-    num_workers: int | None = Field(None, ge=0, le=64, description="DataLoader workers; default 4 on CUDA, 0 on CPU")
+    num_workers: int | None = Field(None, ge=0, le=limits.MAX_DATA_WORKERS, description="DataLoader workers; default 4 on CUDA, 0 on CPU")
     register_as: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+        None, max_length=limits.MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
         description="registry name for the best model; default bdh-<job id>; another owner's name is 409",
     )
 
@@ -127,8 +125,23 @@ def cifar_dir(settings: Settings, dataset: str, data_dir: str | None, owner: str
     return found
 
 
+def check_memory(req: TrainBDHRequest, settings: Settings) -> None:
+    """The model and one step's activations at ``batch_size`` fit ``EXPLAINQ_WORKER_MEMORY_BYTES``."""
+    m = req.model
+    est = memory.bdh_training(m.n_layer, m.n_embd, m.n_head, m.mlp_multiplier, m.cls_token,
+                              NUM_CLASSES[req.dataset], req.batch_size)
+    sizes = [("model.n_embd", m.n_embd), ("model.mlp_multiplier", m.mlp_multiplier)]
+    acts = [("batch_size", req.batch_size), ("model.n_layer", m.n_layer)]
+    fields = sizes + acts if est.parameter_bytes > est.activation_bytes else acts + sizes
+    what = (f"Vision-BDH with n_layer {m.n_layer}, n_embd {m.n_embd}, n_head {m.n_head} and mlp_multiplier "
+            f"{m.mlp_multiplier} at batch_size {req.batch_size}")
+    memory.check_budget(settings, est, fields, what)
+
+
 def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") -> None:
-    """Data directory inside the data roots and complete; resume_from names a job with a checkpoint."""
+    """Data directory inside the data roots and complete; resume_from names a job with a checkpoint; the model
+    fits a worker."""
+    check_memory(req, settings)
     if req.dataset == "digits":
         if req.data_dir is not None:
             raise FieldError(("body", "data_dir"), "digits is bundled with scikit-learn; omit data_dir",

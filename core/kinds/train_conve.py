@@ -4,38 +4,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from core import dataset_refs, registry
-from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core import dataset_refs, limits, memory, registry
+from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
+NATIONS_COUNTS = {"entities": 14, "relations": 55}  # the shipped dataset (models/kg/data/nations)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
-class TrainConvERequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
-    dataset: str = Field(NATIONS, min_length=1, description="'nations' (shipped), a registered triples dataset, "
-                         "or a directory under the data roots holding train.txt [valid.txt test.txt]")
-    epochs: int = Field(20, ge=1, le=10_000)
-    batch_size: int = Field(128, ge=2, le=65_536)
+class TrainConvERequest(RequestModel):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="name to register the trained model under")
+    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "
+                         "(shipped), a registered triples dataset, or a directory under the data roots holding "
+                         "train.txt [valid.txt test.txt]")
+    epochs: int = Field(20, ge=1, le=limits.MAX_EPOCHS)
+    batch_size: int = Field(128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
     lr: float = Field(0.003, gt=0, le=10)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier after each epoch")
     weight_decay: float = Field(0.0, ge=0)
     label_smoothing: float = Field(0.1, ge=0, lt=1)
-    embedding_dim: int = Field(200, ge=6, le=4096)
-    embedding_height: int | None = Field(None, ge=1, description="image height; default 10 for 200 (10x20)")
-    num_filters: int = Field(32, ge=1, le=1024)
+    embedding_dim: int = Field(200, ge=6, le=limits.MAX_EMBEDDING_DIM)
+    embedding_height: int | None = Field(None, ge=1, le=limits.MAX_EMBEDDING_DIM,
+                                         description="image height; default 10 for 200 (10x20)")
+    num_filters: int = Field(32, ge=1, le=limits.MAX_CONVE_FILTERS)
     input_dropout: float = Field(0.2, ge=0, lt=1)
     feature_dropout: float = Field(0.2, ge=0, lt=1)
     hidden_dropout: float = Field(0.3, ge=0, lt=1)
     reciprocal: bool = True
-    checkpoint_every: int = Field(5, ge=1, le=10_000)
-    seed: int = 0
+    checkpoint_every: int = Field(5, ge=1, le=limits.MAX_EPOCHS)
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
     overwrite: bool = Field(False, description="replace your existing model of the same name (another owner's name is 409)")
 
 
@@ -51,12 +53,35 @@ def resolve_dataset(settings: Settings, name: str, owner: str) -> Path | None:
     return path
 
 
+def dataset_counts(settings: Settings, name: str) -> dict[str, int]:
+    """Entities and relations of the dataset, where known without reading it: a registered dataset's counts (from
+    ``POST /datasets``) or the shipped nations; otherwise zeros (the estimate then counts the configuration only)."""
+    entry = registry.get_dataset(settings, name)
+    counts = (entry or {}).get("meta", {}).get("counts") or (NATIONS_COUNTS if name == NATIONS else {})
+    return {k: int(counts.get(k) or 0) for k in ("entities", "relations")}
+
+
+def check_memory(req: TrainConvERequest, settings: Settings) -> None:
+    """The model and one step's activations at ``batch_size`` fit ``EXPLAINQ_WORKER_MEMORY_BYTES``."""
+    counts = dataset_counts(settings, req.dataset)
+    est = memory.conve_training(counts["entities"], counts["relations"], req.embedding_dim, req.embedding_height,
+                                req.num_filters, req.batch_size, req.reciprocal)
+    sizes = [("embedding_dim", req.embedding_dim), ("num_filters", req.num_filters)]
+    fields = sizes + [("batch_size", req.batch_size)]
+    if est.activation_bytes > est.parameter_bytes:
+        fields = [("batch_size", req.batch_size), *sizes]
+    what = (f"ConvE with embedding_dim {req.embedding_dim}, num_filters {req.num_filters} and batch_size "
+            f"{req.batch_size} on {req.dataset!r} ({counts['entities']} entities, {counts['relations']} relations)")
+    memory.check_budget(settings, est, fields, what)
+
+
 def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") -> None:
     resolve_dataset(settings, req.dataset, owner)
     problem = check_image(req.embedding_dim, req.embedding_height)
     if problem:
         loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", loc), problem, value=getattr(req, loc))
+    check_memory(req, settings)
     require_new_name(settings, req.name, owner, "conve", req.overwrite)
 
 register(JobKind(

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from core import dataset_refs
-from core.kinds.base import FieldError, JobKind, register, require_new_name
+from core import dataset_refs, limits
+from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
 from models.news.data import has_split
@@ -20,38 +20,41 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SPLITS = ("train", "valid", "test")
 
 
-class TrainNewsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(..., pattern=NAME_PATTERN, description="name to register the trained model under")
+class TrainNewsRequest(RequestModel):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="name to register the trained model under")
     architecture: Literal["nrms", "naml"] = "nrms"
     encoder: Literal["minilm", "pretrained", "word"] = Field(
         "minilm", description="'minilm' (shipped), 'pretrained' (a BERT-family directory under the data roots: "
         "BERT, RoBERTa, DeBERTa), or 'word' embeddings (from scratch or from glove_path). NAML uses 'word'.")
-    pretrained_path: str | None = Field(None, min_length=1, description="encoder 'pretrained': its directory")
-    fine_tune_layers: int = Field(0, ge=0, le=96, description="train the last k transformer layers (0: frozen)")
-    glove_path: str | None = Field(None, min_length=1, description="encoder 'word': a GloVe-format text file "
-                                   "under the data roots whose dimension is embedding_dim")
-    embedding_dim: int = Field(128, ge=4, le=1024, description="word-embedding size (encoder 'word')")
-    heads: int = Field(16, ge=1, le=64, description="NRMS attention heads")
-    head_dim: int = Field(16, ge=1, le=256, description="NRMS size per head")
-    query_dim: int = Field(200, ge=1, le=1024, description="additive-attention query size")
-    filters: int = Field(256, ge=1, le=2048, description="NAML CNN filters")
-    window: int = Field(3, ge=1, le=9, description="NAML CNN window")
+    pretrained_path: str | None = Field(None, min_length=1, max_length=limits.MAX_PATH_LENGTH,
+                                        description="encoder 'pretrained': its directory")
+    fine_tune_layers: int = Field(0, ge=0, le=limits.MAX_FINE_TUNE_LAYERS,
+                                  description="train the last k transformer layers (0: frozen)")
+    glove_path: str | None = Field(None, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="encoder "
+                                   "'word': a GloVe-format text file under the data roots whose dimension is "
+                                   "embedding_dim")
+    embedding_dim: int = Field(128, ge=4, le=limits.MAX_NEWS_EMBEDDING_DIM,
+                               description="word-embedding size (encoder 'word')")
+    heads: int = Field(16, ge=1, le=limits.MAX_NEWS_HEADS, description="NRMS attention heads")
+    head_dim: int = Field(16, ge=1, le=limits.MAX_NEWS_HEAD_DIM, description="NRMS size per head")
+    query_dim: int = Field(200, ge=1, le=limits.MAX_NEWS_EMBEDDING_DIM, description="additive-attention query size")
+    filters: int = Field(256, ge=1, le=limits.MAX_NEWS_FILTERS, description="NAML CNN filters")
+    window: int = Field(3, ge=1, le=limits.MAX_NEWS_WINDOW, description="NAML CNN window")
     dropout: float = Field(0.2, ge=0, lt=1)
-    dataset: str = Field(..., min_length=1, max_length=1024, description="a registered news dataset, a "
+    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, description="a registered news dataset, a "
                          "directory under the data roots holding {train,valid}/ MIND splits or pairs_{split}.csv, "
                          "or one pairwise CSV file (training only: set valid_split to null)")
     train_split: Literal[SPLITS] = "train"  # type: ignore[valid-type]
     valid_split: Literal[SPLITS] | None = Field("valid", description="metrics per epoch; null: none")  # type: ignore[valid-type]
-    npratio: int = Field(4, ge=1, le=64, description="non-clicked candidates per click")
-    max_title_len: int = Field(30, ge=1, le=512)
-    max_body_len: int = Field(60, ge=1, le=1024, description="NAML body tokens")
-    max_history: int = Field(50, ge=1, le=500)
-    epochs: int = Field(3, ge=1, le=1000)
+    npratio: int = Field(4, ge=1, le=limits.MAX_NPRATIO, description="non-clicked candidates per click")
+    max_title_len: int = Field(30, ge=1, le=limits.MAX_TITLE_TOKENS)
+    max_body_len: int = Field(60, ge=1, le=limits.MAX_BODY_TOKENS, description="NAML body tokens")
+    max_history: int = Field(50, ge=1, le=limits.MAX_HISTORY)
+    epochs: int = Field(3, ge=1, le=limits.MAX_EPOCHS)
     lr: float = Field(1e-3, gt=0, le=1)
-    batch_size: int = Field(32, ge=1, le=4096)
-    seed: int = 0
+    batch_size: int = Field(32, ge=1, le=limits.MAX_NEWS_BATCH_SIZE)
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     resume: bool = Field(False, description="continue your latest checkpointed run of this name")
     overwrite: bool = Field(False, description="replace your existing model of the same name")
@@ -77,7 +80,22 @@ def data_file(settings: Settings, raw: str, field: str, fmt: str | None = None) 
     return path
 
 
+def check_tokens(req: TrainNewsRequest) -> None:
+    """The tokens one training step encodes stay within ``MAX_NEWS_TOKENS_PER_BATCH``."""
+    per_title = req.max_title_len + (req.max_body_len if req.architecture == "naml" else 0)
+    tokens = req.batch_size * (req.max_history + 1 + req.npratio) * per_title
+    if tokens > limits.MAX_NEWS_TOKENS_PER_BATCH:
+        related = [(("body", f), getattr(req, f)) for f in ("max_history", "npratio", "max_title_len")]
+        if req.architecture == "naml":
+            related.append((("body", "max_body_len"), req.max_body_len))
+        raise FieldError(("body", "batch_size"), f"one step would encode {tokens:,} tokens (batch_size x "
+                         "(max_history + 1 + npratio) x tokens per news), more than "
+                         f"{limits.MAX_NEWS_TOKENS_PER_BATCH:,}; lower batch_size or the lengths",
+                         value=req.batch_size, related=related)
+
+
 def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> None:
+    check_tokens(req)
     root = resolve_news_dataset(settings, req.dataset, owner)
     for field in ("train_split", "valid_split"):
         split = getattr(req, field)
