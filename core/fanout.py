@@ -345,7 +345,7 @@ return answer
 """)
 
 # Cancel a fan-out: every child still waiting (pending, deferred or queued on bulk, and the reduce step) is canceled
-# at once, a running shard gets its cancel flag (it stops at its next progress step and ends as canceled), the
+# at once, a running shard or reduce step gets its cancel flag (it stops at its next progress step), the
 # bookkeeping goes, and the owner's window is refilled from its other parents.
 # ARGV: parent, owner (when the fan-out is not live any more), window, now, canceled registry, its score,
 # failure TTL, cancel-flag TTL. Answers the children canceled here.
@@ -388,7 +388,10 @@ for _, id in ipairs(redis.call('SMEMBERS', OPEN .. parent)) do
   end
 end
 redis.call('SREM', OPEN .. parent, PLANNING)
-cancel_waiting(parent .. '@REDUCE@')
+local rid = parent .. '@REDUCE@'
+if not cancel_waiting(rid) and redis.call('HGET', JOB .. rid, 'status') == 'started' then
+  redis.call('SET', CANCEL .. rid, '1', 'EX', flag_ttl)  -- merging: it stops at its next progress step
+end
 redis.call('HDEL', LIVE, parent)
 release(owner, window_of(ARGV[3]), now)
 return canceled

@@ -279,3 +279,7 @@ def test_planning_again_creates_nothing_twice_and_each_end_counts_once(redis_set
     assert not r.exists(keys.fanout_pending(job.id), keys.fanout_open(job.id), keys.fanout_inflight("alice"),
                         keys.fanout_parents("alice"))
     assert not r.hexists(keys.FANOUT_LIVE, job.id) and not r.sismember(keys.FANOUT_OWNERS, "alice")
+    # a cancel while the reduce step merges reaches it too: it stops at its next progress step
+    r.hset(f"rq:job:{job.id}-reduce", "status", "started")
+    fanout.tear_down(r, job.id, "alice", settings)
+    assert r.exists(keys.cancel(f"{job.id}-reduce"))
