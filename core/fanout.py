@@ -1,26 +1,47 @@
 """Fan-out bookkeeping shared by the API and the workers (no torch).
 
-A large request is a **parent** job. Its job function plans the work into shards and enqueues, as ordinary RQ jobs:
+A large request is a **parent** job. Its job function plans the work into shards and creates, as RQ jobs on the
+``bulk`` queue:
 
-- shard jobs ``<parent>-s00000``, ``<parent>-s00001``, ... on the ``bulk`` queue (any worker on any host takes
-  them; ids are deterministic, so re-running the parent never enqueues a shard twice);
-- one reduce job ``<parent>-reduce`` on the ``bulk`` queue that depends on every shard (failures allowed), and
-  merges their outputs.
+- shard jobs ``<parent>-s00000``, ``<parent>-s00001``, ... (ids are deterministic, so re-running the parent never
+  creates a shard twice), created *deferred* and listed in the parent's pending list;
+- one reduce job ``<parent>-reduce``, created deferred too, which merges the shards' outputs.
 
-The parent's own RQ job ends as soon as it has enqueued them. What a client sees of the parent is derived at read
-time from its shards and its reduce step: status, ``shards: {total, queued, running, succeeded, failed}``, progress
-summed over the shards with an ETA, and the reduce step's result as the parent's result. ``explainq:children:
-<parent>`` indexes the shards for ``GET /jobs?parent=``. Canceling the parent cancels every shard and the reduce.
+**The window.** An owner has at most ``EXPLAINQ_SHARD_WINDOW`` shards out on ``bulk`` (queued or running; ``0``
+means as many as live workers serve ``bulk``): the rest wait in their parent's pending list. Whenever one of the
+owner's shards ends (succeeded, failed for good, canceled) the owner's next pending shard is released, taking the
+owner's parents in turn (round robin). Released shards join the tail of ``bulk``, so owners take turns there too; an
+owner with nothing out on ``bulk`` puts its first window at the front (like an interactive request, it waits for at
+most one running shard). Every step is one Lua script (:data:`RELEASE`, :data:`END`, :data:`ARM`,
+:data:`TEAR_DOWN`): a shard is released once, its end counted once, and the reduce step is released exactly when
+the parent's open set (shards not ended, plus a marker while it plans) empties and the parent was not canceled.
+A worker that dies between a shard's end and the release strands nothing: :func:`sweep` (workers' maintenance) ends
+what ended and refills every owner's window, and tears down the fan-outs whose parent failed.
+
+The parent's own RQ job ends when it has planned. It stays in its owner's active set (``JobStore.prune_active``)
+until its reduce step ends, so one owner has at most ``EXPLAINQ_MAX_ACTIVE_JOBS`` fan-outs at a time. What a client
+sees of the parent is derived at read time from its shards and its reduce step: status, ``shards: {total, queued,
+running, succeeded, failed, canceled}`` (pending shards are queued), progress summed over the shards with an ETA,
+and the reduce step's result as the parent's result. ``explainq:children:<parent>`` indexes the shards for ``GET
+/jobs?parent=``. Canceling the parent (:func:`tear_down`) cancels every shard and the reduce step.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
+from rq.queue import Queue
+from rq.registry import CanceledJobRegistry
+from rq.utils import now as rq_now
+from rq.utils import utcformat
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
 from core import keys
 from core.jobview import STATUS_MAP, parse_meta, parse_ts
-from core.keys import JOB_PREFIX
+from core.keys import JOB_PREFIX, QUEUE_PREFIX
+from core.metrics import record_finished
 
 BULK = "bulk"
 SHARD_DIGITS = 5
@@ -196,3 +217,281 @@ def related(redis: Any, parent: str, meta: dict[str, Any]) -> list[str]:
     n = int((meta.get("fanout") or {}).get("shards", 0))
     ids = {shard_id(parent, i) for i in range(n)} | set(children(redis, parent))
     return sorted(ids) + [reduce_id(parent)]
+
+
+# ------------------------------------------------------------------------------------------------ the window
+PLANNING = "*planning*"  # in a parent's open set while it plans: its reduce step is not released before planning ends
+_TERMINAL_RQ = {b"finished", b"failed", b"stopped", b"canceled"}
+_WAITING_RQ = {b"queued", b"deferred", b"scheduled"}
+
+# The functions every fan-out script shares. Key names are built here from the prefixes (like the submission script,
+# this assumes one Redis server, not a cluster). A window below 0 means "end the shard, release nothing".
+_LUA = """
+local JOB = '@JOB@'
+local PENDING = '@PENDING@'
+local OPEN = '@OPEN@'
+local PARENTS = '@PARENTS@'
+local INFLIGHT = '@INFLIGHT@'
+local LIVE = '@LIVE@'
+local OWNERS = '@OWNERS@'
+local CANCEL = '@CANCEL@'
+local BULK = '@BULK@'
+local QUEUES = '@QUEUES@'
+local WORKERS = '@WORKERS@'
+local DEFERRED = '@DEFERRED@'
+local PLANNING = '@PLANNING@'
+
+local function window_of(w)
+  w = tonumber(w)
+  if w == nil or w < 0 then return nil end
+  if w > 0 then return w end
+  return math.max(1, redis.call('SCARD', WORKERS))
+end
+
+-- Move the owner's pending shards onto bulk while it has fewer than `window` out there, one parent after another
+-- (the parent released from longest ago first). An owner with nothing out puts them at the front.
+local function release(owner, window, now)
+  local out = {}
+  if window == nil then return out end
+  local inflight = INFLIGHT .. owner
+  local parents = PARENTS .. owner
+  local idle = redis.call('SCARD', inflight) == 0
+  while redis.call('SCARD', inflight) < window do
+    local head = redis.call('ZRANGE', parents, 0, 0)
+    if #head == 0 then break end
+    local parent = head[1]
+    local pending = PENDING .. parent
+    if redis.call('EXISTS', CANCEL .. parent) == 1 then
+      redis.call('ZREM', parents, parent)  -- being torn down: nothing of it goes out any more
+    else
+      local sid = redis.call('LPOP', pending)
+      if sid and redis.call('HGET', JOB .. sid, 'status') == 'deferred' then
+        redis.call('HSET', JOB .. sid, 'status', 'queued', 'enqueued_at', now)
+        redis.call('SADD', inflight, sid)
+        out[#out + 1] = sid
+      end
+      if redis.call('LLEN', pending) == 0 then
+        redis.call('ZREM', parents, parent)
+      else
+        local last = redis.call('ZRANGE', parents, -1, -1, 'WITHSCORES')
+        redis.call('ZADD', parents, tonumber(last[2]) + 1, parent)
+      end
+    end
+  end
+  if idle then
+    for i = #out, 1, -1 do redis.call('LPUSH', BULK, out[i]) end
+  else
+    for i = 1, #out do redis.call('RPUSH', BULK, out[i]) end
+  end
+  if #out > 0 then redis.call('SADD', QUEUES, BULK) end
+  if redis.call('SCARD', inflight) == 0 and redis.call('ZCARD', parents) == 0 then
+    redis.call('SREM', OWNERS, owner)
+  end
+  return out
+end
+
+-- Release the parent's reduce step (at the front of bulk) once no shard is open and the parent was not canceled.
+local function maybe_reduce(parent, now)
+  if redis.call('HEXISTS', LIVE, parent) == 0 then return 0 end  -- planned before the window, or torn down
+  if redis.call('SCARD', OPEN .. parent) > 0 then return 0 end
+  if redis.call('EXISTS', CANCEL .. parent) == 1 then return 0 end
+  local rid = parent .. '@REDUCE@'
+  if redis.call('HGET', JOB .. rid, 'status') ~= 'deferred' then return 0 end
+  redis.call('HSET', JOB .. rid, 'status', 'queued', 'enqueued_at', now)
+  redis.call('LPUSH', BULK, rid)
+  redis.call('SADD', QUEUES, BULK)
+  redis.call('HDEL', LIVE, parent)
+  redis.call('DEL', PENDING .. parent)
+  return 1
+end
+"""
+
+
+def _lua(body: str) -> str:
+    names = {
+        "JOB": JOB_PREFIX, "PENDING": keys.fanout_pending(""), "OPEN": keys.fanout_open(""),
+        "PARENTS": keys.fanout_parents(""), "INFLIGHT": keys.fanout_inflight(""), "LIVE": keys.FANOUT_LIVE,
+        "OWNERS": keys.FANOUT_OWNERS, "CANCEL": keys.cancel(""), "BULK": QUEUE_PREFIX + BULK,
+        "QUEUES": Queue.redis_queues_keys, "WORKERS": WORKERS_BY_QUEUE_KEY % BULK,
+        "DEFERRED": f"rq:deferred:{BULK}", "PLANNING": PLANNING, "REDUCE": reduce_id(""),
+    }
+    text = _LUA + body
+    for name, value in names.items():
+        text = text.replace(f"@{name}@", value)
+    return text
+
+
+# ARGV: owner, window, now. Answers the shards released.
+RELEASE = _lua("""
+return release(ARGV[1], window_of(ARGV[2]), ARGV[3])
+""")
+
+# A shard ended (succeeded, failed for good, canceled; idempotent). ARGV: shard, parent, owner, window, now.
+# Answers {1 when the reduce step was released, else 0, then the shards released}.
+END = _lua("""
+redis.call('SREM', INFLIGHT .. ARGV[3], ARGV[1])
+redis.call('SREM', OPEN .. ARGV[2], ARGV[1])
+local answer = {maybe_reduce(ARGV[2], ARGV[5])}
+for _, sid in ipairs(release(ARGV[3], window_of(ARGV[4]), ARGV[5])) do answer[#answer + 1] = sid end
+return answer
+""")
+
+# The parent planned every shard. ARGV: parent, owner, window, now. Answers like END.
+ARM = _lua("""
+redis.call('SREM', OPEN .. ARGV[1], PLANNING)
+local answer = {maybe_reduce(ARGV[1], ARGV[4])}
+for _, sid in ipairs(release(ARGV[2], window_of(ARGV[3]), ARGV[4])) do answer[#answer + 1] = sid end
+return answer
+""")
+
+# Cancel a fan-out: every child still waiting (pending, deferred or queued on bulk, and the reduce step) is canceled
+# at once, a running shard or reduce step gets its cancel flag (it stops at its next progress step), the
+# bookkeeping goes, and the owner's window is refilled from its other parents.
+# ARGV: parent, owner (when the fan-out is not live any more), window, now, canceled registry, its score,
+# failure TTL, cancel-flag TTL. Answers the children canceled here.
+TEAR_DOWN = _lua("""
+local parent = ARGV[1]
+local owner = redis.call('HGET', LIVE, parent) or ARGV[2]
+local now, registry, score, ttl, flag_ttl = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local canceled = {}
+local function cancel_waiting(id)
+  local job = JOB .. id
+  local status = redis.call('HGET', job, 'status')
+  if status ~= 'deferred' and status ~= 'queued' and status ~= 'scheduled' then return false end
+  if status == 'queued' then
+    redis.call('LREM', BULK, 0, id)
+    redis.call('SET', CANCEL .. id, '1', 'EX', flag_ttl)  -- in case a worker popped it a moment ago
+  end
+  redis.call('ZREM', DEFERRED, id)
+  redis.call('HSET', job, 'status', 'canceled', 'ended_at', now)
+  redis.call('ZADD', registry, score, id)
+  redis.call('EXPIRE', job, ttl)
+  canceled[#canceled + 1] = id
+  return true
+end
+for _, id in ipairs(redis.call('LRANGE', PENDING .. parent, 0, -1)) do
+  cancel_waiting(id)
+  redis.call('SREM', OPEN .. parent, id)
+end
+redis.call('DEL', PENDING .. parent)
+redis.call('ZREM', PARENTS .. owner, parent)
+for _, id in ipairs(redis.call('SMEMBERS', OPEN .. parent)) do
+  if id ~= PLANNING then
+    local status = redis.call('HGET', JOB .. id, 'status')
+    if status == 'started' then
+      redis.call('SET', CANCEL .. id, '1', 'EX', flag_ttl)
+    else
+      cancel_waiting(id)
+      redis.call('SREM', INFLIGHT .. owner, id)
+      redis.call('SREM', OPEN .. parent, id)
+    end
+  end
+end
+redis.call('SREM', OPEN .. parent, PLANNING)
+local rid = parent .. '@REDUCE@'
+if not cancel_waiting(rid) and redis.call('HGET', JOB .. rid, 'status') == 'started' then
+  redis.call('SET', CANCEL .. rid, '1', 'EX', flag_ttl)  -- merging: it stops at its next progress step
+end
+redis.call('HDEL', LIVE, parent)
+release(owner, window_of(ARGV[3]), now)
+return canceled
+""")
+
+
+def _now() -> str:
+    return utcformat(rq_now())
+
+
+def _window(window: int | None) -> int:
+    return -1 if window is None else int(window)
+
+
+def _call(redis: Any, script: str, args: list[Any]) -> Any:
+    return redis.register_script(script)(keys=[], args=args)
+
+
+def parent_of(shard: str) -> str:
+    """The parent id of shard ``<parent>-s00000``."""
+    return shard.rsplit("-s", 1)[0]
+
+
+def is_shard(meta: dict[str, Any]) -> bool:
+    return meta.get("parent") is not None and meta.get("shard") is not None
+
+
+def release(redis: Any, owner: str, window: int) -> list[str]:
+    """Fill the owner's window from its pending shards; returns the shards released."""
+    return [s.decode() for s in _call(redis, RELEASE, [owner, _window(window), _now()])]
+
+
+def shard_ended(redis: Any, shard: str, parent: str, owner: str, window: int | None) -> bool:
+    """Count shard ``shard`` as ended (idempotent): release the reduce step when it was the parent's last open one,
+    and the owner's next pending shards (none with ``window`` None). Returns whether the reduce step was released."""
+    answer = _call(redis, END, [shard, parent, owner, _window(window), _now()])
+    return bool(answer[0])
+
+
+def arm(redis: Any, parent: str, owner: str, window: int) -> bool:
+    """The parent has planned all its shards: from now on its last shard's end releases the reduce step (released
+    here when every shard ended already). Returns whether the reduce step was released."""
+    return bool(_call(redis, ARM, [parent, owner, _window(window), _now()])[0])
+
+
+def tear_down(redis: Any, parent: str, owner: str | None, settings: Any) -> list[str]:
+    """Cancel the fan-out of ``parent``: its children that wait are canceled (returned), running shards are flagged
+    to stop, its bookkeeping is removed and the owner's window goes to its other parents. Idempotent."""
+    ttl = settings.failure_ttl_s
+    canceled = [c.decode() for c in _call(redis, TEAR_DOWN, [
+        parent, owner or "", _window(settings.shard_window), _now(),
+        CanceledJobRegistry(BULK, connection=redis).key, time.time() + ttl, ttl, settings.result_ttl_s])]
+    if canceled:
+        meta = _meta_of(redis.hget(JOB_PREFIX + parent, "meta"))
+        fan = meta.get("fanout") or {}
+        n_reduce = sum(1 for c in canceled if c == reduce_id(parent))
+        if len(canceled) > n_reduce:
+            record_finished(redis, fan.get("shard_kind") or "unknown", "canceled", None, len(canceled) - n_reduce)
+        if n_reduce:
+            record_finished(redis, fan.get("reduce_kind") or "unknown", "canceled", None)
+    return canceled
+
+
+def still_waiting(redis: Any, parent: str, meta: dict[str, Any]) -> list[str]:
+    """The parent's children (planned shards and the reduce step) that are still queued or deferred: none after
+    :func:`tear_down`, except for a fan-out planned before the window existed. One pipelined read."""
+    ids = related(redis, parent, meta)
+    with redis.pipeline(transaction=False) as pipe:
+        for jid in ids:
+            pipe.hget(JOB_PREFIX + jid, "status")
+        statuses = pipe.execute()
+    return [jid for jid, st in zip(ids, statuses, strict=True) if st in _WAITING_RQ]
+
+
+def sweep(redis: Any, settings: Any) -> dict[str, int]:
+    """Maintenance (any worker, any time; idempotent): tear down the fan-outs whose parent failed or was canceled,
+    count as ended the in-flight shards that ended without it (their worker died in between), and refill every
+    owner's window. Returns how many of each it did."""
+    torn = ended = 0
+    live = {p.decode(): o.decode() for p, o in redis.hgetall(keys.FANOUT_LIVE).items()}
+    if live:
+        parents = sorted(live)
+        with redis.pipeline(transaction=False) as pipe:
+            for parent in parents:
+                pipe.hget(JOB_PREFIX + parent, "status")
+            statuses = pipe.execute()
+        for parent, status in zip(parents, statuses, strict=True):
+            if status in (b"failed", b"stopped", b"canceled"):
+                tear_down(redis, parent, live[parent], settings)
+                torn += 1
+    for owner in sorted(o.decode() for o in redis.smembers(keys.FANOUT_OWNERS)):
+        shards = sorted(s.decode() for s in redis.smembers(keys.fanout_inflight(owner)))
+        if shards:
+            with redis.pipeline(transaction=False) as pipe:
+                for sid in shards:
+                    pipe.hget(JOB_PREFIX + sid, "status")
+                statuses = pipe.execute()
+            for sid, status in zip(shards, statuses, strict=True):
+                if status is None or status in _TERMINAL_RQ:
+                    shard_ended(redis, sid, parent_of(sid), owner, None)
+                    ended += 1
+        release(redis, owner, settings.shard_window)
+    return {"torn_down": torn, "ended": ended}

@@ -4,7 +4,8 @@ RQ owns the job hash (``rq:job:<id>``) and the queues; this module adds what the
 
 - ``explainq:jobs:<owner>``: a sorted set of the owner's job ids by creation time, for ``GET /jobs``;
 - ``explainq:active:<owner>``: a set of the owner's job ids that may still be queued or running (the quota);
-  ids of terminal or vanished jobs are pruned from it when the owner reaches the limit;
+  ids of terminal or vanished jobs are pruned from it when the owner reaches the limit; a fanned-out parent counts
+  until its reduce step has ended;
 - ``explainq:idem:<owner>:<sha256(key)>``: an ``Idempotency-Key``'s job ``{"job_id", "body", "state": "created"}``
   (a ``creating`` state, written by earlier versions while a job was being created, is still answered 409);
 - ``explainq:cancel:<id>``: the cooperative cancel flag a running job checks at each progress step.
@@ -170,6 +171,10 @@ def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
 _CREATED = ("created", "replayed")
 
 
+def _active(status: bytes | None) -> bool:
+    return status is not None and status.decode() in _RQ_ACTIVE
+
+
 class JobStore:
     """Operations on jobs, shared by the API and the CLI: synchronous, and ``asubmit_with_view`` on ``aredis``."""
 
@@ -294,15 +299,20 @@ class JobStore:
         return QuotaExceeded("EXPLAINQ_MAX_ACTIVE_JOBS", limit, f"you already have {limit} queued or running jobs")
 
     def prune_active(self, owner: str) -> int:
-        """Remove ids of ended or vanished jobs from the owner's active set; returns how many went."""
+        """Remove ids of ended or vanished jobs from the owner's active set; returns how many went.
+
+        A fanned-out parent has ended only when its reduce step has: its own RQ job ends once it has planned, but
+        its shards and reduce step still run for it (``core/fanout.py``)."""
         members = list(self.redis.smembers(keys.owner_active(owner)))
         if not members:
             return 0
         with self.redis.pipeline(transaction=False) as pipe:
             for m in members:
                 pipe.hget(JOB_PREFIX + m.decode(), "status")
-            statuses = pipe.execute()
-        done = [m for m, st in zip(members, statuses, strict=True) if st is None or st.decode() not in _RQ_ACTIVE]
+                pipe.hget(JOB_PREFIX + fanout.reduce_id(m.decode()), "status")
+            answers = pipe.execute()
+        done = [m for m, st, reduce_st in zip(members, answers[::2], answers[1::2], strict=True)
+                if not _active(st) and not _active(reduce_st)]
         if done:
             self.redis.srem(keys.owner_active(owner), *done)
         return len(done)
@@ -363,15 +373,22 @@ class JobStore:
         """Cancel at once when queued; otherwise raise the flag the running job checks at its next step.
 
         A canceled queued job leaves its queue, is kept for ``EXPLAINQ_FAILURE_TTL_S`` and then expires, with its
-        entry in RQ's canceled registry. Canceling a fanned-out parent cancels its shards and its reduce step.
+        entry in RQ's canceled registry. Canceling a fanned-out parent cancels its shards and its reduce step
+        (``fanout.tear_down``), at any moment: the flag is raised first, and a parent that is still planning creates
+        no child once it is raised, so the tear-down sees every child there will ever be.
         """
-        if _cascade:
-            meta = parse_meta(self.raw(job_id))
-            if fanout.is_parent(meta):
-                for child in fanout.related(self.redis, job_id, meta):
-                    if self.redis.exists(JOB_PREFIX + child):
-                        self.cancel(child, _cascade=False)
         self.redis.set(keys.cancel(job_id), "1", ex=self.settings.result_ttl_s)
+        meta = parse_meta(self.raw(job_id))
+        if _cascade and fanout.is_parent(meta):
+            fanout.tear_down(self.redis, job_id, meta.get("owner"), self.settings)
+            for child in fanout.still_waiting(self.redis, job_id, meta):  # a fan-out planned before the window
+                self.cancel(child, _cascade=False)
+        if self._cancel_waiting(job_id) and fanout.is_shard(meta):
+            fanout.shard_ended(self.redis, job_id, meta["parent"], meta.get("owner") or "",
+                               self.settings.shard_window)
+
+    def _cancel_waiting(self, job_id: str) -> bool:
+        """Cancel job ``job_id`` if it is queued or deferred; returns whether it was."""
         ttl = self.settings.failure_ttl_s
         job_key = JOB_PREFIX + job_id
         with self.redis.pipeline(transaction=True) as pipe:
@@ -380,7 +397,7 @@ class JobStore:
                     pipe.watch(job_key)
                     job = Job.fetch(job_id, connection=self.redis, serializer=self.serializer)
                     if job.get_status() not in (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
-                        return
+                        return False
                     pipe.multi()
                     job.meta["canceled_at"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
                     pipe.hset(job_key, "meta", self.serializer.dumps(job.meta))
@@ -397,6 +414,7 @@ class JobStore:
                     continue
         record_finished(self.redis, job.meta.get("kind") or "unknown", "canceled", None)
         prune_canceled(self.redis)
+        return True
 
     def request_of(self, job_id: str) -> dict[str, Any] | None:
         """The payload the job was enqueued with (``runner.execute(kind, payload)``), or None."""

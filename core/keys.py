@@ -64,6 +64,33 @@ def children(parent: str) -> str:
     return f"explainq:children:{parent}"
 
 
+# Fan-out's bookkeeping (core/fanout.py): which shards wait, which are out on ``bulk``, which have not ended.
+FANOUT_LIVE = "explainq:fanout:live"
+FANOUT_OWNERS = "explainq:fanout:owners"
+
+
+def fanout_pending(parent: str) -> str:
+    """List: a fanned-out job's shards not yet released onto ``bulk``, in order."""
+    return f"explainq:fanout:pending:{parent}"
+
+
+def fanout_open(parent: str) -> str:
+    """Set: a fanned-out job's shards that have not ended (and a marker while it plans); its reduce step is
+    released when this empties."""
+    return f"explainq:fanout:open:{parent}"
+
+
+def fanout_parents(owner: str) -> str:
+    """Sorted set: the owner's fanned-out jobs with pending shards, by their last release (round robin)."""
+    return f"explainq:fanout:parents:{owner}"
+
+
+def fanout_inflight(owner: str) -> str:
+    """Set: the owner's shards released onto ``bulk`` that have not ended (queued or running; at most the
+    window)."""
+    return f"explainq:fanout:inflight:{owner}"
+
+
 def registry(section: str) -> str:
     """Hash: name -> JSON record of the ``models`` or ``datasets`` section."""
     if section not in ("models", "datasets"):
@@ -104,6 +131,14 @@ KEYS: dict[str, str] = {
     STORE_ORPHANS: "replaced or deleted store versions, by release time, for retention",
     ARTIFACT_OWNERS: "job id -> owner of its files (kept until retention removes the files)",
     "explainq:children:<parent>": "a fanned-out job's shards",
+    FANOUT_LIVE: "fanned-out job -> owner, from planning until its reduce step is released or it is torn down",
+    FANOUT_OWNERS: "owners with pending or in-flight shards (what maintenance looks at)",
+    "explainq:fanout:pending:<parent>": "a fanned-out job's shards not yet released onto `bulk`, in order",
+    "explainq:fanout:open:<parent>": "a fanned-out job's shards that have not ended; the reduce step is released "
+                                     "when it empties",
+    "explainq:fanout:parents:<owner>": "the owner's fanned-out jobs with pending shards, by last release "
+                                       "(round robin)",
+    "explainq:fanout:inflight:<owner>": "the owner's shards out on `bulk` (queued or running): at most the window",
     "explainq:alive:<worker>": "a worker's liveness key: the job it runs, TTL = heartbeat TTL",
     WORKER_MODELS: "the names of workers that publish their loaded models",
     "explainq:worker-models:<worker>": "the models one worker holds loaded, TTL = heartbeat TTL",

@@ -63,12 +63,13 @@ def record_submitted(redis: Redis | Pipeline, kind: str) -> None:
     _safely("submitted", lambda: redis.hincrby(SUBMITTED, kind, 1))
 
 
-def record_finished(redis: Redis, kind: str, status: str, duration_s: float | None) -> None:
-    """A job of ``kind`` ended with ``status``; ``duration_s`` (run time) feeds the duration histogram."""
+def record_finished(redis: Redis, kind: str, status: str, duration_s: float | None, count: int = 1) -> None:
+    """``count`` jobs of ``kind`` ended with ``status``; ``duration_s`` (one job's run time) feeds the duration
+    histogram."""
 
     def write() -> None:
         with redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(FINISHED, f"{kind}{SEP}{status}", 1)
+            pipe.hincrby(FINISHED, f"{kind}{SEP}{status}", count)
             if duration_s is not None and math.isfinite(duration_s) and duration_s >= 0:
                 bound = next(b for b in DURATION_BUCKETS if duration_s <= b)
                 pipe.hincrby(DURATION, f"{kind}{SEP}{_le(bound)}", 1)

@@ -10,7 +10,9 @@ One rule, used by the workers' registry maintenance and offered to the API:
   Redis restart the workers get one TTL to reconnect and beat again, so a Redis outage never fails live jobs.
 
 A job failed here gets ``meta.error = {"code": "worker_lost", ...}``; its worker, should it come back, sees the job
-is no longer ``started`` and does not overwrite the failure (see ``workers/worker.py``).
+is no longer ``started`` and does not overwrite the failure (see ``workers/worker.py``). A shard failed here has
+ended: its parent's reduce step is released when it was the last one (``core/fanout.py``); the owner's window is
+refilled by the workers' maintenance.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now as rq_now
 from rq.utils import parse_composite_key, utcformat
 
-from core import keys
+from core import fanout, keys
 
 log = logging.getLogger("explainq.reaper")
 
@@ -108,10 +110,12 @@ def reap_job(redis: Redis, job_id: str, heartbeat_ttl_s: float, uptime_s: float 
         except WatchError:  # the job changed meanwhile (its worker wrote to it): it is not abandoned
             return False
     log.warning("job %s failed: its worker %s is gone", job_id, job.worker_name)
-    try:  # jobs that depend on it with failures allowed (a fan-out's reduce step) may run now
-        queue.enqueue_dependents(job)
-    except Exception:
-        log.exception("could not release the dependents of job %s", job_id)
+    try:
+        if fanout.is_shard(job.meta):  # it ended: its parent's reduce step may be released now
+            fanout.shard_ended(redis, job_id, job.meta["parent"], job.meta.get("owner") or "", None)
+        queue.enqueue_dependents(job)  # jobs that depend on it with failures allowed may run now
+    except Exception:  # a shard: maintenance's fan-out sweep counts it as ended later
+        log.exception("could not release what waits for job %s", job_id)
     return True
 
 

@@ -1,8 +1,9 @@
-"""The worker side of fan-out (see core/fanout.py): plan shards, enqueue them and the reduce step, run a shard once.
+"""The worker side of fan-out (see core/fanout.py): plan the shards and the reduce step, run a shard once.
 
-- ``fan_out`` is called by a parent job function: it enqueues the shard jobs and the reduce job (deterministic ids;
-  existing ones are left alone, so a parent re-run after its worker died enqueues nothing twice), records the plan in
-  the parent's meta and indexes the shards, then returns at once.
+- ``fan_out`` is called by a parent job function: it creates the shard jobs and the reduce job deferred
+  (deterministic ids; existing ones are left alone, so a parent re-run enqueues nothing twice), records the plan in
+  the parent's meta, indexes the shards and lets the owner's window release the first ones, then returns. The rest
+  are released as shards end (``core/fanout.py``).
 - ``run_shard`` wraps a shard's work: a shard whose output is already in the store (``done.json`` is written last)
   returns it without recomputing, so finished shards are never redone when a parent or a shard is retried.
 - ``auto_shard_size`` sizes shards from the throughput measured by earlier shards of the same kind and model
@@ -18,15 +19,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from redis.exceptions import WatchError
 from rq import Queue
-from rq.job import Dependency, Job, Retry
+from rq.job import Job, JobStatus, Retry
 from rq.serializers import JSONSerializer
 
-from core import keys, registry
+from core import fanout, keys, registry
 from core.artifacts import artifacts_key, record_owner
 from core.fanout import BULK, plan, reduce_id, shard_id
 from core.filestore import StoreError, get_store
-from workers.context import JobContext, json_safe
+from core.keys import JOB_PREFIX
+from workers.context import JobCanceled, JobContext, WorkerShutdown, json_safe
 
 log = logging.getLogger("explainq.fanout")
 
@@ -62,10 +65,19 @@ def auto_shard_size(ctx: JobContext, kind: str, model: str, cost_per_item: float
     return int(min(hi, max(lo, rate * TARGET_SHARD_S / max(cost_per_item, 1e-9))))
 
 
+PLAN_BATCH = 256  # shards created per transaction while planning
+
+
 def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict[str, Any], n_items: int,
             shard_size: int, unit: str, shard_payload: Callable[[int, int, int], dict[str, Any]],
             timeout_s: int, retries: int = 1, max_failed_fraction: float = 0.01) -> dict[str, Any]:
-    """Enqueue the shards and the reduce step of the current (parent) job; returns the plan."""
+    """Plan the shards and the reduce step of the current (parent) job; returns the plan.
+
+    Every child is created deferred, in transactions that refuse to create anything once the parent's cancel flag
+    is raised. The shards join the parent's pending list, and the owner's window (``core/fanout.py``) releases them
+    onto ``bulk``; the reduce step is released when the last shard ends. A child that exists already is left
+    alone, so a parent re-run (after a shutdown put it back on its queue) creates nothing twice.
+    """
     job = ctx.job
     if job is None:
         raise RuntimeError("fan_out runs inside a service job")
@@ -76,30 +88,85 @@ def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict
     conn = job.connection
     queue = Queue(BULK, connection=conn, serializer=JSONSerializer)
     plan_meta = {"shards": len(ranges), "shard_size": shard_size, "items": n_items, "unit": unit,
-                 "ranges": ranges, "max_failed_fraction": max_failed_fraction}
-    ctx.set_meta("fanout", plan_meta)
+                 "ranges": ranges, "max_failed_fraction": max_failed_fraction, "shard_kind": shard_kind,
+                 "reduce_kind": reduce_kind}
+    ctx.set_meta("fanout", plan_meta)  # before any child: a cancel that reads no plan finds no child either
     record_owner(settings, parent, owner, job.meta.get("kind"))
-    ids = []
-    common = dict(job_timeout=timeout_s, result_ttl=settings.result_ttl_s, failure_ttl=settings.failure_ttl_s,
-                  ttl=None)
-    for i, (start, end) in enumerate(ranges):
-        sid = shard_id(parent, i)
-        ids.append(sid)
-        conn.zadd(keys.children(parent), {sid: i})
-        if Job.exists(sid, connection=conn):
-            continue
-        queue.enqueue(RUNNER, args=(shard_kind, shard_payload(i, start, end)), job_id=sid,
-                      retry=Retry(max=retries) if retries > 0 else None,
-                      meta={"kind": shard_kind, "owner": owner, "parent": parent, "shard": i}, **common)
-        ctx.progress(i + 1, len(ranges), "shards", message=f"enqueued shard {i + 1}/{len(ranges)}")
-    conn.expire(keys.children(parent), max(settings.result_ttl_s, settings.failure_ttl_s) + 3600)
+    common = dict(timeout=timeout_s, result_ttl=settings.result_ttl_s, failure_ttl=settings.failure_ttl_s, ttl=None,
+                  status=JobStatus.DEFERRED)
     rid = reduce_id(parent)
-    if not Job.exists(rid, connection=conn):
-        queue.enqueue(RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": request}),
-                      job_id=rid, depends_on=Dependency(jobs=ids, allow_failure=True, enqueue_at_front=True),
-                      meta={"kind": reduce_kind, "owner": owner, "parent": parent}, **common)
+    try:
+        reduce_job = queue.create_job(
+            RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": request}), job_id=rid,
+            meta={"kind": reduce_kind, "owner": owner, "parent": parent}, **common)
+        _unless_canceled(conn, parent, lambda pipe: _begin(pipe, parent, owner, reduce_job))
+        for first in range(0, len(ranges), PLAN_BATCH):
+            batch = [(i, ranges[i]) for i in range(first, min(first + PLAN_BATCH, len(ranges)))]
+            with conn.pipeline(transaction=False) as pipe:
+                for i, _ in batch:
+                    pipe.exists(JOB_PREFIX + shard_id(parent, i))
+                exists = pipe.execute()
+            new = [queue.create_job(RUNNER, args=(shard_kind, shard_payload(i, start, end)), job_id=shard_id(parent, i),
+                                    retry=Retry(max=retries) if retries > 0 else None,
+                                    meta={"kind": shard_kind, "owner": owner, "parent": parent, "shard": i}, **common)
+                   for (i, (start, end)), there in zip(batch, exists, strict=True) if not there]
+            _unless_canceled(conn, parent, lambda pipe, new=new, batch=batch: _add_shards(pipe, parent, owner, new,
+                                                                                          batch))
+            fanout.release(conn, owner, settings.shard_window)
+            done = first + len(batch)
+            ctx.progress(done, len(ranges), "shards", message=f"planned shard {done}/{len(ranges)}")
+        conn.expire(keys.children(parent), max(settings.result_ttl_s, settings.failure_ttl_s) + 3600)
+        fanout.arm(conn, parent, owner, settings.shard_window)
+    except WorkerShutdown:
+        raise  # the parent goes back on its queue and plans again, reusing what exists
+    except BaseException:
+        try:  # canceled, or failed while planning: no child of it may wait (maintenance retries this)
+            fanout.tear_down(conn, parent, owner, settings)
+        except Exception:
+            log.exception("could not tear down the children of %s", parent)
+        raise
     log.info("fanned out into %d shards of up to %d %s", len(ranges), shard_size, unit)
     return {"fanout": {**plan_meta, "reduce": rid}}
+
+
+def _unless_canceled(conn: Any, parent: str, writes: Callable[[Any], None]) -> None:
+    """Run ``writes`` on a transaction that commits only while the parent's cancel flag is not raised."""
+    flag = keys.cancel(parent)
+    with conn.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(flag)
+                if pipe.exists(flag):
+                    raise JobCanceled("canceled on request")
+                pipe.multi()
+                writes(pipe)
+                pipe.execute()
+                return
+            except WatchError:
+                continue
+
+
+def _begin(pipe: Any, parent: str, owner: str, reduce_job: Job) -> None:
+    """The reduce step (deferred), the planning marker, the fan-out live for its owner."""
+    if not Job.exists(reduce_job.id, connection=reduce_job.connection):
+        reduce_job.save(pipeline=pipe)
+    pipe.sadd(keys.fanout_open(parent), fanout.PLANNING)
+    pipe.hset(keys.FANOUT_LIVE, parent, owner)
+    pipe.sadd(keys.FANOUT_OWNERS, owner)
+
+
+def _add_shards(pipe: Any, parent: str, owner: str, new: list[Job], batch: list[tuple[int, Any]]) -> None:
+    """New shards (deferred) join the parent's pending list and open set; the parent takes its turn among the
+    owner's parents."""
+    for shard in new:
+        shard.save(pipeline=pipe)
+    pipe.zadd(keys.children(parent), {shard_id(parent, i): i for i, _ in batch})
+    if new:
+        ids = [shard.id for shard in new]
+        pipe.rpush(keys.fanout_pending(parent), *ids)
+        pipe.sadd(keys.fanout_open(parent), *ids)
+        pipe.zadd(keys.fanout_parents(owner), {parent: 0}, nx=True)
+        pipe.sadd(keys.FANOUT_OWNERS, owner)
 
 
 def shard_key(shard: str, name: str) -> str:

@@ -12,6 +12,9 @@
 - SIGTERM: the running job stops at its next progress step and goes back on its queue (a job that reports no
   progress runs to completion); a second SIGTERM stops at once.
 - A job canceled through the API ends ``canceled``, not ``failed``.
+- A shard that ends here (succeeded, failed for good, canceled) releases its owner's next pending shard, and its
+  parent's reduce step after the last one (``core/fanout.py``); maintenance sweeps up after a worker that died in
+  between, and tears down the fan-outs whose parent failed.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.utils import now
 
-from core import keys
+from core import fanout, keys
 from core.logs import set_process_fields, setup_logging
 from core.reaper import reap_queue
 from core.redis_server import redact_url, redis_client
@@ -48,6 +51,8 @@ T = TypeVar("T")
 # Where a job's end is final; anything else (still "started") means its end was not written yet.
 _ENDED = {s.value for s in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.QUEUED,
                             JobStatus.CANCELED)}
+# Where a job is over for good (a job put back on its queue for a retry or at shutdown is not).
+_FINAL = {s.value for s in (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)}
 
 
 class ForeignJob(Exception):
@@ -246,7 +251,38 @@ class ExplainqWorker(SimpleWorker):
                 queue.intermediate_queue.cleanup(self, queue)
             finally:
                 queue.release_maintenance_lock()
+        self._sweep_fanouts()
         self.last_cleaned_at = now()
+
+    def _sweep_fanouts(self) -> None:
+        """``core.fanout.sweep``: fan-outs whose parent failed are torn down, shards that ended without their end
+        being counted (their worker died in between) are counted, every owner's window is refilled."""
+        if self.settings is None:
+            return
+        try:
+            done = fanout.sweep(self.connection, self.settings)
+        except REDIS_DOWN_ERRORS:
+            raise
+        except Exception:  # housekeeping: the next pass tries again
+            log.exception("fan-out sweep failed")
+            return
+        if any(done.values()):
+            log.warning("fan-out sweep: %d fan-out(s) of failed parents torn down, %d ended shard(s) counted",
+                        done["torn_down"], done["ended"])
+
+    def _fanout_end(self, job: Job) -> None:
+        """A shard that ended here releases its owner's next pending shard, and its parent's reduce step when it
+        was the last; one put back on its queue has not ended. With Redis unreachable now, maintenance does it."""
+        if not fanout.is_shard(job.meta):
+            return
+        try:
+            status = self.connection.hget(job.key, "status")
+            if status is not None and status.decode() not in _FINAL:
+                return
+            fanout.shard_ended(self.connection, job.id, job.meta["parent"], job.meta.get("owner") or "",
+                               self.settings.shard_window if self.settings else 0)
+        except REDIS_DOWN_ERRORS as exc:
+            log.warning("the end of shard %s is left to maintenance (redis unreachable: %s)", job.id, exc)
 
     def _publish_models(self) -> None:
         if self.models is None:
@@ -273,6 +309,7 @@ class ExplainqWorker(SimpleWorker):
         from core.metrics import record_job_end
 
         record_job_end(self.connection, job)
+        self._fanout_end(job)
         return result
 
     def handle_job_success(self, job: Job, queue: Queue, started_job_registry, execution=None):
@@ -280,6 +317,7 @@ class ExplainqWorker(SimpleWorker):
         from core.metrics import record_job_end
 
         record_job_end(self.connection, job)
+        self._fanout_end(job)
 
     def request_stop(self, signum, frame):
         SHUTDOWN_REQUESTED["flag"] = True
