@@ -20,6 +20,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,21 @@ from core.redis_server import EmbeddedRedis
 from core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def api_client(home: Path, **settings: Any) -> Iterator[TestClient]:
+    """The real app in this process (FastAPI's TestClient, server exceptions answered as 500s) over a private Redis
+    under ``home``; ``settings`` are extra Settings fields (``EXPLAINQ_API_KEYS=...``). No workers."""
+    server = EmbeddedRedis(home / "redis", appendonly=False).start()
+    try:
+        from app.main import create_app
+
+        app = create_app(Settings(EXPLAINQ_HOME=str(home), REDIS_URL=server.url, **settings))
+        with TestClient(app, raise_server_exceptions=False) as client:
+            yield client
+    finally:
+        server.stop()
 
 
 class Service:

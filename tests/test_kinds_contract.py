@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
 from core.kinds import load_all
-from core.redis_server import EmbeddedRedis
-from core.settings import Settings
+from tests.service import api_client
 
 PRODUCT_KINDS = {name: kind for name, kind in load_all().items()
                  if not kind.func.startswith("tests.") and not kind.internal}
@@ -16,16 +14,8 @@ WRONG_VALUES = [{"nested": ["wrong"]}, -10**12, "definitely-not-valid-\u2603", [
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    home = tmp_path_factory.mktemp("contract")
-    server = EmbeddedRedis(home / "redis", appendonly=False).start()
-    try:
-        from app.main import create_app
-
-        app = create_app(Settings(EXPLAINQ_HOME=str(home), REDIS_URL=server.url))
-        with TestClient(app, raise_server_exceptions=False) as c:
-            yield c
-    finally:
-        server.stop()
+    with api_client(tmp_path_factory.mktemp("contract")) as c:
+        yield c
 
 
 def test_product_kinds_are_registered_on_both_queues():

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from core.redis_server import EmbeddedRedis
 from core.settings import Settings
+from tests.service import api_client
 from tests.test_kinds_contract import PRODUCT_KINDS, _objects
 
 NON_FINITE = {"NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity", "1e999": "Infinity",
@@ -31,15 +31,8 @@ def home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(home):
-    server = EmbeddedRedis(home / "redis", appendonly=False).start()
-    try:
-        from app.main import create_app
-
-        app = create_app(Settings(EXPLAINQ_HOME=str(home), REDIS_URL=server.url))
-        with TestClient(app, raise_server_exceptions=False) as c:
-            yield c
-    finally:
-        server.stop()
+    with api_client(home) as c:
+        yield c
 
 
 def strict_json(text: str):

@@ -20,10 +20,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
-from core.redis_server import EmbeddedRedis
-from core.settings import Settings
+from tests.service import api_client
 
 SECRET = "s3cr3t-redis-password-0123456789"
 ALICE = {"Authorization": "Bearer key-a"}
@@ -37,15 +35,8 @@ def env(tmp_path_factory):
     data.mkdir()
     secret = home / "redis-password"  # outside the data roots, as $EXPLAINQ_HOME/redis/password is
     secret.write_text(SECRET + "\n")
-    server = EmbeddedRedis(home / "redis", appendonly=False).start()
-    try:
-        from app.main import create_app
-
-        settings = Settings(EXPLAINQ_HOME=str(home), REDIS_URL=server.url, EXPLAINQ_API_KEYS="alice:key-a,bob:key-b")
-        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
-            yield {"client": client, "data": data, "secret": secret, "home": home, "settings": settings}
-    finally:
-        server.stop()
+    with api_client(home, EXPLAINQ_API_KEYS="alice:key-a,bob:key-b") as client:
+        yield {"client": client, "data": data, "secret": secret, "home": home, "settings": client.app.state.settings}
 
 
 def _no_leak(env, response) -> None:
