@@ -103,3 +103,13 @@ def test_corrected_interval_is_nadeau_bengio() -> None:
     assert out["ci_naive"] == pytest.approx([mean - naive, mean + naive])
     assert out["ci"][1] - out["ci"][0] > out["ci_naive"][1] - out["ci_naive"][0]
     assert out["ci_method"] == "nadeau_bengio"
+
+
+def test_adapter_digests_are_memoised(duplicated: LoraDataset, tmp_path, monkeypatch) -> None:
+    import models.lora.data as D
+
+    memo = tmp_path / "adapter_digests.json"
+    first = LoraDataset(duplicated.root).content_digests(memo)
+    assert memo.is_file() and first == duplicated.content_digests()
+    monkeypatch.setattr(D, "_tensor_digest", lambda items: pytest.fail("re-read an unchanged adapter"))
+    assert LoraDataset(duplicated.root).content_digests(memo) == first

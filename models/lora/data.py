@@ -209,34 +209,50 @@ class LoraDataset:
                 out[layer.name] = LayerFactors(down=down, up=up, scale=scale)
         return out
 
-    def content_digests(self) -> list[str]:
+    def content_digests(self, memo_path: Path | None = None) -> list[str]:
         """One SHA-256 per adapter over its tensors (sorted keys, dtype, shape and bytes), so two adapters with the
-        same weights have the same digest whatever their file names or safetensors metadata."""
+        same weights have the same digest whatever their file names or safetensors metadata. Format 1 digests are
+        memoised in ``memo_path`` (JSON) by (path, size, mtime_ns), as ``fingerprint`` does."""
         if getattr(self, "_digests", None) is not None:
             return self._digests
         digests: list[str] = []
         if self.format == "safetensors_dir":
             from safetensors import safe_open
 
-            by_file: dict[Path, str] = {}
+            memo: dict[str, list] = {}
+            if memo_path is not None and memo_path.is_file():
+                try:
+                    memo = json.loads(memo_path.read_text())
+                except json.JSONDecodeError:
+                    memo = {}
+            changed = False
             for f in self.files:
-                key = f.resolve()
-                if key not in by_file:
+                key, st = str(f.resolve()), f.stat()
+                stamp = [st.st_size, st.st_mtime_ns]
+                entry = memo.get(key)
+                if entry is None or entry[:2] != stamp:
                     with safe_open(str(f), framework="pt") as fh:
-                        by_file[key] = _tensor_digest((k, fh.get_tensor(k)) for k in sorted(fh.keys()))
-                digests.append(by_file[key])
+                        entry = memo[key] = [*stamp, _tensor_digest((k, fh.get_tensor(k)) for k in sorted(fh.keys()))]
+                    changed = True
+                digests.append(entry[2])
+            if memo_path is not None and changed:
+                memo_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(memo))
+                tmp.replace(memo_path)
         else:
             cols = sorted(c for c in self._hf.column_names if c not in (LABEL_COLUMN, "group"))
+            table = self._hf.select_columns(cols)
             for i in range(len(self)):
-                row = self._hf.select_columns(cols)[i]
+                row = table[i]
                 digests.append(_tensor_digest((k, torch.as_tensor(row[k])) for k in cols))
         self._digests = digests
         return digests
 
-    def duplicates(self) -> list[list[int]]:
+    def duplicates(self, memo_path: Path | None = None) -> list[list[int]]:
         """Groups of adapter indices with identical tensors (each of two or more, in dataset order)."""
         by_digest: dict[str, list[int]] = {}
-        for i, d in enumerate(self.content_digests()):
+        for i, d in enumerate(self.content_digests(memo_path)):
             by_digest.setdefault(d, []).append(i)
         return [idx for idx in by_digest.values() if len(idx) > 1]
 

@@ -251,22 +251,23 @@ def _finished_cells(
     return state_path, done_cells
 
 
-def deduplicate(dataset: LoraDataset) -> tuple[np.ndarray, list[dict]]:
+def deduplicate(dataset: LoraDataset, memo_path: Path | None = None) -> tuple[np.ndarray, list[dict]]:
     """The indices of the adapters an experiment uses (the first of each set of identical ones, by content
     digest) and, per set of duplicates, which was kept, which were dropped and their labels."""
     dropped: set[int] = set()
     report = []
-    for idx in dataset.duplicates():
+    for idx in dataset.duplicates(memo_path):
         dropped.update(idx[1:])
         report.append({"kept": dataset.names[idx[0]], "removed": [dataset.names[i] for i in idx[1:]],
                        "labels": sorted({dataset.classes[dataset.labels[i]] for i in idx})})
     return np.array([i for i in range(len(dataset)) if i not in dropped], dtype=np.int64), report
 
 
-def make_splits(dataset: LoraDataset, config: AblationConfig) -> tuple[list[Splits], list[dict]]:
+def make_splits(dataset: LoraDataset, config: AblationConfig,
+                memo_path: Path | None = None) -> tuple[list[Splits], list[dict]]:
     """The experiment's splits over the de-duplicated adapters (indices into the dataset), group-aware, and the
-    duplicates report."""
-    keep, dups = deduplicate(dataset)
+    duplicates report (adapter digests memoised in ``memo_path``)."""
+    keep, dups = deduplicate(dataset, memo_path)
     labels = dataset.labels[keep]
     groups = [dataset.groups[i] for i in keep]
     splits = []
@@ -278,7 +279,8 @@ def make_splits(dataset: LoraDataset, config: AblationConfig) -> tuple[list[Spli
 
 def _plan(dataset: LoraDataset, config: AblationConfig, cache_dir: Path | None, state_dir: Path | None) -> _Plan:
     """Splits, layer sets and the resume state; the dataset fingerprint is memoised under ``cache_dir``."""
-    split_list, duplicates = make_splits(dataset, config)
+    split_list, duplicates = make_splits(dataset, config,
+                                         cache_dir / "adapter_digests.json" if cache_dir is not None else None)
     layer_sets = _select_layer_sets(dataset, config)
     memo = cache_dir / "fingerprints.json" if cache_dir is not None else None
     fingerprint = dataset.fingerprint(memo)
