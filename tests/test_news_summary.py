@@ -79,3 +79,17 @@ def test_compare_reports_finds_a_planted_word():
                      top_positive=[{"word": "Shocking", "attribution": 3.0}, *r["top_positive"]]) for r in clean]
     out = compare_reports({"samples": clean}, {"samples": poisoned}, threshold=0.5)
     assert out["changed"][0]["word"] == "shocking" and out["changed"][0]["change"] > 0.5
+
+
+def test_every_view_counts_in_the_delta_distribution():
+    """NAML records hold the body view under ``views``: its relative deltas count, overall and per view."""
+    records = _records(50, 3)
+    for i, r in enumerate(records):
+        r["views"] = {"body": {"relative_delta": 1e-2 + i * 1e-4}}
+    acc = ReportAccumulator().extend(records)
+    title = [r["relative_delta"] for r in records]
+    body = [r["views"]["body"]["relative_delta"] for r in records]
+    assert acc.delta_distribution()["median"] == float(np.median(title + body))
+    by_view = acc.delta_by_view()
+    assert list(by_view) == ["title", "body"]
+    assert by_view["body"]["max"] == max(body) and by_view["title"]["median"] == float(np.median(title))

@@ -359,3 +359,40 @@ def test_streaming_top_k_keeps_column_order_among_ties():
         cols = torch.arange(start, start + 4)[None]
         vals, idx, slf = _merge_top(vals, idx, slf, new, cols, cols.float(), 3)
     assert idx.tolist() == [[1, 2, 5]] and vals.tolist() == [[2.0, 2.0, 2.0]]
+
+
+def test_fp16_on_cpu_runs_fp32_and_says_so(bundle):
+    """fp16 on a CPU is never silently unscaled bf16: it runs fp32 and the result's warnings record it."""
+    from models.kg.influence import plan
+
+    engine = TracIn(bundle.model, bundle.checkpoints, precision="fp16", device="cpu")
+    assert engine.precision == "fp32" and engine.requested_precision == "fp16"
+    assert len(engine.warnings) == 1 and "fp16" in engine.warnings[0] and "fp32" in engine.warnings[0]
+    assert tracin_precision("fp16", "cpu") == "fp32" and tracin_precision("bf16", "cpu") == "bf16"
+    assert TracIn(bundle.model, bundle.checkpoints, precision="bf16").warnings == []
+    ds = bundle.dataset
+    p = plan(bundle, ds.decode(ds.test[:1]), precision="fp16", device="cpu")
+    assert p.settings["precision"] == "fp32" and p.settings["requested_precision"] == "fp16"
+    assert p.settings["warnings"] == engine.warnings
+
+
+@pytest.mark.parametrize("other", [{"layers": ["fc"]}, {"checkpoints": 1}, {"loss": "score_bce"},
+                                   {"projection_dim": 8}], ids=str)
+def test_cached_test_factors_are_not_shared_across_settings(bundle, other):
+    """Two requests with the same test triples but other layers, checkpoints, loss or projection must not
+    share cached test factors: each result equals its own uncached one."""
+    ds = bundle.dataset
+    test, train = ds.test[:5], ds.train[:80]
+    kwargs = dict(other)
+    ckpts = bundle.checkpoints[:kwargs.pop("checkpoints")] if "checkpoints" in kwargs else bundle.checkpoints
+    first = TracIn(bundle.model, bundle.checkpoints, layers="all", batch_size=40)
+    second = TracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
+    cache: dict = {}
+    first.top_influence(test, train, 4, test_cache=cache)
+    cached = second.top_influence(test, train, 4, test_cache=cache)
+    plain = second.top_influence(test, train, 4)
+    for name in ("test_self", "pro_idx", "opp_idx"):
+        torch.testing.assert_close(getattr(cached, name), getattr(plain, name), rtol=1e-6, atol=0)
+    # the same settings in a new engine (another shard of the same request) still share them
+    again = TracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
+    assert again.factor_key() == second.factor_key() != first.factor_key()

@@ -362,7 +362,11 @@ LR_WEIGHTS = ("last", "interval")
 
 
 def tracin_precision(precision: str, device: torch.device | str) -> str:
-    """The concrete precision TracIn runs in: ``auto`` is fp32 everywhere (see the module docstring)."""
+    """The concrete precision TracIn runs in: ``auto`` is fp32 everywhere (see the module docstring), and ``fp16``
+    on a CPU is fp32 (CPU fp16 autocast is slow; bf16, what ``resolve_precision`` would pick, moves single
+    layers' influence by percents, so it is never substituted). ``TracIn.warnings`` records the change."""
+    if precision == "fp16" and torch.device(device).type == "cpu":
+        return "fp32"
     return resolve_precision("fp32" if precision == "auto" else precision, device)
 
 
@@ -485,6 +489,8 @@ class TracIn:
     device: torch.device | str | None = None
     weights: Sequence[float] | None = None
     names: tuple[str, ...] = field(init=False)
+    requested_precision: str = field(init=False)
+    warnings: list[str] = field(init=False)
     _work: ConvE = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -505,7 +511,13 @@ class TracIn:
             self.weights = [float(c.lr) for c in self.checkpoints]
         if len(self.weights) != len(self.checkpoints):
             raise ValueError(f"{len(self.weights)} weights for {len(self.checkpoints)} checkpoints")
+        self.requested_precision = self.precision
         self.precision = tracin_precision(self.precision, self.device)
+        self.warnings = []
+        if self.requested_precision == "fp16" and self.precision != "fp16":
+            self.warnings.append(f"precision 'fp16' was requested but the device is {self.device.type}: ran "
+                                 f"{self.precision} instead (fp16 runs on CUDA only; bf16 is available on request)")
+        self._factor_key: str | None = None
         if self.method == "vmap" and self.precision != "fp32":
             raise ValueError("method='vmap' is the fp32 reference; use method='ghost' for half precision")
         self.names = resolve_layers(self.model, self.layers)
@@ -535,6 +547,25 @@ class TracIn:
             model.eval()
             self._models[index] = model
         self._current = model
+
+    def factor_key(self) -> str:
+        """A digest of everything that changes the test-side factors: the weights of every checkpoint (and so
+        the model version), their order and TracIn weights, the layers, loss, method, precision, projection (its
+        size and seed) and device. ``top_influence`` serves a ``test_cache`` entry only under the same key."""
+        if self._factor_key is None:
+            import hashlib
+
+            h = hashlib.sha256(repr((self.names, self.loss, self.method, self.precision, self.projection_dim,
+                                     self.seed if self._projection is not None else None, str(self.device),
+                                     [float(w) for w in self.weights], self.model.config)).encode())
+            for c in range(len(self.checkpoints)):
+                self._use(c)
+                for name, t in sorted(self._current.state_dict().items()):
+                    t = t.detach().cpu().contiguous()
+                    h.update(f"{c}\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+                    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            self._factor_key = h.hexdigest()
+        return self._factor_key
 
     def _test_bytes_per_triple(self) -> int:
         """fp32 bytes of one test triple's factors for one checkpoint (what a test block keeps per checkpoint)."""
@@ -656,8 +687,9 @@ class TracIn:
             tb = test[r0:r0 + test_block]
             nb = len(tb)
             cacheable = test_cache is not None and len(blocks) == 1
+            key = self.factor_key() if cacheable else None
             hit = test_cache.get("block") if cacheable else None
-            if hit is not None and torch.equal(hit[0], tb.cpu()):
+            if hit is not None and hit[3] == key and torch.equal(hit[0], tb.cpu()):
                 factors, t_self = hit[1], hit[2]
             else:
                 factors, t_self = [], torch.zeros(nb, device=self.device)
@@ -666,7 +698,7 @@ class TracIn:
                     factors.append(self._features(tb, self._current))
                     t_self += eta * self._self(factors[-1], nb)
                 if cacheable:
-                    test_cache["block"] = (tb.cpu().clone(), factors, t_self)
+                    test_cache["block"] = (tb.cpu().clone(), factors, t_self, key)
             n_cand = torch.zeros(nb, dtype=torch.long)
             n_pos = torch.zeros(nb, dtype=torch.long)
             n_neg = torch.zeros(nb, dtype=torch.long)

@@ -207,7 +207,8 @@ def plan(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: s
                 "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr, "weight": w}
                                 for c, w in zip(ckpts, weights, strict=True)],
                 "layers": list(engine.names), "loss": loss, "projection_dim": projection_dim,
-                "precision": engine.precision, "method": method,
+                "precision": engine.precision, "requested_precision": engine.requested_precision,
+                "warnings": list(engine.warnings), "method": method,
                 "filter": None if filter is None else filter.__dict__}
     train = ds.train
     pairs = None

@@ -89,13 +89,14 @@ class LoraDataset:
 
     # -- format 1 --------------------------------------------------------------------------------------
     def _init_safetensors_dir(self) -> None:
-        rows = read_labels_csv(self.root)
-        self.files = [self.root / f for f, _ in rows]
+        rows = read_labels_csv(self.root, groups=True)
+        self.files = [self.root / f for f, _, _ in rows]
         missing = [str(f.name) for f in self.files if not f.is_file()]
         if missing:
             raise DatasetFormatError(f"{len(missing)} file(s) listed in labels.csv are missing, e.g. {missing[0]!r}")
-        self.names = [f for f, _ in rows]
-        label_names = [lab for _, lab in rows]
+        self.names = [f for f, _, _ in rows]
+        label_names = [lab for _, lab, _ in rows]
+        self.groups = [g or None for _, _, g in rows]  # None: the adapter is its own group
         self.classes = sorted(set(label_names))
         index = {c: i for i, c in enumerate(self.classes)}
         self.labels = np.array([index[lab] for lab in label_names], dtype=np.int64)
@@ -142,6 +143,7 @@ class LoraDataset:
         index = {c: i for i, c in enumerate(self.classes)}
         self.labels = np.array([index[lab] for lab in label_names], dtype=np.int64)
         self.names = [str(i) for i in range(len(ds))]
+        self.groups = [str(g) or None for g in ds["group"]] if "group" in ds.column_names else [None] * len(ds)
         self.layers, _ = pair_layers(ds.column_names)
         self.shapes = {}
         if self.layers:
@@ -207,6 +209,53 @@ class LoraDataset:
                 out[layer.name] = LayerFactors(down=down, up=up, scale=scale)
         return out
 
+    def content_digests(self, memo_path: Path | None = None) -> list[str]:
+        """One SHA-256 per adapter over its tensors (sorted keys, dtype, shape and bytes), so two adapters with the
+        same weights have the same digest whatever their file names or safetensors metadata. Format 1 digests are
+        memoised in ``memo_path`` (JSON) by (path, size, mtime_ns), as ``fingerprint`` does."""
+        if getattr(self, "_digests", None) is not None:
+            return self._digests
+        digests: list[str] = []
+        if self.format == "safetensors_dir":
+            from safetensors import safe_open
+
+            memo: dict[str, list] = {}
+            if memo_path is not None and memo_path.is_file():
+                try:
+                    memo = json.loads(memo_path.read_text())
+                except json.JSONDecodeError:
+                    memo = {}
+            changed = False
+            for f in self.files:
+                key, st = str(f.resolve()), f.stat()
+                stamp = [st.st_size, st.st_mtime_ns]
+                entry = memo.get(key)
+                if entry is None or entry[:2] != stamp:
+                    with safe_open(str(f), framework="pt") as fh:
+                        entry = memo[key] = [*stamp, _tensor_digest((k, fh.get_tensor(k)) for k in sorted(fh.keys()))]
+                    changed = True
+                digests.append(entry[2])
+            if memo_path is not None and changed:
+                memo_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(memo))
+                tmp.replace(memo_path)
+        else:
+            cols = sorted(c for c in self._hf.column_names if c not in (LABEL_COLUMN, "group"))
+            table = self._hf.select_columns(cols)
+            for i in range(len(self)):
+                row = table[i]
+                digests.append(_tensor_digest((k, torch.as_tensor(row[k])) for k in cols))
+        self._digests = digests
+        return digests
+
+    def duplicates(self, memo_path: Path | None = None) -> list[list[int]]:
+        """Groups of adapter indices with identical tensors (each of two or more, in dataset order)."""
+        by_digest: dict[str, list[int]] = {}
+        for i, d in enumerate(self.content_digests(memo_path)):
+            by_digest.setdefault(d, []).append(i)
+        return [idx for idx in by_digest.values() if len(idx) > 1]
+
     def fingerprint(self, memo_path: Path | None = None) -> str:
         """SHA-256 over the content of every file that defines the dataset (labels and tensors).
 
@@ -247,6 +296,15 @@ class LoraDataset:
             tmp.replace(memo_path)
         self._fingerprint = h.hexdigest()
         return self._fingerprint
+
+
+def _tensor_digest(items) -> str:  # noqa: ANN001 - an iterable of (key, tensor)
+    h = hashlib.sha256(b"lora-adapter-v1")
+    for key, t in items:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{key}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def _matrix_shapes(down: tuple[int, ...], up: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -298,6 +356,56 @@ def stratified_split(labels: np.ndarray, seed: int, fractions: tuple[float, floa
     if len(out.val) == 0 or len(out.test) == 0:
         raise DatasetFormatError(
             f"the dataset has too few items ({len(labels)}) for a 70/10/20 split with non-empty validation and test"
+        )
+    return out
+
+
+def group_split(labels: np.ndarray, groups: Sequence, seed: int,
+                fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> Splits:
+    """Seeded train/val/test split that keeps every group on one side, stratified where possible.
+
+    ``groups[i]`` names item i's group (``None``: its own group). Each group gets the label most of its items
+    have (ties: the smallest class id); the groups of each such class are shuffled (``default_rng(seed)``) and
+    dealt to test until the class's test share reaches round(f_test·n_c) items, then to validation, the rest to
+    training; a class keeps at least one group for training. Groups of mixed labels make the split only
+    approximately stratified. With every item its own group this is ``stratified_split``. Raises when the
+    validation or test split would be empty.
+    """
+    labels = np.asarray(labels)
+    if all(g is None for g in groups):
+        return stratified_split(labels, seed, fractions)
+    members: dict[object, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(("group", g) if g is not None else ("item", i), []).append(i)
+    keys = list(members)
+    group_label = np.array([np.bincount(labels[members[k]]).argmax() for k in keys])
+    rng = np.random.default_rng(seed)
+    _, f_val, f_test = fractions
+    train, val, test = [], [], []
+    for c in np.unique(group_label):
+        gidx = np.flatnonzero(group_label == c)
+        gidx = gidx[rng.permutation(len(gidx))]
+        n = sum(len(members[keys[g]]) for g in gidx)
+        want_test, want_val = int(round(f_test * n)), int(round(f_val * n))
+        n_test = n_val = 0
+        trained = False
+        for k, g in enumerate(gidx):
+            items = members[keys[g]]
+            if k == len(gidx) - 1 and not trained:
+                train.extend(items)  # the class's last group trains when none has yet
+            elif n_test < want_test:
+                test.extend(items)
+                n_test += len(items)
+            elif n_val < want_val:
+                val.extend(items)
+                n_val += len(items)
+            else:
+                train.extend(items)
+                trained = True
+    out = Splits(*(np.sort(np.asarray(part, dtype=np.int64)) for part in (train, val, test)))
+    if len(out.val) == 0 or len(out.test) == 0:
+        raise DatasetFormatError(
+            f"the dataset has too few groups ({len(keys)}) for a 70/10/20 split with non-empty validation and test"
         )
     return out
 

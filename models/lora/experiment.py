@@ -4,7 +4,11 @@ sample std (ddof = 1), and the accuracy drop from all layers to the visual (attn
 Uncertainty. Run r uses split r mod ``n_splits`` (default: a new seeded stratified split per run) and probe seed
 seed + r, the same for every layer set, so the drop is paired: drop_r = acc_all,r − acc_visual,r on the same
 test items with the same initialisation, reported as mean ± std with a Student-t 95% confidence interval over
-the runs. Split-to-split variation is thereby part of the spread, as it should be for a claim about the data.
+the runs, its variance corrected for overlapping splits (Nadeau & Bengio 2003: σ²·(1/J + n_test/n_train)).
+Split-to-split variation is thereby part of the spread, as it should be for a claim about the data.
+
+Leakage. Adapters with identical tensors are used once (the rest are reported in ``duplicates`` and
+``warnings``), and a ``group`` column in labels.csv keeps related adapters on one side of every split.
 
 Layer sampling. ``sample_layers < 1`` draws one seeded subset of all layers; each layer set is that subset's
 part (so "visual" is the sampled set's visual layers, and the all → visual drop compares nested sets, not two
@@ -29,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.lora.data import LoraDataset, sample_layers, stratified_split
+from models.lora.data import LoraDataset, Splits, group_split, sample_layers
 from models.lora.features import FeatureCache, compute_features
 from models.lora.keys import LAYER_SETS, DatasetFormatError, select_layers
 from models.lora.probe import ProbeConfig, run_probe
@@ -39,7 +43,7 @@ SCALAR_METRICS = (
     "train_acc", "val_acc", "test_acc", "val_f1", "test_f1", "val_precision", "test_precision",
     "val_recall", "test_recall", "best_epoch", "time_s",
 )
-RESULT_VERSION = 2
+RESULT_VERSION = 3  # 3: duplicates removed, group-aware splits, corrected intervals
 
 
 @dataclass
@@ -90,8 +94,14 @@ def split_seed(seed: int, index: int) -> int:
     return seed if index == 0 else int(np.random.SeedSequence([seed, 7919, index]).generate_state(1)[0])
 
 
-def mean_ci(values: Sequence[float], level: float = 0.95) -> dict:
-    """Mean, sample std (ddof = 1) and the Student-t confidence interval of the mean; n = 1 has no spread."""
+def mean_ci(values: Sequence[float], level: float = 0.95, test_train_ratio: float | None = None) -> dict:
+    """Mean, sample std (ddof = 1) and the Student-t confidence interval of the mean; n = 1 has no spread.
+
+    With ``test_train_ratio`` = n_test/n_train, ``ci`` is the Nadeau–Bengio corrected resampled t interval
+    (Nadeau & Bengio 2003, "Inference for the generalization error", Machine Learning 52): the J values come from
+    J random train/test splits of one data set, which overlap, so the variance of their mean is not σ²/J but
+    σ²·(1/J + n_test/n_train). ``ci_naive`` keeps the uncorrected σ²/J interval for comparison.
+    """
     from scipy import stats as st
 
     v = np.asarray(values, dtype=np.float64)
@@ -100,8 +110,14 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> dict:
     if n < 2:
         return {"mean": mean, "std": None, "n": n, "ci": None, "ci_level": level}
     std = float(v.std(ddof=1))
-    half = float(st.t.ppf(0.5 + level / 2, n - 1) * std / np.sqrt(n))
-    return {"mean": mean, "std": std, "n": n, "ci": [mean - half, mean + half], "ci_level": level}
+    t = float(st.t.ppf(0.5 + level / 2, n - 1))
+    naive = t * std / np.sqrt(n)
+    out = {"mean": mean, "std": std, "n": n, "ci": [mean - naive, mean + naive], "ci_level": level}
+    if test_train_ratio is not None:
+        half = t * float(np.sqrt(std ** 2 * (1 / n + test_train_ratio)))
+        out.update(ci=[mean - half, mean + half], ci_naive=[mean - naive, mean + naive],
+                   ci_method="nadeau_bengio", test_train_ratio=test_train_ratio)
+    return out
 
 
 def aggregate(runs: Sequence[dict]) -> dict:
@@ -118,9 +134,10 @@ def aggregate(runs: Sequence[dict]) -> dict:
     return out
 
 
-def accuracy_drop(results: dict, metric: str = "test_acc") -> dict:
+def accuracy_drop(results: dict, metric: str = "test_acc", test_train_ratio: float | None = None) -> dict:
     """Per representation: absolute (all − visual) and relative ((all − visual)/all) drop of the mean, and the
-    paired drop over runs (same split and probe seed in both layer sets): mean, sample std, 95% CI."""
+    paired drop over runs (same split and probe seed in both layer sets): mean, sample std, 95% CI (the
+    Nadeau–Bengio corrected one with ``test_train_ratio``, see ``mean_ci``)."""
     drop: dict = {}
     if "all" not in results or "visual" not in results:
         return drop
@@ -131,7 +148,8 @@ def accuracy_drop(results: dict, metric: str = "test_acc") -> dict:
         v = results["visual"][rep][metric]["mean"]
         pa = [r[metric] for r in cell["runs"]]
         pv = [r[metric] for r in results["visual"][rep]["runs"]]
-        paired = mean_ci([x - y for x, y in zip(pa, pv, strict=True)]) if len(pa) == len(pv) else None
+        paired = (mean_ci([x - y for x, y in zip(pa, pv, strict=True)], test_train_ratio=test_train_ratio)
+                  if len(pa) == len(pv) else None)
         drop[rep] = {"metric": metric, "all": a, "visual": v, "absolute": a - v,
                      "relative": (a - v) / a if a > 0 else None, "paired": paired}
     return drop
@@ -163,6 +181,7 @@ class _Plan:
     representations, and the (layer set, representation) cells an earlier attempt already finished."""
 
     split_list: list
+    duplicates: list[dict]
     layer_sets: dict[str, list]
     names: dict[str, list[str]]
     reps: list[str]
@@ -232,15 +251,42 @@ def _finished_cells(
     return state_path, done_cells
 
 
+def deduplicate(dataset: LoraDataset, memo_path: Path | None = None) -> tuple[np.ndarray, list[dict]]:
+    """The indices of the adapters an experiment uses (the first of each set of identical ones, by content
+    digest) and, per set of duplicates, which was kept, which were dropped and their labels."""
+    dropped: set[int] = set()
+    report = []
+    for idx in dataset.duplicates(memo_path):
+        dropped.update(idx[1:])
+        report.append({"kept": dataset.names[idx[0]], "removed": [dataset.names[i] for i in idx[1:]],
+                       "labels": sorted({dataset.classes[dataset.labels[i]] for i in idx})})
+    return np.array([i for i in range(len(dataset)) if i not in dropped], dtype=np.int64), report
+
+
+def make_splits(dataset: LoraDataset, config: AblationConfig,
+                memo_path: Path | None = None) -> tuple[list[Splits], list[dict]]:
+    """The experiment's splits over the de-duplicated adapters (indices into the dataset), group-aware, and the
+    duplicates report (adapter digests memoised in ``memo_path``)."""
+    keep, dups = deduplicate(dataset, memo_path)
+    labels = dataset.labels[keep]
+    groups = [dataset.groups[i] for i in keep]
+    splits = []
+    for k in range(config.splits):
+        s = group_split(labels, groups, split_seed(config.seed, k))
+        splits.append(Splits(keep[s.train], keep[s.val], keep[s.test]))
+    return splits, dups
+
+
 def _plan(dataset: LoraDataset, config: AblationConfig, cache_dir: Path | None, state_dir: Path | None) -> _Plan:
     """Splits, layer sets and the resume state; the dataset fingerprint is memoised under ``cache_dir``."""
-    split_list = [stratified_split(dataset.labels, split_seed(config.seed, k)) for k in range(config.splits)]
+    split_list, duplicates = make_splits(dataset, config,
+                                         cache_dir / "adapter_digests.json" if cache_dir is not None else None)
     layer_sets = _select_layer_sets(dataset, config)
     memo = cache_dir / "fingerprints.json" if cache_dir is not None else None
     fingerprint = dataset.fingerprint(memo)
     names = {ls: [layer.name for layer in layers] for ls, layers in layer_sets.items()}
     state_path, done_cells = _finished_cells(state_dir, fingerprint, config, names)
-    return _Plan(split_list=split_list, layer_sets=layer_sets, names=names, reps=list(config.representations),
+    return _Plan(split_list=split_list, duplicates=duplicates, layer_sets=layer_sets, names=names, reps=list(config.representations),
                  runs=config.runs, memo=memo, state_path=state_path, done_cells=done_cells)
 
 
@@ -332,11 +378,25 @@ def _assemble_result(
     fstats: Any, dataset_name: str | None, t_start: float, training_s: float,
 ) -> dict:
     splits = plan.split_list[0]
+    warnings = []
+    if plan.duplicates:
+        removed = sum(len(d["removed"]) for d in plan.duplicates)
+        warnings.append(f"{removed} duplicate adapter(s) (identical tensors) removed before splitting: "
+                        + "; ".join(f"{', '.join(d['removed'])} = {d['kept']}" for d in plan.duplicates[:10])
+                        + ("; ..." if len(plan.duplicates) > 10 else ""))
+        mixed = [d for d in plan.duplicates if len(d["labels"]) > 1]
+        if mixed:
+            warnings.append(f"{len(mixed)} set(s) of identical adapters carry different labels, e.g. "
+                            f"{mixed[0]['kept']} ({', '.join(mixed[0]['labels'])}); the first row's label is used")
     return {
         "dataset": dataset_name or str(dataset.root),
         "synthetic": dataset.synthetic,
         "format": dataset.format,
-        "num_items": len(dataset),
+        "num_items": int(sum(len(getattr(splits, k)) for k in ("train", "val", "test"))),
+        "num_listed": len(dataset),
+        "duplicates": plan.duplicates,
+        "grouped": any(g is not None for g in dataset.groups),
+        "warnings": warnings,
         "num_classes": dataset.num_classes,
         "classes": dataset.classes,
         "num_layers": dataset.num_layers(),
@@ -346,7 +406,7 @@ def _assemble_result(
         "config": {**asdict(config), "runs": config.runs},
         "device": str(device),
         "results": results,
-        "drop": accuracy_drop(results),
+        "drop": accuracy_drop(results, test_train_ratio=len(splits.test) / len(splits.train)),
         "timing": {
             "total_s": time.perf_counter() - t_start,
             "features_s": (fstats.compute_s + fstats.load_s) if fstats else 0.0,
@@ -418,4 +478,5 @@ def format_table(result: dict) -> str:
             if p and p["ci"] is not None:
                 row += f"{p['mean']:>10.4f} ± {p['std']:.3f} [{p['ci'][0]:.3f}, {p['ci'][1]:.3f}]"
         lines.append(row)
+    lines += [f"warning: {w}" for w in result.get("warnings", [])]
     return "\n".join(lines) + "\n"

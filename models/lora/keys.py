@@ -200,9 +200,10 @@ def _dataset_member(directory: Path, name: str, shown: str) -> Path:
     return directory / rel
 
 
-def read_labels_csv(directory: str | Path, files: FileAccess = LOCAL) -> list[tuple[str, str]]:
-    """``(file, label)`` rows of ``labels.csv`` (header ``file,label``) in a format-1 dataset directory. Every file
-    must be a relative path inside the directory (no absolute paths, no ``..``)."""
+def read_labels_csv(directory: str | Path, files: FileAccess = LOCAL, groups: bool = False) -> list[tuple]:
+    """``(file, label)`` rows of ``labels.csv`` (header ``file,label``, optionally ``group``) in a format-1 dataset
+    directory; with ``groups``, ``(file, label, group)`` rows (``group`` is ``""`` where the column is absent or
+    empty). Every file must be a relative path inside the directory (no absolute paths, no ``..``)."""
     directory = Path(directory)
     path = directory / LABELS_FILE
     shown = files.display(path)
@@ -221,7 +222,8 @@ def read_labels_csv(directory: str | Path, files: FileAccess = LOCAL) -> list[tu
                     raise DatasetFormatError(f"{shown} lists more than {MAX_LABEL_ROWS} files")
                 name, label = row["file"].strip(), (row.get("label") or "").strip()
                 _dataset_member(directory, name, shown)
-                rows.append((name, label))
+                group = (row.get("group") or "").strip()
+                rows.append((name, label, group) if groups else (name, label))
         except csv.Error as exc:
             raise DatasetFormatError(f"{shown}:{reader.line_num}: {exc}") from None
     if not rows:

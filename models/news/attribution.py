@@ -705,6 +705,7 @@ def _summary(model: NewsRecommender, opts: IGOptions, precision: str, att: _Attr
     """The report's ``summary``: the run's settings, step counts, completeness and timings."""
     rels = _relative_deltas(att.runs)
     n_steps, evaluations = _step_counts(att, opts, n_prepared * len(model.views))
+    by_view = ReportAccumulator(model.views[0]).extend(out_samples).delta_by_view()
     first = att.runs[0] if att.runs else None
     return {
         "n_samples": len(out_samples),
@@ -718,6 +719,7 @@ def _summary(model: NewsRecommender, opts: IGOptions, precision: str, att: _Attr
         "views": list(model.views),
         "median_relative_delta": statistics.median(rels) if rels else float("nan"),
         "max_relative_delta": max(rels) if rels else float("nan"),
+        "relative_delta_by_view": by_view,
         "tolerance": opts.tolerance,
         "tolerance_met": att.tolerance_met,
         "batch_size": first.batch_size if first else None,

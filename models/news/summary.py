@@ -6,7 +6,8 @@ with the vocabulary, never with the number of samples (one float per sample is k
 
 Per label (``real``/``fake``/``unlabelled``) and word (lower-cased): the mean and population standard deviation of its
 attribution (Welford's update, in record order), its number of occurrences, and the fraction of that label's samples
-it appears in. Across all samples: the distribution of the relative completeness delta (median, p95, max), and the
+it appears in. Across all samples: the distribution of the relative completeness delta (median, p95, max) over every
+view of every sample (NAML: title and body), the same per view, and the
 global top-k words by mean attribution among words seen at least ``min_count`` times. For ``compare_with`` runs, the
 per-word means over all samples and how many samples list a word among their top-positive words.
 """
@@ -40,12 +41,23 @@ class _Welford:
         return math.sqrt(self.m2 / self.n) if self.n else 0.0
 
 
+def distribution(values: Iterable[float]) -> dict[str, float | None]:
+    """Median, p95 and max of ``values`` (all None without any)."""
+    arr = np.asarray(list(values), dtype=np.float64)
+    if not arr.size:
+        return {"median": None, "p95": None, "max": None}
+    return {"median": float(np.median(arr)), "p95": float(np.quantile(arr, 0.95)), "max": float(arr.max())}
+
+
 class ReportAccumulator:
     """Feed per-sample records (``{"id", "label", "words", "word_attributions", "relative_delta",
-    "top_positive", ...}``) with ``add``; read the statistics with ``word_stats()``, ``summary()``,
-    ``word_means()`` and ``top_positive_counts()``."""
+    "top_positive", "views": {view: {..., "relative_delta"}}, ...}``) with ``add``; read the statistics with
+    ``word_stats()``, ``summary()``, ``word_means()`` and ``top_positive_counts()``. ``main_view`` names the view
+    a record holds at its top level (the model's first: ``title``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, main_view: str = "title") -> None:
+        self.main_view = main_view
+        self.rel_by_view: dict[str, list[float]] = {}
         self.by_label: dict[str, dict[str, _Welford]] = defaultdict(dict)
         self.present: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.n_label: dict[str, int] = defaultdict(int)
@@ -73,9 +85,12 @@ class ReportAccumulator:
             tot.add(float(a))
         for w in {t["word"].lower() for t in rec.get("top_positive", [])}:
             self.top_counts[w] += 1
-        rel = rec.get("relative_delta")
-        if rel is not None and math.isfinite(rel):
-            self.rel_deltas.append(float(rel))
+        views = [(self.main_view, rec)] + list((rec.get("views") or {}).items())
+        for view, part in views:
+            rel = part.get("relative_delta")
+            if rel is not None and math.isfinite(rel):
+                self.rel_deltas.append(float(rel))
+                self.rel_by_view.setdefault(view, []).append(float(rel))
 
     def extend(self, records: Iterable[dict[str, Any]]) -> ReportAccumulator:
         for rec in records:
@@ -97,10 +112,12 @@ class ReportAccumulator:
         return dict(self.top_counts)
 
     def delta_distribution(self) -> dict[str, float | None]:
-        if not self.rel_deltas:
-            return {"median": None, "p95": None, "max": None}
-        arr = np.asarray(self.rel_deltas, dtype=np.float64)
-        return {"median": float(np.median(arr)), "p95": float(np.quantile(arr, 0.95)), "max": float(arr.max())}
+        """The relative deltas of every view of every sample."""
+        return distribution(self.rel_deltas)
+
+    def delta_by_view(self) -> dict[str, dict[str, float | None]]:
+        """The relative deltas' distribution per view, in the order the views were first seen."""
+        return {view: distribution(values) for view, values in self.rel_by_view.items()}
 
     def top_words(self, top_k: int, min_count: int = 3) -> dict[str, list[dict[str, Any]]]:
         """The words with the highest and lowest mean attribution over all samples (seen ``min_count`` times)."""

@@ -259,6 +259,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     errors: list[dict[str, Any]] = []
     failed_shards: list[int] = []
     shard_summaries: list[dict[str, Any]] = []
+    compare_summaries: list[dict[str, Any]] = []
     warnings: list[str] = []  # per shard (counts are a shard's)
     n_total = 0
     try:
@@ -272,7 +273,13 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                     continue
                 n_total += done["n"]
                 errors.extend(done["errors"])
+                if not shard_summaries and done["summary"].get("views"):  # the view records hold at top level
+                    acc.main_view = done["summary"]["views"][0]
+                    if acc_b is not None:
+                        acc_b.main_view = acc.main_view
                 shard_summaries.append(done["summary"])
+                if done.get("compare_summary"):
+                    compare_summaries.append(done["compare_summary"])
                 warnings.extend(w for w in done.get("warnings", []) if w not in warnings)
                 for rec in shard_records(ctx, parent, i, "samples.jsonl"):
                     acc.add(rec)
@@ -302,12 +309,13 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             "n_errors": len(errors),
             "errors": errors[:1000],
             "errors_truncated": len(errors) > 1000,
-            "relative_delta": acc.delta_distribution(),
+            "relative_delta": acc.delta_distribution(),  # every view of every sample
+            "relative_delta_by_view": acc.delta_by_view(),
             "top_words": acc.top_words(top_k),
             "word_stats": {label: {"top": rows[:SUMMARY_TOP_WORDS], "bottom": rows[-SUMMARY_TOP_WORDS:][::-1],
                                    "words": len(rows)} for label, rows in stats.items()},
             "labels": sorted(acc.n_label.items()),
-            "summary": _merge_summaries(shard_summaries),
+            "summary": _merge_summaries(shard_summaries, acc, len(errors)),
             "shards": {"total": n_shards, "failed": failed_shards},
             "warnings": warnings,
         }
@@ -317,7 +325,9 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             result["comparison"] = {"model": request["compare_with"], **cmp,
                                     "changed": cmp["changed"][:SUMMARY_TOP_WORDS],
                                     "changed_total": len(cmp["changed"]),
-                                    "relative_delta": acc_b.delta_distribution()}
+                                    "relative_delta": acc_b.delta_distribution(),
+                                    "relative_delta_by_view": acc_b.delta_by_view(),
+                                    "summary": _merge_summaries(compare_summaries, acc_b, len(errors))}
         else:
             (out_dir / "compare.jsonl").unlink()
         (out_dir / "summary.json").write_text(json.dumps(_clean(result)))
@@ -328,14 +338,37 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _merge_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def _merge_summaries(summaries: list[dict[str, Any]], acc: Any, n_errors: int) -> dict[str, Any]:
+    """The single-job ``summary`` (``models.news.attribution.explain``) of the shards together, field by field:
+    settings from the first shard; counts from the merged records; ``n_steps`` the largest (an adaptive run's
+    largest per-sample rule); ``gradient_evaluations`` the sum (additive over samples); ``tolerance_met`` true
+    when every shard met it; the relative-delta statistics over every view of every merged record, overall and
+    ``relative_delta_by_view``. Times are summed over shards (work, not wall time). ``batch_size`` and
+    ``alpha_batch_size`` are the first shard's (``auto`` resolves per shard). With a tolerance and
+    ``optimized: false`` (the reference loop doubles the whole run until the median meets it) each shard doubles
+    on its own, so only there can ``n_steps`` and ``tolerance_met`` differ from one job's."""
     if not summaries:
         return {}
     first = summaries[0]
-    keep = ("method", "n_steps", "precision", "baseline", "optimized", "views", "tolerance")
+    keep = ("method", "precision", "baseline", "optimized", "views", "tolerance", "batch_size", "alpha_batch_size")
+    steps = [s["n_steps"] for s in summaries if s.get("n_steps") is not None]
+    evals = [s.get("gradient_evaluations") for s in summaries]
+    met = [s.get("tolerance_met") for s in summaries]
+    dist = acc.delta_distribution()
+    seconds = sum(s.get("seconds") or 0 for s in summaries)
     return {**{k: first.get(k) for k in keep},
-            "n_steps_max": max((s.get("n_steps") or 0) for s in summaries),
-            "seconds_total": round(sum(s.get("seconds") or 0 for s in summaries), 3)}
+            "n_samples": acc.n,
+            "n_errors": n_errors,
+            "n_steps": max(steps) if steps else None,
+            "gradient_evaluations": None if any(e is None for e in evals) else sum(evals),
+            "median_relative_delta": dist["median"] if dist["median"] is not None else float("nan"),
+            "max_relative_delta": dist["max"] if dist["max"] is not None else float("nan"),
+            "relative_delta_by_view": acc.delta_by_view(),
+            "tolerance_met": None if all(m is None for m in met) else all(m is True for m in met),
+            "seconds": seconds,
+            "seconds_prepare": sum(s.get("seconds_prepare") or 0 for s in summaries),
+            "n_steps_max": max(steps) if steps else 0,
+            "seconds_total": round(seconds, 3)}
 
 
 def _parent_sample_ids(request: dict[str, Any], ctx: JobContext) -> list[str]:
