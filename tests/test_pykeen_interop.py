@@ -224,3 +224,24 @@ def test_tracin_imported_equals_hand_converted(tmp_path, trained) -> None:
         results.append(score_self(p, bundle)[1])
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
     assert results[0].abs().sum() > 0
+
+
+def test_checkpoint_unpickler_refuses_other_globals(tmp_path, trained) -> None:
+    """The checkpoint reader allow-lists what a training checkpoint holds; anything else is refused, not run."""
+    import pickle
+
+    from models.weight_files import load_checkpoint_pickle, load_state_file
+
+    ck = load_checkpoint_pickle(trained["src"] / "checkpoint.pt")
+    assert set(ck["model_state_dict"]) == set(trained["sd"]) and ck["relation_to_id_dict"]
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "ran"),))
+
+    torch.save({"model_state_dict": trained["sd"], "x": Boom()}, tmp_path / "evil.pt", pickle_protocol=5)
+    with pytest.raises(pickle.UnpicklingError, match="not part of a training checkpoint"):
+        load_checkpoint_pickle(tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="weights_only=True"):
+        load_state_file(tmp_path / "evil.pt")
+    assert not (tmp_path / "ran").exists()
