@@ -203,7 +203,7 @@ def test_tracin_imported_equals_hand_converted(tmp_path, trained) -> None:
     """TracIn (self-influence and test influence) on the imported model equals TracIn on a hand-converted copy."""
     from models.kg.checkpoint import KGBundle, load, save_checkpoint, write_model_dir
     from models.kg.importer import import_conve
-    from models.kg.influence import plan, score_self
+    from models.kg.influence import plan, score_self, score_test
 
     src = trained["src"]
     import_conve(src, tmp_path / "imported", {"weights": "model.pt", "train_triples": "train.txt",
@@ -217,13 +217,23 @@ def test_tracin_imported_equals_hand_converted(tmp_path, trained) -> None:
     write_model_dir(tmp_path / "hand", hand, eq_ds, [ck], {}, {})
     hand_bundle: KGBundle = load(tmp_path / "hand")
     test = ds.testing.triples[:3].tolist()
-    results = []
+    results, entries = [], []
     for bundle in (imported, hand_bundle):
         p = plan(bundle, test, mode="self", top_k=None, precision="fp32", device="cpu")
         p.union = p.union[:64]
         results.append(score_self(p, bundle)[1])
+        p = plan(bundle, test, mode="test", top_k=5, precision="fp32", device="cpu")
+        entries.append(score_test(p, bundle, top_k=5))
     torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-6)
     assert results[0].abs().sum() > 0
+    assert len(entries[0]) == 3
+    for a, b in zip(*entries, strict=True):
+        assert a["test_triple"] == b["test_triple"]
+        for side in ("proponents", "opponents"):
+            assert len(a[side]) == len(b[side]) and len(a["proponents"]) == 5
+            assert [x["train_triple"] for x in a[side]] == [x["train_triple"] for x in b[side]]
+            torch.testing.assert_close(torch.tensor([x["influence"] for x in a[side]]),
+                                       torch.tensor([x["influence"] for x in b[side]]), rtol=1e-5, atol=1e-6)
 
 
 def test_checkpoint_unpickler_refuses_other_globals(tmp_path, trained) -> None:
