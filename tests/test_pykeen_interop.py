@@ -178,6 +178,13 @@ def test_pykeen_full_model_pickle_is_422(svc, trained) -> None:
     assert r.status_code == 422, r.text
     msg = r.json()["detail"][0]["msg"]
     assert "PyKEEN" in msg and 'torch.save(model.state_dict(), "model.pt")' in msg
+    # a PyKEEN state dict that does not fit the config given: the API reads its shapes (no torch) and says PyKEEN
+    r = svc.client.post("/models/import", headers=ALICE, json={
+        "name": "pk-bad", "kind": "conve", "path": "pk", "weights": "model.pt", "config": {"embedding_height": 2},
+        "checkpoints": [{"file": "model.pt", "lr": 0.01}]})
+    assert r.status_code == 422, r.text
+    msg = r.json()["detail"][0]["msg"]
+    assert "model.pt (PyKEEN ConvE)" in msg and "fc.weight" in msg
 
 
 def test_pykeen_messages_name_pykeen(tmp_path, trained) -> None:
