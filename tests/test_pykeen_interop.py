@@ -99,6 +99,9 @@ def trained(tmp_path_factory):
     (data / "pk-json").mkdir()
     for f in ("model.pt", "train.txt", "valid.txt", "test.txt"):
         (data / "pk-json" / f).write_bytes((src / f).read_bytes())
+    (data / "pk-ck").mkdir()
+    for f in ("checkpoint.pt", "train.txt", "valid.txt", "test.txt"):
+        (data / "pk-ck" / f).write_bytes((src / f).read_bytes())
     (data / "pk-json" / "entity_to_id.json").write_text(json.dumps(ds.training.entity_to_id))
     (data / "pk-json" / "relation_to_id.json").write_text(json.dumps(ds.training.relation_to_id))
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -157,7 +160,7 @@ def test_interleaved_relation_rows_would_be_caught(trained) -> None:
     assert all(torch.equal(v, hand_convert(trained["sd"])[k]) for k, v in mapped.items())
 
 
-@pytest.mark.parametrize("form", ["state_dict", "checkpoint", "json_maps"])
+@pytest.mark.parametrize("form", ["state_dict", "checkpoint", "json_maps", "checkpoint_maps"])
 def test_import_pykeen_metrics_equal_pykeen(svc, trained, form) -> None:
     body = {"name": f"pk-{form.replace('_', '-')}", "kind": "conve", "path": "pk", "weights": "model.pt",
             "valid_triples": "valid.txt", "test_triples": "test.txt",  # the filter: train, valid and test
@@ -166,6 +169,8 @@ def test_import_pykeen_metrics_equal_pykeen(svc, trained, form) -> None:
         body.update(weights="checkpoint.pt", checkpoints=[{"file": "checkpoint.pt", "lr": 0.01}])
     if form == "json_maps":
         body["path"] = "pk-json"
+    if form == "checkpoint_maps":  # no id files: the checkpoint's entity_to_id_dict / relation_to_id_dict
+        body.update(path="pk-ck", weights="checkpoint.pt", checkpoints=[{"file": "checkpoint.pt", "lr": 0.01}])
     res = _import(svc, body)
     assert res["pykeen"] is True and res["reciprocal"] is True and res["relations"] == 55
     _assert_equal(res["metrics"]["test"], trained["pykeen"], f"imported ({form}) vs PyKEEN RankBasedEvaluator")

@@ -180,6 +180,38 @@ def _load(path: Path, name: str, relations: int | None, reciprocal: bool | None)
     return from_pykeen(raw, relations, f"{name} (PyKEEN ConvE)", reciprocal), True
 
 
+def checkpoint_maps(path: Path) -> dict[str, dict[str, int]]:
+    """``{"entities": ..., "relations": ...}`` from a PyKEEN training-loop checkpoint's ``entity_to_id_dict`` /
+    ``relation_to_id_dict`` (empty when the file is not such a checkpoint)."""
+    from models.weight_files import PICKLE_SUFFIXES, load_checkpoint_pickle
+
+    if path.suffix not in PICKLE_SUFFIXES or not path.is_file():
+        return {}
+    try:
+        ck = load_checkpoint_pickle(path)
+    except Exception:  # noqa: BLE001 - not a checkpoint this reader accepts: no maps
+        return {}
+    out = {}
+    for what, key in (("entities", "entity_to_id_dict"), ("relations", "relation_to_id_dict")):
+        m = ck.get(key)
+        if isinstance(m, dict) and m and all(isinstance(k, str) and type(v) is int for k, v in m.items()):
+            out[what] = dict(m)
+    return out
+
+
+def _id_map(src: Path, given: str | None, stems: Sequence[str], what: str, weights: Path) -> dict[str, int]:
+    """An id file, or, when there is none, the map a PyKEEN training-loop checkpoint (the weights) holds."""
+    try:
+        return read_id_file(find_file(src, given, stems, what))
+    except ImportError_:
+        if given:
+            raise
+        found = checkpoint_maps(weights).get(what)
+        if found is None:
+            raise
+        return found
+
+
 def _encode_triples(path: Path, ds: TriplesDataset) -> torch.Tensor:
     rows = read_triples(path)
     try:
@@ -202,7 +234,7 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
     shape = dict(json.loads((src / "config.json").read_text())) if (src / "config.json").is_file() else {}
     shape = {k: v for k, v in {**shape, **(spec.get("config") or {})}.items() if k in SHAPE_FIELDS}
     weights_path = src / spec["weights"]
-    rel_map = read_id_file(find_file(src, spec.get("relations"), RELATION_FILES, "relations"))
+    rel_map = _id_map(src, spec.get("relations"), RELATION_FILES, "relations", weights_path)
     reciprocal = spec.get("reciprocal")
     state, pykeen = _load(weights_path, spec["weights"], len(rel_map), reciprocal)
     whose = f"{spec['weights']} (PyKEEN ConvE)" if pykeen else spec["weights"]
@@ -211,7 +243,7 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
                            "rel.weight/emb_rel.weight, or PyKEEN's entity_representations/relation_representations)")
     n_ent, dim = state["ent.weight"].shape
     n_rel_rows = state["rel.weight"].shape[0]
-    entities = vocab_for_rows(read_id_file(find_file(src, spec.get("entities"), ENTITY_FILES, "entities")),
+    entities = vocab_for_rows(_id_map(src, spec.get("entities"), ENTITY_FILES, "entities", weights_path),
                               n_ent, "entities")
     if reciprocal is None:
         reciprocal = n_rel_rows == 2 * len(rel_map)
