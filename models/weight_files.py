@@ -155,28 +155,155 @@ class StateMismatch(ValueError):
         self.problems = problems
 
 
-def load_state_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A flat ``{name: tensor}`` from a safetensors file or a weights-only PyTorch pickle."""
+def pickle_modules(path: str | Path, files: FileAccess = LOCAL) -> set[str]:
+    """The modules a torch zip-format pickle's globals come from, read with ``pickletools`` (nothing is built or run;
+    empty when the file is not in that format or is past the reader's limits)."""
+    import pickletools
+
+    try:
+        with files.open(Path(path), "pickle") as fh, zipfile.ZipFile(fh) as zf:
+            raw = _data_pkl(zf)
+        if raw is None:
+            return set()
+        modules: set[str] = set()
+        strings: list[str] = []
+        for n, (op, arg, _) in enumerate(pickletools.genops(raw)):
+            if n > MAX_PICKLE_OPS:
+                break
+            if op.name == "GLOBAL":
+                modules.add(str(arg).split(" ")[0])
+            elif isinstance(arg, str):
+                strings.append(arg)
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                modules.add(strings[-2])
+        return modules
+    except (zipfile.BadZipFile, OSError, ValueError, PickleLimit, zipfile.LargeZipFile, NotImplementedError):
+        return set()
+
+
+def pykeen_model_pickle(path: str | Path, files: FileAccess = LOCAL) -> bool:
+    """Whether the file is a pickled PyKEEN model (``torch.save(model)``), which only runs with PyKEEN's code."""
+    return any(m == "pykeen" or m.startswith("pykeen.") for m in pickle_modules(path, files))
+
+
+PYKEEN_MODEL_PICKLE = ("{name} is a pickled PyKEEN model (torch.save(model)): loading it would run PyKEEN's code, "
+                       "which is never done here. Export its weights instead, in PyKEEN: "
+                       'torch.save(model.state_dict(), "model.pt")')
+
+_STORAGE_DTYPES = {"FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+                   "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+                   "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
+
+
+class _Opaque:
+    """Stands in for a numpy object of a checkpoint (a random state): never built, never used."""
+
+    def __init__(self, *args: object) -> None:
+        pass
+
+    def __setstate__(self, state: object) -> None:
+        pass
+
+
+class _CheckpointUnpickler(pickle.Unpickler):
+    """A training-loop checkpoint (``torch.save`` of a dict of state dicts, numbers, lists, random states) that
+    ``weights_only`` cannot read (PyKEEN's: pickle protocol 5, numpy random state). Allow-listed: tensors and their
+    storages, ``OrderedDict``, and numpy's array/dtype reconstructors, which become inert placeholders. Any other
+    global is refused, so nothing in the file runs."""
+
+    def __init__(self, file, zf: zipfile.ZipFile, prefix: str):  # noqa: ANN001
+        super().__init__(file)
+        self._zf = zf
+        self._prefix = prefix
+        self._elements = 0
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle protocol
+        import torch
+
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return torch._utils._rebuild_tensor_v2
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return lambda data, *rest: data
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return getattr(torch, _STORAGE_DTYPES[name])
+        if module in ("numpy", "numpy.core.multiarray", "numpy._core.multiarray", "numpy.core.numeric",
+                      "numpy._core.numeric") and name in ("dtype", "ndarray", "_reconstruct", "_frombuffer"):
+            return _Opaque
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a training checkpoint")
+
+    def persistent_load(self, pid):  # noqa: ANN001, ANN201 - ("storage", dtype, key, location, numel)
+        import torch
+
+        if not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "storage" or not isinstance(pid[1], torch.dtype):
+            raise pickle.UnpicklingError("unexpected persistent id")
+        _, dtype, key, _, numel = pid
+        if not isinstance(key, str) or not key.isdigit() or not isinstance(numel, int) or numel < 0:
+            raise pickle.UnpicklingError("unexpected storage record")
+        self._elements += numel
+        if self._elements > MAX_DECLARED_ELEMENTS:
+            raise PickleLimit(f"more than {MAX_DECLARED_ELEMENTS} elements declared")
+        info = self._zf.getinfo(f"{self._prefix}data/{key}")
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if info.file_size != nbytes:
+            raise pickle.UnpicklingError(f"storage {key} holds {info.file_size} bytes, {nbytes} declared")
+        raw = bytearray(self._zf.read(info))
+        untyped = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if raw else torch.UntypedStorage(0)
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+def load_checkpoint_pickle(path: str | Path) -> dict:
+    """A torch zip-format checkpoint read with :class:`_CheckpointUnpickler` (never ``weights_only=False``)."""
+    path = Path(path)
+    with zipfile.ZipFile(path) as zf:
+        raw = _data_pkl(zf)
+        if raw is None:
+            raise pickle.UnpicklingError("not a torch zip-format file")
+        prefix = next(i.filename for i in zf.infolist() if i.filename.endswith("data.pkl"))[:-len("data.pkl")]
+        order = zf.read(f"{prefix}byteorder").decode().strip() if f"{prefix}byteorder" in zf.namelist() else "little"
+        if order != "little":
+            raise pickle.UnpicklingError(f"byte order {order!r}")
+        obj = _CheckpointUnpickler(io.BytesIO(raw), zf, prefix).load()
+    if not isinstance(obj, dict):
+        raise pickle.UnpicklingError("not a dict")
+    return obj
+
+
+def load_state_file(path: str | Path, pykeen: bool = False) -> dict[str, torch.Tensor]:
+    """A flat ``{name: tensor}`` from a safetensors file or a weights-only PyTorch pickle, or from a training-loop
+    checkpoint's ``model_state_dict`` (PyKEEN's: read by :func:`load_checkpoint_pickle`). ``pykeen``: the file is
+    expected to be PyKEEN's, and messages say so."""
     import torch
 
     path = Path(path)
+    whose = "PyKEEN " if pykeen else ""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         return load_file(str(path), device="cpu")
     if path.suffix not in PICKLE_SUFFIXES:
         raise ValueError(f"{path.name}: expected .safetensors or one of {', '.join(PICKLE_SUFFIXES)}")
+    if pykeen_model_pickle(path):
+        raise ValueError(PYKEEN_MODEL_PICKLE.format(name=path.name))
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # the unpickler refuses anything but tensors and plain containers
-        raise ValueError(f"{path.name} cannot be read with weights_only=True (only tensors and plain containers "
-                         f"are accepted): {str(exc).splitlines()[0][:300]}") from None
+        try:
+            obj = load_checkpoint_pickle(path)
+        except Exception:  # noqa: BLE001 - any failure is the same refusal
+            raise ValueError(f"{path.name} cannot be read with weights_only=True (only tensors and plain containers "
+                             f"are accepted), nor as a {whose}training checkpoint: "
+                             f"{str(exc).splitlines()[0][:300]}") from None
+        if not isinstance(obj.get("model_state_dict"), dict):
+            raise ValueError(f"{path.name} cannot be read with weights_only=True and is not a {whose}training "
+                             "checkpoint (no model_state_dict)") from None
     for key in WRAPPER_KEYS:
         if isinstance(obj, dict) and isinstance(obj.get(key), dict) and not isinstance(obj.get(key), torch.Tensor):
             obj = obj[key]
             break
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{path.name} does not hold a state dict (a mapping of names to tensors)")
+        raise ValueError(f"{path.name} does not hold a {whose}state dict (a mapping of names to tensors)")
     return {str(k): v for k, v in obj.items()}
 
 

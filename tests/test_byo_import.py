@@ -1,5 +1,6 @@
 """Bring your own model: ``POST /models/import`` of a ConvE in the TracIn guide's layout (``model.pt`` with
-``node_dict`` / ``rel_dict``) and in PyKEEN's id layout (safetensors), name/shape checks, weights-only loading,
+``node_dict`` / ``rel_dict``) and with PyKEEN's id files but this project's tensor names (safetensors; PyKEEN's own
+weights are tests/test_pykeen_interop.py), name/shape checks, weights-only loading,
 TracIn with ``test_triples_path``; NRMS and Vision-BDH imports (real Redis, a real worker)."""
 
 from __future__ import annotations

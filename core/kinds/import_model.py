@@ -130,9 +130,15 @@ def _conve_header_check(req: ImportModelRequest, directory: Path, files: UserFil
     """Names and shapes of the ConvE weight files, from a ``.safetensors`` JSON header or a ``.pt`` file's pickle
     read without running it (no torch either way): a mismatch with the config is a 422 naming the tensors. A file
     in neither form (a legacy pickle, say) is checked by the job."""
-    from models.kg.shapes import canonical_name, expected_shapes
+    from models.kg.shapes import canonical_name, expected_shapes, is_pykeen, pykeen_problem, pykeen_shapes
     from models.lora.keys import DatasetFormatError, read_safetensors_header
-    from models.weight_files import PICKLE_SUFFIXES, pickle_shapes, shape_problems
+    from models.weight_files import (
+        PICKLE_SUFFIXES,
+        PYKEEN_MODEL_PICKLE,
+        pickle_shapes,
+        pykeen_model_pickle,
+        shape_problems,
+    )
 
     try:
         shape = json.loads(read_bytes(files, directory / "config.json", "json")) \
@@ -149,18 +155,27 @@ def _conve_header_check(req: ImportModelRequest, directory: Path, files: UserFil
     weights += [(("checkpoints", i, "file"), ck.file) for i, ck in enumerate(req.checkpoints[:HEADER_CHECKS])]
     for loc, name in weights:
         if name.endswith(PICKLE_SUFFIXES):
+            if pykeen_model_pickle(directory / name, files):
+                raise FieldError(("body", *loc), PYKEEN_MODEL_PICKLE.format(name=name), value=name)
             shapes = pickle_shapes(directory / name, files)
             if shapes is None:
                 continue
-            given = {canonical_name(k): v for k, v in shapes.items()}
         elif name.endswith(".safetensors"):
             try:
                 header = read_safetensors_header(directory / name, files)
             except (DatasetFormatError, OSError, ValueError) as exc:
                 raise FieldError(("body", *loc), str(exc), value=name) from None
-            given = {canonical_name(k): tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+            shapes = {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
         else:
             continue
+        if is_pykeen(shapes):
+            problem = pykeen_problem(shapes)
+            if problem:
+                raise FieldError(("body", *loc), f"{name} (PyKEEN ConvE): {problem}", value=name)
+            given = pykeen_shapes(shapes)
+            name = f"{name} (PyKEEN ConvE)"
+        else:
+            given = {canonical_name(k): tuple(v) for k, v in shapes.items()}
         if "ent.weight" not in given or "rel.weight" not in given or "embedding_height" not in shape:
             continue  # the job reports what is missing
         if len(given["ent.weight"]) != 2 or len(given["rel.weight"]) != 2:

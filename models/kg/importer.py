@@ -2,8 +2,12 @@
 
 Inputs, all in one source directory:
 
-- weights: a state dict as ``.safetensors`` or a weights-only ``.pt`` (the names of this project's ConvE, or of
-  the reference ConvE code: ``emb_e``, ``emb_rel``, ``conv1``, ``b``, mapped here);
+- weights: a state dict as ``.safetensors`` or a weights-only ``.pt`` (the names of this project's ConvE, of
+  the reference ConvE code: ``emb_e``, ``emb_rel``, ``conv1``, ``b``, or of PyKEEN's ConvE, all mapped here), or a
+  training-loop checkpoint holding ``model_state_dict`` (PyKEEN's is read by an allow-listed unpickler, see
+  :func:`models.weight_files.load_checkpoint_pickle`). A PyKEEN ConvE's relation rows are reordered from PyKEEN's
+  interleaved inverse layout (:func:`from_pykeen`); a pickled PyKEEN model is refused with the line that exports
+  its state dict;
 - the id files: the TracIn guide's ``node_dict`` / ``rel_dict``, PyKEEN's ``entity_to_id`` / ``relation_to_id``
   (``.tsv`` with an ``id<TAB>label`` header, ``.tsv.gz`` or ``.json``) or ``entities.dict`` / ``relations.dict``;
   ``name<TAB>id``, ``id<TAB>name`` and JSON ``{name: id}`` are read. Rows of the tables no name points to (a
@@ -30,8 +34,15 @@ from safetensors.torch import save_file
 
 from models.kg.checkpoint import FORMAT
 from models.kg.conve import ConvE, ConvEConfig
-from models.kg.shapes import canonical_name
-from models.kg.train import rank_metrics, ranks_from_scores
+from models.kg.shapes import (
+    PYKEEN_BIAS,
+    canonical_name,
+    infer_height,
+    is_pykeen,
+    pykeen_problem,
+    pykeen_shapes,
+)
+from models.kg.train import evaluate, rank_metrics, ranks_from_scores
 from models.kg.triples import TriplesDataset, Vocab, read_triples, write_dataset_dir
 from models.weight_files import check_state, load_state_file
 
@@ -52,10 +63,11 @@ def find_file(src: Path, given: str | None, stems: Sequence[str], what: str) -> 
         if not path.is_file():
             raise ImportError_(f"{what}: no file {given!r} in the model directory")
         return path
-    for stem in stems:
-        for suffix in ID_SUFFIXES:
-            if (src / f"{stem}{suffix}").is_file():
-                return src / f"{stem}{suffix}"
+    for folder in ("", "training_triples/"):  # PyKEEN's pipeline result directory keeps its maps there
+        for stem in stems:
+            for suffix in ID_SUFFIXES:
+                if (src / f"{folder}{stem}{suffix}").is_file():
+                    return src / f"{folder}{stem}{suffix}"
     raise ImportError_(f"{what}: none of {', '.join(stems)} (with {', '.join(s or 'no suffix' for s in ID_SUFFIXES)})"
                        " in the model directory")
 
@@ -103,6 +115,103 @@ def rename(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {canonical_name(k): v for k, v in state.items()}
 
 
+def from_pykeen(state: dict[str, torch.Tensor], relations: int, source: str,
+                reciprocal: bool | None = None) -> dict[str, torch.Tensor]:
+    """A PyKEEN ConvE state dict in this project's names and layout (``models.kg.shapes.PYKEEN_PREFIXES``).
+
+    ``relations``: the number of base relations (PyKEEN's ``relation_to_id``). Trained with
+    ``create_inverse_triples=True`` PyKEEN holds 2R relation rows, forward r at row 2r and its inverse at 2r+1; this
+    project holds forward r at row r and the inverse at r + R, so the rows are reordered. R rows: no inverses.
+    """
+    problem = pykeen_problem({k: tuple(v.shape) for k, v in state.items()})
+    if problem:
+        raise ImportError_(f"{source}: {problem}")
+    rows = state["relation_representations.0._embeddings.weight"].shape[0]
+    if rows == 2 * relations:
+        if reciprocal is False:
+            raise ImportError_(f"{source}: the PyKEEN model holds {rows} relation rows for {relations} relations "
+                               "(trained with create_inverse_triples=True), but reciprocal is false")
+        interleaved = True
+    elif rows == relations:
+        if reciprocal:
+            raise ImportError_(f"{source}: the PyKEEN model holds one relation row per relation (trained without "
+                               "inverse triples), but reciprocal is true")
+        interleaved = False
+    else:
+        raise ImportError_(f"{source}: the PyKEEN model holds {rows} relation rows; the relation map names "
+                           f"{relations} relations (expected {relations}, or {2 * relations} with "
+                           "create_inverse_triples=True): is it the map of the same TriplesFactory?")
+    out = {}
+    for name, tensor in state.items():
+        if name == PYKEEN_BIAS:
+            out["ent_bias"] = tensor.reshape(-1)
+            continue
+        (new,) = pykeen_shapes({name: ()})
+        if new == "rel.weight" and interleaved:  # PyKEEN [f0, i0, f1, i1, ...] -> [f0, f1, ..., i0, i1, ...]
+            tensor = torch.cat([tensor[0::2], tensor[1::2]])
+        out[new] = tensor
+    return out
+
+
+def _pykeen_shape(state: dict[str, torch.Tensor], shape: dict[str, Any], source: str) -> None:
+    """Fill the shape fields a PyKEEN ConvE's tensors fix (filters, kernel, image height) unless given."""
+    filters, _, k, _ = state["conv.weight"].shape
+    shape.setdefault("num_filters", int(filters))
+    shape.setdefault("kernel_size", int(k))
+    if "embedding_height" not in shape:
+        dim = int(state["ent.weight"].shape[1])
+        heights = infer_height(dim, int(state["fc.weight"].shape[1]), int(filters), int(k))
+        if len(heights) != 1:
+            raise ImportError_(f"{source}: config.embedding_height: the PyKEEN ConvE's image height cannot be told "
+                               f"from its tensors (candidates {heights}); give PyKEEN's embedding_height")
+        shape["embedding_height"] = heights[0]
+
+
+def _load(path: Path, name: str, relations: int | None, reciprocal: bool | None) -> tuple[dict, bool]:
+    """A state dict in this project's names; PyKEEN's are recognised and converted. Returns (state, is PyKEEN)."""
+    try:
+        raw = load_state_file(path)
+    except ValueError as exc:
+        raise ImportError_(str(exc)) from None
+    if not is_pykeen(raw):
+        return rename(raw), False
+    if relations is None:
+        raise ImportError_(f"{name}: a PyKEEN ConvE needs its relation map (relation_to_id)")
+    return from_pykeen(raw, relations, f"{name} (PyKEEN ConvE)", reciprocal), True
+
+
+def checkpoint_maps(path: Path) -> dict[str, dict[str, int]]:
+    """``{"entities": ..., "relations": ...}`` from a PyKEEN training-loop checkpoint's ``entity_to_id_dict`` /
+    ``relation_to_id_dict`` (empty when the file is not such a checkpoint)."""
+    from models.weight_files import PICKLE_SUFFIXES, load_checkpoint_pickle
+
+    if path.suffix not in PICKLE_SUFFIXES or not path.is_file():
+        return {}
+    try:
+        ck = load_checkpoint_pickle(path)
+    except Exception:  # noqa: BLE001 - not a checkpoint this reader accepts: no maps
+        return {}
+    out = {}
+    for what, key in (("entities", "entity_to_id_dict"), ("relations", "relation_to_id_dict")):
+        m = ck.get(key)
+        if isinstance(m, dict) and m and all(isinstance(k, str) and type(v) is int for k, v in m.items()):
+            out[what] = dict(m)
+    return out
+
+
+def _id_map(src: Path, given: str | None, stems: Sequence[str], what: str, weights: Path) -> dict[str, int]:
+    """An id file, or, when there is none, the map a PyKEEN training-loop checkpoint (the weights) holds."""
+    try:
+        return read_id_file(find_file(src, given, stems, what))
+    except ImportError_:
+        if given:
+            raise
+        found = checkpoint_maps(weights).get(what)
+        if found is None:
+            raise
+        return found
+
+
 def _encode_triples(path: Path, ds: TriplesDataset) -> torch.Tensor:
     rows = read_triples(path)
     try:
@@ -125,20 +234,23 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
     shape = dict(json.loads((src / "config.json").read_text())) if (src / "config.json").is_file() else {}
     shape = {k: v for k, v in {**shape, **(spec.get("config") or {})}.items() if k in SHAPE_FIELDS}
     weights_path = src / spec["weights"]
-    state = rename(load_state_file(weights_path))
+    rel_map = _id_map(src, spec.get("relations"), RELATION_FILES, "relations", weights_path)
+    reciprocal = spec.get("reciprocal")
+    state, pykeen = _load(weights_path, spec["weights"], len(rel_map), reciprocal)
+    whose = f"{spec['weights']} (PyKEEN ConvE)" if pykeen else spec["weights"]
     if "ent.weight" not in state or "rel.weight" not in state:
         raise ImportError_(f"{spec['weights']}: no entity/relation tables (ent.weight/emb_e.weight, "
-                           "rel.weight/emb_rel.weight)")
+                           "rel.weight/emb_rel.weight, or PyKEEN's entity_representations/relation_representations)")
     n_ent, dim = state["ent.weight"].shape
     n_rel_rows = state["rel.weight"].shape[0]
-    entities = vocab_for_rows(read_id_file(find_file(src, spec.get("entities"), ENTITY_FILES, "entities")),
+    entities = vocab_for_rows(_id_map(src, spec.get("entities"), ENTITY_FILES, "entities", weights_path),
                               n_ent, "entities")
-    rel_map = read_id_file(find_file(src, spec.get("relations"), RELATION_FILES, "relations"))
-    reciprocal = spec.get("reciprocal")
     if reciprocal is None:
         reciprocal = n_rel_rows == 2 * len(rel_map)
     n_rel = n_rel_rows // 2 if reciprocal else n_rel_rows
     relations = vocab_for_rows(rel_map, n_rel, "relations")
+    if pykeen:
+        _pykeen_shape(state, shape, whose)
     shape.setdefault("embedding_dim", int(dim))
     if "embedding_height" not in shape:
         raise ImportError_("config.embedding_height: the image height of the embeddings is needed "
@@ -148,7 +260,7 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise ImportError_(f"config: {exc}") from None
     model = ConvE(config)
-    check_state(model, state, spec["weights"])
+    check_state(model, state, whose)
     model.load_state_dict(state, strict=False)
     model.eval()
     ds = TriplesDataset(spec.get("dataset_name") or src.name, entities, relations, {})
@@ -163,8 +275,8 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = []
     for i, ck in enumerate(spec["checkpoints"]):
-        ck_state = rename(load_state_file(src / ck["file"]))
-        check_state(model, ck_state, ck["file"])
+        ck_state, ck_pykeen = _load(src / ck["file"], ck["file"], len(rel_map), bool(reciprocal))
+        check_state(model, ck_state, f"{ck['file']} (PyKEEN ConvE)" if ck_pykeen else ck["file"])
         epoch = int(ck.get("epoch") if ck.get("epoch") is not None else i + 1)
         rel = f"checkpoints/epoch_{epoch:04d}.safetensors"
         (out / "checkpoints").mkdir(exist_ok=True)
@@ -177,13 +289,16 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
               metadata={"format": FORMAT})
     write_dataset_dir(ds, out / "data")
     smoke = smoke_test(model, ds.train[:64])
+    # filtered MRR / Hits@k (both sides, ties count half) on the valid/test triples given: comparable with the
+    # source's own evaluation (PyKEEN's RankBasedEvaluator, filtered, realistic rank)
+    metrics = evaluate(model, ds, ("valid", "test"))
     cfg = {"format": FORMAT, "model": config.to_dict(), "dataset": ds.name,
            "training": {"imported_from": src.name, "weights": spec["weights"]}, "checkpoints": checkpoints}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    (out / "metrics.json").write_text(json.dumps({"smoke_train": smoke}, indent=2))
-    return {"parameters": sum(p.numel() for p in model.parameters()), "entities": len(entities),
+    (out / "metrics.json").write_text(json.dumps({"smoke_train": smoke, **metrics}, indent=2))
+    return {"parameters": sum(p.numel() for p in model.parameters()), "entities": len(entities), "pykeen": pykeen,
             "relations": n_rel, "reciprocal": bool(reciprocal), "train_triples": len(ds.train),
-            "checkpoints": checkpoints, "smoke": smoke}
+            "checkpoints": checkpoints, "smoke": smoke, **({"metrics": metrics} if metrics else {})}
 
 
 @torch.no_grad()

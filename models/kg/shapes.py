@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+
 # ConvE parameter names, in ``named_parameters()`` order; TracIn ``layers`` may name these or their modules.
 PARAMETER_NAMES = ("ent.weight", "rel.weight", "bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight",
                    "bn1.bias", "fc.weight", "fc.bias", "bn2.weight", "bn2.bias", "ent_bias")
@@ -64,3 +66,67 @@ def expected_shapes(num_entities: int, relation_rows: int, dim: int, height: int
             shapes[f"{bn}.{t}"] = (size,)
         shapes[f"{bn}.num_batches_tracked"] = ()
     return shapes
+
+
+# PyKEEN's ConvE (``pykeen.models.ConvE``, ``pykeen.nn.modules.ConvEInteraction``) -> this project's names. With
+# batch normalisation (PyKEEN's default) ``interaction.hr2d`` is [BN0, Dropout, Conv2d, BN1, ReLU, Dropout2d] and
+# ``interaction.hr1d`` is [Linear, Dropout, BN1d, ReLU]; in eval mode that is this project's forward (the order of
+# BN0 and the input dropout only matters in training). The entity bias is a [N, 1] table, here a [N] vector; the
+# relation rows are interleaved (forward 2r, inverse 2r+1), here forward r and inverse r + R
+# (:func:`models.kg.importer.from_pykeen` reorders them).
+PYKEEN_PREFIXES = {"entity_representations.0._embeddings.": "ent.", "relation_representations.0._embeddings.": "rel.",
+                   "interaction.hr2d.0.": "bn0.", "interaction.hr2d.2.": "conv.", "interaction.hr2d.3.": "bn1.",
+                   "interaction.hr1d.0.": "fc.", "interaction.hr1d.2.": "bn2."}
+PYKEEN_BIAS = "entity_representations.1._embeddings.weight"
+PYKEEN_MARKERS = ("entity_representations.", "relation_representations.", "interaction.")
+PYKEEN_EXPORT = 'torch.save(model.state_dict(), "model.pt")'
+
+
+def is_pykeen(names: Iterable[str]) -> bool:
+    """Whether a state dict's tensor names are PyKEEN's (a ``pykeen.models.ERModel``)."""
+    return any(n.startswith(PYKEEN_MARKERS) for n in names)
+
+
+def pykeen_problem(shapes: Mapping[str, Sequence[int]]) -> str | None:
+    """Why a PyKEEN state dict cannot be this project's ConvE (from names and shapes only), or None."""
+    names = set(shapes)
+    if any(n.startswith(("entity_representations.2", "relation_representations.1")) for n in names):
+        return "the PyKEEN model has more representations than ConvE's (entity, entity bias, relation): not a ConvE"
+    conv = shapes.get("interaction.hr2d.2.weight")
+    if conv is None or len(conv) != 4:
+        if len(shapes.get("interaction.hr2d.1.weight", ())) == 4 or len(shapes.get("interaction.hr2d.0.weight", ())) == 4:
+            return ("the PyKEEN ConvE was trained with apply_batch_normalization=False; this project's ConvE always "
+                    "has its three batch norms, so it cannot reproduce that model")
+        return "no PyKEEN ConvE convolution (interaction.hr2d.2.weight): not a PyKEEN ConvE state dict"
+    if conv[1] != 1:
+        return f"the PyKEEN ConvE has input_channels={conv[1]}; this project's ConvE stacks one channel"
+    if conv[2] != conv[3]:
+        return f"the PyKEEN ConvE has a {conv[2]}x{conv[3]} kernel; this project's ConvE needs a square kernel"
+    bias = shapes.get(PYKEEN_BIAS)
+    if bias is None or len(bias) != 2 or bias[1] != 1:
+        return f"no PyKEEN ConvE entity bias ({PYKEEN_BIAS} [N, 1])"
+    unknown = sorted(n for n in names if n != PYKEEN_BIAS and not n.startswith(tuple(PYKEEN_PREFIXES)))
+    if unknown:
+        return f"tensors a PyKEEN ConvE does not have: {', '.join(unknown[:5])}"
+    return None
+
+
+def pykeen_shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """This project's names and shapes for a PyKEEN ConvE's (the bias [N, 1] becomes [N])."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        if name == PYKEEN_BIAS:
+            out["ent_bias"] = tuple(shape[:1])
+            continue
+        for old, new in PYKEEN_PREFIXES.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        out[name] = tuple(shape)
+    return out
+
+
+def infer_height(dim: int, fc_in: int, filters: int, kernel_size: int) -> list[int]:
+    """The image heights H (H·W = dim) for which the fc layer's input size is ``fc_in``."""
+    return [h for h in range(1, dim + 1) if dim % h == 0 and dim // h >= kernel_size and 2 * h >= kernel_size
+            and filters * (2 * h - kernel_size + 1) * (dim // h - kernel_size + 1) == fc_in]
