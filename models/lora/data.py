@@ -54,6 +54,17 @@ def _as_matrix(t: torch.Tensor, which: str) -> torch.Tensor:
     raise DatasetFormatError(f"unsupported LoRA factor of shape {tuple(t.shape)}")
 
 
+def _read_memo(memo_path: Path | None) -> dict[str, list]:
+    """A JSON memo of per-file results keyed by path (with size and mtime), or empty when missing or unreadable."""
+    if memo_path is None or not memo_path.is_file():
+        return {}
+    try:
+        memo = json.loads(memo_path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return memo if isinstance(memo, dict) else {}
+
+
 class LoraDataset:
     """A labelled collection of LoRA adapters that share one set of layers.
 
@@ -219,12 +230,7 @@ class LoraDataset:
         if self.format == "safetensors_dir":
             from safetensors import safe_open
 
-            memo: dict[str, list] = {}
-            if memo_path is not None and memo_path.is_file():
-                try:
-                    memo = json.loads(memo_path.read_text())
-                except json.JSONDecodeError:
-                    memo = {}
+            memo = _read_memo(memo_path)
             changed = False
             for f in self.files:
                 key, st = str(f.resolve()), f.stat()
@@ -268,12 +274,7 @@ class LoraDataset:
             files = [self.root / "labels.csv", *self.files]
         else:
             files = sorted(p for p in self.root.rglob("*") if p.is_file())
-        memo: dict[str, list] = {}
-        if memo_path is not None and memo_path.is_file():
-            try:
-                memo = json.loads(memo_path.read_text())
-            except json.JSONDecodeError:
-                memo = {}
+        memo = _read_memo(memo_path)
         h = hashlib.sha256(f"lora-dataset-v{FINGERPRINT_VERSION}:{self.format}".encode())
         changed = False
         for f in files:
