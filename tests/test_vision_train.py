@@ -228,3 +228,63 @@ def test_running_loss_is_read_lazily(tmp_path: Path) -> None:
     result = train(tiny_config(epochs=1), tmp_path, device="cpu", data=digits(),
                    on_batch_end=lambda e: losses.append(e.loss) if e.batch == e.batches_per_epoch else None)
     assert losses == [pytest.approx(result.history[0]["train_loss"])]
+
+
+class _FakeCompiled(torch.nn.Module):
+    """A stand-in for ``torch.compile``'s module that runs the model but raises when ``fails(model, images)``."""
+
+    def __init__(self, model: torch.nn.Module, fails) -> None:  # noqa: ANN001
+        super().__init__()
+        self._orig_mod = model
+        self.fails = fails
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.fails(self._orig_mod, images):
+            raise RuntimeError("recompile failed: inductor error\ndetails")
+        return self._orig_mod(images)
+
+
+def _fake_compile(monkeypatch: pytest.MonkeyPatch, fails) -> None:  # noqa: ANN001
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: _FakeCompiled(model, fails))
+
+
+def test_compile_failing_on_the_short_last_batch_falls_back(tmp_path: Path, monkeypatch) -> None:
+    shapes: set = set()
+
+    def new_shape(model, images):  # noqa: ANN001, ANN202
+        if shapes and tuple(images.shape) not in shapes:
+            return True
+        shapes.add(tuple(images.shape))
+        return False
+
+    _fake_compile(monkeypatch, new_shape)
+    config = tiny_config(epochs=2, compile="default", batch_size=20)  # 86 training samples: a short last batch
+    result = train(config, tmp_path, device="cpu", data=digits())
+    assert result.n_train % 20 != 0
+    assert result.epochs_completed == 2 and result.test_accuracy is not None
+    assert len(result.warnings) == 1 and "recompile failed" in result.warnings[0] and "eager" in result.warnings[0]
+
+
+def test_compile_failing_in_eval_mode_falls_back(tmp_path: Path, monkeypatch) -> None:
+    _fake_compile(monkeypatch, lambda model, images: not model.training)
+    result = train(tiny_config(epochs=2, compile="default"), tmp_path, device="cpu", data=digits())
+    assert result.epochs_completed == 2 and result.test_accuracy is not None
+    assert len(result.warnings) == 1 and "recompile failed" in result.warnings[0]
+
+
+def test_compile_fallback_in_training_repeats_the_batch_exactly(tmp_path: Path, monkeypatch) -> None:
+    """A compiled call that fails mid-run is redone eagerly with the same dropout draws: same result as eager."""
+    eager = train(tiny_config(epochs=2), tmp_path / "eager", device="cpu", data=digits())
+    calls = {"n": 0}
+
+    def fifth_call(model, images):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 5:
+            torch.rand(3)  # a failing compiled call may have drawn from the generator before failing
+            return True
+        return False
+
+    _fake_compile(monkeypatch, fifth_call)
+    fallen = train(tiny_config(epochs=2, compile="default"), tmp_path / "fallen", device="cpu", data=digits())
+    assert len(fallen.warnings) == 1
+    assert comparable(fallen.history) == comparable(eager.history)

@@ -251,22 +251,30 @@ def make_optimizer(groups: list[dict[str, Any]], lr: float) -> tuple[torch.optim
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, loader: torch.utils.data.DataLoader, device: torch.device, precision: str
+    model: Callable[[torch.Tensor], torch.Tensor], loader: torch.utils.data.DataLoader, device: torch.device,
+    precision: str | None,
 ) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over ``loader``."""
-    was_training = model.training
-    model.eval()
+    """Mean cross-entropy and accuracy over ``loader``. ``model`` is a module (put in eval mode and called under
+    autocast for ``precision``) or, with ``precision=None``, a callable returning logits."""
+    module = model if isinstance(model, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
     total, correct, loss_sum = 0, 0, 0.0
     for images, labels in loader:
         images = _to_device(images, device)
         labels = labels.to(device, non_blocking=True)
-        with autocast(device, precision):
+        if precision is None:
             logits = model(images)
+        else:
+            with autocast(device, precision):
+                logits = model(images)
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += (logits.argmax(dim=1) == labels).sum().item()
         total += labels.numel()
-    model.train(was_training)
+    if module is not None:
+        module.train(was_training)
     return loss_sum / max(total, 1), correct / max(total, 1)
 
 
@@ -424,33 +432,69 @@ def _resume(
 
 
 class _Forward:
-    """The forward pass: ``torch.compile`` unless off; a compiled model that fails on its first call falls back
-    to eager mode for the rest of the run, with a warning."""
+    """Every compiled call of the run: ``torch.compile`` unless off. Any call through the compiled model that fails
+    (the first compile, a recompile for a new shape such as a short last batch or for eval mode, or the compiled
+    backward) switches the run to eager mode for good, with one warning, and is redone eagerly: the global RNG
+    state is restored first, so the redone micro-batch draws the same dropout masks."""
 
     def __init__(self, model: torch.nn.Module, mode: str) -> None:
         self.model, self.mode = model, mode
-        self.net: torch.nn.Module = model
+        self.net: Any = model
         self.warnings: list[str] = []
-        self.first_compiled_call = mode != "off"
-        if self.first_compiled_call:
+        self.compiled = mode != "off"
+        if self.compiled:
             self.net = torch.compile(model, mode=mode)
 
     def __call__(self, images: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+        """The forward pass (logits) under autocast, guarded."""
+        return self.guarded(lambda: self._logits(images, device, precision), device)
+
+    def _logits(self, images: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+        with autocast(device, precision):
+            return self.net(images)
+
+    def guarded(self, fn: Callable[[], Any], device: torch.device, before_retry: Callable[[], None] | None = None
+                ) -> Any:
+        """``fn()`` (which calls ``self.net``); when compiled and it fails, fall back to eager mode, restore the
+        RNG, call ``before_retry`` and run ``fn()`` again."""
+        if not self.compiled:
+            return fn()
+        rng_cpu = torch.get_rng_state()
+        rng_cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         try:
-            with autocast(device, precision):
-                logits = self.net(images)
+            return fn()
         except Exception as exc:  # noqa: BLE001 - any compiler failure; eager mode is always available
-            if not self.first_compiled_call:
-                raise
-            self.first_compiled_call = False
-            self.net = self.model
-            self.warnings.append(f"torch.compile(mode={self.mode!r}) failed ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained in eager mode")
-            log.warning(self.warnings[-1])
-            with autocast(device, precision):
-                logits = self.net(images)
-        self.first_compiled_call = False  # compiled or fallen back: the first call decided
-        return logits
+            self.fall_back(exc)
+        torch.set_rng_state(rng_cpu)
+        if rng_cuda is not None:
+            torch.cuda.set_rng_state(rng_cuda, device)
+        if before_retry is not None:
+            before_retry()
+        return fn()
+
+    def fall_back(self, exc: BaseException) -> None:
+        self.compiled = False
+        self.net = self.model
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        self.warnings.append(f"torch.compile(mode={self.mode!r}) failed ({type(exc).__name__}: {first}); "
+                             "continued in eager mode")
+        log.warning(self.warnings[-1])
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+        if isinstance(self.net, torch.nn.Module) and self.net is not self.model:
+            self.net.train(mode)
+
+    @torch.no_grad()
+    def evaluate(self, loader: torch.utils.data.DataLoader, device: torch.device, precision: str
+                 ) -> tuple[float, float]:
+        """Mean cross-entropy and accuracy over ``loader`` in eval mode, each batch's forward guarded."""
+        was_training = self.model.training
+        self.train(False)
+        try:
+            return evaluate(lambda images: self(images, device, precision), loader, device, None)
+        finally:
+            self.train(was_training)
 
 
 @dataclass
@@ -552,7 +596,7 @@ class _Trainer:
         """One pass over the training batches; ``None`` when ``on_batch_end`` asked to stop (the partial epoch
         is dropped)."""
         self.loaders.train_sampler.set_epoch(epoch)
-        self.m.model.train()
+        self.forward.train(True)
         sums = _EpochSums.zeros(self.device)
         bar = self._open_bar(epoch)
         canceled = False
@@ -589,11 +633,22 @@ class _Trainer:
         step when the micro-batch completes one, and the running sums."""
         images = _to_device(images, self.device)
         labels = labels.to(self.device, non_blocking=True)
-        logits = self.forward(images, self.device, self.precision)
-        batch_loss = F.cross_entropy(
-            logits.float(), labels, reduction="sum", label_smoothing=self.config.label_smoothing
-        )
-        self.m.scaler.scale(batch_loss / self.schedule.group_samples[i]).backward()
+
+        def forward_backward() -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.forward._logits(images, self.device, self.precision)
+            batch_loss = F.cross_entropy(
+                logits.float(), labels, reduction="sum", label_smoothing=self.config.label_smoothing
+            )
+            self.m.scaler.scale(batch_loss / self.schedule.group_samples[i]).backward()
+            return logits, batch_loss
+
+        def clear_partial_gradients() -> None:
+            # a compiled backward that failed may have accumulated some gradients: a step's first micro-batch
+            # starts from none (exact); later ones cannot be told apart from the earlier micro-batches' sums
+            if i % self.schedule.accum == 0:
+                self.m.optimizer.zero_grad(set_to_none=True)
+
+        logits, batch_loss = self.forward.guarded(forward_backward, self.device, clear_partial_gradients)
         if self.schedule.ends_step(i):
             self.optimizer_step()
         sums.add(i, batch_loss, logits, labels)
@@ -614,7 +669,7 @@ class _Trainer:
     def end_epoch(self, epoch: int, sums: _EpochSums, t0: float) -> None:
         """Divergence check, validation, the metrics row (history and ``metrics.csv``), then the checkpoints."""
         _check_diverged(sums.bad_batch, epoch, self.run.step)
-        val_loss, val_acc = evaluate(self.forward.net, self.loaders.val, self.device, self.precision)
+        val_loss, val_acc = self.forward.evaluate(self.loaders.val, self.device, self.precision)
         row = {
             "epoch": epoch, "train_loss": float(sums.loss_sum) / sums.seen, "val_accuracy": val_acc,
             "epoch_time_s": time.perf_counter() - t0, "lr": self.lr, "train_accuracy": int(sums.correct) / sums.seen,
@@ -640,7 +695,7 @@ class _Trainer:
     def test_accuracy(self) -> float:
         """Accuracy of the best checkpoint's weights on the test split (loaded into the eager model)."""
         self.m.model.load_state_dict(load_state_dict(self.ckpt_dir / "best"))
-        _, test_acc = evaluate(self.m.model, self.loaders.test, self.device, self.precision)
+        _, test_acc = self.forward.evaluate(self.loaders.test, self.device, self.precision)
         return test_acc
 
 
