@@ -288,3 +288,80 @@ def test_compile_fallback_in_training_repeats_the_batch_exactly(tmp_path: Path, 
     fallen = train(tiny_config(epochs=2, compile="default"), tmp_path / "fallen", device="cpu", data=digits())
     assert len(fallen.warnings) == 1
     assert comparable(fallen.history) == comparable(eager.history)
+
+
+def test_own_checkpoint_copied_elsewhere_after_the_last_epoch_finishes_without_best(tmp_path: Path) -> None:
+    """A job restarted on another host finds its own ``checkpoints/last`` in the store (not under its out_dir, and
+    without ``checkpoints/best``): it evaluates and returns instead of refusing a finished checkpoint."""
+    import shutil
+
+    first = train(tiny_config(epochs=2), tmp_path / "host1", device="cpu", data=digits(), run_id="job-1")
+    store = tmp_path / "store/artifacts/job-1/checkpoints/last"
+    shutil.copytree(tmp_path / "host1/checkpoints/last", store)
+    again = train(tiny_config(epochs=2), tmp_path / "host2", device="cpu", data=digits(), resume_from=store,
+                  run_id="job-1")
+    assert again.epochs_completed == 2 and not again.canceled
+    assert comparable(again.history) == comparable(first.history)
+    assert again.test_accuracy is not None and (tmp_path / "host2/checkpoints/best").is_dir()
+    assert again.best_epoch == 2 and any("checkpoints/best" in w for w in again.warnings)
+    # another run's finished checkpoint still has nothing left to train
+    with pytest.raises(ResumeError, match="already has 2 epochs"):
+        train(tiny_config(epochs=2), tmp_path / "other", device="cpu", data=digits(), resume_from=store,
+              run_id="job-2")
+
+
+def test_resume_without_best_trains_on_and_measures_the_test_accuracy(tmp_path: Path) -> None:
+    import shutil
+
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=2)
+    shutil.copytree(tmp_path / "first/checkpoints/last", tmp_path / "copy/last")  # no best beside it
+    state_file = tmp_path / "copy/last/trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    state.update(best_epoch=1, best_val_accuracy=1.0)  # a best that no later epoch beats, and its weights gone
+    torch.save(state, state_file)
+    result = train(tiny_config(), tmp_path / "second", device="cpu", data=digits(), resume_from=tmp_path / "copy")
+    assert result.epochs_completed == 3 and result.test_accuracy is not None
+    assert result.best_epoch in (2, 3) and (tmp_path / "second/checkpoints/best").is_dir()
+
+
+def test_resume_refuses_a_model_change_with_one_error_naming_every_field(tmp_path: Path) -> None:
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    changed = dataclasses.replace(TINY, n_embd=32, dropout=0.0)
+    with pytest.raises(ResumeMismatch) as err:
+        train(tiny_config(model=changed, seed=8), tmp_path / "x", device="cpu", data=digits(),
+              resume_from=tmp_path / "first")
+    assert sorted(err.value.fields) == ["model.dropout", "model.n_embd", "seed"]
+    for text in ("model.n_embd: checkpoint 16, requested 32", "model.dropout: checkpoint 0.1, requested 0.0",
+                 "seed: checkpoint 7, requested 8"):
+        assert text in str(err.value)
+
+
+def test_resume_records_allowed_changes(tmp_path: Path) -> None:
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    result = train(tiny_config(epochs=4, deterministic=False, precision="bf16", keep_checkpoints="all",
+                               optimizations={"fast_dropout": False}),
+                   tmp_path / "second", device="cpu", data=digits(), resume_from=tmp_path / "first")
+    assert result.changed_on_resume == {
+        "epochs": {"checkpoint": 3, "requested": 4},
+        "precision": {"checkpoint": "fp32", "requested": "bf16"},
+        "deterministic": {"checkpoint": True, "requested": False},
+        "optimizations.fast_dropout": {"checkpoint": True, "requested": False},
+        "keep_checkpoints": {"checkpoint": "last_best", "requested": "all"},
+    }
+    assert any("not continue exactly" in w for w in result.warnings)
+    same = train(tiny_config(epochs=4), tmp_path / "third", device="cpu", data=digits(),
+                 resume_from=tmp_path / "first")
+    assert same.changed_on_resume == {"epochs": {"checkpoint": 3, "requested": 4}} and not same.warnings
+
+
+def test_a_checkpoint_without_scaler_state_resumed_in_fp16_gets_a_fresh_scaler(tmp_path: Path, monkeypatch) -> None:
+    train(tiny_config(precision="bf16"), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    import models.vision.train as train_module
+
+    monkeypatch.setattr(train_module, "resolve_precision", lambda *a, **k: "fp16")  # CPU maps fp16 to bf16
+    result = train(tiny_config(precision="fp16"), tmp_path / "second", device="cpu", data=digits(),
+                   resume_from=tmp_path / "first")
+    assert result.epochs_completed == 3 and result.precision == "fp16"
+    assert result.changed_on_resume["precision"] == {"checkpoint": "bf16", "requested": "fp16"}
+    state = torch.load(tmp_path / "second/checkpoints/last/trainer_state.pt", weights_only=True)
+    assert state["scaler"]["scale"] > 0  # a working, enabled scaler was saved

@@ -73,6 +73,10 @@ KEEP_CHECKPOINTS = ("last_best", "all")
 # Settings that define the run's trajectory: resuming with any of them changed is refused (``epochs`` may grow).
 RESUME_FIELDS = ("dataset", "seed", "val_fraction", "max_train_samples", "augment", "batch_size",
                  "grad_accum_steps", "lr", "weight_decay", "warmup_steps", "grad_clip", "label_smoothing", "model")
+# Settings that may change on resume but change the numbers: the run goes on, not bit-exactly (a warning says so).
+INEXACT_FIELDS = ("precision", "optimizations", "deterministic", "compile")
+# Everything else (``epochs`` not below the epochs done, data_dir, num_workers, keep_checkpoints,
+# tune_cpu_allocator) may change freely. Every change is reported in ``TrainResult.changed_on_resume``.
 LOG_EVERY_BATCHES = 50  # the progress bar reads the running loss (a device sync) this often
 CSV_COLUMNS = ["epoch", "train_loss", "val_accuracy", "epoch_time_s", "lr", "train_accuracy", "val_loss"]
 
@@ -110,19 +114,32 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def compare_resume_config(saved: dict[str, Any], requested: TrainConfig, epochs_done: int) -> None:
-    """Raise ``ResumeMismatch`` naming every trajectory setting (``RESUME_FIELDS``, the model's per field) that
-    differs between the checkpoint's ``saved`` training configuration and ``requested``. ``epochs`` (the total,
-    the cosine horizon) may differ, but not fall below the epochs already done."""
+def compare_resume_config(
+    saved: dict[str, Any], requested: TrainConfig, epochs_done: int, *, saved_model: dict[str, Any] | None = None,
+    requested_model: dict[str, Any] | None = None, saved_precision: str | None = None,
+    requested_precision: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Compare the checkpoint's ``saved`` training configuration with ``requested``, field by field (nested ones
+    as ``model.n_embd``). Raise one ``ResumeMismatch`` naming every refused difference: a trajectory setting
+    (``RESUME_FIELDS``), a model field (also those sized from the data, compared on ``saved_model`` against
+    ``requested_model`` when given) or ``epochs`` below ``epochs_done``. Otherwise return every difference as
+    ``{field: {"checkpoint": old, "requested": new}}``. ``precision`` compares the resolved precisions when
+    both are given (``auto`` may resolve differently on another machine)."""
     want = _flatten(_plain(requested.to_dict()))
     have = _flatten(saved)
-    keys = [k for k in want if k.split(".")[0] in RESUME_FIELDS and k != "model.num_classes"
-            and not k.startswith(("model.img_size", "model.in_channels"))]
-    fields = [k for k in keys if k in have and have[k] != want[k]]
+    if saved_model is not None and requested_model is not None:
+        want.update({f"model.{k}": v for k, v in requested_model.items()})
+        have.update({f"model.{k}": v for k, v in saved_model.items()})
+    if saved_precision is not None and requested_precision is not None:
+        have["precision"], want["precision"] = saved_precision, requested_precision
+    diff = {k: {"checkpoint": have[k], "requested": want[k]} for k in want if k in have and have[k] != want[k]}
+    refused = [k for k in diff if k.split(".")[0] in RESUME_FIELDS]
     if requested.epochs < epochs_done:
-        fields.append("epochs")
-    if fields:
-        raise ResumeMismatch(fields, have, want)
+        refused.append("epochs")
+    if refused:
+        raise ResumeMismatch(refused, have, want)
+    return diff
+
 
 @dataclass
 class TrainConfig:
@@ -211,6 +228,7 @@ class TrainResult:
     n_val: int
     n_test: int
     warnings: list[str] = field(default_factory=list)
+    changed_on_resume: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -314,18 +332,22 @@ def train(
     on_batch_end: Callable[[BatchEvent], bool | None] | None = None,
     stop_after_epoch: int | None = None,
     progress_bar: bool = False,
+    run_id: str | None = None,
 ) -> TrainResult:
     """Train Vision-BDH per ``config`` into ``out_dir``; see the module docstring for the semantics.
 
     ``data`` overrides loading ``config.dataset``; ``stop_after_epoch`` ends the run early after that epoch (the
-    schedule still spans ``config.epochs``), which is how an interrupted run is simulated in tests.
+    schedule still spans ``config.epochs``), which is how an interrupted run is simulated in tests. ``run_id``
+    names the run (the job id) in its checkpoints: a checkpoint with the same ``run_id`` is this run's own
+    wherever it is read from (the store, another host), so a restart after the last epoch just finishes.
     The process-wide determinism switches are restored on return, since a worker runs many jobs.
     """
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
                 torch.backends.cudnn.allow_tf32)
     try:
-        return _train(config, Path(out_dir), device, data, resume_from, on_batch_end, stop_after_epoch, progress_bar)
+        return _train(config, Path(out_dir), device, data, resume_from, on_batch_end, stop_after_epoch, progress_bar,
+                      run_id)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.benchmark = previous[2]
@@ -392,42 +414,66 @@ class _RunState:
     best_acc: float | None = None
     start_epoch: int = 1
     step: int = 0
+    warnings: list[str] = field(default_factory=list)
+    changed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _read_resume_state(last: Path, config: TrainConfig, ckpt_dir: Path, model_config: VisionBDHConfig) -> dict:
-    """The trainer state of checkpoint ``last``, refused when its model or trajectory settings differ, or when
-    another run's checkpoint has no epoch left to train."""
-    saved_model = read_config(last)["model"]
-    if VisionBDHConfig.from_dict(saved_model) != model_config:
-        raise ResumeError(f"checkpoint model {saved_model} differs from the requested {model_config.to_dict()}")
+def _read_resume_state(
+    last: Path, config: TrainConfig, ckpt_dir: Path, m: _Model, precision: str, run_id: str | None
+) -> tuple[dict, dict[str, dict[str, Any]]]:
+    """The trainer state of checkpoint ``last`` and the settings changed since (``compare_resume_config``);
+    refused when a model or trajectory setting differs, or when another run's checkpoint has no epoch left."""
     state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
-    if state.get("train_config") is not None:
-        compare_resume_config(state["train_config"], config, int(state["epoch"]))
-    own = last.resolve() == (ckpt_dir / "last").resolve()
-    # A restart of this run after its last epoch (the worker stopped before registering) just finishes;
-    # another run's finished checkpoint has nothing left to train.
+    saved_meta = read_config(last)
+    changed = compare_resume_config(
+        state.get("train_config") or {}, config, int(state["epoch"]), saved_model=saved_meta["model"],
+        requested_model=m.config.to_dict(), saved_precision=state.get("precision"), requested_precision=precision,
+    )
+    # A restart of this run after its last epoch (the worker stopped before registering) just finishes: its own
+    # checkpoint is the one under out_dir, or one saved with the same run_id (the job id) wherever it is now.
+    own = last.resolve() == (ckpt_dir / "last").resolve() or (
+        run_id is not None and saved_meta.get("run_id") == run_id)
     if state["epoch"] >= config.epochs and not own:
         raise ResumeError(f"the checkpoint already has {state['epoch']} epochs; ask for more than that")
-    return state
+    return state, changed
 
 
 def _resume(
-    resume_from: Path | str, config: TrainConfig, ckpt_dir: Path, m: _Model, device: torch.device
+    resume_from: Path | str, config: TrainConfig, ckpt_dir: Path, m: _Model, device: torch.device, precision: str,
+    run_id: str | None,
 ) -> _RunState:
-    """Restore weights, optimizer, scaler and RNG from the checkpoint; its ``best`` is copied into this run."""
+    """Restore weights, optimizer, scaler and RNG from the checkpoint; its ``best`` is copied into this run.
+
+    Without a ``best`` beside the checkpoint (only ``last`` was kept), ``best`` restarts from the checkpoint's
+    weights and epoch, with a warning. A scaler state is loaded only when the checkpoint has one (it was trained
+    in fp16); otherwise an fp16 run starts with a fresh scaler."""
     last = find_checkpoint(resume_from)
-    state = _read_resume_state(last, config, ckpt_dir, m.config)
+    state, changed = _read_resume_state(last, config, ckpt_dir, m, precision, run_id)
     m.model.load_state_dict(load_state_dict(last))
     m.optimizer.load_state_dict(state["optimizer"])
-    m.scaler.load_state_dict(state["scaler"])
+    if state.get("scaler"):
+        m.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng_cpu"])
     if device.type == "cuda" and state.get("rng_cuda") is not None:
         torch.cuda.set_rng_state(state["rng_cuda"], device)
     run = _RunState(history=list(state["history"]), best_epoch=state["best_epoch"],
-                    best_acc=state["best_val_accuracy"], start_epoch=state["epoch"] + 1, step=state["global_step"])
+                    best_acc=state["best_val_accuracy"], start_epoch=state["epoch"] + 1, step=state["global_step"],
+                    changed=changed)
+    inexact = [k for k in changed if k.split(".")[0] in INEXACT_FIELDS]
+    if inexact:
+        run.warnings.append(f"resumed with {', '.join(inexact)} changed: the run does not continue exactly as an "
+                            "uninterrupted one would")
     previous_best = last.parent / "best"
     if previous_best.resolve() != (ckpt_dir / "best").resolve() and (previous_best / MODEL_FILE).is_file():
         shutil.copytree(previous_best, ckpt_dir / "best", dirs_exist_ok=True)
+    if not (ckpt_dir / "best" / MODEL_FILE).is_file() and run.history:
+        epoch = int(state["epoch"])
+        run.best_epoch, run.best_acc = epoch, float(run.history[-1]["val_accuracy"])
+        tmp = ckpt_dir / "best.tmp"
+        save_model_dir(tmp, m.model, m.config, {**m.meta, "epoch": epoch, "val_accuracy": run.best_acc})
+        replace_dir(tmp, ckpt_dir / "best")
+        run.warnings.append(f"no checkpoints/best beside the checkpoint resumed from: best restarts from its "
+                            f"epoch {epoch} (val accuracy {run.best_acc:.4f})")
     return run
 
 
@@ -708,6 +754,7 @@ def _train(
     on_batch_end: Callable[[BatchEvent], bool | None] | None,
     stop_after_epoch: int | None,
     progress_bar: bool,
+    run_id: str | None,
 ) -> TrainResult:
     ckpt_dir = out_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -719,7 +766,10 @@ def _train(
         config.num_workers, pin_memory=device.type == "cuda",
     )
     m = _build_model(config, data, loaders, device, precision)
-    run = _resume(resume_from, config, ckpt_dir, m, device) if resume_from is not None else _RunState()
+    m.meta["run_id"] = run_id
+    m.meta["precision"] = precision
+    run = (_resume(resume_from, config, ckpt_dir, m, device, precision, run_id) if resume_from is not None
+           else _RunState())
     trainer = _Trainer(config, out_dir, device, precision, loaders, m, run, on_batch_end, progress_bar)
     canceled, epochs_completed = trainer.fit(stop_after_epoch)
     test_acc = trainer.test_accuracy() if not canceled and run.best_epoch is not None else None
@@ -730,7 +780,8 @@ def _train(
         parameters=sum(p.numel() for p in m.model.parameters()), expected_parameters=m.config.expected_parameters(),
         epochs_completed=epochs_completed, canceled=canceled, out_dir=out_dir, checkpoints=checkpoints,
         device=str(device), precision=precision, optimizer=m.optimizer_name, model_config=m.config.to_dict(),
-        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test, warnings=trainer.forward.warnings,
+        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test,
+        warnings=run.warnings + trainer.forward.warnings, changed_on_resume=run.changed,
     )
 
 
@@ -753,7 +804,7 @@ def _save_last(
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "history": history, "best_epoch": best_epoch, "best_val_accuracy": best_acc,
-        "train_config": _plain(config.to_dict()),
+        "train_config": _plain(config.to_dict()), "precision": meta.get("precision"),
     }
     torch.save(state, tmp / STATE_FILE)
     replace_dir(tmp, ckpt_dir / "last")
