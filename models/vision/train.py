@@ -18,10 +18,13 @@ every checkpoint. ``deterministic`` also asks torch for deterministic kernels. R
 epoch e with the same configuration therefore continues exactly as the uninterrupted run: ``epochs`` is the total
 number of epochs (the cosine horizon), and a resumed run trains epochs e+1 … ``epochs``.
 
-Resuming checks the checkpoint's saved training configuration: a different seed, split, sample limit, batch
-size, schedule or model is refused (``ResumeMismatch`` naming the fields); only ``epochs`` may change, to a
-total larger than the epochs already done (the cosine is re-planned over it).
-A run restarted from its own checkpoint after its last epoch finishes (evaluates and returns) instead of failing.
+Resuming compares the whole configuration with the checkpoint's (``compare_resume_config``): a different seed,
+split, sample limit, batch size, schedule or model field is refused with one ``ResumeMismatch`` naming every
+such field with both values; ``precision``, ``optimizations``, ``deterministic`` and ``compile`` may change (the
+continuation is then not bit-exact, with a warning), ``epochs`` may grow (the cosine is re-planned over it), and
+every change is reported in ``TrainResult.changed_on_resume``. A run restarted from its own checkpoint (the same
+path, or the same ``run_id`` wherever the checkpoint now lies) after its last epoch finishes (evaluates and
+returns) instead of failing. Without a ``best`` beside the checkpoint, ``best`` restarts from its weights.
 
 Checkpoints (under ``out_dir/checkpoints``): ``last/`` (weights, optimizer, scaler, RNG, history; rewritten
 atomically after every epoch) and ``best/`` (weights of the best validation accuracy); with
@@ -30,8 +33,8 @@ atomically after every epoch) and ``best/`` (weights of the best validation accu
 Device work: running loss and accuracy are summed on the device and read once per report (``BatchEvent.loss``
 is read lazily), so a CUDA step never waits for a ``.item()``. A non-finite loss raises ``TrainingDiverged``
 naming the epoch and batch at the next read. On CUDA, the fast mode (``deterministic=False``) turns on TF32
-matmuls and ``cudnn.benchmark``; ``torch.compile`` that fails falls back to eager mode with a warning in the
-result. ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
+matmuls and ``cudnn.benchmark``; ``torch.compile`` that fails on any call (first compile, a recompile for a short
+batch or eval mode, the backward) falls back to eager mode for the rest of the run with a warning in the result. ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
 every micro-batch; returning True stops at once (the partial epoch is dropped, the last checkpoint is kept) and an
 exception raised there propagates with the checkpoints on disk intact.
 """
