@@ -94,7 +94,8 @@ class ResumeMismatch(ResumeError):
     def __init__(self, fields: list[str], saved: dict[str, Any], requested: dict[str, Any]) -> None:
         detail = "; ".join(f"{f}: checkpoint {saved.get(f)!r}, requested {requested.get(f)!r}" for f in fields)
         super().__init__(f"resume_from: the checkpoint was trained with a different {', '.join(fields)} ({detail}); "
-                         "only epochs may differ, and not below the epochs already done")
+                         "the model and the trajectory settings cannot change on resume, and epochs not fall below "
+                         "the epochs already done")
         self.fields = fields
 
 
