@@ -365,3 +365,12 @@ def test_a_checkpoint_without_scaler_state_resumed_in_fp16_gets_a_fresh_scaler(t
     assert result.changed_on_resume["precision"] == {"checkpoint": "bf16", "requested": "fp16"}
     state = torch.load(tmp_path / "second/checkpoints/last/trainer_state.pt", weights_only=True)
     assert state["scaler"]["scale"] > 0  # a working, enabled scaler was saved
+
+
+@pytest.mark.slow  # the real torch.compile: forward and backward, the short last batch's recompile, eval mode
+def test_real_compile_trains_short_batches_and_evaluates(tmp_path: Path) -> None:
+    config = tiny_config(epochs=1, compile="default", batch_size=20, max_train_samples=50)
+    result = train(config, tmp_path, device="cpu", data=digits())
+    assert result.n_train % 20 != 0
+    assert result.epochs_completed == 1 and result.test_accuracy is not None
+    assert result.warnings == []  # compiled throughout, no fallback
