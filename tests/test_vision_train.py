@@ -205,7 +205,7 @@ def test_a_run_restarted_after_its_last_epoch_finishes(tmp_path: Path) -> None:
 
 
 def test_compile_failure_falls_back_to_eager_with_a_warning(tmp_path: Path, monkeypatch) -> None:
-    def broken_compile(model, mode=None):  # noqa: ANN001, ANN202
+    def broken_compile(model, mode=None, **kwargs):  # noqa: ANN001, ANN003, ANN202
         def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             raise RuntimeError("backend failed: no C compiler\ndetails")
         return call
@@ -245,7 +245,7 @@ class _FakeCompiled(torch.nn.Module):
 
 
 def _fake_compile(monkeypatch: pytest.MonkeyPatch, fails) -> None:  # noqa: ANN001
-    monkeypatch.setattr(torch, "compile", lambda model, mode=None: _FakeCompiled(model, fails))
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None, **kwargs: _FakeCompiled(model, fails))
 
 
 def test_compile_failing_on_the_short_last_batch_falls_back(tmp_path: Path, monkeypatch) -> None:

@@ -493,7 +493,9 @@ class _Forward:
         self.warnings: list[str] = []
         self.compiled = mode != "off"
         if self.compiled:
-            self.net = torch.compile(model, mode=mode)
+            # static shapes: the short last batch and the evaluation batches get their own graphs (a bounded
+            # handful); with torch 2.13 the dynamic-shape recompile for them fails in inductor
+            self.net = torch.compile(model, mode=mode, dynamic=False)
 
     def __call__(self, images: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
         """The forward pass (logits) under autocast, guarded."""
