@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -159,9 +158,7 @@ def test_fast_dropout_trains_like_dropout_in_expectation() -> None:
     torch.testing.assert_close(mean_fast, mean_slow, rtol=0, atol=float(6 * spread / 300**0.5) + 1e-4)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("EXPLAINQ_SLOW_TESTS") != "1", reason="compiling takes minutes on 2 cores; "
-                    "set EXPLAINQ_SLOW_TESTS=1")
+@pytest.mark.slow  # the real torch.compile (inductor, a C compiler): about a minute per case on 2 cores
 @pytest.mark.parametrize("softmax", [False, True], ids=["linear", "softmax"])
 def test_compiled_model_equals_reference(softmax: bool) -> None:
     torch.manual_seed(5)

@@ -93,7 +93,7 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
     with pytest.raises(ResumeError, match="already has 3 epochs"):
         train(tiny_config(), tmp_path / "again", device="cpu", data=digits(), resume_from=tmp_path / "straight")
     other = dataclasses.replace(TINY, n_embd=32)
-    with pytest.raises(ResumeError, match="differs"):
+    with pytest.raises(ResumeError, match="model.n_embd: checkpoint 16, requested 32"):
         train(tiny_config(epochs=5, model=other), tmp_path / "x", device="cpu", data=digits(),
               resume_from=tmp_path / "first")
     with pytest.raises(ResumeError, match="no resumable checkpoint"):
@@ -205,7 +205,7 @@ def test_a_run_restarted_after_its_last_epoch_finishes(tmp_path: Path) -> None:
 
 
 def test_compile_failure_falls_back_to_eager_with_a_warning(tmp_path: Path, monkeypatch) -> None:
-    def broken_compile(model, mode=None):  # noqa: ANN001, ANN202
+    def broken_compile(model, mode=None, **kwargs):  # noqa: ANN001, ANN003, ANN202
         def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             raise RuntimeError("backend failed: no C compiler\ndetails")
         return call
@@ -228,3 +228,149 @@ def test_running_loss_is_read_lazily(tmp_path: Path) -> None:
     result = train(tiny_config(epochs=1), tmp_path, device="cpu", data=digits(),
                    on_batch_end=lambda e: losses.append(e.loss) if e.batch == e.batches_per_epoch else None)
     assert losses == [pytest.approx(result.history[0]["train_loss"])]
+
+
+class _FakeCompiled(torch.nn.Module):
+    """A stand-in for ``torch.compile``'s module that runs the model but raises when ``fails(model, images)``."""
+
+    def __init__(self, model: torch.nn.Module, fails) -> None:  # noqa: ANN001
+        super().__init__()
+        self._orig_mod = model
+        self.fails = fails
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if self.fails(self._orig_mod, images):
+            raise RuntimeError("recompile failed: inductor error\ndetails")
+        return self._orig_mod(images)
+
+
+def _fake_compile(monkeypatch: pytest.MonkeyPatch, fails) -> None:  # noqa: ANN001
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None, **kwargs: _FakeCompiled(model, fails))
+
+
+def test_compile_failing_on_the_short_last_batch_falls_back(tmp_path: Path, monkeypatch) -> None:
+    shapes: set = set()
+
+    def new_shape(model, images):  # noqa: ANN001, ANN202
+        if shapes and tuple(images.shape) not in shapes:
+            return True
+        shapes.add(tuple(images.shape))
+        return False
+
+    _fake_compile(monkeypatch, new_shape)
+    config = tiny_config(epochs=2, compile="default", batch_size=20)  # 86 training samples: a short last batch
+    result = train(config, tmp_path, device="cpu", data=digits())
+    assert result.n_train % 20 != 0
+    assert result.epochs_completed == 2 and result.test_accuracy is not None
+    assert len(result.warnings) == 1 and "recompile failed" in result.warnings[0] and "eager" in result.warnings[0]
+
+
+def test_compile_failing_in_eval_mode_falls_back(tmp_path: Path, monkeypatch) -> None:
+    _fake_compile(monkeypatch, lambda model, images: not model.training)
+    result = train(tiny_config(epochs=2, compile="default"), tmp_path, device="cpu", data=digits())
+    assert result.epochs_completed == 2 and result.test_accuracy is not None
+    assert len(result.warnings) == 1 and "recompile failed" in result.warnings[0]
+
+
+def test_compile_fallback_in_training_repeats_the_batch_exactly(tmp_path: Path, monkeypatch) -> None:
+    """A compiled call that fails mid-run is redone eagerly with the same dropout draws: same result as eager."""
+    eager = train(tiny_config(epochs=2), tmp_path / "eager", device="cpu", data=digits())
+    calls = {"n": 0}
+
+    def fifth_call(model, images):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 5:
+            torch.rand(3)  # a failing compiled call may have drawn from the generator before failing
+            return True
+        return False
+
+    _fake_compile(monkeypatch, fifth_call)
+    fallen = train(tiny_config(epochs=2, compile="default"), tmp_path / "fallen", device="cpu", data=digits())
+    assert len(fallen.warnings) == 1
+    assert comparable(fallen.history) == comparable(eager.history)
+
+
+def test_own_checkpoint_copied_elsewhere_after_the_last_epoch_finishes_without_best(tmp_path: Path) -> None:
+    """A job restarted on another host finds its own ``checkpoints/last`` in the store (not under its out_dir, and
+    without ``checkpoints/best``): it evaluates and returns instead of refusing a finished checkpoint."""
+    import shutil
+
+    first = train(tiny_config(epochs=2), tmp_path / "host1", device="cpu", data=digits(), run_id="job-1")
+    store = tmp_path / "store/artifacts/job-1/checkpoints/last"
+    shutil.copytree(tmp_path / "host1/checkpoints/last", store)
+    again = train(tiny_config(epochs=2), tmp_path / "host2", device="cpu", data=digits(), resume_from=store,
+                  run_id="job-1")
+    assert again.epochs_completed == 2 and not again.canceled
+    assert comparable(again.history) == comparable(first.history)
+    assert again.test_accuracy is not None and (tmp_path / "host2/checkpoints/best").is_dir()
+    assert again.best_epoch == 2 and any("checkpoints/best" in w for w in again.warnings)
+    # another run's finished checkpoint still has nothing left to train
+    with pytest.raises(ResumeError, match="already has 2 epochs"):
+        train(tiny_config(epochs=2), tmp_path / "other", device="cpu", data=digits(), resume_from=store,
+              run_id="job-2")
+
+
+def test_resume_without_best_trains_on_and_measures_the_test_accuracy(tmp_path: Path) -> None:
+    import shutil
+
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=2)
+    shutil.copytree(tmp_path / "first/checkpoints/last", tmp_path / "copy/last")  # no best beside it
+    state_file = tmp_path / "copy/last/trainer_state.pt"
+    state = torch.load(state_file, weights_only=True)
+    state.update(best_epoch=1, best_val_accuracy=1.0)  # a best that no later epoch beats, and its weights gone
+    torch.save(state, state_file)
+    result = train(tiny_config(), tmp_path / "second", device="cpu", data=digits(), resume_from=tmp_path / "copy")
+    assert result.epochs_completed == 3 and result.test_accuracy is not None
+    assert result.best_epoch in (2, 3) and (tmp_path / "second/checkpoints/best").is_dir()
+
+
+def test_resume_refuses_a_model_change_with_one_error_naming_every_field(tmp_path: Path) -> None:
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    changed = dataclasses.replace(TINY, n_embd=32, dropout=0.0)
+    with pytest.raises(ResumeMismatch) as err:
+        train(tiny_config(model=changed, seed=8), tmp_path / "x", device="cpu", data=digits(),
+              resume_from=tmp_path / "first")
+    assert sorted(err.value.fields) == ["model.dropout", "model.n_embd", "seed"]
+    for text in ("model.n_embd: checkpoint 16, requested 32", "model.dropout: checkpoint 0.1, requested 0.0",
+                 "seed: checkpoint 7, requested 8"):
+        assert text in str(err.value)
+
+
+def test_resume_records_allowed_changes(tmp_path: Path) -> None:
+    train(tiny_config(), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    result = train(tiny_config(epochs=4, deterministic=False, precision="bf16", keep_checkpoints="all",
+                               optimizations={"fast_dropout": False}),
+                   tmp_path / "second", device="cpu", data=digits(), resume_from=tmp_path / "first")
+    assert result.changed_on_resume == {
+        "epochs": {"checkpoint": 3, "requested": 4},
+        "precision": {"checkpoint": "fp32", "requested": "bf16"},
+        "deterministic": {"checkpoint": True, "requested": False},
+        "optimizations.fast_dropout": {"checkpoint": True, "requested": False},
+        "keep_checkpoints": {"checkpoint": "last_best", "requested": "all"},
+    }
+    assert any("not continue exactly" in w for w in result.warnings)
+    same = train(tiny_config(epochs=4), tmp_path / "third", device="cpu", data=digits(),
+                 resume_from=tmp_path / "first")
+    assert same.changed_on_resume == {"epochs": {"checkpoint": 3, "requested": 4}} and not same.warnings
+
+
+def test_a_checkpoint_without_scaler_state_resumed_in_fp16_gets_a_fresh_scaler(tmp_path: Path, monkeypatch) -> None:
+    train(tiny_config(precision="bf16"), tmp_path / "first", device="cpu", data=digits(), stop_after_epoch=1)
+    import models.vision.train as train_module
+
+    monkeypatch.setattr(train_module, "resolve_precision", lambda *a, **k: "fp16")  # CPU maps fp16 to bf16
+    result = train(tiny_config(precision="fp16"), tmp_path / "second", device="cpu", data=digits(),
+                   resume_from=tmp_path / "first")
+    assert result.epochs_completed == 3 and result.precision == "fp16"
+    assert result.changed_on_resume["precision"] == {"checkpoint": "bf16", "requested": "fp16"}
+    state = torch.load(tmp_path / "second/checkpoints/last/trainer_state.pt", weights_only=True)
+    assert state["scaler"]["scale"] > 0  # a working, enabled scaler was saved
+
+
+@pytest.mark.slow  # the real torch.compile: forward and backward, the short last batch's recompile, eval mode
+def test_real_compile_trains_short_batches_and_evaluates(tmp_path: Path) -> None:
+    config = tiny_config(epochs=1, compile="default", batch_size=20, max_train_samples=50)
+    result = train(config, tmp_path, device="cpu", data=digits())
+    assert result.n_train % 20 != 0
+    assert result.epochs_completed == 1 and result.test_accuracy is not None
+    assert result.warnings == []  # compiled throughout, no fallback

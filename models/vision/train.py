@@ -18,10 +18,13 @@ every checkpoint. ``deterministic`` also asks torch for deterministic kernels. R
 epoch e with the same configuration therefore continues exactly as the uninterrupted run: ``epochs`` is the total
 number of epochs (the cosine horizon), and a resumed run trains epochs e+1 … ``epochs``.
 
-Resuming checks the checkpoint's saved training configuration: a different seed, split, sample limit, batch
-size, schedule or model is refused (``ResumeMismatch`` naming the fields); only ``epochs`` may change, to a
-total larger than the epochs already done (the cosine is re-planned over it).
-A run restarted from its own checkpoint after its last epoch finishes (evaluates and returns) instead of failing.
+Resuming compares the whole configuration with the checkpoint's (``compare_resume_config``): a different seed,
+split, sample limit, batch size, schedule or model field is refused with one ``ResumeMismatch`` naming every
+such field with both values; ``precision``, ``optimizations``, ``deterministic`` and ``compile`` may change (the
+continuation is then not bit-exact, with a warning), ``epochs`` may grow (the cosine is re-planned over it), and
+every change is reported in ``TrainResult.changed_on_resume``. A run restarted from its own checkpoint (the same
+path, or the same ``run_id`` wherever the checkpoint now lies) after its last epoch finishes (evaluates and
+returns) instead of failing. Without a ``best`` beside the checkpoint, ``best`` restarts from its weights.
 
 Checkpoints (under ``out_dir/checkpoints``): ``last/`` (weights, optimizer, scaler, RNG, history; rewritten
 atomically after every epoch) and ``best/`` (weights of the best validation accuracy); with
@@ -30,8 +33,8 @@ atomically after every epoch) and ``best/`` (weights of the best validation accu
 Device work: running loss and accuracy are summed on the device and read once per report (``BatchEvent.loss``
 is read lazily), so a CUDA step never waits for a ``.item()``. A non-finite loss raises ``TrainingDiverged``
 naming the epoch and batch at the next read. On CUDA, the fast mode (``deterministic=False``) turns on TF32
-matmuls and ``cudnn.benchmark``; ``torch.compile`` that fails falls back to eager mode with a warning in the
-result. ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
+matmuls and ``cudnn.benchmark``; ``torch.compile`` that fails on any call (first compile, a recompile for a short
+batch or eval mode, the backward) falls back to eager mode for the rest of the run with a warning in the result. ``metrics.csv`` holds one row per epoch. Cancellation: ``on_batch_end`` is called after
 every micro-batch; returning True stops at once (the partial epoch is dropped, the last checkpoint is kept) and an
 exception raised there propagates with the checkpoints on disk intact.
 """
@@ -73,6 +76,10 @@ KEEP_CHECKPOINTS = ("last_best", "all")
 # Settings that define the run's trajectory: resuming with any of them changed is refused (``epochs`` may grow).
 RESUME_FIELDS = ("dataset", "seed", "val_fraction", "max_train_samples", "augment", "batch_size",
                  "grad_accum_steps", "lr", "weight_decay", "warmup_steps", "grad_clip", "label_smoothing", "model")
+# Settings that may change on resume but change the numbers: the run goes on, not bit-exactly (a warning says so).
+INEXACT_FIELDS = ("precision", "optimizations", "deterministic", "compile")
+# Everything else (``epochs`` not below the epochs done, data_dir, num_workers, keep_checkpoints,
+# tune_cpu_allocator) may change freely. Every change is reported in ``TrainResult.changed_on_resume``.
 LOG_EVERY_BATCHES = 50  # the progress bar reads the running loss (a device sync) this often
 CSV_COLUMNS = ["epoch", "train_loss", "val_accuracy", "epoch_time_s", "lr", "train_accuracy", "val_loss"]
 
@@ -87,7 +94,8 @@ class ResumeMismatch(ResumeError):
     def __init__(self, fields: list[str], saved: dict[str, Any], requested: dict[str, Any]) -> None:
         detail = "; ".join(f"{f}: checkpoint {saved.get(f)!r}, requested {requested.get(f)!r}" for f in fields)
         super().__init__(f"resume_from: the checkpoint was trained with a different {', '.join(fields)} ({detail}); "
-                         "only epochs may differ, and not below the epochs already done")
+                         "the model and the trajectory settings cannot change on resume, and epochs not fall below "
+                         "the epochs already done")
         self.fields = fields
 
 
@@ -110,19 +118,32 @@ def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def compare_resume_config(saved: dict[str, Any], requested: TrainConfig, epochs_done: int) -> None:
-    """Raise ``ResumeMismatch`` naming every trajectory setting (``RESUME_FIELDS``, the model's per field) that
-    differs between the checkpoint's ``saved`` training configuration and ``requested``. ``epochs`` (the total,
-    the cosine horizon) may differ, but not fall below the epochs already done."""
+def compare_resume_config(
+    saved: dict[str, Any], requested: TrainConfig, epochs_done: int, *, saved_model: dict[str, Any] | None = None,
+    requested_model: dict[str, Any] | None = None, saved_precision: str | None = None,
+    requested_precision: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Compare the checkpoint's ``saved`` training configuration with ``requested``, field by field (nested ones
+    as ``model.n_embd``). Raise one ``ResumeMismatch`` naming every refused difference: a trajectory setting
+    (``RESUME_FIELDS``), a model field (also those sized from the data, compared on ``saved_model`` against
+    ``requested_model`` when given) or ``epochs`` below ``epochs_done``. Otherwise return every difference as
+    ``{field: {"checkpoint": old, "requested": new}}``. ``precision`` compares the resolved precisions when
+    both are given (``auto`` may resolve differently on another machine)."""
     want = _flatten(_plain(requested.to_dict()))
     have = _flatten(saved)
-    keys = [k for k in want if k.split(".")[0] in RESUME_FIELDS and k != "model.num_classes"
-            and not k.startswith(("model.img_size", "model.in_channels"))]
-    fields = [k for k in keys if k in have and have[k] != want[k]]
+    if saved_model is not None and requested_model is not None:
+        want.update({f"model.{k}": v for k, v in requested_model.items()})
+        have.update({f"model.{k}": v for k, v in saved_model.items()})
+    if saved_precision is not None and requested_precision is not None:
+        have["precision"], want["precision"] = saved_precision, requested_precision
+    diff = {k: {"checkpoint": have[k], "requested": want[k]} for k in want if k in have and have[k] != want[k]}
+    refused = [k for k in diff if k.split(".")[0] in RESUME_FIELDS]
     if requested.epochs < epochs_done:
-        fields.append("epochs")
-    if fields:
-        raise ResumeMismatch(fields, have, want)
+        refused.append("epochs")
+    if refused:
+        raise ResumeMismatch(refused, have, want)
+    return diff
+
 
 @dataclass
 class TrainConfig:
@@ -211,6 +232,7 @@ class TrainResult:
     n_val: int
     n_test: int
     warnings: list[str] = field(default_factory=list)
+    changed_on_resume: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -251,22 +273,30 @@ def make_optimizer(groups: list[dict[str, Any]], lr: float) -> tuple[torch.optim
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, loader: torch.utils.data.DataLoader, device: torch.device, precision: str
+    model: Callable[[torch.Tensor], torch.Tensor], loader: torch.utils.data.DataLoader, device: torch.device,
+    precision: str | None,
 ) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy over ``loader``."""
-    was_training = model.training
-    model.eval()
+    """Mean cross-entropy and accuracy over ``loader``. ``model`` is a module (put in eval mode and called under
+    autocast for ``precision``) or, with ``precision=None``, a callable returning logits."""
+    module = model if isinstance(model, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
     total, correct, loss_sum = 0, 0, 0.0
     for images, labels in loader:
         images = _to_device(images, device)
         labels = labels.to(device, non_blocking=True)
-        with autocast(device, precision):
+        if precision is None:
             logits = model(images)
+        else:
+            with autocast(device, precision):
+                logits = model(images)
         logits = logits.float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += (logits.argmax(dim=1) == labels).sum().item()
         total += labels.numel()
-    model.train(was_training)
+    if module is not None:
+        module.train(was_training)
     return loss_sum / max(total, 1), correct / max(total, 1)
 
 
@@ -306,18 +336,22 @@ def train(
     on_batch_end: Callable[[BatchEvent], bool | None] | None = None,
     stop_after_epoch: int | None = None,
     progress_bar: bool = False,
+    run_id: str | None = None,
 ) -> TrainResult:
     """Train Vision-BDH per ``config`` into ``out_dir``; see the module docstring for the semantics.
 
     ``data`` overrides loading ``config.dataset``; ``stop_after_epoch`` ends the run early after that epoch (the
-    schedule still spans ``config.epochs``), which is how an interrupted run is simulated in tests.
+    schedule still spans ``config.epochs``), which is how an interrupted run is simulated in tests. ``run_id``
+    names the run (the job id) in its checkpoints: a checkpoint with the same ``run_id`` is this run's own
+    wherever it is read from (the store, another host), so a restart after the last epoch just finishes.
     The process-wide determinism switches are restored on return, since a worker runs many jobs.
     """
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                 torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
                 torch.backends.cudnn.allow_tf32)
     try:
-        return _train(config, Path(out_dir), device, data, resume_from, on_batch_end, stop_after_epoch, progress_bar)
+        return _train(config, Path(out_dir), device, data, resume_from, on_batch_end, stop_after_epoch, progress_bar,
+                      run_id)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.backends.cudnn.benchmark = previous[2]
@@ -384,73 +418,135 @@ class _RunState:
     best_acc: float | None = None
     start_epoch: int = 1
     step: int = 0
+    warnings: list[str] = field(default_factory=list)
+    changed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _read_resume_state(last: Path, config: TrainConfig, ckpt_dir: Path, model_config: VisionBDHConfig) -> dict:
-    """The trainer state of checkpoint ``last``, refused when its model or trajectory settings differ, or when
-    another run's checkpoint has no epoch left to train."""
-    saved_model = read_config(last)["model"]
-    if VisionBDHConfig.from_dict(saved_model) != model_config:
-        raise ResumeError(f"checkpoint model {saved_model} differs from the requested {model_config.to_dict()}")
+def _read_resume_state(
+    last: Path, config: TrainConfig, ckpt_dir: Path, m: _Model, precision: str, run_id: str | None
+) -> tuple[dict, dict[str, dict[str, Any]]]:
+    """The trainer state of checkpoint ``last`` and the settings changed since (``compare_resume_config``);
+    refused when a model or trajectory setting differs, or when another run's checkpoint has no epoch left."""
     state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=True)
-    if state.get("train_config") is not None:
-        compare_resume_config(state["train_config"], config, int(state["epoch"]))
-    own = last.resolve() == (ckpt_dir / "last").resolve()
-    # A restart of this run after its last epoch (the worker stopped before registering) just finishes;
-    # another run's finished checkpoint has nothing left to train.
+    saved_meta = read_config(last)
+    changed = compare_resume_config(
+        state.get("train_config") or {}, config, int(state["epoch"]), saved_model=saved_meta["model"],
+        requested_model=m.config.to_dict(), saved_precision=state.get("precision"), requested_precision=precision,
+    )
+    # A restart of this run after its last epoch (the worker stopped before registering) just finishes: its own
+    # checkpoint is the one under out_dir, or one saved with the same run_id (the job id) wherever it is now.
+    own = last.resolve() == (ckpt_dir / "last").resolve() or (
+        run_id is not None and saved_meta.get("run_id") == run_id)
     if state["epoch"] >= config.epochs and not own:
         raise ResumeError(f"the checkpoint already has {state['epoch']} epochs; ask for more than that")
-    return state
+    return state, changed
 
 
 def _resume(
-    resume_from: Path | str, config: TrainConfig, ckpt_dir: Path, m: _Model, device: torch.device
+    resume_from: Path | str, config: TrainConfig, ckpt_dir: Path, m: _Model, device: torch.device, precision: str,
+    run_id: str | None,
 ) -> _RunState:
-    """Restore weights, optimizer, scaler and RNG from the checkpoint; its ``best`` is copied into this run."""
+    """Restore weights, optimizer, scaler and RNG from the checkpoint; its ``best`` is copied into this run.
+
+    Without a ``best`` beside the checkpoint (only ``last`` was kept), ``best`` restarts from the checkpoint's
+    weights and epoch, with a warning. A scaler state is loaded only when the checkpoint has one (it was trained
+    in fp16); otherwise an fp16 run starts with a fresh scaler."""
     last = find_checkpoint(resume_from)
-    state = _read_resume_state(last, config, ckpt_dir, m.config)
+    state, changed = _read_resume_state(last, config, ckpt_dir, m, precision, run_id)
     m.model.load_state_dict(load_state_dict(last))
     m.optimizer.load_state_dict(state["optimizer"])
-    m.scaler.load_state_dict(state["scaler"])
+    if state.get("scaler"):
+        m.scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng_cpu"])
     if device.type == "cuda" and state.get("rng_cuda") is not None:
         torch.cuda.set_rng_state(state["rng_cuda"], device)
     run = _RunState(history=list(state["history"]), best_epoch=state["best_epoch"],
-                    best_acc=state["best_val_accuracy"], start_epoch=state["epoch"] + 1, step=state["global_step"])
+                    best_acc=state["best_val_accuracy"], start_epoch=state["epoch"] + 1, step=state["global_step"],
+                    changed=changed)
+    inexact = [k for k in changed if k.split(".")[0] in INEXACT_FIELDS]
+    if inexact:
+        run.warnings.append(f"resumed with {', '.join(inexact)} changed: the run does not continue exactly as an "
+                            "uninterrupted one would")
     previous_best = last.parent / "best"
     if previous_best.resolve() != (ckpt_dir / "best").resolve() and (previous_best / MODEL_FILE).is_file():
         shutil.copytree(previous_best, ckpt_dir / "best", dirs_exist_ok=True)
+    if not (ckpt_dir / "best" / MODEL_FILE).is_file() and run.history:
+        epoch = int(state["epoch"])
+        run.best_epoch, run.best_acc = epoch, float(run.history[-1]["val_accuracy"])
+        tmp = ckpt_dir / "best.tmp"
+        save_model_dir(tmp, m.model, m.config, {**m.meta, "epoch": epoch, "val_accuracy": run.best_acc})
+        replace_dir(tmp, ckpt_dir / "best")
+        run.warnings.append(f"no checkpoints/best beside the checkpoint resumed from: best restarts from its "
+                            f"epoch {epoch} (val accuracy {run.best_acc:.4f})")
     return run
 
 
 class _Forward:
-    """The forward pass: ``torch.compile`` unless off; a compiled model that fails on its first call falls back
-    to eager mode for the rest of the run, with a warning."""
+    """Every compiled call of the run: ``torch.compile`` unless off. Any call through the compiled model that fails
+    (the first compile, a recompile for a new shape such as a short last batch or for eval mode, or the compiled
+    backward) switches the run to eager mode for good, with one warning, and is redone eagerly: the global RNG
+    state is restored first, so the redone micro-batch draws the same dropout masks."""
 
     def __init__(self, model: torch.nn.Module, mode: str) -> None:
         self.model, self.mode = model, mode
-        self.net: torch.nn.Module = model
+        self.net: Any = model
         self.warnings: list[str] = []
-        self.first_compiled_call = mode != "off"
-        if self.first_compiled_call:
-            self.net = torch.compile(model, mode=mode)
+        self.compiled = mode != "off"
+        if self.compiled:
+            # static shapes: the short last batch and the evaluation batches get their own graphs (a bounded
+            # handful); with torch 2.13 the dynamic-shape recompile for them fails in inductor
+            self.net = torch.compile(model, mode=mode, dynamic=False)
 
     def __call__(self, images: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+        """The forward pass (logits) under autocast, guarded."""
+        return self.guarded(lambda: self._logits(images, device, precision), device)
+
+    def _logits(self, images: torch.Tensor, device: torch.device, precision: str) -> torch.Tensor:
+        with autocast(device, precision):
+            return self.net(images)
+
+    def guarded(self, fn: Callable[[], Any], device: torch.device, before_retry: Callable[[], None] | None = None
+                ) -> Any:
+        """``fn()`` (which calls ``self.net``); when compiled and it fails, fall back to eager mode, restore the
+        RNG, call ``before_retry`` and run ``fn()`` again."""
+        if not self.compiled:
+            return fn()
+        rng_cpu = torch.get_rng_state()
+        rng_cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         try:
-            with autocast(device, precision):
-                logits = self.net(images)
+            return fn()
         except Exception as exc:  # noqa: BLE001 - any compiler failure; eager mode is always available
-            if not self.first_compiled_call:
-                raise
-            self.first_compiled_call = False
-            self.net = self.model
-            self.warnings.append(f"torch.compile(mode={self.mode!r}) failed ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); trained in eager mode")
-            log.warning(self.warnings[-1])
-            with autocast(device, precision):
-                logits = self.net(images)
-        self.first_compiled_call = False  # compiled or fallen back: the first call decided
-        return logits
+            self.fall_back(exc)
+        torch.set_rng_state(rng_cpu)
+        if rng_cuda is not None:
+            torch.cuda.set_rng_state(rng_cuda, device)
+        if before_retry is not None:
+            before_retry()
+        return fn()
+
+    def fall_back(self, exc: BaseException) -> None:
+        self.compiled = False
+        self.net = self.model
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        self.warnings.append(f"torch.compile(mode={self.mode!r}) failed ({type(exc).__name__}: {first}); "
+                             "continued in eager mode")
+        log.warning(self.warnings[-1])
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+        if isinstance(self.net, torch.nn.Module) and self.net is not self.model:
+            self.net.train(mode)
+
+    @torch.no_grad()
+    def evaluate(self, loader: torch.utils.data.DataLoader, device: torch.device, precision: str
+                 ) -> tuple[float, float]:
+        """Mean cross-entropy and accuracy over ``loader`` in eval mode, each batch's forward guarded."""
+        was_training = self.model.training
+        self.train(False)
+        try:
+            return evaluate(lambda images: self(images, device, precision), loader, device, None)
+        finally:
+            self.train(was_training)
 
 
 @dataclass
@@ -552,7 +648,7 @@ class _Trainer:
         """One pass over the training batches; ``None`` when ``on_batch_end`` asked to stop (the partial epoch
         is dropped)."""
         self.loaders.train_sampler.set_epoch(epoch)
-        self.m.model.train()
+        self.forward.train(True)
         sums = _EpochSums.zeros(self.device)
         bar = self._open_bar(epoch)
         canceled = False
@@ -589,11 +685,22 @@ class _Trainer:
         step when the micro-batch completes one, and the running sums."""
         images = _to_device(images, self.device)
         labels = labels.to(self.device, non_blocking=True)
-        logits = self.forward(images, self.device, self.precision)
-        batch_loss = F.cross_entropy(
-            logits.float(), labels, reduction="sum", label_smoothing=self.config.label_smoothing
-        )
-        self.m.scaler.scale(batch_loss / self.schedule.group_samples[i]).backward()
+
+        def forward_backward() -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.forward._logits(images, self.device, self.precision)
+            batch_loss = F.cross_entropy(
+                logits.float(), labels, reduction="sum", label_smoothing=self.config.label_smoothing
+            )
+            self.m.scaler.scale(batch_loss / self.schedule.group_samples[i]).backward()
+            return logits, batch_loss
+
+        def clear_partial_gradients() -> None:
+            # a compiled backward that failed may have accumulated some gradients: a step's first micro-batch
+            # starts from none (exact); later ones cannot be told apart from the earlier micro-batches' sums
+            if i % self.schedule.accum == 0:
+                self.m.optimizer.zero_grad(set_to_none=True)
+
+        logits, batch_loss = self.forward.guarded(forward_backward, self.device, clear_partial_gradients)
         if self.schedule.ends_step(i):
             self.optimizer_step()
         sums.add(i, batch_loss, logits, labels)
@@ -614,7 +721,7 @@ class _Trainer:
     def end_epoch(self, epoch: int, sums: _EpochSums, t0: float) -> None:
         """Divergence check, validation, the metrics row (history and ``metrics.csv``), then the checkpoints."""
         _check_diverged(sums.bad_batch, epoch, self.run.step)
-        val_loss, val_acc = evaluate(self.forward.net, self.loaders.val, self.device, self.precision)
+        val_loss, val_acc = self.forward.evaluate(self.loaders.val, self.device, self.precision)
         row = {
             "epoch": epoch, "train_loss": float(sums.loss_sum) / sums.seen, "val_accuracy": val_acc,
             "epoch_time_s": time.perf_counter() - t0, "lr": self.lr, "train_accuracy": int(sums.correct) / sums.seen,
@@ -640,7 +747,7 @@ class _Trainer:
     def test_accuracy(self) -> float:
         """Accuracy of the best checkpoint's weights on the test split (loaded into the eager model)."""
         self.m.model.load_state_dict(load_state_dict(self.ckpt_dir / "best"))
-        _, test_acc = evaluate(self.m.model, self.loaders.test, self.device, self.precision)
+        _, test_acc = self.forward.evaluate(self.loaders.test, self.device, self.precision)
         return test_acc
 
 
@@ -653,6 +760,7 @@ def _train(
     on_batch_end: Callable[[BatchEvent], bool | None] | None,
     stop_after_epoch: int | None,
     progress_bar: bool,
+    run_id: str | None,
 ) -> TrainResult:
     ckpt_dir = out_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -664,7 +772,10 @@ def _train(
         config.num_workers, pin_memory=device.type == "cuda",
     )
     m = _build_model(config, data, loaders, device, precision)
-    run = _resume(resume_from, config, ckpt_dir, m, device) if resume_from is not None else _RunState()
+    m.meta["run_id"] = run_id
+    m.meta["precision"] = precision
+    run = (_resume(resume_from, config, ckpt_dir, m, device, precision, run_id) if resume_from is not None
+           else _RunState())
     trainer = _Trainer(config, out_dir, device, precision, loaders, m, run, on_batch_end, progress_bar)
     canceled, epochs_completed = trainer.fit(stop_after_epoch)
     test_acc = trainer.test_accuracy() if not canceled and run.best_epoch is not None else None
@@ -675,7 +786,8 @@ def _train(
         parameters=sum(p.numel() for p in m.model.parameters()), expected_parameters=m.config.expected_parameters(),
         epochs_completed=epochs_completed, canceled=canceled, out_dir=out_dir, checkpoints=checkpoints,
         device=str(device), precision=precision, optimizer=m.optimizer_name, model_config=m.config.to_dict(),
-        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test, warnings=trainer.forward.warnings,
+        n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test,
+        warnings=run.warnings + trainer.forward.warnings, changed_on_resume=run.changed,
     )
 
 
@@ -698,7 +810,7 @@ def _save_last(
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "history": history, "best_epoch": best_epoch, "best_val_accuracy": best_acc,
-        "train_config": _plain(config.to_dict()),
+        "train_config": _plain(config.to_dict()), "precision": meta.get("precision"),
     }
     torch.save(state, tmp / STATE_FILE)
     replace_dir(tmp, ckpt_dir / "last")

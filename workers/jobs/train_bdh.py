@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.artifacts import artifacts_key
 from core.filestore import StoreError, get_store
 from core.kinds.base import FieldError
 from core.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_dir, cifar_marker
@@ -71,6 +72,10 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     own = checkpoint_key(ctx.job_id)
     if store.exists(f"{own}/trainer_state.pt"):  # this job restarted (on this host or another)
         resume_from = store.local_dir(own)
+        try:  # its best beside it (the trainer rebuilds best from last when it is missing)
+            store.local_dir(artifacts_key(ctx.job_id, "checkpoints", "best"))
+        except StoreError:
+            pass
     elif payload.get("resume_from"):
         if not owns_files(ctx.settings, payload["resume_from"], ctx.owner):
             raise JobError("bad_resume_from", f"no job {payload['resume_from']!r} of yours to resume from")
@@ -94,6 +99,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             # an epoch ended and its checkpoint is on disk: put it in the store, so a restart of this job on
             # any host (or a later resume_from) continues from it
             ctx.publish_artifacts("checkpoints/last")
+            if (out_dir / "checkpoints" / "best").is_dir():
+                ctx.publish_artifacts("checkpoints/best")
         if len(event.history) != last_metrics["epochs"] or now - last_metrics["t"] >= METRICS_INTERVAL_S:
             last_metrics.update(t=now, epochs=len(event.history))
             metrics = {
@@ -107,7 +114,10 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         )  # raises JobCanceled at the end of this batch when the job was canceled
 
     try:
-        result = train(config, out_dir, device=ctx.device, resume_from=resume_from, on_batch_end=on_batch_end)
+        # run_id: the checkpoint saved under this job id is its own wherever it is read from (a restart after
+        # the last epoch then evaluates and registers instead of refusing a finished checkpoint)
+        result = train(config, out_dir, device=ctx.device, resume_from=resume_from, on_batch_end=on_batch_end,
+                       run_id=ctx.job_id)
     except DatasetNotFoundError as exc:
         raise JobError("dataset_not_found", str(exc)) from None
     except ResumeMismatch as exc:
@@ -142,6 +152,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "optimizer": result.optimizer,
         "samples": {"train": result.n_train, "val": result.n_val, "test": result.n_test},
         "warnings": result.warnings,
+        "changed_on_resume": result.changed_on_resume,
         "artifacts": ctx.artifacts(),
     }
 
