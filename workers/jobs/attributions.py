@@ -172,8 +172,8 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
 
         metrics = train_demo(spec, data_root, out_dir, device, report)
         bar.close()
-        print(f"{spec.name}: validation AUC {metrics['valid']['auc']:.3f} (impression AUC "
-              f"{metrics['valid']['imp_auc']:.3f}) in {metrics['train_seconds']}s", flush=True)
+        print(f"{spec.name}: validation AUC {metrics['valid']['auc']:.3f} (pooled AUC "
+              f"{metrics['valid']['pooled_auc']:.3f}) in {metrics['train_seconds']}s", flush=True)
         from models.news.checkpoint import load
 
         params = load(out_dir, "cpu").parameters
