@@ -394,16 +394,17 @@ def draw(items: Iterable[Any], n_samples: int, balanced: bool, seed: int,
 
 
 def sample_mind(split_dir: str | Path, n_samples: int, balanced: bool = False, seed: int = 0,
-                max_history: int = MAX_HISTORY, with_bodies: bool = False) -> list[Sample]:
+                max_history: int = MAX_HISTORY, with_bodies: bool = False, files: FileAccess = LOCAL
+                ) -> list[Sample]:
     """Samples from a MIND split directory in bounded memory: ``behaviors.tsv`` is streamed through a reservoir
     of (history, candidate) pairs, then only the news items those pairs name are read."""
     split_dir = Path(split_dir)
-    labels = split_labels(split_dir)
+    labels = split_labels(split_dir, files)
     if balanced and not labels:
         raise LabelsMissing(f"balanced sampling needs real/fake labels, and {split_dir.name} has no labels.tsv")
 
     def pairs() -> Iterator[tuple[str, str, list[str], str]]:
-        for imp in iter_behaviors(split_dir / "behaviors.tsv"):
+        for imp in iter_behaviors(split_dir / "behaviors.tsv", files):
             if not imp.history:
                 continue
             hist = imp.history[-max_history:]
@@ -414,12 +415,13 @@ def sample_mind(split_dir: str | Path, n_samples: int, balanced: bool = False, s
         return label_text(labels.get(pair[3])) if labels else None
 
     chosen = draw(pairs(), n_samples, balanced, seed, label)
-    news = read_news(split_dir / "news.tsv", only={n for _, _, h, c in chosen for n in (*h, c)})
+    news = read_news(split_dir / "news.tsv", only={n for _, _, h, c in chosen for n in (*h, c)}, files=files)
     out = []
     for imp_id, user, hist_ids, nid in chosen:
         missing = [n for n in (*hist_ids, nid) if n not in news]
         if missing:
-            raise ValueError(f"{split_dir}: impression {imp_id} names news {missing[:3]} missing from news.tsv")
+            raise ValueError(f"{files.display(split_dir / 'behaviors.tsv')}: impression {imp_id} names news "
+                             f"{missing[:3]} missing from news.tsv")
         out.append(_mind_sample(imp_id, user, hist_ids, nid, news, with_bodies))
     return out
 
@@ -633,18 +635,19 @@ def generate_synthetic(
 
 
 def load_samples(root: str | Path, split: str, n_samples: int, balanced: bool = False, seed: int = 0,
-                 with_bodies: bool = False, max_history: int = MAX_HISTORY) -> list[Sample]:
+                 with_bodies: bool = False, max_history: int = MAX_HISTORY, files: FileAccess = LOCAL
+                 ) -> list[Sample]:
     """Samples from a dataset directory: the MIND split ``root/split/`` when present, else ``root/pairs_{split}.csv``
     (or ``root`` itself when it is a MIND split directory or a CSV file)."""
     root = Path(root)
     if (root / split / "behaviors.tsv").exists():
-        return sample_mind(root / split, n_samples, balanced, seed, max_history, with_bodies)
+        return sample_mind(root / split, n_samples, balanced, seed, max_history, with_bodies, files)
     if (root / "behaviors.tsv").exists():
-        return sample_mind(root, n_samples, balanced, seed, max_history, with_bodies)
+        return sample_mind(root, n_samples, balanced, seed, max_history, with_bodies, files)
     csv_path = root if root.is_file() else root / f"pairs_{split}.csv"
     if not csv_path.exists():
         raise FileNotFoundError(f"dataset {root} has neither {split}/behaviors.tsv nor pairs_{split}.csv")
-    out = draw(iter_pairs(csv_path), n_samples, balanced, seed, lambda s: s.label)
+    out = draw(iter_pairs(csv_path, files), n_samples, balanced, seed, lambda s: s.label)
     for s in out:
         s.history, s.history_bodies = recent_history(s.history, s.history_bodies, max_history)
         if not with_bodies:
