@@ -25,6 +25,9 @@ def svc(tmp_path_factory):
     n_lines = len((bad / "train" / "behaviors.tsv").read_text().splitlines())
     with open(bad / "train" / "behaviors.tsv", "a", encoding="utf-8") as fh:
         fh.write(f"{n_lines + 1}\tU9\tN1 N2\n")  # a row with three columns
+    odd = mind_dir(home / "data" / "mind-odd", n_news=48, n_users=10)
+    with open(odd / "train" / "behaviors.tsv", "a", encoding="utf-8") as fh:
+        fh.write("9999\tU9\t11/11/2019 9:00:00 AM\t\tN1-2 N2-1 N3-0\n")  # an unknown click label, and an empty history
     with Service(home, heartbeat_ttl_s=30, api_keys="alice:key-a,bob:key-b") as service:
         yield service
 
@@ -137,3 +140,10 @@ def test_unlabelled_data_balanced_is_422_and_warned(svc) -> None:
     r = svc.client.post("/train/news", headers=ALICE, json={"name": "bad", "dataset": "mind", "valid_split": None,
                                                             "architecture": "naml", "encoder": "minilm"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "encoder"]
+
+
+def test_unknown_click_label_is_counted_in_the_warnings(svc) -> None:
+    result = _train(svc, {"name": "from-odd", "dataset": "./mind-odd", "valid_split": None, "epochs": 1, "batch_size": 16,
+                          "precision": "fp32", **TINY_NRMS})
+    assert len(result["warnings"]) == 1 and "mind-odd/train/behaviors.tsv: 1 impression token" in \
+        result["warnings"][0] and "'N1-2'" in result["warnings"][0], result["warnings"]
