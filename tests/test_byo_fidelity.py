@@ -157,7 +157,7 @@ def test_roberta_encoder_fine_tuned_last_layer_is_bundled_in_the_checkpoint(tmp_
     root = mind_dir(tmp_path / "mind", n_news=200, n_users=10)
     result = train(model, read_mind(root / "train"), read_mind(root / "valid"),
                    TrainConfig(epochs=1, batch_size=8, lr=1e-2, negatives=2))
-    assert {"imp_auc", "mrr", "ndcg@5", "ndcg@10"} <= set(result["valid"])
+    assert {"auc", "pooled_auc", "mrr", "ndcg@5", "ndcg@10"} <= set(result["valid"])
     assert not torch.equal(before, bert.encoder.layer[-1].output.dense.weight)
     checkpoint.save(model, tmp_path / "ckpt")
     shutil.rmtree(enc_dir)  # the checkpoint must not need the source directory any more

@@ -21,8 +21,23 @@ def svc(tmp_path_factory):
     home = tmp_path_factory.mktemp("byo-home")
     mind_dir(home / "data" / "mind", n_news=96, n_users=48)
     mind_dir(home / "data" / "mind-unlabelled", n_news=48, n_users=10, labels=False)
+    bad = mind_dir(home / "data" / "mind-bad", n_news=24, n_users=4)
+    n_lines = len((bad / "train" / "behaviors.tsv").read_text().splitlines())
+    with open(bad / "train" / "behaviors.tsv", "a", encoding="utf-8") as fh:
+        fh.write(f"{n_lines + 1}\tU9\tN1 N2\n")  # a row with three columns
+    odd = mind_dir(home / "data" / "mind-odd", n_news=48, n_users=10)
+    with open(odd / "train" / "behaviors.tsv", "a", encoding="utf-8") as fh:
+        fh.write("9999\tU9\t11/11/2019 9:00:00 AM\t\tN1-2 N2-1 N3-0\n")  # an unknown click label, and an empty history
     with Service(home, heartbeat_ttl_s=30, api_keys="alice:key-a,bob:key-b") as service:
         yield service
+
+
+def _failed(svc, body: dict, headers=ALICE) -> dict:
+    r = svc.client.post("/train/news", json=body, headers=headers)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=400, headers=headers)
+    assert job["status"] == "failed", job
+    return job["error"]
 
 
 def _train(svc, body: dict, headers=ALICE) -> dict:
@@ -36,10 +51,10 @@ def _train(svc, body: dict, headers=ALICE) -> dict:
 def _check_metrics(result: dict, epochs: int) -> None:
     assert [e["epoch"] for e in result["epochs"]] == list(range(1, epochs + 1))
     for e in result["epochs"]:
-        for key in ("auc", "imp_auc", "mrr", "ndcg@5", "ndcg@10"):
+        for key in ("auc", "pooled_auc", "mrr", "ndcg@5", "ndcg@10"):
             assert 0.0 <= e["valid"][key] <= 1.0, (key, e)
         assert e["checkpoint"].startswith("runs/train_news/alice/")
-    assert result["valid"]["imp_auc"] > result["initial_valid"]["imp_auc"] + 0.05, result
+    assert result["valid"]["auc"] > result["initial_valid"]["auc"] + 0.05, result
     assert result["valid"]["ndcg@10"] > result["initial_valid"]["ndcg@10"], result
 
 
@@ -81,9 +96,32 @@ def test_train_nrms_and_naml_then_explain(svc) -> None:
     # another owner cannot take the name; the owner can resume the run to more epochs
     r = svc.client.post("/train/news", headers=BOB, json={"name": "my-nrms", "dataset": "mind-small"})
     assert r.status_code == 409
-    more = _train(svc, {"name": "my-nrms", "dataset": "mind-small", "epochs": 4, "lr": 3e-3, "batch_size": 16,
+    more = _train(svc, {"name": "my-nrms", "dataset": "mind-small", "epochs": 4, "lr": 1e-3, "batch_size": 16,
                         "precision": "fp32", "resume": True, **TINY_NRMS})
     assert more["resumed_from_epoch"] == 3 and [e["epoch"] for e in more["epochs"]] == [4]
+    assert more["resume"]["from_epoch"] == 3
+    assert more["resume"]["changed"] == {"lr": {"checkpoint": 3e-3, "request": 1e-3}}, more["resume"]
+
+
+def test_resume_refuses_another_model_configuration(svc) -> None:
+    base = {"name": "my-nrms", "dataset": "mind-small", "epochs": 6, "batch_size": 16, "precision": "fp32",
+            "resume": True}
+    error = _failed(svc, {**base, **TINY_NRMS, "heads": 4, "query_dim": 32})
+    assert error["code"] == "resume_mismatch", error
+    assert "heads: checkpoint 2, request 4" in error["message"] and "query_dim: checkpoint 16, request 32" in \
+        error["message"] and "head_dim" not in error["message"], error
+    error = _failed(svc, {**base, **TINY_NAML})  # an NRMS checkpoint resumed as NAML
+    assert error["code"] == "resume_mismatch" and "architecture: checkpoint 'nrms', request 'naml'" in \
+        error["message"], error
+    models = {m["name"]: m for m in svc.client.get("/models", headers=ALICE).json()["models"]}
+    assert models["my-nrms"]["meta"]["architecture"] == "nrms"
+
+
+def test_malformed_mind_row_is_bad_dataset_naming_file_and_line(svc) -> None:
+    error = _failed(svc, {"name": "from-bad", "dataset": "./mind-bad", "epochs": 1, **TINY_NRMS})
+    assert error["code"] == "bad_dataset", error
+    assert "mind-bad/train/behaviors.tsv:" in error["message"] and "5 tab-separated columns" in error["message"]
+    assert str(svc.home) not in error["message"], error
 
 
 def test_unlabelled_data_balanced_is_422_and_warned(svc) -> None:
@@ -102,3 +140,10 @@ def test_unlabelled_data_balanced_is_422_and_warned(svc) -> None:
     r = svc.client.post("/train/news", headers=ALICE, json={"name": "bad", "dataset": "mind", "valid_split": None,
                                                             "architecture": "naml", "encoder": "minilm"})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "encoder"]
+
+
+def test_unknown_click_label_is_counted_in_the_warnings(svc) -> None:
+    result = _train(svc, {"name": "from-odd", "dataset": "./mind-odd", "valid_split": None, "epochs": 1, "batch_size": 16,
+                          "precision": "fp32", **TINY_NRMS})
+    assert len(result["warnings"]) == 1 and "mind-odd/train/behaviors.tsv: 1 impression token" in \
+        result["warnings"][0] and "'N1-2'" in result["warnings"][0], result["warnings"]

@@ -47,7 +47,8 @@ class TrainNewsRequest(RequestModel):
                          "or one pairwise CSV file (training only: set valid_split to null)")
     train_split: Literal[SPLITS] = "train"  # type: ignore[valid-type]
     valid_split: Literal[SPLITS] | None = Field("valid", description="metrics per epoch; null: none")  # type: ignore[valid-type]
-    npratio: int = Field(4, ge=1, le=limits.MAX_NPRATIO, description="non-clicked candidates per click")
+    npratio: int = Field(4, ge=1, le=limits.MAX_NPRATIO, description="non-clicked candidates per click, drawn without "
+                         "replacement from its impression (with replacement only when it has fewer)")
     max_title_len: int = Field(30, ge=1, le=limits.MAX_TITLE_TOKENS)
     max_body_len: int = Field(60, ge=1, le=limits.MAX_BODY_TOKENS, description="NAML body tokens")
     max_history: int = Field(50, ge=1, le=limits.MAX_HISTORY)
@@ -56,7 +57,10 @@ class TrainNewsRequest(RequestModel):
     batch_size: int = Field(32, ge=1, le=limits.MAX_NEWS_BATCH_SIZE)
     seed: int = Field(0, ge=0, le=limits.MAX_SEED)
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    resume: bool = Field(False, description="continue your latest checkpointed run of this name")
+    resume: bool = Field(False, description="continue your latest checkpointed run of this name: the model fields "
+                         "must equal the checkpoint's (else the job fails with resume_mismatch); epochs, lr, "
+                         "batch_size, npratio, max_history, seed, precision and the dataset and splits may change "
+                         "(listed in the result's resume.changed)")
     overwrite: bool = Field(False, description="replace your existing model of the same name")
 
 

@@ -8,7 +8,12 @@ MIND layout (one directory per split)::
 MIND has no fake-news label; the synthetic generator writes it as a sidecar ``labels.tsv`` (``news_id  real|fake``)
 next to ``news.tsv``. Without the sidecar every item's label is ``None`` (unlabelled), never a guessed ``real``.
 An impression token without a click label (``N123`` instead of ``N123-1``, as in MIND's test split) is read with
-the label ``None``.
+the label ``None``. A token with another suffix (``N1-2``) is also read as unlabelled, and counted: the split's
+``warnings`` say how many there were. Files are read through a ``files`` access (:mod:`models.files`): UTF-8, a
+leading byte-order mark dropped, and errors name the file (relative to the data roots in the service) and line.
+Every news id an impression names, in its history or among its candidates, must be in ``news.tsv``: MIND's own
+tools (the ``nid2index`` lookup of its data loaders) fail on a missing id, and so does :func:`read_mind`, with the
+file, line and ids, rather than silently dropping history.
 
 The pairwise CSV needs the columns ``user_id, history_titles, candidate_id, candidate_title``; ``label`` (click),
 ``candidate_is_fake``, ``history_bodies`` and ``candidate_body`` are optional (an empty cell is unlabelled).
@@ -30,9 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.files import LOCAL, FileAccess, open_text
+
 HISTORY_SEP = " ||| "
 MAX_HISTORY = 50  # the most recent titles a user vector is built from (training, scoring and attribution alike)
 _LABELLED_TOKEN = re.compile(r"^(.+)-([01])$")
+_SUFFIXED_TOKEN = re.compile(r"^(.+)-([^-]*)$")  # N1-2, N1-x: a click label that is neither 0 nor 1
 
 
 def recent_history(history: Sequence[str], bodies: Sequence[str] | None = None, max_history: int = MAX_HISTORY
@@ -58,12 +66,14 @@ class Impression:
     user: str
     history: list[str]
     candidates: list[tuple[str, int | None]]  # (news id, click 1/0, or None in an unlabelled impression)
+    line: int = 0  # the line of behaviors.tsv it was read from (0: not read from a file)
 
 
 @dataclass
 class MindSplit:
     news: dict[str, NewsItem]
     behaviors: list[Impression]
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -84,36 +94,36 @@ def label_text(fake: bool | None) -> str | None:
     return None if fake is None else ("fake" if fake else "real")
 
 
-def read_labels(path: str | Path) -> dict[str, bool]:
+def read_labels(path: str | Path, files: FileAccess = LOCAL) -> dict[str, bool]:
     """The ``labels.tsv`` sidecar: ``news_id<TAB>real|fake`` -> {id: is_fake}."""
     labels: dict[str, bool] = {}
-    with open(path, encoding="utf-8") as fh:
+    with open_text(files, Path(path), "mind") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            parts = line.rstrip("\n").split("\t")
+            parts = line.rstrip("\r\n").split("\t")
             if len(parts) != 2 or parts[1].strip() not in ("real", "fake"):
-                raise ValueError(f"{path}:{lineno}: expected news_id<TAB>real|fake")
+                raise ValueError(f"{files.display(Path(path))}:{lineno}: expected news_id<TAB>real|fake")
             labels[parts[0]] = parts[1].strip() == "fake"
     return labels
 
 
-def split_labels(split_dir: str | Path) -> dict[str, bool] | None:
+def split_labels(split_dir: str | Path, files: FileAccess = LOCAL) -> dict[str, bool] | None:
     """The split's real/fake labels, or None when it has no ``labels.tsv`` sidecar."""
     sidecar = Path(split_dir) / "labels.tsv"
-    return read_labels(sidecar) if sidecar.is_file() else None
+    return read_labels(sidecar, files) if sidecar.is_file() else None
 
 
-def read_news(path: str | Path, only: set[str] | None = None) -> dict[str, NewsItem]:
+def read_news(path: str | Path, only: set[str] | None = None, files: FileAccess = LOCAL) -> dict[str, NewsItem]:
     """``news.tsv`` (optionally only the ids in ``only``); labels come from a ``labels.tsv`` next to it."""
     path = Path(path)
-    labels = split_labels(path.parent) or {}
+    labels = split_labels(path.parent, files) or {}
     news: dict[str, NewsItem] = {}
-    with open(path, encoding="utf-8") as fh:
+    with open_text(files, path, "mind") as fh:
         for lineno, line in enumerate(fh, 1):
-            parts = line.rstrip("\n").split("\t")
+            parts = line.rstrip("\r\n").split("\t")
             if len(parts) < 4:
-                raise ValueError(f"{path}:{lineno}: expected at least 4 tab-separated columns")
+                raise ValueError(f"{files.display(path)}:{lineno}: expected at least 4 tab-separated columns")
             nid, cat, _sub, title = parts[:4]
             if only is not None and nid not in only:
                 continue
@@ -122,33 +132,66 @@ def read_news(path: str | Path, only: set[str] | None = None) -> dict[str, NewsI
     return news
 
 
-def parse_impressions(text: str) -> list[tuple[str, int | None]]:
-    """``"N1-1 N2-0"`` -> [("N1", 1), ("N2", 0)]; a token without ``-0/-1`` (a test split) has the label None."""
+def parse_impressions(text: str, unknown: list[str] | None = None) -> list[tuple[str, int | None]]:
+    """``"N1-1 N2-0"`` -> [("N1", 1), ("N2", 0)]; a token without ``-0/-1`` (a test split) has the label None. A
+    token with another suffix (``N1-2``) is read as ``("N1", None)`` and appended to ``unknown`` when given."""
     out: list[tuple[str, int | None]] = []
     for tok in text.split():
         m = _LABELLED_TOKEN.match(tok)
-        out.append((m.group(1), int(m.group(2))) if m else (tok, None))
+        if m:
+            out.append((m.group(1), int(m.group(2))))
+            continue
+        odd = _SUFFIXED_TOKEN.match(tok)
+        if odd:
+            if unknown is not None:
+                unknown.append(tok)
+            out.append((odd.group(1), None))
+        else:
+            out.append((tok, None))
     return out
 
 
-def iter_behaviors(path: str | Path) -> Iterator[Impression]:
-    """Stream ``behaviors.tsv`` one impression at a time (MIND-large's file is about 2 GB)."""
-    with open(path, encoding="utf-8") as fh:
+def iter_behaviors(path: str | Path, files: FileAccess = LOCAL, unknown: list[str] | None = None
+                   ) -> Iterator[Impression]:
+    """Stream ``behaviors.tsv`` one impression at a time (MIND-large's file is about 2 GB); tokens with an unknown
+    click label are appended to ``unknown`` when given."""
+    path = Path(path)
+    with open_text(files, path, "mind") as fh:
         for lineno, line in enumerate(fh, 1):
-            parts = line.rstrip("\n").split("\t")
+            parts = line.rstrip("\r\n").split("\t")
             if len(parts) != 5:
-                raise ValueError(f"{path}:{lineno}: expected 5 tab-separated columns")
+                raise ValueError(f"{files.display(path)}:{lineno}: expected 5 tab-separated columns, found "
+                                 f"{len(parts)}")
             imp_id, user, _time, hist, imps = parts
-            yield Impression(imp_id, user, hist.split(), parse_impressions(imps))
+            yield Impression(imp_id, user, hist.split(), parse_impressions(imps, unknown), lineno)
 
 
-def read_behaviors(path: str | Path) -> list[Impression]:
-    return list(iter_behaviors(path))
+def read_behaviors(path: str | Path, files: FileAccess = LOCAL, unknown: list[str] | None = None
+                   ) -> list[Impression]:
+    return list(iter_behaviors(path, files, unknown))
 
 
-def read_mind(split_dir: str | Path) -> MindSplit:
+def unknown_label_warning(shown: str, unknown: Sequence[str]) -> str:
+    examples = ", ".join(repr(t) for t in list(dict.fromkeys(unknown))[:3])
+    return (f"{shown}: {len(unknown)} impression token(s) with a click label other than -0/-1 ({examples}) were read "
+            "as unlabelled")
+
+
+def read_mind(split_dir: str | Path, files: FileAccess = LOCAL) -> MindSplit:
+    """A MIND split. Every news id an impression names must be in ``news.tsv`` (ValueError naming the behaviors
+    file, line and ids otherwise); unknown click labels are counted in the split's ``warnings``."""
     split_dir = Path(split_dir)
-    return MindSplit(read_news(split_dir / "news.tsv"), read_behaviors(split_dir / "behaviors.tsv"))
+    news = read_news(split_dir / "news.tsv", files=files)
+    unknown: list[str] = []
+    behaviors = read_behaviors(split_dir / "behaviors.tsv", files, unknown)
+    shown = files.display(split_dir / "behaviors.tsv")
+    for imp in behaviors:
+        missing = [n for n in (*imp.history, *(c for c, _ in imp.candidates)) if n not in news]
+        if missing:
+            raise ValueError(f"{shown}:{imp.line}: impression {imp.id} names news {missing[:3]} missing from "
+                             f"{files.display(split_dir / 'news.tsv')}")
+    warnings = [unknown_label_warning(shown, unknown)] if unknown else []
+    return MindSplit(news, behaviors, warnings)
 
 
 def write_mind(split_dir: str | Path, news: Sequence[NewsItem], behaviors: Sequence[Impression]) -> None:
@@ -200,15 +243,16 @@ def _parse_bool(text: str | None) -> bool | None:
     raise ValueError(f"not a boolean: {text!r}")
 
 
-def iter_pairs(path: str | Path) -> Iterator[Sample]:
+def iter_pairs(path: str | Path, files: FileAccess = LOCAL) -> Iterator[Sample]:
     """Stream the pairwise CSV as samples (label = real/fake of the candidate, None when not given)."""
-    with open(path, newline="", encoding="utf-8") as fh:
+    path = Path(path)
+    with open_text(files, path, "csv") as fh:
         reader = csv.DictReader(fh)
         missing = set(PAIR_REQUIRED) - set(reader.fieldnames or [])
         if missing:
-            raise ValueError(f"{path}: missing columns {sorted(missing)}")
+            raise ValueError(f"{files.display(path)}: missing columns {sorted(missing)}")
         for i, row in enumerate(reader):
-            where = f"{path}: row {i + 2}"
+            where = f"{files.display(path)}: row {i + 2}"
             try:
                 fake = _parse_bool(row.get("candidate_is_fake"))
                 click = _parse_bool(row.get("label"))
@@ -251,14 +295,14 @@ def write_pairs(path: str | Path, split: MindSplit, max_history: int = MAX_HISTO
     return n
 
 
-def split_from_pairs(path: str | Path) -> MindSplit:
+def split_from_pairs(path: str | Path, files: FileAccess = LOCAL) -> MindSplit:
     """A pairwise CSV as MIND impressions, for training: the rows of one user with one history form an impression
     (clicks from ``label``); history titles get ids from their text (``H`` + a hash), candidates keep theirs."""
     import hashlib
 
     news: dict[str, NewsItem] = {}
     impressions: dict[tuple[str, str], Impression] = {}
-    for s in iter_pairs(path):
+    for s in iter_pairs(path, files):
         hist_ids = []
         bodies = s.history_bodies or [""] * len(s.history)
         for title, body in zip(s.history, bodies, strict=True):
@@ -274,16 +318,16 @@ def split_from_pairs(path: str | Path) -> MindSplit:
     return MindSplit(news, list(impressions.values()))
 
 
-def read_split(root: str | Path, split: str) -> MindSplit:
+def read_split(root: str | Path, split: str, files: FileAccess = LOCAL) -> MindSplit:
     """A dataset's split for training: ``root/split/`` (MIND) or ``root/pairs_{split}.csv``; ``root`` may also be
     one pairwise CSV file (its only split)."""
     root = Path(root)
     if root.is_file():
-        return split_from_pairs(root)
+        return split_from_pairs(root, files)
     if (root / split / "behaviors.tsv").is_file():
-        return read_mind(root / split)
+        return read_mind(root / split, files)
     if (root / f"pairs_{split}.csv").is_file():
-        return split_from_pairs(root / f"pairs_{split}.csv")
+        return split_from_pairs(root / f"pairs_{split}.csv", files)
     raise FileNotFoundError(f"the dataset has neither {split}/behaviors.tsv nor pairs_{split}.csv")
 
 
@@ -350,16 +394,17 @@ def draw(items: Iterable[Any], n_samples: int, balanced: bool, seed: int,
 
 
 def sample_mind(split_dir: str | Path, n_samples: int, balanced: bool = False, seed: int = 0,
-                max_history: int = MAX_HISTORY, with_bodies: bool = False) -> list[Sample]:
+                max_history: int = MAX_HISTORY, with_bodies: bool = False, files: FileAccess = LOCAL
+                ) -> list[Sample]:
     """Samples from a MIND split directory in bounded memory: ``behaviors.tsv`` is streamed through a reservoir
     of (history, candidate) pairs, then only the news items those pairs name are read."""
     split_dir = Path(split_dir)
-    labels = split_labels(split_dir)
+    labels = split_labels(split_dir, files)
     if balanced and not labels:
         raise LabelsMissing(f"balanced sampling needs real/fake labels, and {split_dir.name} has no labels.tsv")
 
     def pairs() -> Iterator[tuple[str, str, list[str], str]]:
-        for imp in iter_behaviors(split_dir / "behaviors.tsv"):
+        for imp in iter_behaviors(split_dir / "behaviors.tsv", files):
             if not imp.history:
                 continue
             hist = imp.history[-max_history:]
@@ -370,12 +415,13 @@ def sample_mind(split_dir: str | Path, n_samples: int, balanced: bool = False, s
         return label_text(labels.get(pair[3])) if labels else None
 
     chosen = draw(pairs(), n_samples, balanced, seed, label)
-    news = read_news(split_dir / "news.tsv", only={n for _, _, h, c in chosen for n in (*h, c)})
+    news = read_news(split_dir / "news.tsv", only={n for _, _, h, c in chosen for n in (*h, c)}, files=files)
     out = []
     for imp_id, user, hist_ids, nid in chosen:
         missing = [n for n in (*hist_ids, nid) if n not in news]
         if missing:
-            raise ValueError(f"{split_dir}: impression {imp_id} names news {missing[:3]} missing from news.tsv")
+            raise ValueError(f"{files.display(split_dir / 'behaviors.tsv')}: impression {imp_id} names news "
+                             f"{missing[:3]} missing from news.tsv")
         out.append(_mind_sample(imp_id, user, hist_ids, nid, news, with_bodies))
     return out
 
@@ -589,18 +635,19 @@ def generate_synthetic(
 
 
 def load_samples(root: str | Path, split: str, n_samples: int, balanced: bool = False, seed: int = 0,
-                 with_bodies: bool = False, max_history: int = MAX_HISTORY) -> list[Sample]:
+                 with_bodies: bool = False, max_history: int = MAX_HISTORY, files: FileAccess = LOCAL
+                 ) -> list[Sample]:
     """Samples from a dataset directory: the MIND split ``root/split/`` when present, else ``root/pairs_{split}.csv``
     (or ``root`` itself when it is a MIND split directory or a CSV file)."""
     root = Path(root)
     if (root / split / "behaviors.tsv").exists():
-        return sample_mind(root / split, n_samples, balanced, seed, max_history, with_bodies)
+        return sample_mind(root / split, n_samples, balanced, seed, max_history, with_bodies, files)
     if (root / "behaviors.tsv").exists():
-        return sample_mind(root, n_samples, balanced, seed, max_history, with_bodies)
+        return sample_mind(root, n_samples, balanced, seed, max_history, with_bodies, files)
     csv_path = root if root.is_file() else root / f"pairs_{split}.csv"
     if not csv_path.exists():
         raise FileNotFoundError(f"dataset {root} has neither {split}/behaviors.tsv nor pairs_{split}.csv")
-    out = draw(iter_pairs(csv_path), n_samples, balanced, seed, lambda s: s.label)
+    out = draw(iter_pairs(csv_path, files), n_samples, balanced, seed, lambda s: s.label)
     for s in out:
         s.history, s.history_bodies = recent_history(s.history, s.history_bodies, max_history)
         if not with_bodies:

@@ -33,9 +33,12 @@ from models.news.text import BertNewsTokenizer, Encoded, NewsTokenizer, WordToke
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Softmax over ``dim`` where ``mask == 0`` entries get exactly zero weight."""
-    scores = scores.masked_fill(mask == 0, float("-inf"))
-    return torch.softmax(scores, dim=dim)
+    """Softmax over ``dim`` where ``mask == 0`` entries get exactly zero weight. A row with no unmasked entry (an
+    empty history) gets weight 0 everywhere, so attention pooling of nothing is the zero vector (not NaN)."""
+    keep = mask != 0
+    present = keep.any(dim=dim, keepdim=True)
+    scores = scores.masked_fill(~keep, float("-inf")).masked_fill(~present, 0.0)
+    return torch.softmax(scores, dim=dim) * present.to(scores.dtype)
 
 
 class AdditiveAttention(nn.Module):

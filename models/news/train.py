@@ -1,12 +1,19 @@
 """Training and evaluation of news recommenders on MIND-format impressions.
 
-Loss: for each clicked candidate, ``npratio`` non-clicked candidates of the same impression (drawn with
-replacement when the impression has fewer); softmax cross-entropy over the ``npratio + 1`` scores (the NRMS/NAML
-objective). Candidates without a click label (a test split) are never trained on.
+Loss: for each clicked candidate, ``npratio`` non-clicked candidates of the same impression, drawn without
+replacement when the impression has at least ``npratio`` (as NRMS's reference sampler does), with replacement only
+when it has fewer; softmax cross-entropy over the ``npratio + 1`` scores (the NRMS/NAML objective). Candidates
+without a click label (a test split) are never trained on.
+
+An empty history (MIND has such impressions: new users) has a well-defined user vector: zeros (the attention
+pooling of no news gives every position weight 0, see :func:`models.news.modules.masked_softmax`). Such an
+impression scores every candidate 0: it is scored (per-impression AUC 0.5, as for any constant scorer) and its
+examples are trained on, where they add a constant ``log(npratio + 1)`` to the loss and no gradient.
 
 Evaluation follows MIND's own ``evaluate.py``: per impression, AUC, MRR, nDCG@5 and nDCG@10 of the candidates'
-scores against the clicks, averaged over the impressions that have both a click and a non-click (``imp_auc``,
-``mrr``, ``ndcg@5``, ``ndcg@10``), plus the global ROC AUC over all candidates (``auc``).
+scores against the clicks, averaged over the impressions that have both a click and a non-click (``auc``, ``mrr``,
+``ndcg@5``, ``ndcg@10``: ``auc`` is MIND's AUC, the mean of the per-impression AUCs), plus the ROC AUC of all
+candidates pooled across impressions (``pooled_auc``).
 
 With a frozen BERT encoder the token states of every title are computed once (no_grad) and only the NRMS layers
 above them are trained, which keeps training to seconds on a CPU.
@@ -75,6 +82,11 @@ class NewsTable:
         return self.model.encode_news(sub)
 
 
+def sample_negatives(rng: random.Random, neg: list[int], k: int) -> list[int]:
+    """``k`` non-clicked candidates: without replacement when there are at least ``k``, else with replacement."""
+    return rng.sample(neg, k) if len(neg) >= k else [rng.choice(neg) for _ in range(k)]
+
+
 def _history(imp: Impression, table: NewsTable, max_history: int) -> list[int]:
     return [table.index[h] for h in imp.history[-max_history:]]
 
@@ -101,11 +113,10 @@ def _scores(model: NewsRecommender, table: NewsTable, hist: list[list[int]], can
 
 
 def training_examples(split: MindSplit, table: NewsTable, max_history: int) -> list[tuple[list[int], int, list[int]]]:
-    """(history positions, clicked position, non-clicked positions) for every click with at least one non-click."""
+    """(history positions, clicked position, non-clicked positions) for every click with at least one non-click
+    (an empty history included: its user vector is zeros)."""
     examples = []
     for imp in split.behaviors:
-        if not imp.history:
-            continue
         pos = [table.index[n] for n, lab in imp.candidates if lab == 1]
         neg = [table.index[n] for n, lab in imp.candidates if lab == 0]
         if not neg:
@@ -148,7 +159,7 @@ def train(
         losses = []
         for s in range(0, len(order), cfg.batch_size):
             batch = order[s:s + cfg.batch_size]
-            cands = [[p, *(rng.choice(neg) for _ in range(cfg.negatives))] for _, p, neg in batch]
+            cands = [[p, *sample_negatives(rng, neg, cfg.negatives)] for _, p, neg in batch]
             with autocast(model.device, precision):
                 scores = _scores(model, table, [h for h, _, _ in batch], cands)
             loss = F.cross_entropy(scores.float(), torch.zeros(len(batch), dtype=torch.long, device=scores.device))
@@ -190,8 +201,8 @@ def impression_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, floa
 @torch.no_grad()
 def evaluate(model: NewsRecommender, split: MindSplit, max_history: int = MAX_HISTORY, encode_batch: int = 128,
              fake_as: str | None = None) -> dict[str, Any]:
-    """MIND's metrics averaged over impressions (``imp_auc``, ``mrr``, ``ndcg@5``, ``ndcg@10``), the global AUC
-    (``auc``) and the mean score of fake vs real candidates (items without a label count in neither).
+    """MIND's metrics averaged over impressions (``auc``, ``mrr``, ``ndcg@5``, ``ndcg@10``), the AUC of all
+    candidates pooled (``pooled_auc``) and the mean score of fake vs real candidates (items without a label count in neither).
 
     ``fake_as`` = "negative" relabels fake candidates as non-clicks (to ask: does the model rank fakes low?)."""
     was_training = model.training
@@ -200,13 +211,17 @@ def evaluate(model: NewsRecommender, split: MindSplit, max_history: int = MAX_HI
     vecs = torch.cat([table.encode(torch.arange(s, min(s + encode_batch, len(table.ids))))
                       for s in range(0, len(table.ids), encode_batch)]).float()
     labels_all, scores_all, fake_scores, real_scores = [], [], [], []
-    per_imp: dict[str, list[float]] = {"imp_auc": [], "mrr": [], "ndcg@5": [], "ndcg@10": []}
+    per_imp: dict[str, list[float]] = {"auc": [], "mrr": [], "ndcg@5": [], "ndcg@10": []}
     for imp in split.behaviors:
         cands = [(n, lab) for n, lab in imp.candidates if lab is not None]
-        if not imp.history or not cands:
+        if not cands:
             continue
-        h = vecs[torch.tensor(_history(imp, table, max_history))]
-        user = model.user_vector(h[None], torch.ones(1, h.shape[0], device=h.device))[0].float()
+        hist = _history(imp, table, max_history)
+        if hist:
+            h = vecs[torch.tensor(hist)]
+            user = model.user_vector(h[None], torch.ones(1, h.shape[0], device=h.device))[0].float()
+        else:  # an empty history: the zero user vector (what user_vector gives a fully masked history)
+            user = vecs.new_zeros(vecs.shape[1])
         idx = torch.tensor([table.index[n] for n, _ in cands])
         sc = (vecs[idx] @ user).cpu().numpy()
         labs = np.array([lab for _, lab in cands])
@@ -218,8 +233,7 @@ def evaluate(model: NewsRecommender, split: MindSplit, max_history: int = MAX_HI
         real_scores.extend(sc[real].tolist())
         if 0 < labs.sum() < len(labs):
             m = impression_metrics(labs, sc)
-            per_imp["imp_auc"].append(m["auc"])
-            for k in ("mrr", "ndcg@5", "ndcg@10"):
+            for k in ("auc", "mrr", "ndcg@5", "ndcg@10"):
                 per_imp[k].append(m[k])
         labels_all.extend(labs.tolist())
         scores_all.extend(sc.tolist())
@@ -227,9 +241,9 @@ def evaluate(model: NewsRecommender, split: MindSplit, max_history: int = MAX_HI
     if len(set(labels_all)) < 2:
         raise ValueError("the evaluation split has no labelled impression with both a click and a non-click")
     return {
-        "auc": float(roc_auc_score(labels_all, scores_all)),
         **{k: float(np.mean(v)) if v else float("nan") for k, v in per_imp.items()},
-        "impressions": len(per_imp["imp_auc"]),
+        "pooled_auc": float(roc_auc_score(labels_all, scores_all)),
+        "impressions": len(per_imp["auc"]),
         "mean_score_fake": float(np.mean(fake_scores)) if fake_scores else float("nan"),
         "mean_score_real": float(np.mean(real_scores)) if real_scores else float("nan"),
     }

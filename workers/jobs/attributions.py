@@ -29,6 +29,7 @@ NPZ_MIN_SAMPLES = 32  # runs with at least this many samples also write an npz a
 
 def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> list:
     from core import registry
+    from core.userfiles import files_for
     from models.news.data import LabelsMissing, Sample, load_samples
 
     if payload.get("samples") is not None:
@@ -42,7 +43,7 @@ def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> lis
     root = registry.absolute_path(ctx.settings, entry)
     try:
         return load_samples(root, ds["split"], ds["n_samples"], ds["balanced"], ds["seed"], with_bodies,
-                            payload.get("max_history", 50))
+                            payload.get("max_history", 50), files_for(ctx.settings, root))
     except LabelsMissing as exc:
         raise JobError("invalid_request", f"dataset.balanced: dataset {ds['name']!r}: {exc}") from exc
     except (FileNotFoundError, ValueError) as exc:
@@ -172,8 +173,8 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
 
         metrics = train_demo(spec, data_root, out_dir, device, report)
         bar.close()
-        print(f"{spec.name}: validation AUC {metrics['valid']['auc']:.3f} (impression AUC "
-              f"{metrics['valid']['imp_auc']:.3f}) in {metrics['train_seconds']}s", flush=True)
+        print(f"{spec.name}: validation AUC {metrics['valid']['auc']:.3f} (pooled AUC "
+              f"{metrics['valid']['pooled_auc']:.3f}) in {metrics['train_seconds']}s", flush=True)
         from models.news.checkpoint import load
 
         params = load(out_dir, "cpu").parameters

