@@ -168,6 +168,23 @@ def test_tolerance_raises_the_steps_until_met(small, samples) -> None:
     assert summary["gradient_evaluations"] == sum(r["n_steps"]["title"] for r in report["samples"])
 
 
+def test_the_reference_loop_with_a_tolerance_doubles_the_whole_run_until_the_median_meets_it(small, samples) -> None:
+    """optimized=False with a tolerance: the plain loop at 2, 4, 8, ... steps for every sample until the median
+    relative delta meets it; the run it returns equals a one-shot reference run at that many steps."""
+    model = small["models"]["nrms-word-demo"]
+    tol = 1e-2
+    report = explain(model, samples[:3], _fp32(n_steps=2, method="riemann_right", tolerance=tol, optimized=False))
+    n = report["summary"]["n_steps"]
+    assert n > 2 and n & (n - 1) == 0  # doubled from 2
+    rels = [r["relative_delta"] for r in report["samples"]]
+    assert statistics.median(rels) <= tol and report["summary"]["tolerance_met"] is True
+    half = explain(model, samples[:3], _fp32(n_steps=n // 2, method="riemann_right", optimized=False))
+    assert statistics.median(r["relative_delta"] for r in half["samples"]) > tol  # it stopped at the first that met
+    once = explain(model, samples[:3], _fp32(n_steps=n, method="riemann_right", optimized=False))
+    for a, b in zip(report["samples"], once["samples"], strict=True):
+        assert a["word_attributions"] == pytest.approx(b["word_attributions"], rel=1e-6, abs=1e-9)
+
+
 def test_tolerance_with_gauss_legendre_starts_low_and_refines_per_sample(small, samples) -> None:
     model = small["models"]["nrms-minilm-demo"]
     loose = explain(model, samples[:4], _fp32(tolerance=1e-1, method="gausslegendre"))  # starts at 16
