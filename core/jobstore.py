@@ -433,6 +433,40 @@ class JobStore:
         return job.return_value(refresh=True)
 
 
+# ---- job-id prefixes
+# A job id is ``uuid4().hex``: 32 characters. The dashboard, the SDK and the CLI show its first 8, and any unique
+# prefix of at least ``ID_PREFIX_MIN`` characters names one of the caller's own jobs. The owner index is ordered by
+# creation time, not by id, so a prefix cannot be looked up by range there (ZRANGEBYLEX needs equal scores): it is
+# matched against the owner's newest ``ID_PREFIX_SCAN`` ids, one ZRANGE of at most that many members. An older job
+# is reached by its full id.
+FULL_ID_LENGTH = 32
+ID_PREFIX_MIN = 6
+ID_PREFIX_SCAN = 1000
+
+
+def is_id_prefix(value: str) -> bool:
+    """Whether ``value`` may be looked up as a prefix: a well-formed id of ``ID_PREFIX_MIN`` characters or more,
+    shorter than a full id."""
+    return ID_PREFIX_MIN <= len(value) < FULL_ID_LENGTH and valid_job_id(value)
+
+
+async def aresolve_prefix(aredis: Any, owner: str, prefix: str, scan: int = ID_PREFIX_SCAN) -> list[str]:
+    """The full ids among the owner's newest ``scan`` jobs that start with ``prefix``, newest first; when several
+    do, only those whose job still exists (the index keeps an expired job's id until a listing drops it)."""
+    if not is_id_prefix(prefix):
+        return []
+    members = await aredis.zrange(keys.owner_jobs(owner), 0, scan - 1, desc=True)
+    wanted = prefix.encode()
+    hits = [m.decode() for m in members if m.startswith(wanted)]
+    if len(hits) > 1:
+        async with aredis.pipeline(transaction=False) as pipe:
+            for job_id in hits:
+                pipe.exists(JOB_PREFIX + job_id)
+            alive = await pipe.execute()
+        hits = [job_id for job_id, there in zip(hits, alive, strict=True) if there]
+    return hits
+
+
 # ---- listing (JobStore.list)
 _Row = tuple[bytes, float]  # an owner index entry: (job id, creation time)
 

@@ -102,6 +102,50 @@ def test_job_ids_are_validated_before_redis(server, r):
     assert c.get("/jobs/" + "a" * 128).status_code == 404
 
 
+def test_a_unique_prefix_of_ones_own_job_id_names_the_job_everywhere(server, r):
+    alice, bob = client_for(server, "owner5"), client_for(server, "owner6")
+    job_id = post(alice).json()["id"]
+    prefix = job_id[:8]
+    resp = alice.get(f"/jobs/{prefix}")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["id"] == job_id  # the canonical full id
+    assert alice.get(f"/jobs/{job_id[:6]}").json()["id"] == job_id
+    assert alice.get(f"/jobs/{prefix}/request").json()["steps"] == 2
+    result = alice.get(f"/jobs/{prefix}/result")
+    assert result.status_code == 409 and result.json()["job"]["id"] == job_id
+    assert alice.get(f"/jobs/{prefix}/artifacts").status_code == 200
+    with alice.stream("GET", f"/jobs/{prefix}/events") as events:
+        assert events.status_code == 200
+        data = next(line for line in events.iter_lines() if line.startswith("data: "))
+        assert json.loads(data[len("data: "):])["id"] == job_id
+    # Another owner's job never matches, and too short a prefix is not looked up: 404 exactly as an unknown job.
+    for path in [f"/jobs/{prefix}", f"/jobs/{prefix}/result", f"/jobs/{prefix}/request",
+                 f"/jobs/{prefix}/artifacts"]:
+        resp = bob.get(path)
+        assert resp.status_code == 404, (path, resp.text)
+        assert resp.json()["detail"] == {"code": "not_found", "message": f"no job {prefix!r}"}
+    assert bob.delete(f"/jobs/{prefix}").status_code == 404
+    assert alice.get(f"/jobs/{job_id[:5]}").status_code == 404
+    assert alice.get(f"/jobs/{job_id[:8]}zz").status_code == 404
+    # Two of the caller's jobs starting alike: 409 with both full ids; a longer prefix picks one.
+    twin = job_id[:8] + ("0" if job_id[8] != "0" else "1") + job_id[9:]
+    r.restore("rq:job:" + twin, 0, r.dump("rq:job:" + job_id))
+    r.zadd(keys.owner_jobs("owner5"), {twin: time.time()})
+    resp = alice.get(f"/jobs/{prefix}")
+    assert resp.status_code == 409, resp.text
+    assert resp.json()["detail"]["code"] == "ambiguous_id"
+    assert sorted(resp.json()["detail"]["matches"]) == sorted([job_id, twin])
+    assert alice.get(f"/jobs/{job_id[:9]}").json()["id"] == job_id
+    assert alice.get(f"/jobs/{prefix}/result").status_code == 409
+    assert alice.get(f"/jobs/{prefix}/result").json()["detail"]["code"] == "ambiguous_id"
+    # The full id is read as before; an expired twin no longer makes the prefix ambiguous.
+    r.delete("rq:job:" + twin)
+    assert alice.get(f"/jobs/{job_id}").json()["id"] == job_id
+    canceled = alice.delete(f"/jobs/{prefix}")
+    assert canceled.status_code == 202, canceled.text
+    assert canceled.json()["id"] == job_id and canceled.json()["status"] == "canceled"
+
+
 # ------------------------------------------------------------------------------------------------- paging
 def _page_all(c: httpx.Client, limit: int, between=None, **params) -> list[str]:
     seen, cursor, pages = [], None, 0

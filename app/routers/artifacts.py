@@ -9,8 +9,10 @@ from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from app.deps import caller
+from app.routers.jobs import resolve_id
 from core.artifacts import artifacts_key, list_files
 from core.filestore import StoreError, clean_key, get_store, media_type
+from core.jobstore import is_id_prefix
 from core.jobview import parse_meta
 from core.keys import JOB_PREFIX, valid_job_id
 from core.ownership import owns_files
@@ -23,21 +25,31 @@ def _not_found(message: str) -> HTTPException:
     return HTTPException(status_code=404, detail={"code": "not_found", "message": message})
 
 
-async def _check_owner(request: Request, job_id: str, owner: str) -> None:
-    """The job is the caller's: its Redis record says so, or (after the record expired, before gc) the
-    artifact owner record does. Anything else is 404, exactly like an unknown job."""
+async def _check_owner(request: Request, job_id: str, owner: str) -> str:
+    """The job's full id when the job is the caller's: its Redis record says so, or (after the record expired,
+    before gc) the artifact owner record does; a unique prefix of one of the caller's job ids names that job
+    (app/routers/jobs.py: ``resolve_id``). Anything else is 404, exactly like an unknown job."""
     if not valid_job_id(job_id):
         raise _not_found(f"no job {job_id!r}")
+    if await _owns(request, job_id, owner):
+        return job_id
+    if is_id_prefix(job_id):
+        full_id = await resolve_id(request, job_id, owner)
+        if await _owns(request, full_id, owner):
+            return full_id
+    raise _not_found(f"no job {job_id!r}")
+
+
+async def _owns(request: Request, job_id: str, owner: str) -> bool:
     raw_meta = await request.app.state.aredis.hget(JOB_PREFIX + job_id, "meta")
     meta = parse_meta({b"meta": raw_meta}) if raw_meta is not None else None
-    if not await run_in_threadpool(owns_files, request.app.state.settings, job_id, owner, meta):
-        raise _not_found(f"no job {job_id!r}")
+    return await run_in_threadpool(owns_files, request.app.state.settings, job_id, owner, meta)
 
 
 @router.get("/jobs/{job_id}/artifacts", summary="A job's files: name, size, media type and download URL",
             responses={404: {}})
 async def list_artifacts(job_id: str, request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
-    await _check_owner(request, job_id, owner)
+    job_id = await _check_owner(request, job_id, owner)
     files = await run_in_threadpool(list_files, request.app.state.settings, job_id)
     return {"items": [{**f, "url": f"/jobs/{job_id}/artifacts/{f['name']}"} for f in files]}
 
@@ -46,7 +58,7 @@ async def list_artifacts(job_id: str, request: Request, owner: str = Depends(cal
             response_class=StreamingResponse, responses={200: {"content": {"application/octet-stream": {}}},
                                                          404: {}})
 async def get_artifact(job_id: str, name: str, request: Request, owner: str = Depends(caller)) -> StreamingResponse:
-    await _check_owner(request, job_id, owner)
+    job_id = await _check_owner(request, job_id, owner)
     store = get_store(request.app.state.settings)
     try:
         key = clean_key(artifacts_key(job_id), name)

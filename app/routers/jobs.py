@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.deps import caller
 from core import fanout
-from core.jobstore import decode_cursor, run_script
+from core.jobstore import aresolve_prefix, decode_cursor, is_id_prefix, run_script
 from core.jobview import (
     STATUSES,
     TERMINAL,
@@ -59,25 +59,49 @@ async def _fetch_with_position(request: Request, job_id: str) -> tuple[dict[byte
     return view_script_result(await run_script(request.app.state.aredis, request.app.state.view_script, keys, args))
 
 
+async def resolve_id(request: Request, job_id: str, owner: str) -> str:
+    """The full id of the caller's only job whose id starts with ``job_id`` (core/jobstore.py:
+    ``aresolve_prefix``); 404 as for an unknown job when none does, 409 ``ambiguous_id`` with the matching ids
+    when several do."""
+    matches = await aresolve_prefix(request.app.state.aredis, owner, job_id)
+    if not matches:
+        raise _not_found(job_id)
+    if len(matches) > 1:
+        raise HTTPException(status_code=409, detail={
+            "code": "ambiguous_id", "message": f"{job_id!r} is the start of {len(matches)} of your jobs' ids; "
+            "give more of the id", "matches": matches})
+    return matches[0]
+
+
 async def _owned(request: Request, job_id: str, owner: str
-                 ) -> tuple[dict[bytes, bytes], int | None, dict[str, Any]]:
-    """The job's fields, queue position and parsed meta; 404 for a malformed id, a missing job or another owner's
-    job."""
+                 ) -> tuple[str, dict[bytes, bytes], int | None, dict[str, Any]]:
+    """The job's full id, fields, queue position and parsed meta; 404 for a malformed id, a missing job or another
+    owner's job. A full id costs one round trip; only an id that names no job of the caller's is then tried as a
+    prefix of one (``resolve_id``)."""
     if not valid_job_id(job_id):
         raise _not_found(job_id)
     raw, position = await _fetch_with_position(request, job_id)
     meta = parse_meta(raw) if raw else {}
     if not raw or not owns(meta, owner):
-        raise _not_found(job_id)
+        if not is_id_prefix(job_id):
+            raise _not_found(job_id)
+        full_id = await resolve_id(request, job_id, owner)
+        raw, position = await _fetch_with_position(request, full_id)
+        meta = parse_meta(raw) if raw else {}
+        if not raw or not owns(meta, owner):
+            raise _not_found(job_id)
+        job_id = full_id
     if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
         reaped = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
         if reaped is not raw:
             raw, meta = reaped, parse_meta(reaped)
-    return raw, position, meta
+    return job_id, raw, position, meta
 
 
-async def _owned_raw(request: Request, job_id: str, owner: str) -> dict[bytes, bytes]:
-    return (await _owned(request, job_id, owner))[0]
+async def _owned_raw(request: Request, job_id: str, owner: str) -> tuple[str, dict[bytes, bytes]]:
+    """The job's full id and fields (see ``_owned``)."""
+    job_id, raw, _, _ = await _owned(request, job_id, owner)
+    return job_id, raw
 
 
 async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None,
@@ -105,7 +129,7 @@ async def get_job(request: Request) -> JSONResponse:
     # rather than declared as an argument (any string; an id that is not a job's is a 404 below): both cost more
     # per request in FastAPI's dependency solver than the Redis round trip itself.
     job_id: str = request.path_params["job_id"]
-    raw, position, meta = await _owned(request, job_id, await caller(request))
+    job_id, raw, position, meta = await _owned(request, job_id, await caller(request))
     return JSONResponse(await _view(request, job_id, raw, position, meta))
 
 
@@ -172,7 +196,7 @@ def _list_children(request: Request, parent: str, owner: str, limit: int, cursor
 
 @router.delete("/jobs/{job_id}", summary="Cancel a job: at once when queued, at its next step when running")
 async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
-    raw = await _owned_raw(request, job_id, owner)
+    job_id, raw = await _owned_raw(request, job_id, owner)
     view = await _view(request, job_id, raw)
     if view["status"] in TERMINAL:
         return JSONResponse(status_code=409, content={"detail": {
@@ -185,7 +209,7 @@ async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)
 
 @router.get("/jobs/{job_id}/result", summary="The result of a succeeded job (JSON)")
 async def get_result(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
-    raw = await _owned_raw(request, job_id, owner)
+    job_id, raw = await _owned_raw(request, job_id, owner)
     view = await _view(request, job_id, raw)
     if view["status"] != "succeeded":
         return JSONResponse(status_code=409, content={"detail": {
@@ -197,7 +221,7 @@ async def get_result(job_id: str, request: Request, owner: str = Depends(caller)
 
 @router.get("/jobs/{job_id}/request", summary="The request a job was submitted with (as validated and stored)")
 async def get_request(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
-    await _owned_raw(request, job_id, owner)
+    job_id, _ = await _owned_raw(request, job_id, owner)
     body = await run_in_threadpool(request.app.state.store.request_of, job_id)
     if body is None:
         raise _not_found(job_id)
@@ -214,7 +238,7 @@ async def job_events(
     job_id: str, request: Request, owner: str = Depends(caller),
     interval_s: float = Query(0.5, ge=0.05, le=10.0),
 ) -> StreamingResponse:
-    await _owned_raw(request, job_id, owner)
+    job_id, _ = await _owned_raw(request, job_id, owner)
 
     async def stream():
         last = None
