@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -250,6 +250,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(artifacts.router)
     app.include_router(imports.router)
     app.include_router(ui.router)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        # A browser pointed at the service lands on the dashboard (which asks for a key itself): no auth here.
+        return RedirectResponse("/ui", status_code=307)
+
     app.mount(ui.STATIC_URL, ui.static_files(), name="ui-static")
     app.add_middleware(BodySizeLimit, limit=settings.max_body_bytes)
     # Added last, so outermost: the 413s of BodySizeLimit get the headers too. The API docs' pages load Swagger UI

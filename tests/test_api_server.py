@@ -327,3 +327,17 @@ def test_run_script_answers_as_the_script_does_through_flushes_errors_and_droppe
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_the_root_redirects_to_the_dashboard_without_auth_and_is_not_in_the_schema(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from core.settings import Settings
+
+    app = create_app(Settings(EXPLAINQ_HOME=str(tmp_path), REDIS_URL="redis://127.0.0.1:1/0",
+                              EXPLAINQ_API_KEYS="alice:key-alice"))
+    resp = TestClient(app).get("/", follow_redirects=False)
+    assert resp.status_code in (303, 307), resp.text
+    assert resp.headers["location"] == "/ui"
+    assert "/" not in app.openapi()["paths"]
