@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,15 @@ class Restarts:
         return delay
 
 
+def banner(host: str, port: int, listening: bool = True) -> str:
+    """The line ``explainq up`` prints once the API listens (before demo preparation and the workers): the
+    dashboard's address."""
+    if ":" in host:
+        host = f"[{host}]"
+    state = "is up" if listening else "is starting (the API does not answer yet)"
+    return f"explainq {state}: dashboard http://{host}:{port}/ui  (API docs at /docs; Ctrl-C stops)"
+
+
 class Supervisor:
     """Redis (embedded unless REDIS_URL is set), the API, and one worker per queue; restarts what dies, with
     exponential backoff for a process that keeps crashing."""
@@ -206,6 +216,8 @@ class Supervisor:
             log.info("embedded redis on %s (password in %s, AOF under %s)", self.redis.redacted_url,
                      self.redis.password_file, self.redis.data_dir)
         self._spawn("api")
+        listening = self.wait_for_api()
+        print(banner(self.args.host, self.args.port, listening), flush=True)
         if not self.args.no_demo:
             log.info("preparing demo models and data (first start only; cached under %s)", self.settings.home)
             demo = subprocess.run([sys.executable, "-m", "explainq.cli", "demo"], env=self.env)
@@ -215,7 +227,21 @@ class Supervisor:
         for queue, (threads, nice) in self.plan.items():
             log.info("worker %s: %d cpu thread(s), nice %d", queue, threads, nice)
             self._spawn(f"worker:{queue}")
-        print(f"explainq is up: http://{self.args.host}:{self.args.port}/docs  (Ctrl-C stops)", flush=True)
+        log.info("workers started; the service is ready")
+
+    def wait_for_api(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the API accepts connections on its port; False when it exits or ``timeout_s`` passes first."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.args.host, self.args.host)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.procs["api"].poll() is not None:
+                return False
+            try:
+                with socket.create_connection((host, self.args.port), timeout=0.5):
+                    return True
+            except OSError:
+                time.sleep(0.1)
+        return False
 
     def _maybe_gc(self) -> None:
         """A gc pass every ``--gc-interval-s`` (in a child process, so a slow store never stalls supervision)."""

@@ -63,6 +63,7 @@ def test_up_serves_restarts_dead_workers_and_stops_cleanly(tmp_path):
 
         _wait(ready, 90, "service never became ready:\n" + (tmp_path / "up.log").read_text())
         assert httpx.get(f"{base}/docs").status_code == 200
+        assert f"dashboard {base}/ui" in (tmp_path / "up.log").read_text()
         # Embedded Redis keeps an append-only file under EXPLAINQ_HOME/redis.
         assert (tmp_path / "redis").is_dir()
         _wait(lambda: any((tmp_path / "redis").rglob("*.aof*")), 10, "no AOF file")
@@ -95,3 +96,42 @@ def test_api_refuses_public_bind_without_keys(tmp_path):
         r = subprocess.run([sys.executable, "-m", "explainq.cli", *cmd], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and "refusing to listen" in r.stderr
+
+
+def test_up_prints_the_dashboard_url_as_soon_as_the_api_listens_before_the_demos(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from explainq import cli
+
+    monkeypatch.setenv("EXPLAINQ_HOME", str(tmp_path))
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # no embedded Redis
+    listener = socket.create_server(("127.0.0.1", 0))  # the API, listening
+    port = listener.getsockname()[1]
+    args = cli.build_parser().parse_args(["up", "--port", str(port)])
+    sup = cli.Supervisor(args)
+    spawned: list[str] = []
+
+    class Running:
+        def poll(self):
+            return None
+
+    def spawn(name: str) -> None:
+        spawned.append(name)
+        sup.procs[name] = Running()
+
+    printed_before_demo: list[str] = []
+
+    def demo(*_a, **_k):
+        printed_before_demo.append(capsys.readouterr().out)
+        return subprocess.CompletedProcess([], 0)
+
+    monkeypatch.setattr(sup, "_spawn", spawn)
+    monkeypatch.setattr(cli.subprocess, "run", demo)
+    try:
+        sup.start()
+    finally:
+        listener.close()
+    assert f"http://127.0.0.1:{port}/ui" in printed_before_demo[0]
+    assert "explainq is up" in printed_before_demo[0]
+    assert spawned[0] == "api" and len(spawned) > 1  # the workers start after the demos
+    assert cli.banner("::", 8000).split()[4] == "http://[::]:8000/ui"
