@@ -315,3 +315,79 @@ def test_the_sdk_never_imports_torch():
     code = "import sys, explainq_client, explainq_client.cli; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_train_news_and_import_model_post_their_routes_with_only_the_given_fields():
+    view = {**JOB, "kind": "train_news"}
+    transport, seen = scripted(httpx.Response(202, json=view), httpx.Response(202, json={**view, "kind": "import_model"}))
+    with Client("http://x", transport=transport) as c:
+        job = c.train_news(name="n1", dataset="mind-small", architecture="naml", encoder="word", valid_split=None)
+        c.import_model(name="m1", kind="conve", path="models/m1", checkpoints=[{"file": "c1.pt", "lr": 0.001}])
+    assert job.id == "j1"
+    assert [(r.method, r.url.path) for r in seen] == [("POST", "/train/news"), ("POST", "/models/import")]
+    assert json.loads(seen[0].content) == {"name": "n1", "dataset": "mind-small", "architecture": "naml",
+                                           "encoder": "word", "valid_split": None}
+    assert json.loads(seen[1].content) == {"name": "m1", "kind": "conve", "path": "models/m1",
+                                           "checkpoints": [{"file": "c1.pt", "lr": 0.001}]}
+    assert all(r.headers.get("Idempotency-Key") for r in seen)
+
+    async def go():
+        atransport_seen: list[httpx.Request] = []
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            atransport_seen.append(request)
+            return httpx.Response(202, json=view)
+
+        async with AsyncClient("http://x", transport=httpx.MockTransport(handler)) as ac:
+            await ac.train_news(name="n2", dataset="d", epochs=1)
+            await ac.import_model(name="m2", kind="nrms", path="p", vocab="vocab.json")
+        return atransport_seen
+
+    aseen = asyncio.run(go())
+    assert [r.url.path for r in aseen] == ["/train/news", "/models/import"]
+    assert json.loads(aseen[0].content) == {"name": "n2", "dataset": "d", "epochs": 1}
+    assert json.loads(aseen[1].content) == {"name": "m2", "kind": "nrms", "path": "p", "vocab": "vocab.json"}
+
+
+def test_datasets_register_get_delete_sync_and_async():
+    registered = {"name": "d1", "kind": "news", "owner": "me", "format": "mind", "counts": {"train": 3},
+                  "path": "data/d1", "created_at": "t"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json=registered)
+        if request.method == "GET":
+            if request.url.path.endswith("/nope"):
+                return httpx.Response(404, json={"detail": {"code": "not_found", "message": "no dataset 'nope'"}})
+            return httpx.Response(200, json={**registered, "meta": {}})
+        return httpx.Response(409, json={"detail": {"code": "owned_by_other", "message": "not yours"}})
+
+    seen: list[httpx.Request] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    with Client("http://x", transport=httpx.MockTransport(recording)) as c:
+        assert c.datasets.register("d1", "data/d1", description="small") == registered
+        assert c.datasets.register("d1", "data/d1", overwrite=True)["name"] == "d1"
+        assert c.datasets.get("d1")["format"] == "mind"
+        with pytest.raises(ExplainqError) as missing:
+            c.datasets.get("nope")
+        assert missing.value.status_code == 404
+        with pytest.raises(ConflictError):
+            c.datasets.delete("theirs")
+    assert json.loads(seen[0].content) == {"name": "d1", "path": "data/d1", "overwrite": False, "description": "small"}
+    assert json.loads(seen[1].content) == {"name": "d1", "path": "data/d1", "overwrite": True}
+    assert [(r.method, r.url.path) for r in seen[2:]] == [("GET", "/datasets/d1"), ("GET", "/datasets/nope"),
+                                                          ("DELETE", "/datasets/theirs")]
+
+    async def go():
+        async with AsyncClient("http://x", transport=httpx.MockTransport(handler)) as ac:
+            out = [await ac.datasets.register("d1", "data/d1"), await ac.datasets.get("d1")]
+            with pytest.raises(ConflictError):
+                await ac.datasets.delete("theirs")
+            return out
+
+    out = asyncio.run(go())
+    assert out[0] == registered and out[1]["meta"] == {}

@@ -211,3 +211,80 @@ class KindMethods(Generic[R]):
         (``quick=True``: 3 runs). The result has mean ± std per representation and layer set, and the drop.
         """
         return self._submit("/ablations", _body(dict(locals())), idempotency_key)
+
+    def train_news(
+        self, *, name: str, dataset: str,
+        architecture: Literal["nrms", "naml"] | NotGiven = NOT_GIVEN,
+        encoder: Literal["minilm", "pretrained", "word"] | NotGiven = NOT_GIVEN,
+        pretrained_path: str | None | NotGiven = NOT_GIVEN,
+        fine_tune_layers: int | NotGiven = NOT_GIVEN,
+        glove_path: str | None | NotGiven = NOT_GIVEN,
+        embedding_dim: int | NotGiven = NOT_GIVEN,
+        heads: int | NotGiven = NOT_GIVEN,
+        head_dim: int | NotGiven = NOT_GIVEN,
+        query_dim: int | NotGiven = NOT_GIVEN,
+        filters: int | NotGiven = NOT_GIVEN,
+        window: int | NotGiven = NOT_GIVEN,
+        dropout: float | NotGiven = NOT_GIVEN,
+        train_split: Literal["train", "valid", "test"] | NotGiven = NOT_GIVEN,
+        valid_split: Literal["train", "valid", "test"] | None | NotGiven = NOT_GIVEN,
+        npratio: int | NotGiven = NOT_GIVEN,
+        max_title_len: int | NotGiven = NOT_GIVEN,
+        max_body_len: int | NotGiven = NOT_GIVEN,
+        max_history: int | NotGiven = NOT_GIVEN,
+        epochs: int | NotGiven = NOT_GIVEN,
+        lr: float | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        precision: Precision | NotGiven = NOT_GIVEN,
+        resume: bool | NotGiven = NOT_GIVEN,
+        overwrite: bool | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Train an NRMS or NAML news recommender on MIND-format data and register it as ``name`` (queue
+        ``train``); MIND metrics per epoch in ``metrics.history``, checkpoints, ``resume``.
+
+        ``dataset`` is a registered news dataset (``client.datasets.register``), a directory under the data
+        roots holding ``{train,valid}/`` MIND splits or ``pairs_{split}.csv``, or one pairwise CSV file (then
+        ``valid_split=None``). ``encoder``: ``"minilm"`` (shipped), ``"pretrained"`` (a BERT-family directory
+        ``pretrained_path``; ``fine_tune_layers`` trains its last k layers), or ``"word"`` embeddings (from
+        scratch, or from the GloVe file ``glove_path`` of dimension ``embedding_dim``); NAML uses ``"word"``.
+        Server defaults: ``architecture="nrms"``, ``encoder="minilm"``, ``heads=16``, ``head_dim=16``,
+        ``query_dim=200``, ``filters=256``, ``window=3`` (NAML), ``dropout=0.2``, ``train_split="train"``,
+        ``valid_split="valid"``, ``npratio=4``, ``max_title_len=30``, ``max_body_len=60``, ``max_history=50``,
+        ``epochs=3``, ``lr=1e-3``, ``batch_size=32``, ``seed=0``, ``precision="auto"``. ``resume=True``
+        continues your latest checkpointed run of ``name`` (same model fields); ``overwrite=True`` replaces
+        your model of that name.
+        """
+        return self._submit("/train/news", _body(dict(locals())), idempotency_key)
+
+    def import_model(
+        self, *, name: str, kind: Literal["conve", "nrms", "naml", "vision_bdh"], path: str,
+        weights: str | None | NotGiven = NOT_GIVEN,
+        config: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
+        entities: str | None | NotGiven = NOT_GIVEN,
+        relations: str | None | NotGiven = NOT_GIVEN,
+        reciprocal: bool | None | NotGiven = NOT_GIVEN,
+        train_triples: str | None | NotGiven = NOT_GIVEN,
+        valid_triples: str | None | NotGiven = NOT_GIVEN,
+        test_triples: str | None | NotGiven = NOT_GIVEN,
+        checkpoints: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
+        vocab: str | None | NotGiven = NOT_GIVEN,
+        overwrite: bool | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Register a model trained elsewhere (``POST /models/import``) as ``name``: ConvE, NRMS/NAML or
+        Vision-BDH weights in the directory ``path`` under the data roots.
+
+        The job checks every tensor's name and shape against the config before registering, and reports the
+        parameters and a smoke score. File names are relative to ``path``: ``weights`` (default the first of
+        ``model.safetensors``, ``model.pt``, ``model.pth``, ``pytorch_model.bin``; ``.pt`` files are read with
+        ``weights_only``), ``config`` (default the directory's ``config.json``). ConvE: ``entities`` and
+        ``relations`` (the id tables, found by name when left out), ``reciprocal`` (default from the relation
+        table), ``train_triples`` (default ``train.txt``), ``valid_triples``, ``test_triples``, and the TracIn
+        ``checkpoints`` ``[{"file", "lr", "epoch"?}]``. NRMS/NAML word models: ``vocab`` (default
+        ``vocab.json``). ``overwrite=True`` replaces your model of that name.
+        """
+        return self._submit("/models/import", _body(dict(locals())), idempotency_key)
