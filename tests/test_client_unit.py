@@ -391,3 +391,47 @@ def test_datasets_register_get_delete_sync_and_async():
 
     out = asyncio.run(go())
     assert out[0] == registered and out[1]["meta"] == {}
+
+
+def test_results_as_plain_text_tables():
+    from explainq_client.results import Result
+
+    attributions = make_result("attributions", {"model": "nrms", "samples": [
+        {"id": "s1", "label": 1, "score": 0.8, "delta": 0.01, "words": ["lakers", "win", "title"],
+         "word_attributions": [0.5, -0.05, 0.2]}],
+        "word_stats": {"1": [{"word": "lakers", "mean": 0.5, "count": 3}]}}).text()
+    lines = attributions.splitlines()
+    assert lines[0] == "attributions of model nrms" and lines[2].split()[:4] == ["sample", "label", "score", "delta"]
+    assert lines[3].split()[:4] == ["s1", "1", "0.8", "0.01"]
+    assert lines[3].endswith("lakers(+0.5) title(+0.2) win(-0.05)")  # by |attribution|
+    assert "top words for label 1" in attributions and "<" not in attributions
+
+    tracin = make_result("influence", {"model": "kg", "mode": "test", "results": [{
+        "test_triple": ["usa", "embassy", "uk"], "self_influence": 2.0, "n_candidates": 3,
+        "proponents": [{"train_triple": ["usa", "aid", "uk"], "influence": 0.4, "train_self_influence": 1.0}],
+        "opponents": [{"train_triple": ["uk", "war", "usa"], "influence": -0.2, "train_self_influence": 0.5}]}]}).text()
+    assert "test triple usa · embassy · uk (self-influence 2, 3 candidates)" in tracin
+    rows = [line.split() for line in tracin.splitlines()]
+    assert rows.index(["top", "proponents"]) < rows.index(["1", "usa", "·", "aid", "·", "uk", "+0.4", "1"]) \
+        < rows.index(["top", "opponents"]) < rows.index(["1", "uk", "·", "war", "·", "usa", "-0.2", "0.5"])
+    ranking = make_result("influence", {"model": "kg", "mode": "self", "ranking": [
+        {"train_triple": ["a", "r", "b"], "self_influence": 3.5}]}).text()
+    assert "self-influence ranking" in ranking and ranking.splitlines()[-1].split() == ["1", "a", "·", "r", "·", "b", "3.5"]
+
+    training = make_result("training", {"model_name": "bdh", "best_val_accuracy": 0.75, "history": [
+        {"epoch": 1, "train_loss": 0.9, "valid": {"mrr": 0.25}}, {"epoch": 2, "train_loss": 0.5}]}).text()
+    rows = training.splitlines()
+    assert rows[0] == "training bdh" and rows[2].split() == ["epoch", "train_loss", "valid.mrr"]
+    assert rows[3].split() == ["1", "0.9", "0.25"] and rows[4].split() == ["2", "0.5"]
+    assert "best_val_accuracy  0.75" in training
+
+    ablation = make_result("ablation", {"dataset": "lora-demo", "results": {
+        "all": {"spectral": {"test_acc": {"mean": 0.95, "std": 0.01}}},
+        "visual": {"spectral": {"test_acc": {"mean": 0.5, "std": 0.05}}}},
+        "drop": {"spectral": {"absolute": 0.45}}}).text()
+    assert ablation.splitlines()[2].split() == ["representation", "all", "test", "acc", "visual", "test", "acc",
+                                                "drop", "all->visual"]
+    assert ablation.splitlines()[3].split() == ["spectral", "0.95", "±", "0.01", "0.5", "±", "0.05", "0.45"]
+
+    assert json.loads(Result({"steps": 2}).text()) == {"steps": 2}  # no known renderer: JSON
+
