@@ -435,3 +435,29 @@ def test_results_as_plain_text_tables():
 
     assert json.loads(Result({"steps": 2}).text()) == {"steps": 2}  # no known renderer: JSON
 
+
+def test_cli_result_table_and_unknown_kind_with_a_scripted_server(monkeypatch, capsys):
+    from explainq_client import cli
+
+    kinds = {"kinds": [{"name": "train_bdh", "route": "/train/bdh", "queue": "train", "renderer": "training"},
+                       {"name": "tracin", "route": "/tracin", "queue": "explain", "renderer": "influence"}]}
+    view = {**JOB, "kind": "train_bdh", "status": "succeeded"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/kinds":
+            return httpx.Response(200, json=kinds)
+        if request.url.path == "/jobs/j1/result":
+            return httpx.Response(200, json={"history": [{"epoch": 1, "train_loss": 0.5}]})
+        if request.url.path == "/jobs/j1":
+            return httpx.Response(200, json=view)
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    monkeypatch.setattr(cli, "Client", lambda *a, **k: Client("http://x", transport=httpx.MockTransport(handler)))
+    assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].split() == ["epoch", "train_loss"] and out.splitlines()[3].split() == ["1", "0.5"]
+    assert cli.run(["result", "j1"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == {"history": [{"epoch": 1, "train_loss": 0.5}]}
+    assert cli.run(["jobs", "--kind", "bogus"]) == cli.EXIT_USAGE
+    assert "unknown job kind 'bogus': one of tracin, train_bdh" in capsys.readouterr().err
+    assert cli.run(["jobs", "--kind", "train-bdh"]) == cli.EXIT_OK
