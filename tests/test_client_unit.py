@@ -461,3 +461,28 @@ def test_cli_result_table_and_unknown_kind_with_a_scripted_server(monkeypatch, c
     assert cli.run(["jobs", "--kind", "bogus"]) == cli.EXIT_USAGE
     assert "unknown job kind 'bogus': one of tracin, train_bdh" in capsys.readouterr().err
     assert cli.run(["jobs", "--kind", "train-bdh"]) == cli.EXIT_OK
+
+
+def test_every_public_kind_has_typed_sdk_methods_with_the_request_schemas_fields():
+    """Each kind the server lists has its ``sdk_method`` on Client and AsyncClient, taking exactly the fields of
+    the kind's request schema, and posting to the kind's route."""
+    import inspect
+
+    from core.kinds import load_all
+
+    kinds = {k.name: k for k in load_all().values() if not k.internal and not k.name.startswith("test_")}
+    assert {"attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations"} <= \
+        set(kinds)
+    for kind in kinds.values():
+        name = kind.sdk_method or kind.name
+        for cls in (Client, AsyncClient):
+            method = getattr(cls, name, None)
+            assert method is not None, f"{cls.__name__}.{name} is missing"
+            params = set(inspect.signature(method).parameters) - {"self", "idempotency_key", "extra"}
+            assert params == set(kind.request.model_fields), (name, params ^ set(kind.request.model_fields))
+            assert inspect.getdoc(method), name
+        required = {f: "x" for f, info in kind.request.model_fields.items() if info.is_required()}
+        transport, seen = scripted(httpx.Response(202, json={**JOB, "kind": kind.name}))
+        with Client("http://x", transport=transport) as c:
+            getattr(c, name)(**required)
+        assert seen[0].url.path == kind.route and json.loads(seen[0].content) == required

@@ -86,6 +86,9 @@ class KindMethods(Generic[R]):
         compare_with: str | None | NotGiven = NOT_GIVEN,
         compare_threshold: float | NotGiven = NOT_GIVEN,
         max_history: int | NotGiven = NOT_GIVEN,
+        shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
+        max_failed_fraction: float | NotGiven = NOT_GIVEN,
+        shard_retries: int | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -96,6 +99,10 @@ class KindMethods(Generic[R]):
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared.
+
+        A large request fans out over the workers in shards of ``shard_size`` samples (``"auto"``: about two
+        minutes each, from the model's measured throughput); it fails when more than ``max_failed_fraction``
+        (default 0.01) of the samples fail, and retries a failed shard ``shard_retries`` times (default 1).
         """
         return self._submit("/attributions", _body(dict(locals())), idempotency_key)
 
@@ -113,6 +120,11 @@ class KindMethods(Generic[R]):
         filter: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         train_triples: Sequence[Triple] | None | NotGiven = NOT_GIVEN,
         method: Literal["ghost", "vmap"] | NotGiven = NOT_GIVEN,
+        lr_weight: Literal["last", "interval"] | NotGiven = NOT_GIVEN,
+        test_triples_path: str | None | NotGiven = NOT_GIVEN,
+        shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
+        max_failed_fraction: float | NotGiven = NOT_GIVEN,
+        shard_retries: int | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -122,6 +134,11 @@ class KindMethods(Generic[R]):
         training triples by self-influence). Server defaults: ``mode="test"``, ``top_k=10`` (None: every
         candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="train"``, ``method="ghost"``.
         ``filter={"n_hops": 1, "min_degree": 0}`` keeps candidates near the test triples.
+        ``test_triples_path`` names a head/relation/tail TSV under the data roots instead of ``test_triples``.
+        ``lr_weight``: each checkpoint weighs by its stored learning rate (``"last"``, default) or the sum of
+        the epoch rates since the previous one (``"interval"``). Modes ``test`` and ``self`` fan out over the
+        workers in shards of ``shard_size`` candidate triples (``"auto"``), failing when more than
+        ``max_failed_fraction`` fail, retrying a failed shard ``shard_retries`` times.
         """
         return self._submit("/tracin", _body(dict(locals())), idempotency_key)
 
@@ -146,6 +163,7 @@ class KindMethods(Generic[R]):
         augment: bool | NotGiven = NOT_GIVEN,
         num_workers: int | None | NotGiven = NOT_GIVEN,
         register_as: str | None | NotGiven = NOT_GIVEN,
+        keep_checkpoints: Literal["last_best", "all"] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -153,7 +171,8 @@ class KindMethods(Generic[R]):
 
         ``model`` is the architecture ``{"n_layer", "n_embd", "n_head", "mlp_multiplier", "dropout", ...}``.
         Server defaults: ``dataset="digits"``, ``epochs=10``, ``batch_size=64``, ``lr=1e-3``. ``resume_from``
-        continues an earlier train_bdh job from its checkpoint.
+        continues an earlier train_bdh job from its checkpoint. ``keep_checkpoints="last_best"`` (default) keeps
+        the resumable last checkpoint and the best weights; ``"all"`` also every epoch's weights.
         """
         return self._submit("/train/bdh", _body(dict(locals())), idempotency_key)
 
@@ -191,6 +210,7 @@ class KindMethods(Generic[R]):
         representations: Sequence[str] | Literal["all"] | NotGiven = NOT_GIVEN,
         layer_sets: Sequence[Literal["all", "visual", "text"]] | NotGiven = NOT_GIVEN,
         num_runs: int | NotGiven = NOT_GIVEN,
+        n_splits: int | None | NotGiven = NOT_GIVEN,
         quick: bool | NotGiven = NOT_GIVEN,
         sample_layers: float | NotGiven = NOT_GIVEN,
         cache_features: bool | NotGiven = NOT_GIVEN,
@@ -208,7 +228,8 @@ class KindMethods(Generic[R]):
         """The LoRA weight-space ablation: probe a LoRA's concept from all layers vs visual-only layers.
 
         Server defaults: ``representations="all"``, ``layer_sets=["all", "visual"]``, ``num_runs=10``
-        (``quick=True``: 3 runs). The result has mean ± std per representation and layer set, and the drop.
+        (``quick=True``: 3 runs); ``n_splits`` distinct seeded data splits over the runs (default a new split
+        per run). The result has mean ± std per representation and layer set, and the drop.
         """
         return self._submit("/ablations", _body(dict(locals())), idempotency_key)
 
