@@ -269,8 +269,9 @@ class AsyncDatasets:
                        ) -> dict[str, Any]:
         """``POST /datasets``: register the directory ``path`` (under the data roots) as ``name``; the server
         detects and validates its format. Returns ``{"name", "kind", "owner", "format", "counts", "path",
-        "created_at"}``. A path the server refuses is a :class:`ValidationError`; a name you already use
-        without ``overwrite=True`` a :class:`ValidationError` or :class:`ConflictError`."""
+        "created_at"}``. A path the server refuses (outside the data roots, no format it knows) is a
+        :class:`ValidationError` naming ``path``; a name you already use, without ``overwrite=True``, or another
+        owner's, a :class:`ConflictError`."""
         body: dict[str, Any] = {"name": name, "path": path, "overwrite": overwrite}
         if description is not None:
             body["description"] = description
