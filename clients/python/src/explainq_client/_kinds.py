@@ -9,17 +9,27 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-__all__ = ["NOT_GIVEN", "KindMethods", "NotGiven", "route_for"]
+__all__ = ["NOT_GIVEN", "KindMethods", "NotGiven", "kind_name", "route_for"]
 
-def route_for(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
-    """The submit route of a kind: a kind the server runs (``kinds``: name -> its ``GET /kinds`` description;
-    ``train_bdh``, also ``train/bdh`` or ``train-bdh``), or a route given as is (``/test/sleep``)."""
-    if kind.startswith("/"):
-        return kind
+
+def kind_name(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
+    """``kind`` as the server names it (``train_bdh``, also given as ``train/bdh`` or ``train-bdh``); a kind not
+    in ``kinds`` (name -> its ``GET /kinds`` description) raises ``ValueError`` naming those that are."""
     name = kind.replace("/", "_").replace("-", "_")
     if name not in kinds:
-        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(sorted(kinds))}, or a route such as '/x'")
-    return str(kinds[name]["route"])
+        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(sorted(kinds))}")
+    return name
+
+
+def route_for(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
+    """The submit route of a kind: a kind the server runs (see :func:`kind_name`), or a route given as is
+    (``/test/sleep``)."""
+    if kind.startswith("/"):
+        return kind
+    try:
+        return str(kinds[kind_name(kind, kinds)]["route"])
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or a route such as '/x'") from None
 
 
 class NotGiven:

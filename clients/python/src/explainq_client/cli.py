@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from explainq_client._kinds import kind_name
 from explainq_client.client import Client, Job
 from explainq_client.errors import (
     APIConnectionError,
@@ -140,11 +141,10 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
 def _known_kind(client: Client, kind: str) -> str:
     """``kind`` as the server names it (``train-bdh`` and ``train/bdh`` are ``train_bdh``); a kind the server
     does not run is a usage error naming those it does."""
-    kinds = client._kind_table()
-    name = kind.replace("/", "_").replace("-", "_")
-    if name not in kinds:
-        raise UsageError(f"unknown job kind {kind!r}: one of {', '.join(sorted(kinds))}")
-    return name
+    try:
+        return kind_name(kind, client._kind_table())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
