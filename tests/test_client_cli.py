@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 from explainq_client import Client
-from explainq_client.cli import EXIT_API, EXIT_CANCELED, EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, run
+from explainq_client.cli import (
+    EXIT_API,
+    EXIT_CANCELED,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PIPE,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    run,
+)
 
 from tests.http_server import KEYS, keyed_service
 
@@ -104,6 +113,7 @@ def test_wait_timeout_exits_5(cli, server):
         job = c.submit("/test/sleep", {"steps": 200, "step_s": 0.05})
     code, _, err = cli("status", job.id, "--wait", "--timeout", "0.3")
     assert code == EXIT_TIMEOUT and "after 0.3s" in err
+    assert "keeps running on the server" in err and f"explainq-client status {job.id} --follow" in err
     code, _, err = cli("status", job.id, "--follow", "--timeout", "0.5")
     assert code == EXIT_TIMEOUT and "after 0.5s" in err and "steps" in err
     assert cli("cancel", job.id)[0] == EXIT_OK
@@ -144,3 +154,43 @@ def test_console_script_and_module_entry_points(server, tmp_path):
                               body, "--wait"], capture_output=True, text=True, timeout=120)
         assert out.returncode == EXIT_FAILED, out.stderr
         assert "bad_step" in out.stderr and json.loads(out.stdout)["status"] == "failed"
+
+
+def test_submit_train_news_resolves_its_route_from_kinds(cli, tmp_path):
+    """``train_news`` (and ``train-news``) reach ``POST /train/news``: the server's own check names the field."""
+    for kind in ("train_news", "train-news"):
+        code, _, err = cli("submit", kind, request(tmp_path, {"name": "news1", "dataset": "no-such-dataset"}))
+        assert code == EXIT_USAGE, err
+        assert "unknown job kind" not in err and "dataset:" in err
+
+
+def test_jobs_with_an_unknown_kind_is_a_usage_error_naming_the_kinds(cli):
+    code, out, err = cli("jobs", "--kind", "bogus")
+    assert code == EXIT_USAGE and out == ""
+    assert "unknown job kind 'bogus'" in err and "test_sleep" in err and "train_news" in err
+    assert cli("jobs", "--kind", "test-sleep")[0] == EXIT_OK
+
+
+def test_result_table_follows_the_kinds_renderer(cli, server):
+    """``test_described`` says its results draw as training runs: ``--table`` prints the epoch table."""
+    with Client(server[1].url, KEYS["alice"]) as c:
+        described = c.submit("test_described", {"steps": 1, "step_s": 0}).wait(timeout=60)
+        plain = c.submit("/test/sleep", {"steps": 2, "step_s": 0}).wait(timeout=60)
+    code, out, err = cli("result", described.id, "--table")
+    assert code == EXIT_OK, err
+    assert out.startswith("training") and "no epochs finished" in out
+    code, out, _ = cli("result", plain.id, "--table")  # no renderer: the JSON
+    assert code == EXIT_OK and json.loads(out)["steps"] == 2
+
+
+def test_a_closed_stdout_exits_quietly(server):
+    """``explainq-client result <id> | head``: the reader goes away; no traceback, exit code 141."""
+    with Client(server[1].url, KEYS["alice"]) as c:
+        job = c.submit("/test/sleep", {"steps": 2, "step_s": 0}).wait(timeout=60)
+    proc = subprocess.Popen([sys.executable, "-m", "explainq_client", "--url", server[1].url, "--api-key",
+                             KEYS["alice"], "result", job.id], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the command has its answer to print
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == EXIT_PIPE, err
+    assert err == ""

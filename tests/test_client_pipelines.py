@@ -52,6 +52,10 @@ def test_attributions_render_every_word_with_its_sign(client):
         assert escape(word) in html
         assert title == f"{value:+.4g}" and colour == diverging_color(value, scale)
     assert job.id in job._repr_html_()  # the job shows its status and, once fetched, its result
+    text = result.text()  # `explainq-client result <id> --table`
+    (row,) = [line for line in text.splitlines() if line.startswith("a ")]
+    top = max(zip(sample["words"], sample["word_attributions"], strict=True), key=lambda p: abs(p[1]))
+    assert row.split()[:2] == ["a", "real"] and f"{top[0]}({top[1]:+.4g})" in row
 
 
 def test_train_conve_then_tracin_on_the_trained_model(client):
@@ -60,6 +64,8 @@ def test_train_conve_then_tracin_on_the_trained_model(client):
     assert isinstance(trained, TrainingResult) and len(trained.history) == 2
     assert "conve-sdk" in client.models.list().names()
     assert "<polyline" in trained._repr_html_()
+    epochs = trained.text().splitlines()
+    assert epochs[2].split()[0] == "epoch" and [line.split()[0] for line in epochs[3:5]] == ["1", "2"]
 
     job = client.tracin(model="conve-sdk", test_triples=[["usa", "embassy", "uk"]], top_k=3,
                         filter={"n_hops": 1})
@@ -70,6 +76,11 @@ def test_train_conve_then_tracin_on_the_trained_model(client):
     assert "usa · embassy · uk" in html
     for row in entry["proponents"] + entry["opponents"]:
         assert " · ".join(row["train_triple"]) in html and f"{row['influence']:+.4g}" in html
+    text = result.text()
+    assert "test triple usa · embassy · uk" in text and "top proponents" in text and "top opponents" in text
+    for row in entry["proponents"] + entry["opponents"]:
+        assert any(" · ".join(row["train_triple"]) in line and f"{row['influence']:+.4g}" in line
+                   for line in text.splitlines())
 
 
 def test_bdh_curve_grows_while_it_runs(client):
@@ -88,3 +99,5 @@ def test_bdh_curve_grows_while_it_runs(client):
     assert isinstance(result, TrainingResult) and len(result.history) == 3
     html = result._repr_html_()
     assert html.count("<polyline") >= 4 and "val_accuracy" in html and "train_loss" in html
+    text = result.text().splitlines()
+    assert "train_loss" in text[2].split() and [line.split()[0] for line in text[3:6]] == ["1", "2", "3"]

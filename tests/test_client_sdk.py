@@ -163,6 +163,10 @@ def test_health_and_ready(client):
     ("train_conve", {"name": "ok", "embedding_dim": 2}, "embedding_dim"),
     ("ablations", {"dataset": "no-such-dataset"}, "dataset"),
     ("ablations", {"dataset": "d", "layer_sets": ["audio"]}, "layer_sets.0"),
+    ("train_news", {"name": "n1", "dataset": "no-such-dataset"}, "dataset"),
+    ("train_news", {"name": "n1", "dataset": "d", "architecture": "lstm"}, "architecture"),
+    ("import_model", {"name": "m1", "kind": "conve", "path": "no/such/dir"}, "path"),
+    ("import_model", {"name": "m1", "kind": "resnet", "path": "p"}, "kind"),
 ])
 def test_every_kind_method_reports_the_bad_field(client, method, kwargs, field):
     with pytest.raises(ValidationError) as info:
@@ -358,3 +362,30 @@ def test_a_kind_the_sdk_does_not_know_is_submitted_and_rendered_as_it_describes_
     assert isinstance(result, TrainingResult) and result.kind == "test_described"
     with pytest.raises(ValueError, match="unknown job kind 'bogus'"):
         client.submit("bogus", {})
+
+
+def test_datasets_register_get_delete(server, client):
+    """A MIND directory under the data roots registers by name (format and counts detected), is looked up, is
+    another key's to neither delete nor take over, and is deleted by its owner."""
+    from tests.byo_fixtures import mind_dir
+
+    service, http = server
+    mind_dir(service.settings.data_roots[0] / "sdk-mind")
+    registered = client.datasets.register("sdk-mind", "sdk-mind", description="tiny MIND")
+    assert registered["name"] == "sdk-mind" and registered["kind"] == "news" and registered["counts"]
+    got = client.datasets.get("sdk-mind")
+    assert got["format"] == registered["format"] and got["meta"]["description"] == "tiny MIND"
+    with pytest.raises(ConflictError) as again:
+        client.datasets.register("sdk-mind", "sdk-mind")
+    assert "overwrite" in again.value.message
+    assert client.datasets.register("sdk-mind", "sdk-mind", overwrite=True)["name"] == "sdk-mind"
+    with pytest.raises(ValidationError) as outside:
+        client.datasets.register("escape", "../../etc")
+    assert outside.value.fields == ["path"]
+    with Client(http.url, KEYS["bob"]) as bob, pytest.raises(ConflictError):
+        bob.datasets.delete("sdk-mind")
+    assert client.datasets.delete("sdk-mind")["deleted"] == "sdk-mind"
+    with pytest.raises(NotFoundError):
+        client.datasets.get("sdk-mind")
+    with pytest.raises(NotFoundError):
+        client.datasets.delete("sdk-mind")

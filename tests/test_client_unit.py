@@ -315,3 +315,174 @@ def test_the_sdk_never_imports_torch():
     code = "import sys, explainq_client, explainq_client.cli; assert 'torch' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_train_news_and_import_model_post_their_routes_with_only_the_given_fields():
+    view = {**JOB, "kind": "train_news"}
+    transport, seen = scripted(httpx.Response(202, json=view), httpx.Response(202, json={**view, "kind": "import_model"}))
+    with Client("http://x", transport=transport) as c:
+        job = c.train_news(name="n1", dataset="mind-small", architecture="naml", encoder="word", valid_split=None)
+        c.import_model(name="m1", kind="conve", path="models/m1", checkpoints=[{"file": "c1.pt", "lr": 0.001}])
+    assert job.id == "j1"
+    assert [(r.method, r.url.path) for r in seen] == [("POST", "/train/news"), ("POST", "/models/import")]
+    assert json.loads(seen[0].content) == {"name": "n1", "dataset": "mind-small", "architecture": "naml",
+                                           "encoder": "word", "valid_split": None}
+    assert json.loads(seen[1].content) == {"name": "m1", "kind": "conve", "path": "models/m1",
+                                           "checkpoints": [{"file": "c1.pt", "lr": 0.001}]}
+    assert all(r.headers.get("Idempotency-Key") for r in seen)
+
+    async def go():
+        atransport_seen: list[httpx.Request] = []
+
+        def handler(request: httpx.Request) -> httpx.Response:
+            atransport_seen.append(request)
+            return httpx.Response(202, json=view)
+
+        async with AsyncClient("http://x", transport=httpx.MockTransport(handler)) as ac:
+            await ac.train_news(name="n2", dataset="d", epochs=1)
+            await ac.import_model(name="m2", kind="nrms", path="p", vocab="vocab.json")
+        return atransport_seen
+
+    aseen = asyncio.run(go())
+    assert [r.url.path for r in aseen] == ["/train/news", "/models/import"]
+    assert json.loads(aseen[0].content) == {"name": "n2", "dataset": "d", "epochs": 1}
+    assert json.loads(aseen[1].content) == {"name": "m2", "kind": "nrms", "path": "p", "vocab": "vocab.json"}
+
+
+def test_datasets_register_get_delete_sync_and_async():
+    registered = {"name": "d1", "kind": "news", "owner": "me", "format": "mind", "counts": {"train": 3},
+                  "path": "data/d1", "created_at": "t"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(201, json=registered)
+        if request.method == "GET":
+            if request.url.path.endswith("/nope"):
+                return httpx.Response(404, json={"detail": {"code": "not_found", "message": "no dataset 'nope'"}})
+            return httpx.Response(200, json={**registered, "meta": {}})
+        return httpx.Response(409, json={"detail": {"code": "owned_by_other", "message": "not yours"}})
+
+    seen: list[httpx.Request] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    with Client("http://x", transport=httpx.MockTransport(recording)) as c:
+        assert c.datasets.register("d1", "data/d1", description="small") == registered
+        assert c.datasets.register("d1", "data/d1", overwrite=True)["name"] == "d1"
+        assert c.datasets.get("d1")["format"] == "mind"
+        with pytest.raises(ExplainqError) as missing:
+            c.datasets.get("nope")
+        assert missing.value.status_code == 404
+        with pytest.raises(ConflictError):
+            c.datasets.delete("theirs")
+    assert json.loads(seen[0].content) == {"name": "d1", "path": "data/d1", "overwrite": False, "description": "small"}
+    assert json.loads(seen[1].content) == {"name": "d1", "path": "data/d1", "overwrite": True}
+    assert [(r.method, r.url.path) for r in seen[2:]] == [("GET", "/datasets/d1"), ("GET", "/datasets/nope"),
+                                                          ("DELETE", "/datasets/theirs")]
+
+    async def go():
+        async with AsyncClient("http://x", transport=httpx.MockTransport(handler)) as ac:
+            out = [await ac.datasets.register("d1", "data/d1"), await ac.datasets.get("d1")]
+            with pytest.raises(ConflictError):
+                await ac.datasets.delete("theirs")
+            return out
+
+    out = asyncio.run(go())
+    assert out[0] == registered and out[1]["meta"] == {}
+
+
+def test_results_as_plain_text_tables():
+    from explainq_client.results import Result
+
+    attributions = make_result("attributions", {"model": "nrms", "samples": [
+        {"id": "s1", "label": 1, "score": 0.8, "delta": 0.01, "words": ["lakers", "win", "title"],
+         "word_attributions": [0.5, -0.05, 0.2]}],
+        "word_stats": {"1": [{"word": "lakers", "mean": 0.5, "count": 3}]}}).text()
+    lines = attributions.splitlines()
+    assert lines[0] == "attributions of model nrms" and lines[2].split()[:4] == ["sample", "label", "score", "delta"]
+    assert lines[3].split()[:4] == ["s1", "1", "0.8", "0.01"]
+    assert lines[3].endswith("lakers(+0.5) title(+0.2) win(-0.05)")  # by |attribution|
+    assert "top words for label 1" in attributions and "<" not in attributions
+
+    tracin = make_result("influence", {"model": "kg", "mode": "test", "results": [{
+        "test_triple": ["usa", "embassy", "uk"], "self_influence": 2.0, "n_candidates": 3,
+        "proponents": [{"train_triple": ["usa", "aid", "uk"], "influence": 0.4, "train_self_influence": 1.0}],
+        "opponents": [{"train_triple": ["uk", "war", "usa"], "influence": -0.2, "train_self_influence": 0.5}]}]}).text()
+    assert "test triple usa · embassy · uk (self-influence 2, 3 candidates)" in tracin
+    rows = [line.split() for line in tracin.splitlines()]
+    assert rows.index(["top", "proponents"]) < rows.index(["1", "usa", "·", "aid", "·", "uk", "+0.4", "1"]) \
+        < rows.index(["top", "opponents"]) < rows.index(["1", "uk", "·", "war", "·", "usa", "-0.2", "0.5"])
+    ranking = make_result("influence", {"model": "kg", "mode": "self", "ranking": [
+        {"train_triple": ["a", "r", "b"], "self_influence": 3.5}]}).text()
+    assert "self-influence ranking" in ranking and ranking.splitlines()[-1].split() == ["1", "a", "·", "r", "·", "b", "3.5"]
+
+    training = make_result("training", {"model_name": "bdh", "best_val_accuracy": 0.75, "history": [
+        {"epoch": 1, "train_loss": 0.9, "valid": {"mrr": 0.25}}, {"epoch": 2, "train_loss": 0.5}]}).text()
+    rows = training.splitlines()
+    assert rows[0] == "training bdh" and rows[2].split() == ["epoch", "train_loss", "valid.mrr"]
+    assert rows[3].split() == ["1", "0.9", "0.25"] and rows[4].split() == ["2", "0.5"]
+    assert "best_val_accuracy  0.75" in training
+
+    ablation = make_result("ablation", {"dataset": "lora-demo", "results": {
+        "all": {"spectral": {"test_acc": {"mean": 0.95, "std": 0.01}}},
+        "visual": {"spectral": {"test_acc": {"mean": 0.5, "std": 0.05}}}},
+        "drop": {"spectral": {"absolute": 0.45}}}).text()
+    assert ablation.splitlines()[2].split() == ["representation", "all", "test", "acc", "visual", "test", "acc",
+                                                "drop", "all->visual"]
+    assert ablation.splitlines()[3].split() == ["spectral", "0.95", "±", "0.01", "0.5", "±", "0.05", "0.45"]
+
+    assert json.loads(Result({"steps": 2}).text()) == {"steps": 2}  # no known renderer: JSON
+
+
+def test_cli_result_table_and_unknown_kind_with_a_scripted_server(monkeypatch, capsys):
+    from explainq_client import cli
+
+    kinds = {"kinds": [{"name": "train_bdh", "route": "/train/bdh", "queue": "train", "renderer": "training"},
+                       {"name": "tracin", "route": "/tracin", "queue": "explain", "renderer": "influence"}]}
+    view = {**JOB, "kind": "train_bdh", "status": "succeeded"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/kinds":
+            return httpx.Response(200, json=kinds)
+        if request.url.path == "/jobs/j1/result":
+            return httpx.Response(200, json={"history": [{"epoch": 1, "train_loss": 0.5}]})
+        if request.url.path == "/jobs/j1":
+            return httpx.Response(200, json=view)
+        return httpx.Response(200, json={"items": [], "next_cursor": None})
+
+    monkeypatch.setattr(cli, "Client", lambda *a, **k: Client("http://x", transport=httpx.MockTransport(handler)))
+    assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].split() == ["epoch", "train_loss"] and out.splitlines()[3].split() == ["1", "0.5"]
+    assert cli.run(["result", "j1"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out) == {"history": [{"epoch": 1, "train_loss": 0.5}]}
+    assert cli.run(["jobs", "--kind", "bogus"]) == cli.EXIT_USAGE
+    assert "unknown job kind 'bogus': one of tracin, train_bdh" in capsys.readouterr().err
+    assert cli.run(["jobs", "--kind", "train-bdh"]) == cli.EXIT_OK
+
+
+def test_every_public_kind_has_typed_sdk_methods_with_the_request_schemas_fields():
+    """Each kind the server lists has its ``sdk_method`` on Client and AsyncClient, taking exactly the fields of
+    the kind's request schema, and posting to the kind's route."""
+    import inspect
+
+    from core.kinds import load_all
+
+    kinds = {k.name: k for k in load_all().values() if not k.internal and not k.name.startswith("test_")}
+    assert {"attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations"} <= \
+        set(kinds)
+    for kind in kinds.values():
+        name = kind.sdk_method or kind.name
+        for cls in (Client, AsyncClient):
+            method = getattr(cls, name, None)
+            assert method is not None, f"{cls.__name__}.{name} is missing"
+            params = set(inspect.signature(method).parameters) - {"self", "idempotency_key", "extra"}
+            assert params == set(kind.request.model_fields), (name, params ^ set(kind.request.model_fields))
+            assert inspect.getdoc(method), name
+        required = {f: "x" for f, info in kind.request.model_fields.items() if info.is_required()}
+        transport, seen = scripted(httpx.Response(202, json={**JOB, "kind": kind.name}))
+        with Client("http://x", transport=transport) as c:
+            getattr(c, name)(**required)
+        assert seen[0].url.path == kind.route and json.loads(seen[0].content) == required

@@ -9,17 +9,27 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-__all__ = ["NOT_GIVEN", "KindMethods", "NotGiven", "route_for"]
+__all__ = ["NOT_GIVEN", "KindMethods", "NotGiven", "kind_name", "route_for"]
 
-def route_for(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
-    """The submit route of a kind: a kind the server runs (``kinds``: name -> its ``GET /kinds`` description;
-    ``train_bdh``, also ``train/bdh`` or ``train-bdh``), or a route given as is (``/test/sleep``)."""
-    if kind.startswith("/"):
-        return kind
+
+def kind_name(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
+    """``kind`` as the server names it (``train_bdh``, also given as ``train/bdh`` or ``train-bdh``); a kind not
+    in ``kinds`` (name -> its ``GET /kinds`` description) raises ``ValueError`` naming those that are."""
     name = kind.replace("/", "_").replace("-", "_")
     if name not in kinds:
-        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(sorted(kinds))}, or a route such as '/x'")
-    return str(kinds[name]["route"])
+        raise ValueError(f"unknown job kind {kind!r}: one of {', '.join(sorted(kinds))}")
+    return name
+
+
+def route_for(kind: str, kinds: Mapping[str, Mapping[str, Any]]) -> str:
+    """The submit route of a kind: a kind the server runs (see :func:`kind_name`), or a route given as is
+    (``/test/sleep``)."""
+    if kind.startswith("/"):
+        return kind
+    try:
+        return str(kinds[kind_name(kind, kinds)]["route"])
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or a route such as '/x'") from None
 
 
 class NotGiven:
@@ -86,6 +96,9 @@ class KindMethods(Generic[R]):
         compare_with: str | None | NotGiven = NOT_GIVEN,
         compare_threshold: float | NotGiven = NOT_GIVEN,
         max_history: int | NotGiven = NOT_GIVEN,
+        shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
+        max_failed_fraction: float | NotGiven = NOT_GIVEN,
+        shard_retries: int | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -96,6 +109,10 @@ class KindMethods(Generic[R]):
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared.
+
+        A large request fans out over the workers in shards of ``shard_size`` samples (``"auto"``: about two
+        minutes each, from the model's measured throughput); it fails when more than ``max_failed_fraction``
+        (default 0.01) of the samples fail, and retries a failed shard ``shard_retries`` times (default 1).
         """
         return self._submit("/attributions", _body(dict(locals())), idempotency_key)
 
@@ -113,6 +130,11 @@ class KindMethods(Generic[R]):
         filter: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         train_triples: Sequence[Triple] | None | NotGiven = NOT_GIVEN,
         method: Literal["ghost", "vmap"] | NotGiven = NOT_GIVEN,
+        lr_weight: Literal["last", "interval"] | NotGiven = NOT_GIVEN,
+        test_triples_path: str | None | NotGiven = NOT_GIVEN,
+        shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
+        max_failed_fraction: float | NotGiven = NOT_GIVEN,
+        shard_retries: int | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -122,6 +144,11 @@ class KindMethods(Generic[R]):
         training triples by self-influence). Server defaults: ``mode="test"``, ``top_k=10`` (None: every
         candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="train"``, ``method="ghost"``.
         ``filter={"n_hops": 1, "min_degree": 0}`` keeps candidates near the test triples.
+        ``test_triples_path`` names a head/relation/tail TSV under the data roots instead of ``test_triples``.
+        ``lr_weight``: each checkpoint weighs by its stored learning rate (``"last"``, default) or the sum of
+        the epoch rates since the previous one (``"interval"``). Modes ``test`` and ``self`` fan out over the
+        workers in shards of ``shard_size`` candidate triples (``"auto"``), failing when more than
+        ``max_failed_fraction`` fail, retrying a failed shard ``shard_retries`` times.
         """
         return self._submit("/tracin", _body(dict(locals())), idempotency_key)
 
@@ -146,6 +173,7 @@ class KindMethods(Generic[R]):
         augment: bool | NotGiven = NOT_GIVEN,
         num_workers: int | None | NotGiven = NOT_GIVEN,
         register_as: str | None | NotGiven = NOT_GIVEN,
+        keep_checkpoints: Literal["last_best", "all"] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -153,7 +181,8 @@ class KindMethods(Generic[R]):
 
         ``model`` is the architecture ``{"n_layer", "n_embd", "n_head", "mlp_multiplier", "dropout", ...}``.
         Server defaults: ``dataset="digits"``, ``epochs=10``, ``batch_size=64``, ``lr=1e-3``. ``resume_from``
-        continues an earlier train_bdh job from its checkpoint.
+        continues an earlier train_bdh job from its checkpoint. ``keep_checkpoints="last_best"`` (default) keeps
+        the resumable last checkpoint and the best weights; ``"all"`` also every epoch's weights.
         """
         return self._submit("/train/bdh", _body(dict(locals())), idempotency_key)
 
@@ -191,6 +220,7 @@ class KindMethods(Generic[R]):
         representations: Sequence[str] | Literal["all"] | NotGiven = NOT_GIVEN,
         layer_sets: Sequence[Literal["all", "visual", "text"]] | NotGiven = NOT_GIVEN,
         num_runs: int | NotGiven = NOT_GIVEN,
+        n_splits: int | None | NotGiven = NOT_GIVEN,
         quick: bool | NotGiven = NOT_GIVEN,
         sample_layers: float | NotGiven = NOT_GIVEN,
         cache_features: bool | NotGiven = NOT_GIVEN,
@@ -208,6 +238,84 @@ class KindMethods(Generic[R]):
         """The LoRA weight-space ablation: probe a LoRA's concept from all layers vs visual-only layers.
 
         Server defaults: ``representations="all"``, ``layer_sets=["all", "visual"]``, ``num_runs=10``
-        (``quick=True``: 3 runs). The result has mean ± std per representation and layer set, and the drop.
+        (``quick=True``: 3 runs); ``n_splits`` distinct seeded data splits over the runs (default a new split
+        per run). The result has mean ± std per representation and layer set, and the drop.
         """
         return self._submit("/ablations", _body(dict(locals())), idempotency_key)
+
+    def train_news(
+        self, *, name: str, dataset: str,
+        architecture: Literal["nrms", "naml"] | NotGiven = NOT_GIVEN,
+        encoder: Literal["minilm", "pretrained", "word"] | NotGiven = NOT_GIVEN,
+        pretrained_path: str | None | NotGiven = NOT_GIVEN,
+        fine_tune_layers: int | NotGiven = NOT_GIVEN,
+        glove_path: str | None | NotGiven = NOT_GIVEN,
+        embedding_dim: int | NotGiven = NOT_GIVEN,
+        heads: int | NotGiven = NOT_GIVEN,
+        head_dim: int | NotGiven = NOT_GIVEN,
+        query_dim: int | NotGiven = NOT_GIVEN,
+        filters: int | NotGiven = NOT_GIVEN,
+        window: int | NotGiven = NOT_GIVEN,
+        dropout: float | NotGiven = NOT_GIVEN,
+        train_split: Literal["train", "valid", "test"] | NotGiven = NOT_GIVEN,
+        valid_split: Literal["train", "valid", "test"] | None | NotGiven = NOT_GIVEN,
+        npratio: int | NotGiven = NOT_GIVEN,
+        max_title_len: int | NotGiven = NOT_GIVEN,
+        max_body_len: int | NotGiven = NOT_GIVEN,
+        max_history: int | NotGiven = NOT_GIVEN,
+        epochs: int | NotGiven = NOT_GIVEN,
+        lr: float | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        precision: Precision | NotGiven = NOT_GIVEN,
+        resume: bool | NotGiven = NOT_GIVEN,
+        overwrite: bool | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Train an NRMS or NAML news recommender on MIND-format data and register it as ``name`` (queue
+        ``train``); MIND metrics per epoch in ``metrics.history``, checkpoints, ``resume``.
+
+        ``dataset`` is a registered news dataset (``client.datasets.register``), a directory under the data
+        roots holding ``{train,valid}/`` MIND splits or ``pairs_{split}.csv``, or one pairwise CSV file (then
+        ``valid_split=None``). ``encoder``: ``"minilm"`` (shipped), ``"pretrained"`` (a BERT-family directory
+        ``pretrained_path``; ``fine_tune_layers`` trains its last k layers), or ``"word"`` embeddings (from
+        scratch, or from the GloVe file ``glove_path`` of dimension ``embedding_dim``); NAML uses ``"word"``.
+        Server defaults: ``architecture="nrms"``, ``encoder="minilm"``, ``heads=16``, ``head_dim=16``,
+        ``query_dim=200``, ``filters=256``, ``window=3`` (NAML), ``dropout=0.2``, ``train_split="train"``,
+        ``valid_split="valid"``, ``npratio=4``, ``max_title_len=30``, ``max_body_len=60``, ``max_history=50``,
+        ``epochs=3``, ``lr=1e-3``, ``batch_size=32``, ``seed=0``, ``precision="auto"``. ``resume=True``
+        continues your latest checkpointed run of ``name`` (same model fields); ``overwrite=True`` replaces
+        your model of that name.
+        """
+        return self._submit("/train/news", _body(dict(locals())), idempotency_key)
+
+    def import_model(
+        self, *, name: str, kind: Literal["conve", "nrms", "naml", "vision_bdh"], path: str,
+        weights: str | None | NotGiven = NOT_GIVEN,
+        config: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
+        entities: str | None | NotGiven = NOT_GIVEN,
+        relations: str | None | NotGiven = NOT_GIVEN,
+        reciprocal: bool | None | NotGiven = NOT_GIVEN,
+        train_triples: str | None | NotGiven = NOT_GIVEN,
+        valid_triples: str | None | NotGiven = NOT_GIVEN,
+        test_triples: str | None | NotGiven = NOT_GIVEN,
+        checkpoints: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
+        vocab: str | None | NotGiven = NOT_GIVEN,
+        overwrite: bool | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Register a model trained elsewhere (``POST /models/import``) as ``name``: ConvE, NRMS/NAML or
+        Vision-BDH weights in the directory ``path`` under the data roots.
+
+        The job checks every tensor's name and shape against the config before registering, and reports the
+        parameters and a smoke score. File names are relative to ``path``: ``weights`` (default the first of
+        ``model.safetensors``, ``model.pt``, ``model.pth``, ``pytorch_model.bin``; ``.pt`` files are read with
+        ``weights_only``), ``config`` (default the directory's ``config.json``). ConvE: ``entities`` and
+        ``relations`` (the id tables, found by name when left out), ``reciprocal`` (default from the relation
+        table), ``train_triples`` (default ``train.txt``), ``valid_triples``, ``test_triples``, and the TracIn
+        ``checkpoints`` ``[{"file", "lr", "epoch"?}]``. NRMS/NAML word models: ``vocab`` (default
+        ``vocab.json``). ``overwrite=True`` replaces your model of that name.
+        """
+        return self._submit("/models/import", _body(dict(locals())), idempotency_key)

@@ -28,7 +28,7 @@ from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, list_params
 from explainq_client.results import Result
 
-__all__ = ["AsyncClient", "AsyncJob", "AsyncJobs", "AsyncModels"]
+__all__ = ["AsyncClient", "AsyncDatasets", "AsyncJob", "AsyncJobs", "AsyncModels"]
 
 
 class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
@@ -52,6 +52,7 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
                                        timeout=self.config.timeout, transport=transport)
         self.jobs = AsyncJobs(self)
         self.models = AsyncModels(self)
+        self.datasets = AsyncDatasets(self)
         self._kinds: dict[str, dict[str, Any]] | None = None
 
     # ---- transport
@@ -256,3 +257,32 @@ class AsyncModels:
         """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model
         (another owner's is a :class:`ConflictError`, an unknown one a :class:`NotFoundError`)."""
         return (await self._client._send("DELETE", f"/models/{quote(name)}")).json()
+
+
+class AsyncDatasets:
+    """``client.datasets``: register, look up and delete named datasets (directories under the data roots)."""
+
+    def __init__(self, client: AsyncClient):
+        self._client = client
+
+    async def register(self, name: str, path: str, description: str | None = None, overwrite: bool = False
+                       ) -> dict[str, Any]:
+        """``POST /datasets``: register the directory ``path`` (under the data roots) as ``name``; the server
+        detects and validates its format. Returns ``{"name", "kind", "owner", "format", "counts", "path",
+        "created_at"}``. A path the server refuses (outside the data roots, no format it knows) is a
+        :class:`ValidationError` naming ``path``; a name you already use, without ``overwrite=True``, or another
+        owner's, a :class:`ConflictError`."""
+        body: dict[str, Any] = {"name": name, "path": path, "overwrite": overwrite}
+        if description is not None:
+            body["description"] = description
+        return (await self._client._send("POST", "/datasets", json=body)).json()
+
+    async def get(self, name: str) -> dict[str, Any]:
+        """``GET /datasets/{name}``: ``{"name", "kind", "owner", "format", "counts", "created_at", "meta"}``;
+        an unknown name is a :class:`NotFoundError`."""
+        return (await self._client._send("GET", f"/datasets/{quote(name)}")).json()
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        """``DELETE /datasets/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a dataset
+        (another owner's is a :class:`ConflictError`, an unknown one a :class:`NotFoundError`)."""
+        return (await self._client._send("DELETE", f"/datasets/{quote(name)}")).json()

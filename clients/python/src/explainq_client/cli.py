@@ -1,19 +1,23 @@
 """``explainq-client``: submit and follow explainq jobs from a shell.
 
 Exit codes: 0 success; 1 the job failed; 2 bad usage or a request the server refused (422); 3 the job was
-canceled; 4 any other API or connection error (401, 404, 409, 413, 429, 503...); 5 ``--timeout`` passed.
+canceled; 4 any other API or connection error (401, 404, 409, 413, 429, 503...); 5 ``--timeout`` passed (the job
+keeps running on the server); 141 stdout was closed early (``explainq-client result <id> | head``), as a command
+killed by SIGPIPE reports it; nothing is printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from explainq_client._kinds import kind_name
 from explainq_client.client import Client, Job
 from explainq_client.errors import (
     APIConnectionError,
@@ -26,6 +30,7 @@ from explainq_client.errors import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TIMEOUT = 0, 1, 2, 3, 4, 5
+EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
 
 
 class ProgressBar:
@@ -133,8 +138,18 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     return _finish(job, args)
 
 
+def _known_kind(client: Client, kind: str) -> str:
+    """``kind`` as the server names it (``train-bdh`` and ``train/bdh`` are ``train_bdh``); a kind the server
+    does not run is a usage error naming those it does."""
+    try:
+        return kind_name(kind, client._kind_table())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
-    page = client.jobs.list(kind=args.kind, status=args.status, limit=args.limit, cursor=args.cursor)
+    kind = None if args.kind is None else _known_kind(client, args.kind)
+    page = client.jobs.list(kind=kind, status=args.status, limit=args.limit, cursor=args.cursor)
     if args.json:
         _print_json({"items": [j.data for j in page], "next_cursor": page.next_cursor})
         return EXIT_OK
@@ -160,7 +175,11 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_result(client: Client, args: argparse.Namespace) -> int:
-    _print_json(dict(client.jobs.get(args.id).result()))
+    result = client.jobs.get(args.id).result()
+    if args.table:
+        sys.stdout.write(result.text() + "\n")
+    else:
+        _print_json(dict(result))
     return EXIT_OK
 
 
@@ -229,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("jobs", help="list your jobs, newest first")
-    p.add_argument("--kind", default=None)
+    p.add_argument("--kind", default=None, help="only jobs of this kind (one the server runs, see `kinds`)")
     p.add_argument("--status", default=None, choices=("queued", "running", "succeeded", "failed", "canceled"))
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--cursor", default=None, help="the next page's cursor")
@@ -241,8 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wait_flags(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("result", help="a succeeded job's result (JSON)")
+    p = sub.add_parser("result", help="a succeeded job's result (JSON, or --table)")
     p.add_argument("id")
+    p.add_argument("--table", action="store_true", help="plain-text tables: attributions (each sample's top "
+                   "words), influence (each test triple's proponents and opponents), training (one row per "
+                   "epoch), ablation (the representation table); JSON for other kinds")
     p.set_defaults(func=cmd_result)
 
     p = sub.add_parser("cancel", help="cancel a job")
@@ -277,7 +299,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         (ValidationError, EXIT_USAGE, lambda e: "request refused: " + "; ".join(map(str, e.errors))),
         (JobFailedError, EXIT_FAILED, lambda e: f"job {e.job.id} failed: {e.code}: {e.message}"),
         (JobCanceledError, EXIT_CANCELED, lambda e: f"job {e.job.id} canceled: {e.code}: {e.message}"),
-        (WaitTimeoutError, EXIT_TIMEOUT, str),
+        (WaitTimeoutError, EXIT_TIMEOUT, lambda e: f"{e}; it keeps running on the server: follow it with "
+         f"`explainq-client status {e.job.id} --follow`, or stop it with `explainq-client cancel {e.job.id}`"),
         (APIError, EXIT_API, lambda e: f"{e.status_code} {e.code}: {e.message}"),
         (APIConnectionError, EXIT_API, lambda e: f"cannot reach the server: {e}"),
         (ExplainqError, EXIT_API, str),
@@ -298,9 +321,17 @@ def run(argv: Sequence[str] | None = None) -> int:
 def main() -> None:
     """The ``explainq-client`` console script."""
     try:
-        sys.exit(run())
+        code = run()
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's flush at exit
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and no traceback. Point stdout at /dev/null so
+        # the interpreter's own flush at exit does not fail on it again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = EXIT_PIPE
+    sys.exit(code)
 
 
-__all__ = ["ProgressBar", "build_parser", "main", "run"]
+__all__ = ["EXIT_PIPE", "ProgressBar", "build_parser", "main", "run"]

@@ -295,3 +295,130 @@ def job_html(view: Mapping[str, Any], curves: bool = True) -> str:
             f"{escape(status)} {bar}{message}{err}</div>")
     history = (view.get("metrics") or {}).get("history")
     return head + (curves_html(history, str(view.get("kind"))) if history and curves else "")
+
+
+# ------------------------------------------------------------------------------------------------ plain text
+# The same views as plain text for a terminal (``explainq-client result <id> --table``).
+def text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell, two spaces apart; ``None`` prints empty."""
+    cells = [[str("" if v is None else v) for v in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [list(headers), *cells])
+
+
+def _tnum(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value) if value is not None else "-"
+    return str(value) if isinstance(value, int) else f"{value:.{digits}g}"
+
+
+def _text_triple(t: Any) -> str:
+    return " · ".join(map(str, t)) if isinstance(t, Sequence) and not isinstance(t, str) else str(t)
+
+
+def _text_more(shown: int, total: int, what: str) -> list[str]:
+    return [f"... {total - shown} more {what}"] if total > shown else []
+
+
+def _top_words(view: Mapping[str, Any], k: int = 5) -> str:
+    pairs = [(str(w), float(a)) for w, a in zip(view.get("words") or [], view.get("word_attributions") or [],
+                                                strict=False) if isinstance(a, int | float)]
+    pairs.sort(key=lambda p: -abs(p[1]))
+    return " ".join(f"{w}({_signed(a)})" for w, a in pairs[:k])
+
+
+def attribution_text(result: Mapping[str, Any]) -> str:
+    """Per sample: id, label, score, completeness delta and its words of largest |attribution|; the changed
+    words of a comparison; each label's top words."""
+    samples = list(result.get("samples") or [])
+    out = [f"attributions of model {result.get('model', '')}", ""]
+    rows = [[s.get("id", ""), s.get("label"), _tnum(s.get("score")), _tnum(s.get("delta"), 2), _top_words(s)]
+            for s in samples[:MAX_SAMPLES_SHOWN]]
+    out += [text_table(["sample", "label", "score", "delta", "top words (attribution)"], rows),
+            *_text_more(len(rows), len(samples), "samples")]
+    errors = result.get("errors") or []
+    if errors:
+        out += ["", "samples not attributed",
+                text_table(["sample", "error"], ([e.get("id"), e.get("error")] for e in errors))]
+    comparison = result.get("comparison")
+    if isinstance(comparison, Mapping):
+        changed = list(comparison.get("changed") or [])
+        out += ["", f"words that changed vs {comparison.get('model')} (|change| > {comparison.get('threshold')})",
+                text_table(["word", "mean before", "mean after", "change"],
+                           ([c.get("word"), _tnum(c.get("mean_before")), _tnum(c.get("mean_after")),
+                             _signed(float(c.get("change", 0.0)))] for c in changed[:MAX_ROWS_SHOWN])),
+                *_text_more(min(len(changed), MAX_ROWS_SHOWN), len(changed), "changed words")]
+    for label, stats in sorted((result.get("word_stats") or {}).items()):
+        out += ["", f"top words for label {label}",
+                text_table(["word", "mean attribution", "count"],
+                           ([r.get("word"), _signed(float(r.get("mean", 0.0))), _tnum(r.get("count"))]
+                            for r in list(stats)[:10]))]
+    return "\n".join(out)
+
+
+def tracin_text(result: Mapping[str, Any]) -> str:
+    """Per test triple: its proponents and opponents by influence; or the self-influence ranking."""
+    out = [f"TracIn on {result.get('model', '')}, mode {result.get('mode', '')}"
+           + (f", filter {result['filter']}" if result.get("filter") else "")]
+    for entry in result.get("results") or []:
+        out += ["", f"test triple {_text_triple(entry.get('test_triple'))} (self-influence "
+                f"{_tnum(entry.get('self_influence'))}, {_tnum(entry.get('n_candidates'))} candidates)"]
+        for name in ("proponents", "opponents", "pairs"):
+            if name not in entry:
+                continue
+            rows = list(entry.get(name) or [])
+            out += [f"  top {name}",
+                    text_table(["  rank", "training triple", "influence", "train self-influence"],
+                               ([f"  {i + 1}", _text_triple(r.get("train_triple")),
+                                 _signed(float(r.get("influence", 0.0))), _tnum(r.get("train_self_influence"))]
+                                for i, r in enumerate(rows[:MAX_ROWS_SHOWN]))),
+                    *_text_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name)]
+    ranking = list(result.get("ranking") or [])
+    if ranking:
+        out += ["", "self-influence ranking (highest first: candidates for mislabelled facts)",
+                text_table(["rank", "training triple", "self-influence"],
+                           ([i + 1, _text_triple(r.get("train_triple")), _tnum(r.get("self_influence"))]
+                            for i, r in enumerate(ranking[:MAX_ROWS_SHOWN]))),
+                *_text_more(min(len(ranking), MAX_ROWS_SHOWN), len(ranking), "ranked triples")]
+    return "\n".join(out)
+
+
+def training_text(result: Mapping[str, Any]) -> str:
+    """One row per epoch (every numeric field of the history, nested ones as ``valid.mrr``), then the final
+    metrics."""
+    history = list(result.get("history") or [])
+    flat = [_flat(row) for row in history]
+    columns = list(dict.fromkeys(k for row in flat for k in row))
+    out = [f"training {result.get('model_name') or result.get('model') or ''}".rstrip(), ""]
+    if history:
+        out.append(text_table(["epoch", *columns],
+                              ([_tnum(row.get("epoch", i + 1)), *(_tnum(f.get(c)) if c in f else "" for c in columns)]
+                               for i, (row, f) in enumerate(zip(history, flat, strict=True)))))
+    else:
+        out.append("no epochs finished")
+    final = _flat({k: v for k, v in result.items() if k in ("metrics", "best_val_accuracy", "test_accuracy",
+                                                            "best_epoch", "epochs_completed", "parameters")})
+    if final:
+        out += ["", "final", text_table(["metric", "value"], ([k, _tnum(v)] for k, v in final.items()))]
+    return "\n".join(out)
+
+
+def ablation_text(result: Mapping[str, Any]) -> str:
+    """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
+    cells: Mapping[str, Mapping[str, Any]] = result.get("results") or {}
+    sets = list(cells)
+    reps = list(dict.fromkeys(rep for ls in sets for rep in cells[ls]))
+    drop = result.get("drop") or {}
+    rows = []
+    for rep in reps:
+        row = [rep]
+        for ls in sets:
+            m = (cells[ls].get(rep) or {}).get("test_acc") or {}
+            row.append(f"{_tnum(m.get('mean'), 3)} ± {_tnum(m.get('std'), 2)}" if m else "-")
+        if drop:
+            d = drop.get(rep)
+            row.append(_tnum(d.get("absolute"), 3) if d else "-")
+        rows.append(row)
+    headers = ["representation", *(f"{ls} test acc" for ls in sets)] + (["drop all->visual"] if drop else [])
+    return f"LoRA ablation on {result.get('dataset', '')}\n\n" + text_table(headers, rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,10 @@ class Result(dict[str, Any]):
         """The artifacts the result lists (``name``, ``size``, ``media_type``); download them with the job."""
         return list(self.get("artifacts") or [])
 
+    def text(self) -> str:
+        """The result as plain text for a terminal: tables for the known renderers, else indented JSON."""
+        return json.dumps(self, indent=2, ensure_ascii=False)
+
 
 class AttributionResult(Result):
     """Renderer ``attributions``: renders each sample's headline as words coloured by attribution."""
@@ -29,12 +34,18 @@ class AttributionResult(Result):
     def _repr_html_(self) -> str:
         return render.attribution_html(self)
 
+    def text(self) -> str:
+        return render.attribution_text(self)
+
 
 class TracInResult(Result):
     """Renderer ``influence`` (``tracin``): renders proponents and opponents (or the self-influence ranking) as tables."""
 
     def _repr_html_(self) -> str:
         return render.tracin_html(self)
+
+    def text(self) -> str:
+        return render.tracin_text(self)
 
 
 class TrainingResult(Result):
@@ -47,12 +58,18 @@ class TrainingResult(Result):
     def _repr_html_(self) -> str:
         return render.training_html(self)
 
+    def text(self) -> str:
+        return render.training_text(self)
+
 
 class AblationResult(Result):
     """Renderer ``ablation`` (``ablations``): renders the representation × layer-set table and the all → visual drop."""
 
     def _repr_html_(self) -> str:
         return render.ablation_html(self)
+
+    def text(self) -> str:
+        return render.ablation_text(self)
 
 
 # By the renderer a kind names (``GET /kinds``), never by kind name: a new kind that draws its result as an
