@@ -254,23 +254,31 @@ def tracin_html(result: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ ablations
-def ablation_html(result: Mapping[str, Any]) -> str:
-    """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
+def _ablation_table(result: Mapping[str, Any], num: Any, name: Any, missing: str, arrow: str
+                    ) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the representation × layer-set table: test accuracy mean ± std per cell and the
+    all → visual drop, numbers through ``num``, names through ``name`` (HTML escapes them, text does not)."""
     cells: Mapping[str, Mapping[str, Any]] = result.get("results") or {}
     sets = list(cells)
     reps = list(dict.fromkeys(rep for ls in sets for rep in cells[ls]))
     drop = result.get("drop") or {}
     rows = []
     for rep in reps:
-        row = [escape(rep)]
+        row = [name(rep)]
         for ls in sets:
             m = (cells[ls].get(rep) or {}).get("test_acc") or {}
-            row.append(f"{_num(m.get('mean'), 3)} ± {_num(m.get('std'), 2)}" if m else "–")
-        d = drop.get(rep)
+            row.append(f"{num(m.get('mean'), 3)} ± {num(m.get('std'), 2)}" if m else missing)
         if drop:
-            row.append(_num(d.get("absolute"), 3) if d else "–")
+            d = drop.get(rep)
+            row.append(num(d.get("absolute"), 3) if d else missing)
         rows.append(row)
-    headers = ["representation", *(f"{ls} test acc" for ls in sets)] + (["drop all→visual"] if drop else [])
+    headers = ["representation", *(f"{ls} test acc" for ls in sets)] + ([f"drop all{arrow}visual"] if drop else [])
+    return headers, rows
+
+
+def ablation_html(result: Mapping[str, Any]) -> str:
+    """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
+    headers, rows = _ablation_table(result, _num, escape, "–", "→")
     return f"<div><b>LoRA ablation</b> on <code>{escape(str(result.get('dataset', '')))}</code>" + \
         _table(headers, rows) + "</div>"
 
@@ -406,19 +414,5 @@ def training_text(result: Mapping[str, Any]) -> str:
 
 def ablation_text(result: Mapping[str, Any]) -> str:
     """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
-    cells: Mapping[str, Mapping[str, Any]] = result.get("results") or {}
-    sets = list(cells)
-    reps = list(dict.fromkeys(rep for ls in sets for rep in cells[ls]))
-    drop = result.get("drop") or {}
-    rows = []
-    for rep in reps:
-        row = [rep]
-        for ls in sets:
-            m = (cells[ls].get(rep) or {}).get("test_acc") or {}
-            row.append(f"{_tnum(m.get('mean'), 3)} ± {_tnum(m.get('std'), 2)}" if m else "-")
-        if drop:
-            d = drop.get(rep)
-            row.append(_tnum(d.get("absolute"), 3) if d else "-")
-        rows.append(row)
-    headers = ["representation", *(f"{ls} test acc" for ls in sets)] + (["drop all->visual"] if drop else [])
+    headers, rows = _ablation_table(result, _tnum, str, "-", "->")
     return f"LoRA ablation on {result.get('dataset', '')}\n\n" + text_table(headers, rows)
