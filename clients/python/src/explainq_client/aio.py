@@ -25,7 +25,7 @@ from explainq_client._http import (
 )
 from explainq_client._kinds import KindMethods, route_for
 from explainq_client.errors import ServiceUnavailableError
-from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, list_params
+from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
 from explainq_client.results import Result
 
 __all__ = ["AsyncClient", "AsyncDatasets", "AsyncJob", "AsyncJobs", "AsyncModels"]
@@ -272,10 +272,7 @@ class AsyncDatasets:
         "created_at"}``. A path the server refuses (outside the data roots, no format it knows) is a
         :class:`ValidationError` naming ``path``; a name you already use, without ``overwrite=True``, or another
         owner's, a :class:`ConflictError`."""
-        body: dict[str, Any] = {"name": name, "path": path, "overwrite": overwrite}
-        if description is not None:
-            body["description"] = description
-        return (await self._client._send("POST", "/datasets", json=body)).json()
+        return (await self._client._send("POST", "/datasets", json=dataset_body(name, path, description, overwrite))).json()
 
     async def get(self, name: str) -> dict[str, Any]:
         """``GET /datasets/{name}``: ``{"name", "kind", "owner", "format", "counts", "created_at", "meta"}``;

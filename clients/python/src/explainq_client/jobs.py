@@ -86,6 +86,14 @@ class ModelList:
 J = TypeVar("J", bound="JobBase")
 
 
+def dataset_body(name: str, path: str, description: str | None, overwrite: bool) -> dict[str, Any]:
+    """The ``POST /datasets`` body (a description left out stays unset)."""
+    body: dict[str, Any] = {"name": name, "path": path, "overwrite": overwrite}
+    if description is not None:
+        body["description"] = description
+    return body
+
+
 @dataclass
 class JobPage(Generic[J]):
     """One page of ``GET /jobs``, newest first; pass ``next_cursor`` as ``cursor`` for the next page."""
