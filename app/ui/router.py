@@ -199,6 +199,12 @@ async def _kinds(api: Api) -> dict[str, dict[str, Any]]:
     return forms.submit_routes(await api.openapi())
 
 
+async def _described(api: Api, kind: str | None) -> dict[str, Any]:
+    """How a kind describes itself (``GET /kinds``: renderer, charts...); ``{}`` for one the server no longer runs."""
+    kinds = (await api.get("/kinds")).get("kinds") or []
+    return next((k for k in kinds if k.get("name") == kind), {})
+
+
 @router.get("/jobs", response_class=HTMLResponse)
 async def jobs_page(
     request: Request,
@@ -297,7 +303,7 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     artifacts, downloadable = await api.artifacts(job_id, result) if job["status"] in views.TERMINAL else ([], False)
     ctx: dict[str, Any] = {"job": job, "result": result, "artifacts": artifacts, "downloadable": downloadable,
                            "page": page}
-    described = (await _kinds(api)).get(job.get("kind") or "", {}).get("kind") or {}
+    described = await _described(api, job.get("kind"))
     renderer = described.get("renderer")
     ctx["renderer"] = renderer
     ctx["resume_field"] = described.get("resume_field")
