@@ -352,17 +352,20 @@ def _tracin_context(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _curves(described: dict[str, Any], job: dict[str, Any], result: Any) -> dict[str, Any]:
-    """The kind's chart specs and their rows: the result's history when finished, the live metrics otherwise
-    (the whole history so far, or the latest metrics as one row, as the kind says)."""
+    """The kind's chart specs and their rows: the result's history and per-step curve when finished, the live
+    metrics otherwise (the whole history so far, or the latest metrics as one row, as the kind says)."""
     metrics = job.get("metrics") or {}
     live = described.get("live_rows", "latest")
-    if isinstance(result, dict) and result.get("history") is not None:
+    finished = isinstance(result, dict) and result.get("history") is not None
+    if finished:
         rows = result["history"]
     elif live == "history":
         rows = metrics.get("history") or []
     else:
         rows = [metrics] if metrics.get("epoch") is not None else []
-    return {"source": live, "rows": [views.flat_row(r) for r in rows], "charts": described.get("charts") or []}
+    steps = (result if finished else metrics).get("steps") or []
+    return {"source": live, "rows": [views.flat_row(r) for r in rows if isinstance(r, dict)],
+            "steps": [r for r in steps if isinstance(r, dict)], "charts": described.get("charts") or []}
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

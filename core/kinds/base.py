@@ -21,6 +21,54 @@ RENDERERS = ("attributions", "influence", "training", "ablation")
 # Form widgets beyond the ones a field's JSON schema implies.
 FORM_WIDGETS = ("news_samples",)
 
+# Curve colours, one definition for every client (the dashboard reads them from GET /kinds; the SDK's
+# ``explainq_client.render.series_colours`` is the same rule, tested equal): the Okabe-Ito palette, colour-blind
+# safe. In a chart, the first training series (a key starting with "train", or the bare "loss") is TRAIN_COLOUR,
+# the first validation series (a key starting with "val") VALIDATION_COLOUR, every other series the next of
+# OTHER_COLOURS in order.
+TRAIN_COLOUR = "#0072B2"       # blue
+VALIDATION_COLOUR = "#D55E00"  # vermillion
+OTHER_COLOURS = ("#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+
+
+def series_split(key: str) -> str | None:
+    """``"train"``, ``"validation"`` or None for a chart series' row key (flattened: ``valid_mrr``)."""
+    k = key.lower()
+    if k.startswith("train") or k == "loss":
+        return "train"
+    if k.startswith("val"):
+        return "validation"
+    return None
+
+
+def series_colours(keys: Sequence[str]) -> list[str]:
+    """The colour of each series of one chart, in order (see TRAIN_COLOUR)."""
+    out, taken, other = [], set(), 0
+    for key in keys:
+        split = series_split(key)
+        if split is not None and split not in taken:
+            taken.add(split)
+            out.append(TRAIN_COLOUR if split == "train" else VALIDATION_COLOUR)
+        else:
+            out.append(OTHER_COLOURS[other % len(OTHER_COLOURS)])
+            other += 1
+    return out
+
+
+def chart_description(chart: dict[str, Any]) -> dict[str, Any]:
+    """A chart spec as clients get it: ``rows`` (``"history"``: one row per epoch; ``"steps"``: the per-step
+    running-loss curve, x the fractional epoch) and each series as ``[row key, label, colour]``."""
+    series = [list(s[:2]) for s in chart.get("series", [])]
+    colours = series_colours([s[0] for s in series])
+    return {**chart, "rows": chart.get("rows", "history"),
+            "series": [[key, label, colour] for (key, label), colour in zip(series, colours, strict=True)]}
+
+
+# The per-step running-loss chart every training kind shows first (models.curves: bounded, live from the first
+# steps).
+STEPS_CHART: dict[str, Any] = {"id": "steps", "title": "Running loss by step", "rows": "steps",
+                               "series": [["loss", "train loss (running mean)"]]}
+
 
 class RequestModel(BaseModel):
     """The base of every request model and of every model nested in one.
@@ -145,8 +193,9 @@ class JobKind:
     pickers: dict[str, tuple[str, str]] = field(default_factory=dict)
     # form fields with a widget of their own: dotted field -> widget name (see FORM_WIDGETS)
     widgets: dict[str, str] = field(default_factory=dict)
-    # renderer "training": charts of the per-epoch rows, each {"id", "title", "series": [[row key, label], ...]};
-    # nested values in a row are flattened with "_" ({"valid": {"mrr": x}} is "valid_mrr")
+    # renderer "training": charts of the per-epoch rows, each {"id", "title", "series": [[row key, label], ...]},
+    # or of the per-step curve with "rows": "steps" (STEPS_CHART); nested values in a row are flattened with "_"
+    # ({"valid": {"mrr": x}} is "valid_mrr"); colours come from series_colours
     charts: tuple[dict[str, Any], ...] = ()
     # where live rows come from while the job runs: "history" (the metrics carry every epoch so far) or
     # "latest" (each progress event's metrics are one more row)
@@ -178,7 +227,7 @@ class JobKind:
             "sdk_method": self.sdk_method or self.name,
             "pickers": {k: list(v) for k, v in self.pickers.items()},
             "widgets": dict(self.widgets),
-            "charts": [dict(c) for c in self.charts],
+            "charts": [chart_description(c) for c in self.charts],
             "live_rows": self.live_rows,
             # the request field naming an earlier job of the same kind to continue, when the kind has one
             "resume_field": "resume_from" if "resume_from" in self.request.model_fields else None,

@@ -11,7 +11,15 @@ from core import dataset_refs, limits, memory
 from core.artifacts import artifacts_key, owner_record
 from core.filestore import get_store
 from core.keys import valid_job_id
-from core.kinds.base import FieldError, FieldNotFound, JobKind, RequestModel, register, require_name_free
+from core.kinds.base import (
+    STEPS_CHART,
+    FieldError,
+    FieldNotFound,
+    JobKind,
+    RequestModel,
+    register,
+    require_name_free,
+)
 from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, check_tree, display, resolve_data_path
@@ -183,6 +191,7 @@ register(JobKind(
     renderer="training",
     live_rows="history",
     charts=(
+        STEPS_CHART,
         {"id": "loss", "title": "Loss", "series": [["train_loss", "train loss"], ["val_loss", "validation loss"]]},
         {"id": "acc", "title": "Accuracy", "series": [["train_accuracy", "train accuracy"],
                                                      ["val_accuracy", "validation accuracy"]]},

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
-from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
+from core.kinds.base import STEPS_CHART, FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from models.kg.shapes import check_image
 
@@ -95,7 +95,9 @@ register(JobKind(
     title="Train ConvE",
     renderer="training",
     pickers={"dataset": ("datasets", "triples")},
+    live_rows="history",
     charts=(
+        STEPS_CHART,
         {"id": "loss", "title": "Loss", "series": [["loss", "train loss"]]},
         {"id": "mrr", "title": "Validation MRR / Hits@k", "series": [["valid_mrr", "MRR"], ["valid_hits@1", "Hits@1"],
                                                                    ["valid_hits@10", "Hits@10"]]},

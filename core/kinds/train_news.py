@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from core import dataset_refs, limits
-from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
+from core.kinds.base import STEPS_CHART, FieldError, JobKind, RequestModel, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
 from models.news.data import has_split
@@ -136,5 +136,13 @@ register(JobKind(
     timeout_s=24 * 3600,
     summary="Train an NRMS or NAML news recommender (MIND metrics per epoch, checkpoints, resume); registers it",
     title="Train a news recommender",
+    renderer="training",
+    live_rows="history",
+    charts=(
+        STEPS_CHART,
+        {"id": "loss", "title": "Loss", "series": [["loss", "train loss"]]},
+        {"id": "valid", "title": "Validation AUC / MRR / nDCG@10", "series": [
+            ["valid_auc", "AUC"], ["valid_mrr", "MRR"], ["valid_ndcg@10", "nDCG@10"]]},
+    ),
     validate=validate,
 ))

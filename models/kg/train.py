@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from models.common import default_device, seed_everything
+from models.curves import StepCurve
 from models.kg.checkpoint import CheckpointInfo, save_checkpoint, write_model_dir
 from models.kg.conve import ConvE, ConvEConfig, default_height, triple_loss, triple_queries
 from models.kg.triples import TriplesDataset
@@ -44,8 +45,8 @@ class TrainConfig:
     seed: int = 0
 
 
-# progress(done_batches, total_batches, message, metrics or None) -> None; called after every batch (metrics at
-# the end of each epoch); it may raise to cancel.
+# progress(done_batches, total_batches, message, metrics or None) -> None; called after every batch (metrics, the
+# epoch's history row, at the end of each epoch); it may raise to cancel.
 ProgressFn = Callable[[int, int, str, dict | None], None]
 
 
@@ -131,10 +132,13 @@ def build_model(dataset: TriplesDataset, cfg: TrainConfig) -> ConvE:
 
 
 def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device: torch.device | str | None = None,
-                progress: ProgressFn | None = None, show_progress: bool = False) -> dict:
+                progress: ProgressFn | None = None, show_progress: bool = False,
+                curve: StepCurve | None = None) -> dict:
     """Train ConvE, save checkpoints every ``checkpoint_every`` epochs (and the last), write the model directory.
 
-    Returns ``{"metrics", "checkpoints", "history", "parameters", "seconds"}``.
+    The running loss per step goes into ``curve`` (a new :class:`models.curves.StepCurve` when None; a caller
+    that passes one reads it live from ``progress``). Returns ``{"metrics", "checkpoints", "history", "steps",
+    "parameters", "seconds"}``.
     """
     if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.checkpoint_every < 1:
         raise ValueError("epochs, batch_size and checkpoint_every must be >= 1")
@@ -145,6 +149,9 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
     train = dataset.train
     gen = torch.Generator().manual_seed(cfg.seed)
     n_batches = math.ceil(len(train) / cfg.batch_size)
+    curve = curve if curve is not None else StepCurve(n_batches)
+    if curve.steps_per_epoch != n_batches:
+        raise ValueError(f"the step curve has {curve.steps_per_epoch} steps per epoch, the run {n_batches}")
     checkpoints: list[CheckpointInfo] = []
     history: list[dict] = []
     t0 = time.perf_counter()
@@ -162,8 +169,10 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += loss.item() * len(batch)
+            batch_sum = loss.item() * len(batch)
+            total += batch_sum
             count += len(batch)
+            curve.add((epoch - 1) * n_batches + i + 1, batch_sum, len(batch), force=i + 1 == n_batches)
             bar.update(1)
             if progress is not None and i + 1 < n_batches:
                 progress((epoch - 1) * n_batches + i + 1, cfg.epochs * n_batches, f"epoch {epoch}/{cfg.epochs}",
@@ -179,9 +188,7 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
         history.append(row)
         bar.set_postfix(loss=f"{epoch_loss:.4f}")
         if progress is not None:
-            metrics = {"epoch": epoch, "loss": epoch_loss, "lr": lr}
-            if "valid" in row:
-                metrics["valid_mrr"] = row["valid"]["mrr"]
+            metrics = dict(row)  # the epoch's history row (its validation metrics nested under "valid")
             progress(epoch * n_batches, cfg.epochs * n_batches, f"epoch {epoch}/{cfg.epochs} loss {epoch_loss:.4f}",
                      metrics)
         for g in opt.param_groups:
@@ -192,7 +199,7 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
     seconds = time.perf_counter() - t0
     training = {**asdict(cfg), "seconds": seconds, "device": str(device)}
     write_model_dir(out_dir, model, dataset, checkpoints, training, {**metrics, "history": history})
-    return {"metrics": metrics, "history": history, "parameters": sum(p.numel() for p in model.parameters()),
+    return {"metrics": metrics, "history": history, "steps": curve.rows(), "parameters": sum(p.numel() for p in model.parameters()),
             "checkpoints": [{"file": str(c.path.relative_to(out_dir)), "epoch": c.epoch, "lr": c.lr}
                             for c in checkpoints],
             "seconds": seconds}

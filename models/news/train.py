@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
 from models.common import autocast, resolve_precision, seed_everything
+from models.curves import StepCurve
 from models.news.data import MAX_HISTORY, Impression, MindSplit
 from models.news.modules import NRMS, NewsRecommender
 from models.news.text import Encoded
@@ -50,6 +51,13 @@ class TrainConfig:
     seed: int = 0
     encode_batch: int = 128
     precision: str = "fp32"  # auto | fp32 | fp16 | bf16 (autocast; the loss and optimizer stay fp32)
+
+
+def steps_per_epoch(split: MindSplit, batch_size: int, max_history: int = MAX_HISTORY) -> int:
+    """Optimizer steps per epoch of :func:`train` on ``split`` (what its step curve is built with)."""
+    n = sum(sum(1 for _, lab in imp.candidates if lab == 1) for imp in split.behaviors
+            if any(lab == 0 for _, lab in imp.candidates))
+    return max(1, (n + batch_size - 1) // batch_size)
 
 
 class NewsTable:
@@ -129,13 +137,15 @@ def training_examples(split: MindSplit, table: NewsTable, max_history: int) -> l
 def train(
     model: NewsRecommender, train_split: MindSplit, valid_split: MindSplit | None, cfg: TrainConfig,
     progress: Progress | None = None, on_epoch: EpochHook | None = None, start_epoch: int = 0,
-    optimizer_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None, curve: StepCurve | None = None,
 ) -> dict[str, Any]:
     """Train in place; returns per-epoch losses (and validation metrics when ``valid_split`` is given).
 
     ``on_epoch(epoch, model, optimizer, metrics)`` runs after every epoch (checkpoints, live metrics); training
     resumes after ``start_epoch`` epochs with ``optimizer_state`` (the model must hold that epoch's weights). The
-    negatives of epoch ``e`` depend only on the seed and ``e``, so a resumed run draws what the full run drew."""
+    negatives of epoch ``e`` depend only on the seed and ``e``, so a resumed run draws what the full run drew.
+    The running loss per step goes into ``curve`` (:class:`models.curves.StepCurve`, a new one when None; its
+    steps per epoch must be this run's, :func:`steps_per_epoch`) and the result's ``steps``."""
     seed_everything(cfg.seed)
     precision = resolve_precision(cfg.precision, model.device, cuda_half="bf16", cpu_native_bf16=True)
     table = NewsTable(model, train_split, cfg.encode_batch)
@@ -147,6 +157,9 @@ def train(
     if optimizer_state is not None:
         opt.load_state_dict(optimizer_state)
     steps_per_epoch = (len(examples) + cfg.batch_size - 1) // cfg.batch_size
+    curve = curve if curve is not None else StepCurve(steps_per_epoch)
+    if curve.steps_per_epoch != steps_per_epoch:
+        raise ValueError(f"the step curve has {curve.steps_per_epoch} steps per epoch, the run {steps_per_epoch}")
     total = cfg.epochs * steps_per_epoch
     history: list[dict[str, Any]] = []
     step = start_epoch * steps_per_epoch
@@ -168,6 +181,7 @@ def train(
             opt.step()
             losses.append(loss.item())
             step += 1
+            curve.add(step, losses[-1] * len(batch), len(batch), force=s + cfg.batch_size >= len(order))
             if progress is not None:
                 progress(step, total, {"epoch": epoch + 1, "loss": float(np.mean(losses))})
         record: dict[str, Any] = {"epoch": epoch + 1, "loss": float(np.mean(losses))}
@@ -177,7 +191,8 @@ def train(
         if on_epoch is not None:
             on_epoch(epoch + 1, model, opt, record)
     model.eval()
-    result: dict[str, Any] = {"epochs": history, "train_examples": len(examples), "precision": precision}
+    result: dict[str, Any] = {"epochs": history, "train_examples": len(examples), "precision": precision,
+                              "steps": curve.rows()}
     if valid_split is not None and history:
         result["valid"] = history[-1]["valid"]
     return result

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from models.common import autocast, default_device, resolve_precision, seed_everything
+from models.curves import StepCurve
 from models.vision.bdh import VisionBDH
 from models.vision.checkpoint import (
     MODEL_FILE,
@@ -204,6 +205,7 @@ class BatchEvent:
     history: list[dict[str, float]]
     loss_sum: torch.Tensor | float = 0.0
     seen: int = 1
+    steps: StepCurve | None = None  # the run's per-step running-loss curve so far (``steps.rows()``)
 
     @property
     def loss(self) -> float:
@@ -233,6 +235,7 @@ class TrainResult:
     n_test: int
     warnings: list[str] = field(default_factory=list)
     changed_on_resume: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # the per-step running loss (models.curves)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -420,6 +423,7 @@ class _RunState:
     step: int = 0
     warnings: list[str] = field(default_factory=list)
     changed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps_state: dict[str, Any] | None = None  # the step curve saved with the checkpoint
 
 
 def _read_resume_state(
@@ -462,7 +466,7 @@ def _resume(
         torch.cuda.set_rng_state(state["rng_cuda"], device)
     run = _RunState(history=list(state["history"]), best_epoch=state["best_epoch"],
                     best_acc=state["best_val_accuracy"], start_epoch=state["epoch"] + 1, step=state["global_step"],
-                    changed=changed)
+                    changed=changed, steps_state=state.get("steps"))
     inexact = [k for k in changed if k.split(".")[0] in INEXACT_FIELDS]
     if inexact:
         run.warnings.append(f"resumed with {', '.join(inexact)} changed: the run does not continue exactly as an "
@@ -619,10 +623,12 @@ class _Trainer:
     schedule: _Schedule = field(init=False)
     params: list[torch.nn.Parameter] = field(init=False)
     lr: float = field(init=False)
+    curve: StepCurve = field(init=False)
 
     def __post_init__(self) -> None:
         self.forward = _Forward(self.m.model, self.config.compile)
         self.schedule = _Schedule.plan(self.config, self.loaders.n_train)
+        self.curve = StepCurve.from_state(self.run.steps_state, self.schedule.batches_per_epoch)
         self.params = [p for g in self.m.optimizer.param_groups for p in g["params"]]
         self.lr = lr_at(self.run.step, self.config.lr, self.config.warmup_steps, self.schedule.total_steps)
 
@@ -652,8 +658,10 @@ class _Trainer:
         sums = _EpochSums.zeros(self.device)
         bar = self._open_bar(epoch)
         canceled = False
+        read = [0.0, 0]  # the epoch's loss sum and samples at the curve's last point
         for i, (images, labels) in enumerate(bar if bar is not None else self.loaders.train):
             self.train_batch(i, images, labels, sums)
+            self._record_step(epoch, i, sums, read)
             if bar is not None and self.schedule.log_due(i):
                 _check_diverged(sums.bad_batch, epoch, self.run.step)
                 bar.set_postfix(loss=f"{float(sums.loss_sum) / sums.seen:.4f}", lr=f"{self.lr:.2e}")
@@ -663,6 +671,17 @@ class _Trainer:
         if bar is not None:
             bar.close()
         return None if canceled else sums
+
+    def _record_step(self, epoch: int, i: int, sums: _EpochSums, read: list) -> None:
+        """A point of the step curve when one is due (the only per-step read of the device's loss sum, so a
+        bounded number of synchronisations per run) or the epoch ends."""
+        step = (epoch - 1) * self.schedule.batches_per_epoch + i + 1
+        last = i + 1 == self.schedule.batches_per_epoch
+        if not (last or self.curve.due(step)):
+            return
+        total = float(sums.loss_sum)
+        self.curve.add(step, total - read[0], sums.seen - read[1], force=last)
+        read[0], read[1] = total, sums.seen
 
     def _open_bar(self, epoch: int) -> Any:
         if not self.progress_bar:
@@ -677,7 +696,7 @@ class _Trainer:
         return BatchEvent(
             epoch=epoch, epochs=self.config.epochs, batch=i + 1, batches_per_epoch=per_epoch,
             done_batches=(epoch - 1) * per_epoch + i + 1, total_batches=self.schedule.total_batches,
-            lr=self.lr, history=self.run.history, loss_sum=sums.loss_sum, seen=sums.seen,
+            lr=self.lr, history=self.run.history, loss_sum=sums.loss_sum, seen=sums.seen, steps=self.curve,
         )
 
     def train_batch(self, i: int, images: torch.Tensor, labels: torch.Tensor, sums: _EpochSums) -> None:
@@ -742,7 +761,7 @@ class _Trainer:
         if self.config.keep_checkpoints == "all":
             save_model_dir(ckpt_dir / f"epoch_{epoch:03d}", m.model, m.config, {**m.meta, "epoch": epoch})
         _save_last(ckpt_dir, m.model, m.config, m.meta, m.optimizer, m.scaler, self.device, epoch, run.step,
-                   run.history, run.best_epoch, run.best_acc, self.config)
+                   run.history, run.best_epoch, run.best_acc, self.config, self.curve.state())
 
     def test_accuracy(self) -> float:
         """Accuracy of the best checkpoint's weights on the test split (loaded into the eager model)."""
@@ -787,7 +806,7 @@ def _train(
         epochs_completed=epochs_completed, canceled=canceled, out_dir=out_dir, checkpoints=checkpoints,
         device=str(device), precision=precision, optimizer=m.optimizer_name, model_config=m.config.to_dict(),
         n_train=loaders.n_train, n_val=loaders.n_val, n_test=loaders.n_test,
-        warnings=run.warnings + trainer.forward.warnings, changed_on_resume=run.changed,
+        warnings=run.warnings + trainer.forward.warnings, changed_on_resume=run.changed, steps=trainer.curve.rows(),
     )
 
 
@@ -802,6 +821,7 @@ def _save_last(
     ckpt_dir: Path, model: torch.nn.Module, model_config: VisionBDHConfig, meta: dict[str, Any],
     optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, device: torch.device, epoch: int, step: int,
     history: list[dict[str, float]], best_epoch: int | None, best_acc: float | None, config: TrainConfig,
+    steps: dict[str, Any] | None = None,
 ) -> None:
     tmp = ckpt_dir / "last.tmp"
     save_model_dir(tmp, model, model_config, {**meta, "epoch": epoch})
@@ -810,7 +830,7 @@ def _save_last(
         "rng_cpu": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
         "history": history, "best_epoch": best_epoch, "best_val_accuracy": best_acc,
-        "train_config": _plain(config.to_dict()), "precision": meta.get("precision"),
+        "train_config": _plain(config.to_dict()), "precision": meta.get("precision"), "steps": _plain(steps),
     }
     torch.save(state, tmp / STATE_FILE)
     replace_dir(tmp, ckpt_dir / "last")

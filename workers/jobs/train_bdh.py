@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+from core import registry
 from core.artifacts import artifacts_key
 from core.filestore import StoreError, get_store
 from core.kinds.base import FieldError
@@ -46,6 +48,19 @@ def _data_dir(settings: Settings, payload: dict[str, Any], owner: str) -> Path |
         return cifar_dir(settings, dataset, payload.get("data_dir"), owner)
     except FieldError as exc:
         raise JobError("dataset_not_found", exc.message) from None
+
+
+def default_model_name(ctx: JobContext, payload: dict[str, Any]) -> str:
+    """``bdh-<label or dataset>-<first 8 characters of the job id>``: readable in lists and pickers. The label is
+    reduced to the registry's name characters (at most 40 of them). When that name is another owner's (or, for
+    this owner, another job's model), the job id's full 32 characters make it unique."""
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(payload.get("label") or "")).strip("-.")[:40].strip("-.")
+    name = f"bdh-{label or payload['dataset']}-{ctx.job_id[:8]}"
+    entry = registry.get_model(ctx.settings, name)
+    if entry is not None and (entry.get("owner") != ctx.owner or (entry.get("meta") or {}).get("job_id")
+                              not in (None, ctx.job_id)):
+        name = f"bdh-{label or payload['dataset']}-{ctx.job_id}"
+    return name
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -105,7 +120,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             last_metrics.update(t=now, epochs=len(event.history))
             metrics = {
                 "epoch": event.epoch, "batch": event.batch, "running_train_loss": event.loss, "lr": event.lr,
-                "history": event.history,
+                "history": event.history, "steps": event.steps.rows() if event.steps is not None else [],
             }
         ctx.progress(
             event.done_batches, event.total_batches, "batches",
@@ -128,8 +143,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         raise JobError("bad_resume_from", str(exc)) from None
 
     ctx.progress(result.epochs_completed, payload["epochs"], "epochs", message="done",
-                 metrics={"history": result.history})
-    name = payload.get("register_as") or f"bdh-{ctx.job_id}"
+                 metrics={"history": result.history, "steps": result.steps})
+    name = payload.get("register_as") or default_model_name(ctx, payload)
     ctx.register_model(
         name, kind="vision_bdh", loader=LOADER, path=out_dir / "checkpoints" / "best",  # copied into the store
         parameters=result.parameters,
@@ -138,6 +153,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     )
     return {
         "history": result.history,
+        "steps": result.steps,
         "best_epoch": result.best_epoch,
         "best_val_accuracy": result.best_val_accuracy,
         "test_accuracy": result.test_accuracy,

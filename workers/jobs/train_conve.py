@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import uuid
 from typing import Any
@@ -11,7 +12,9 @@ from core.kinds.base import FieldError
 from core.kinds.train_conve import resolve_dataset
 from core.settings import Settings
 from core.userfiles import UserFileError, files_for
+from models.curves import StepCurve
 from workers.context import JobContext, JobError
+from workers.live import LiveMetrics
 
 LOADER = "models.kg.checkpoint:load"
 DEMO_NAME = "conve-nations-demo"
@@ -28,7 +31,7 @@ TRAIN_FIELDS = ("epochs", "batch_size", "lr", "lr_decay", "weight_decay", "label
 
 def _train_and_register(settings: Settings, name: str, dataset: str, params: dict[str, Any], device: Any,
                         progress: Any = None, show_progress: bool = False, register: Any = None,
-                        preload: bool = False, owner: str = registry.SYSTEM) -> dict:
+                        preload: bool = False, owner: str = registry.SYSTEM, curve_for: Any = None) -> dict:
     from models.kg.train import TrainConfig, train_conve
     from models.kg.triples import TriplesFormatError, load_nations, load_triples_dir
 
@@ -42,11 +45,14 @@ def _train_and_register(settings: Settings, name: str, dataset: str, params: dic
     except UnicodeDecodeError:
         raise JobError("bad_dataset", f"dataset {dataset!r}: a file is not UTF-8 text") from None
     cfg = TrainConfig(**{k: params[k] for k in TRAIN_FIELDS if k in params})
+    # the per-step curve the caller reads live (curve_for(steps per epoch)), or the library's own
+    curve = curve_for(math.ceil(len(ds.train) / cfg.batch_size)) if curve_for is not None else None
     # Train into local scratch; registering uploads it into the store as a new version, so a model replaced
     # with overwrite=true changes no file that a worker may be reading.
     staging = settings.work_dir / f"conve-{name}-{uuid.uuid4().hex[:12]}"
     try:
-        summary = train_conve(ds, cfg, staging, device=device, progress=progress, show_progress=show_progress)
+        summary = train_conve(ds, cfg, staging, device=device, progress=progress, show_progress=show_progress,
+                              curve=curve)
         meta = {"dataset": ds.name, "entities": len(ds.entities), "relations": len(ds.relations),
                 "train_triples": len(ds.train), "metrics": summary["metrics"],
                 "checkpoints": summary["checkpoints"], "training": {k: getattr(cfg, k) for k in TRAIN_FIELDS}}
@@ -59,14 +65,25 @@ def _train_and_register(settings: Settings, name: str, dataset: str, params: dic
 
 
 def run(payload: dict, ctx: JobContext) -> dict:
-    """Train, checkpoint every ``checkpoint_every`` epochs, evaluate (filtered MRR, Hits@1/3/10), register."""
+    """Train, checkpoint every ``checkpoint_every`` epochs, evaluate (filtered MRR, Hits@1/3/10), register.
+
+    Live metrics: the history so far and the per-step running loss (``steps``), at most every
+    ``METRICS_INTERVAL_S`` and at every epoch's end."""
+    live = LiveMetrics(ctx)
+    history: list[dict] = []
+    curve: dict[str, StepCurve] = {}
 
     def progress(done: int, total: int, message: str, metrics: dict | None) -> None:
-        ctx.progress(done, total, "batches", message=message, metrics=metrics)
+        if metrics is not None:
+            history.append(metrics)
+        sent = live.metrics(history, curve.get("c"), force=metrics is not None,
+                            **({"epoch": metrics["epoch"]} if metrics else {}))
+        ctx.progress(done, total, "batches", message=message, metrics=sent)
 
     try:
         return _train_and_register(ctx.settings, payload["name"], payload["dataset"], payload, ctx.device,
-                                   progress=progress, register=ctx.register_model, owner=ctx.owner)
+                                   progress=progress, register=ctx.register_model, owner=ctx.owner,
+                                   curve_for=lambda n: curve.setdefault("c", StepCurve(n)))
     except ValueError as exc:
         raise JobError("invalid_request", str(exc)) from None
 

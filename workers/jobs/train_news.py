@@ -20,6 +20,7 @@ from core.kinds.base import FieldError
 from core.kinds.train_news import data_file, resolve_news_dataset
 from workers.context import JobContext, JobError, user_dataset
 from workers.jobs.attributions import _clean
+from workers.live import LiveMetrics
 
 LOADER = "models.news.checkpoint:load"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -96,11 +97,12 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     import torch
 
     from core.userfiles import files_for
+    from models.curves import StepCurve
     from models.news import checkpoint
     from models.news.data import read_split
     from models.news.modules import build_model
     from models.news.text import WordTokenizer
-    from models.news.train import TrainConfig, evaluate, train
+    from models.news.train import TrainConfig, evaluate, steps_per_epoch, train
 
     p = payload
     root = user_dataset(ctx, resolve_news_dataset, p["dataset"])
@@ -161,6 +163,9 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     run_id = f"{time.time_ns()}-{ctx.job_id[:8]}"
     staging = ctx.settings.work_dir / f"train-news-{ctx.job_id}"
     epochs: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = []  # the epochs' rows without their checkpoint keys (the charts' rows)
+    live = LiveMetrics(ctx)
+    curve = StepCurve(steps_per_epoch(train_split, cfg.batch_size, cfg.max_history))
     position = {"done": 0, "total": None}  # the batch counter, so epoch reports share the batches unit
 
     def on_epoch(epoch: int, model: Any, opt: Any, record: dict[str, Any]) -> None:
@@ -172,13 +177,16 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         store.put_dir(out, key)
         shutil.rmtree(out, ignore_errors=True)
         epochs.append({**record, "checkpoint": key})
+        history.append(record)
         ctx.set_meta("epochs", _clean(epochs))
         ctx.progress(position["done"], position["total"], "batches", message=f"epoch {epoch}/{p['epochs']} done",
-                     metrics=_clean({"epoch": epoch, "loss": record["loss"], **(record.get("valid") or {})}))
+                     metrics=_clean(live.metrics(history, curve, force=True, epoch=epoch)))
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         position.update(done=step, total=total)
-        ctx.progress(step, total, "batches", message=f"epoch {int(metrics['epoch'])}: loss {metrics['loss']:.4f}")
+        sent = live.metrics(history, curve)
+        ctx.progress(step, total, "batches", message=f"epoch {int(metrics['epoch'])}: loss {metrics['loss']:.4f}",
+                     metrics=_clean(sent) if sent is not None else None)
 
     t0 = time.perf_counter()
     initial = None
@@ -186,7 +194,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         if valid_split is not None and resume is None:
             initial = evaluate(model, valid_split, cfg.max_history)  # the untrained model: the floor to beat
         result = train(model, train_split, valid_split, cfg, progress, on_epoch=on_epoch,
-                       start_epoch=resume[1] if resume else 0, optimizer_state=opt_state)
+                       start_epoch=resume[1] if resume else 0, optimizer_state=opt_state, curve=curve)
         final = staging / "final"
         meta = {"architecture": model.kind, "encoder": model_fields({**model.config, "kind": model.kind})["encoder"],
                 "dataset": p["dataset"],
@@ -203,7 +211,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                    "parameters": params, "train_examples": result["train_examples"], "precision": result["precision"],
                    "resumed_from_epoch": resume[1] if resume else None, "resume": resumed, "initial_valid": initial,
                    "warnings": warnings,
-                   "epochs": epochs, "valid": result.get("valid"),
+                   "epochs": epochs, "history": history, "steps": result["steps"], "valid": result.get("valid"),
                    "train_seconds": round(time.perf_counter() - t0, 2), "run": run_id})
 
 

@@ -1,7 +1,8 @@
 /* explainq dashboard: live job updates from the public event stream, uPlot curves, small form helpers. */
 (function () {
   "use strict";
-  var COLOURS = ["#e66101", "#2166ac", "#5e3c99", "#1b9e77"];
+  // a series without a colour of its own (GET /kinds gives every kind's series theirs: core/kinds/base.py)
+  var COLOURS = ["#009E73", "#CC79A7", "#E69F00", "#56B4E9"];
   var STATUSES = ["queued", "running", "succeeded", "failed", "canceled"];
   var TERMINAL = ["succeeded", "failed", "canceled"];
   var plots = new WeakMap();
@@ -40,22 +41,27 @@
     return data;
   }
 
-  function drawCharts(container, rows) {
+  function plotWidth(target) { return Math.max(Math.min(target.clientWidth, 1200), 200); }
+
+  // container._rows: one row per epoch; container._steps: the per-step running-loss curve (x: fractional epoch)
+  function drawCharts(container) {
     container.querySelectorAll("figure.chart").forEach(function (fig) {
       var spec = JSON.parse(fig.dataset.chart);
+      var rows = (spec.rows === "steps" ? container._steps : container._rows) || [];
       var target = fig.querySelector(".plot");
       var data = chartData(rows, spec);
       var plot = plots.get(fig);
+      var steps = spec.rows === "steps";
       if (plot) {
         plot.setData(data);
       } else {
         plot = new uPlot({
-          width: Math.max(target.clientWidth, 240), height: 220,
+          width: plotWidth(target), height: 220,
           scales: { x: { time: false } },
-          axes: [{ label: "epoch", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, {}],
+          axes: [{ label: "epoch", incrs: steps ? undefined : [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, {}],
           series: [{ label: "epoch" }].concat(spec.series.map(function (s, i) {
-            return { label: s[1], stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true,
-                     points: { show: true, size: 5 } };
+            return { label: s[1], stroke: s[2] || COLOURS[i % COLOURS.length], width: steps ? 1.5 : 2, spanGaps: true,
+                     points: { show: !steps, size: 5 } };
           })),
         }, data, target);
         plots.set(fig, plot);
@@ -67,7 +73,8 @@
   function initCharts(root) {
     root.querySelectorAll(".charts").forEach(function (c) {
       c._rows = JSON.parse(c.dataset.rows || "[]");
-      drawCharts(c, c._rows);
+      c._steps = JSON.parse(c.dataset.steps || "[]");
+      drawCharts(c);
     });
   }
 
@@ -85,19 +92,18 @@
     var c = document.getElementById("curves");
     if (!c || !view.metrics) return;
     var m = view.metrics;
+    if (Array.isArray(m.steps)) c._steps = m.steps;
     if (c.dataset.source === "history") {
-      if (!Array.isArray(m.history)) return;
-      c._rows = m.history;
+      if (Array.isArray(m.history)) c._rows = m.history.map(function (r) { return flatRow(r, "", {}); });
       var live = document.getElementById("live-metrics");
-      if (live && m.epoch) live.textContent = "epoch " + m.epoch + ", batch " + m.batch + ", running loss " + num(m.running_train_loss) + ", lr " + num(m.lr);
-    } else {
-      if (typeof m.epoch !== "number") return;
+      if (live && m.epoch && m.batch !== undefined) live.textContent = "epoch " + m.epoch + ", batch " + m.batch + ", running loss " + num(m.running_train_loss) + ", lr " + num(m.lr);
+    } else if (typeof m.epoch === "number") {
       var rows = (c._rows || []).filter(function (r) { return r.epoch !== m.epoch; });
       rows.push(flatRow(m, "", {}));
       rows.sort(function (a, b) { return a.epoch - b.epoch; });
       c._rows = rows;
     }
-    drawCharts(c, c._rows);
+    drawCharts(c);
   }
 
   function onJobEvent(view) {
@@ -142,7 +148,7 @@
   window.addEventListener("resize", function () {
     document.querySelectorAll("figure.chart").forEach(function (fig) {
       var plot = plots.get(fig);
-      if (plot) plot.setSize({ width: Math.max(fig.querySelector(".plot").clientWidth, 240), height: 220 });
+      if (plot) plot.setSize({ width: plotWidth(fig.querySelector(".plot")), height: 220 });
     });
   });
 

@@ -13,8 +13,9 @@ from html import escape
 from typing import Any
 
 __all__ = [
-    "NEGATIVE_RGB", "NEUTRAL_RGB", "POSITIVE_RGB", "ablation_html", "attribution_html", "curves_html",
-    "diverging_color", "job_html", "tracin_html",
+    "NEGATIVE_RGB", "NEUTRAL_RGB", "OTHER_COLOURS", "POSITIVE_RGB", "TRAIN_COLOUR", "VALIDATION_COLOUR",
+    "ablation_html", "attribution_html", "curves_html", "diverging_color", "job_html", "series_colours",
+    "steps_chart", "tracin_html",
 ]
 
 # The scale's three anchors, the same as the dashboard's (ColorBrewer ends, distinct under the common colour-vision
@@ -22,10 +23,41 @@ __all__ = [
 NEGATIVE_RGB = (33, 102, 172)   # #2166ac
 NEUTRAL_RGB = (255, 255, 255)   # white
 POSITIVE_RGB = (230, 97, 1)     # #e66101
-# Line colours for curves: the Okabe-Ito palette (colour-blind safe).
-SERIES_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
+# Curve colours: the server's definition (core/kinds/base.py, given to the dashboard by GET /kinds), the same
+# rule here and tested equal. The Okabe-Ito palette (colour-blind safe): in a chart, the first training series (a
+# name starting with "train", or the bare "loss") is TRAIN_COLOUR, the first validation series (a name starting
+# with "val") VALIDATION_COLOUR, every other series the next of OTHER_COLOURS.
+TRAIN_COLOUR = "#0072B2"       # blue
+VALIDATION_COLOUR = "#D55E00"  # vermillion
+OTHER_COLOURS = ("#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
 MAX_SAMPLES_SHOWN = 50
 MAX_ROWS_SHOWN = 25
+
+
+def series_split(name: str) -> str | None:
+    """``"train"``, ``"validation"`` or None for a curve's name."""
+    k = name.lower()
+    if k.startswith("train") or k == "loss":
+        return "train"
+    if k.startswith("val"):
+        return "validation"
+    return None
+
+
+def series_colours(names: Sequence[str]) -> list[str]:
+    """The colour of each curve of one chart, in order (see TRAIN_COLOUR)."""
+    out: list[str] = []
+    taken: set[str] = set()
+    other = 0
+    for name in names:
+        split = series_split(name)
+        if split is not None and split not in taken:
+            taken.add(split)
+            out.append(TRAIN_COLOUR if split == "train" else VALIDATION_COLOUR)
+        else:
+            out.append(OTHER_COLOURS[other % len(OTHER_COLOURS)])
+            other += 1
+    return out
 
 
 def diverging_color(value: float, scale: float) -> str:
@@ -161,7 +193,8 @@ def _flat(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 380, h: int = 220) -> str:
+def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 380, h: int = 220,
+           dots: bool = True) -> str:
     points = [p for pts in series.values() for p in pts]
     if not points:
         return ""
@@ -176,12 +209,12 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 38
         return f"{x:.1f},{y:.1f}"
 
     lines, legend = [], []
-    for i, (name, pts) in enumerate(sorted(series.items())):
-        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+    ordered = sorted(series.items())
+    for (name, pts), colour in zip(ordered, series_colours([n for n, _ in ordered]), strict=True):
         lines.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{' '.join(map(xy, pts))}'>"
                      f"<title>{escape(name)}</title></polyline>")
         lines += [f"<circle cx='{xy(p).split(',')[0]}' cy='{xy(p).split(',')[1]}' r='2.5' fill='{colour}'>"
-                  f"<title>{escape(name)} epoch {_num(p[0])}: {_num(p[1])}</title></circle>" for p in pts]
+                  f"<title>{escape(name)} epoch {_num(p[0])}: {_num(p[1])}</title></circle>" for p in pts if dots]
         legend.append(f"<span style='color:{colour}'>&#9632;</span> {escape(name)}")
     axes = (f"<line x1='{left}' y1='{h - bottom}' x2='{w - right}' y2='{h - bottom}' stroke='#888'/>"
             f"<line x1='{left}' y1='{top}' x2='{left}' y2='{h - bottom}' stroke='#888'/>"
@@ -196,9 +229,19 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 38
             f"<div style='font-size:12px'>{' '.join(legend)}</div></div>")
 
 
-def curves_html(history: Sequence[Mapping[str, Any]], title: str = "training") -> str:
+def steps_chart(steps: Sequence[Mapping[str, Any]], title: str = "training") -> str:
+    """The per-step running training loss (``steps``: ``{"step", "epoch", "loss"}``, x the fractional epoch)."""
+    pts = [(float(r["epoch"]), float(r["loss"])) for r in steps
+           if isinstance(r, Mapping) and isinstance(r.get("epoch"), int | float)
+           and isinstance(r.get("loss"), int | float) and math.isfinite(r["loss"])]
+    return _chart(f"{title}: running loss by step", {"train loss (running mean)": pts}, dots=False) if pts else ""
+
+
+def curves_html(history: Sequence[Mapping[str, Any]], title: str = "training",
+                steps: Sequence[Mapping[str, Any]] = ()) -> str:
     """Per-epoch curves from a training ``history``: every loss in one chart, every other metric (accuracy,
-    MRR, Hits@k...) in another. Nested dicts (``valid: {mrr}``) become ``valid.mrr``."""
+    MRR, Hits@k...) in another. Nested dicts (``valid: {mrr}``) become ``valid.mrr``. With ``steps``, the
+    per-step running loss first (it shows from a run's first steps)."""
     losses: dict[str, list[tuple[float, float]]] = {}
     others: dict[str, list[tuple[float, float]]] = {}
     for i, row in enumerate(history):
@@ -206,8 +249,8 @@ def curves_html(history: Sequence[Mapping[str, Any]], title: str = "training") -
         x = float(x) if isinstance(x, int | float) else float(i + 1)
         for name, value in _flat(row).items():
             (losses if "loss" in name else others).setdefault(name, []).append((x, value))
-    charts = _chart(f"{title}: loss", losses) + _chart(f"{title}: metrics", others)
-    return f"<div>{charts or '<em>no epochs finished yet</em>'}</div>"
+    charts = steps_chart(steps, title) + _chart(f"{title}: loss", losses) + _chart(f"{title}: metrics", others)
+    return f"<div>{charts or '<em>no steps recorded yet</em>'}</div>"
 
 
 def training_html(result: Mapping[str, Any]) -> str:
@@ -217,7 +260,7 @@ def training_html(result: Mapping[str, Any]) -> str:
                                               "epochs_completed", "parameters")}).items()}
     table = _table(["metric", "value"], ([escape(k), _num(v)] for k, v in final.items()), caption="final")
     return curves_html(result.get("history") or [], str(result.get("model_name") or result.get("model") or
-                                                          "training")) + table
+                                                          "training"), result.get("steps") or []) + table
 
 
 # ------------------------------------------------------------------------------------------------ tracin
@@ -301,8 +344,10 @@ def job_html(view: Mapping[str, Any], curves: bool = True) -> str:
     message = f" <small>{escape(str(progress.get('message')))}</small>" if progress.get("message") else ""
     head = (f"<div><code>{escape(str(view.get('id')))}</code> <b>{escape(str(view.get('kind')))}</b> "
             f"{escape(status)} {bar}{message}{err}</div>")
-    history = (view.get("metrics") or {}).get("history")
-    return head + (curves_html(history, str(view.get("kind"))) if history and curves else "")
+    metrics = view.get("metrics") or {}
+    history, steps = metrics.get("history"), metrics.get("steps")
+    return head + (curves_html(history or [], str(view.get("kind")), steps or []) if (history or steps) and curves
+                   else "")
 
 
 # ------------------------------------------------------------------------------------------------ plain text
