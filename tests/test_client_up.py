@@ -70,9 +70,9 @@ def test_cli_follows_a_training_run_on_explainq_up(up):
     assert "batches" in run.stderr or "epochs" in run.stderr  # the progress lines
 
     result = json.loads(cli(env, "result", job["id"]).stdout)
-    assert len(result["history"]) == 2 and result["model_name"] == f"bdh-{job['id']}"
+    assert len(result["history"]) == 2 and result["model_name"] == f"bdh-digits-{job['id'][:8]}"
     models = cli(env, "models")
-    assert models.returncode == 0 and f"bdh-{job['id']}" in models.stdout
+    assert models.returncode == 0 and f"bdh-digits-{job['id'][:8]}" in models.stdout
 
     refused = cli(env, "submit", "train_bdh", "-", stdin=json.dumps({**BDH, "epochs": 0}))
     assert refused.returncode == 2 and "epochs:" in refused.stderr

@@ -61,7 +61,7 @@ def test_a_job_restarted_on_another_host_after_its_last_epoch_registers_and_succ
     again_ctx = FakeContext(settings, "job-1", tmp_path / "host2")
     again = train_bdh.run(PAYLOAD, again_ctx)
     assert again["epochs_completed"] == 2 and again["history"] == first["history"]
-    assert again["test_accuracy"] is not None and [n for n, _ in again_ctx.registered] == ["bdh-job-1"]
+    assert again["test_accuracy"] is not None and [n for n, _ in again_ctx.registered] == ["bdh-digits-job-1"]
     assert again["changed_on_resume"] == {}
 
 

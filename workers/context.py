@@ -309,7 +309,10 @@ class JobContext:
 
     def register_model(self, name: str, **entry: Any) -> dict[str, Any]:
         """Register a model for this job's owner (its files are uploaded into the store as a new version).
-        Another owner's name fails the job with ``name_taken``."""
+        Another owner's name fails the job with ``name_taken``. Its meta records this job (``job_id``): the
+        dashboard links a model to the job that produced it."""
+        if self.job is not None:
+            entry["meta"] = {**(entry.get("meta") or {}), "job_id": self.job_id}
         try:
             result = registry.register_model(self.settings, name, owner=self.owner, **entry)
         except registry.OwnershipError as exc:

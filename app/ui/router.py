@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import Path as FastPath
 from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
@@ -368,6 +369,57 @@ def _curves(described: dict[str, Any], job: dict[str, Any], result: Any) -> dict
             "steps": [r for r in steps if isinstance(r, dict)], "charts": described.get("charts") or []}
 
 
+RUN_PICK_LIMIT = 50  # the caller's newest jobs of the kind offered to pick from
+
+
+async def _run_view(api: Api, job_id: str, kind: str) -> dict[str, Any]:
+    """One run to overlay: the caller's own job (another owner's answers 404 from the API, as an unknown one)."""
+    job = await api.job(job_id)
+    if job.get("kind") != kind:
+        raise ApiError(422, "invalid", f"ids: job {job['id'][:8]} is a {job.get('kind')} job, not {kind}")
+    r = await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request", ok=(200, 404))
+    request = r.json() if r.status_code == 200 else None
+    result = await api.result(job["id"]) if job["status"] == "succeeded" else None
+    source = result if isinstance(result, dict) and result.get("history") is not None else (job.get("metrics") or {})
+    rows = [views.flat_row(x) for x in source.get("history") or [] if isinstance(x, dict)]
+    steps = [x for x in source.get("steps") or [] if isinstance(x, dict)]
+    return {"id": job["id"], "status": job["status"], "label": job.get("label"), "rows": rows, "steps": steps,
+            "request": request, "last": rows[-1] if rows else {}}
+
+
+@router.get("/runs", response_class=HTMLResponse)
+async def runs_page(request: Request, kind: str | None = Query(None, max_length=64),
+                    user: Session = Depends(current)) -> Response:
+    """Several training runs of one kind on the same charts, with their hyper-parameters side by side.
+    ``ids``: the runs (job ids or unique prefixes of the caller's own jobs), repeated or comma separated."""
+    raw = request.query_params.getlist("ids")
+    if len(raw) > views.MAX_RUNS or sum(len(v) for v in raw) > views.MAX_RUNS * 80:
+        raise ApiError(422, "invalid", f"ids: at most {views.MAX_RUNS} runs at once")
+    async with Api(request, user) as api:
+        kinds = [k for k in (await api.get("/kinds")).get("kinds") or [] if k.get("renderer") == "training"]
+        by_name = {k["name"]: k for k in kinds}
+        chosen = [i.strip() for i in dict.fromkeys(",".join(raw).split(",")) if i.strip()]
+        if len(chosen) > views.MAX_RUNS:
+            raise ApiError(422, "invalid", f"ids: at most {views.MAX_RUNS} runs at once, got {len(chosen)}")
+        if kind is None and chosen:
+            kind = (await api.job(chosen[0])).get("kind")
+        if kind is not None and kind not in by_name:
+            raise ApiError(422, "invalid", f"kind: not a training kind; one of {', '.join(by_name)}")
+        runs = [await _run_view(api, i, kind) for i in chosen] if kind else []
+        candidates = (await api.jobs(kind=kind, limit=RUN_PICK_LIMIT))["items"] if kind else []
+    for n, run in enumerate(runs):
+        run["colour"] = views.RUN_COLOURS[n % len(views.RUN_COLOURS)]
+    described = by_name.get(kind or "", {})
+    charts = views.overlay(runs, described.get("charts") or []) if runs else []
+    params = views.params_table([r["request"] for r in runs])
+    last_keys = list(dict.fromkeys(k for r in runs for k, v in r["last"].items()
+                                   if isinstance(v, int | float) and not isinstance(v, bool)))
+    return _page(request, "runs.html", {
+        "kinds": kinds, "kind": kind, "runs": runs, "charts": charts, "params": params, "last_keys": last_keys,
+        "candidates": candidates, "chosen": {r["id"] for r in runs}, "title": described.get("title") or kind,
+    }, user=user)
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(request: Request, job_id: str, page: int = Query(1, ge=1, le=1_000_000),
                    user: Session = Depends(current)) -> Response:
@@ -409,12 +461,58 @@ async def tracin_csv(request: Request, job_id: str, user: Session = Depends(curr
 
 
 # ----------------------------------------------------------------------------------------- models, new job
+def explain_actions(kinds: list[dict[str, Any]], model_kind: str | None) -> list[dict[str, str]]:
+    """The job kinds that take a model of ``model_kind`` (their form's model picker, from ``GET /kinds``):
+    ``{"kind", "title", "field"}`` for each, to open that form with the model chosen."""
+    out = []
+    for k in kinds:
+        for field, (section, registry_kind) in (k.get("pickers") or {}).items():
+            if section == "models" and registry_kind == model_kind and k.get("route"):
+                out.append({"kind": k["name"], "title": k.get("title") or k["name"], "field": field})
+                break
+    return out
+
+
 @router.get("/models", response_class=HTMLResponse)
-async def models_page(request: Request, user: Session = Depends(current)) -> Response:
+async def models_page(request: Request, deleted: str | None = Query(None, max_length=128),
+                      user: Session = Depends(current)) -> Response:
     async with Api(request, user) as api:
         data = await api.models()
-    return _page(request, "models.html", {"models": data.get("models", []), "datasets": data.get("datasets", [])},
+        kinds = (await api.get("/kinds")).get("kinds") or []
+    models = [{**m, "actions": explain_actions(kinds, m.get("kind")),
+               "job_id": (m.get("meta") or {}).get("job_id") if isinstance(m.get("meta"), dict) else None,
+               "mine": m.get("owner") == user.owner}
+              for m in data.get("models", [])]
+    names = {m["name"] for m in models}
+    return _page(request, "models.html", {"models": models, "datasets": data.get("datasets", []),
+                                          "deleted": deleted if deleted and deleted not in names else None},
                  user=user)
+
+
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+@router.get("/models/{name}/delete", response_class=HTMLResponse)
+async def model_delete_page(request: Request, name: str = FastPath(..., pattern=MODEL_NAME),
+                            user: Session = Depends(current)) -> Response:
+    """Asks before deleting one of the caller's models (another owner's is 409, an unknown one 404)."""
+    async with Api(request, user) as api:
+        data = await api.models()
+    model = next((m for m in data.get("models", []) if m.get("name") == name), None)
+    if model is None:
+        raise ApiError(404, "not_found", f"no model {name!r}")
+    if model.get("owner") != user.owner:
+        raise ApiError(409, "owned_by_other", f"model {name!r} belongs to another owner; only they can delete it")
+    return _page(request, "model_delete.html", {"model": model}, user=user)
+
+
+@router.post("/models/{name}/delete", response_class=HTMLResponse)
+async def model_delete(request: Request, name: str = FastPath(..., pattern=MODEL_NAME),
+                       sent: tuple[Session, FormData] = Depends(posted)) -> Response:
+    user, _ = sent
+    async with Api(request, user) as api:
+        await api.call("DELETE", f"/models/{quote(name, safe='')}")
+    return RedirectResponse("/ui/models?" + urlencode({"deleted": name}), status_code=303)
 
 
 @router.get("/new", response_class=HTMLResponse)

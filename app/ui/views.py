@@ -178,3 +178,62 @@ def ablation_view(result: dict[str, Any]) -> dict[str, Any]:
         rows.append({"rep": rep, "cells": cells, "drop": (result.get("drop") or {}).get(rep)})
     classes = result.get("num_classes")
     return {"sets": sets, "rows": rows, "chance": 1.0 / classes if classes else None}
+
+
+# ------------------------------------------------------------------------------------------- runs overlay
+# One colour per run (Okabe-Ito, colour-blind safe); within a run, a validation series is dashed.
+RUN_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+MAX_RUNS = 8
+
+
+def overlay(runs: list[dict[str, Any]], charts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each of the kind's charts with every run's curves on one x axis (the union of the runs' epochs, or of their
+    fractional epochs for the step curve): ``{"id", "title", "x": [...], "series": [{"label", "colour", "dash",
+    "run", "key", "values": [... None where the run has no point]}]}``. ``runs``: ``{"id", "rows", "steps"}`` with
+    rows flattened (:func:`flat_row`)."""
+    out = []
+    for chart in charts:
+        source = "steps" if chart.get("rows") == "steps" else "rows"
+        xs = sorted({r["epoch"] for run in runs for r in run[source]
+                     if isinstance(r.get("epoch"), int | float) and not isinstance(r.get("epoch"), bool)})
+        index = {x: i for i, x in enumerate(xs)}
+        series = []
+        for n, run in enumerate(runs):
+            for s in chart.get("series", []):
+                key, label = s[0], s[1]
+                values: list[float | None] = [None] * len(xs)
+                for r in run[source]:
+                    v, x = r.get(key), r.get("epoch")
+                    if x in index and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                        values[index[x]] = v
+                if any(v is not None for v in values):
+                    series.append({"label": f"{run['id'][:8]} {label}", "colour": RUN_COLOURS[n % len(RUN_COLOURS)],
+                                   "dash": key.lower().startswith("val"), "run": run["id"], "key": key,
+                                   "values": values})
+        out.append({"id": chart.get("id"), "title": chart.get("title"), "x": xs, "series": series})
+    return out
+
+
+def flat_params(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A request as dotted keys (``model.n_layer``); lists kept whole."""
+    out: dict[str, Any] = {}
+    for key, value in (obj or {}).items():
+        if isinstance(value, dict):
+            out.update(flat_params(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def params_table(requests: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """The runs' hyper-parameters side by side: ``{"name", "cells", "differs"}`` per request field, the fields
+    whose values differ between the runs first (a field a run's request lacks counts as differing)."""
+    flat = [flat_params(r) if isinstance(r, dict) else {} for r in requests]
+    names = list(dict.fromkeys(k for f in flat for k in f))
+    missing = object()
+    rows = []
+    for name in names:
+        values = [f.get(name, missing) for f in flat]
+        differs = any(v != values[0] for v in values[1:])
+        rows.append({"name": name, "cells": [None if v is missing else v for v in values], "differs": differs})
+    return sorted(rows, key=lambda r: not r["differs"])  # stable: the request's order within each group

@@ -70,7 +70,27 @@
     });
   }
 
+  // the runs overlay: server-aligned data, one colour per run, validation dashed
+  function drawOverlays(root) {
+    root.querySelectorAll("figure.overlay").forEach(function (fig) {
+      if (plots.get(fig)) return;
+      var spec = JSON.parse(fig.dataset.overlay);
+      var target = fig.querySelector(".plot");
+      var data = [spec.x].concat(spec.series.map(function (s) { return s.values; }));
+      plots.set(fig, new uPlot({
+        width: plotWidth(target), height: 240,
+        scales: { x: { time: false } },
+        axes: [{ label: "epoch" }, {}],
+        series: [{ label: "epoch" }].concat(spec.series.map(function (s) {
+          return { label: s.label, stroke: s.colour, width: 2, spanGaps: true, dash: s.dash ? [6, 4] : undefined,
+                   points: { show: spec.id !== "steps", size: 4 } };
+        })),
+      }, data, target));
+    });
+  }
+
   function initCharts(root) {
+    drawOverlays(root);
     root.querySelectorAll(".charts").forEach(function (c) {
       c._rows = JSON.parse(c.dataset.rows || "[]");
       c._steps = JSON.parse(c.dataset.steps || "[]");
