@@ -99,6 +99,8 @@ def test_overlay_refuses_another_owners_run_and_bad_ids(svc) -> None:
     assert c.get("/ui/runs", params={"kind": "train_conve", "ids": f"{jobs['a']},{jobs['bob']}"}).status_code == 404
     assert c.get("/ui/runs", params={"ids": jobs["bob"]}).status_code == 404
     assert c.get("/ui/runs", params={"kind": "attributions"}).status_code == 422
+    wrong = c.get("/ui/runs", params={"kind": "train_bdh", "ids": jobs["a"]})
+    assert wrong.status_code == 422 and "is a train_conve job, not train_bdh" in wrong.text
     many = ",".join(f"{i:032x}" for i in range(9))
     r = c.get("/ui/runs", params={"kind": "train_conve", "ids": many})
     assert r.status_code == 422 and "at most 8 runs" in r.text

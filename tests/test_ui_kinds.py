@@ -87,10 +87,10 @@ def test_conve_training_page_curves_metrics_and_checkpoints(svc) -> None:
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert [r["loss"] for r in rows] == [h["loss"] for h in result["history"]]
     assert rows[-1]["valid_mrr"] == result["history"][-1]["valid"]["mrr"]
-    assert page.count('<figure class="chart"') == 2
+    assert page.count('<figure class="chart"') == 3  # the per-step running loss, loss, MRR / Hits@k
     for c in result["checkpoints"]:
         assert c["file"] in page
-    assert re.search(r'<th scope="row">test</th>', page) and "Registered as <span class=\"mono\">conve-ui" in page
+    assert re.search(r'<th scope="row">test</th>', page) and "Registered as <a class=\"mono\" href=\"/ui/models#model-conve-ui\">conve-ui" in page
 
 
 def test_ablation_page_table_with_mean_std_and_drop(svc) -> None:

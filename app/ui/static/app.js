@@ -45,7 +45,7 @@
 
   // container._rows: one row per epoch; container._steps: the per-step running-loss curve (x: fractional epoch)
   function drawCharts(container) {
-    container.querySelectorAll("figure.chart").forEach(function (fig) {
+    container.querySelectorAll("figure.chart[data-chart]").forEach(function (fig) {
       var spec = JSON.parse(fig.dataset.chart);
       var rows = (spec.rows === "steps" ? container._steps : container._rows) || [];
       var target = fig.querySelector(".plot");
@@ -67,6 +67,7 @@
         plots.set(fig, plot);
       }
       fig.dataset.points = String(rows.length);
+      fig.dataset.lastX = rows.length ? String(rows[rows.length - 1].epoch) : "";
     });
   }
 
@@ -168,7 +169,7 @@
   window.addEventListener("resize", function () {
     document.querySelectorAll("figure.chart").forEach(function (fig) {
       var plot = plots.get(fig);
-      if (plot) plot.setSize({ width: plotWidth(fig.querySelector(".plot")), height: 220 });
+      if (plot) plot.setSize({ width: plotWidth(fig.querySelector(".plot")), height: fig.dataset.overlay ? 240 : 220 });
     });
   });
 
