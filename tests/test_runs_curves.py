@@ -128,3 +128,37 @@ def test_sdk_draws_train_and_validation_in_the_shared_colours_and_the_step_curve
     live = render.job_html({"id": "x", "kind": "train_bdh", "status": "running", "metrics": {"history": [],
                                                                                           "steps": steps}})
     assert "running loss by step" in live  # before the first epoch ends
+
+
+def test_bdh_models_get_a_readable_name_made_unique_when_taken(redis_settings, tmp_path) -> None:
+    from core import registry
+    from workers.jobs.train_bdh import default_model_name
+
+    class Ctx:
+        settings, owner = redis_settings, "alice"
+        job_id = "0123456789abcdef0123456789abcdef"
+
+    ctx = Ctx()
+    assert default_model_name(ctx, {"dataset": "digits"}) == "bdh-digits-01234567"
+    label = {"dataset": "cifar10", "label": "  wide run / lr 3e-3 ✓  "}
+    assert default_model_name(ctx, label) == "bdh-wide-run-lr-3e-3-01234567"
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    registry.register_model(redis_settings, "bdh-digits-01234567", kind="vision_bdh", loader="x:y",
+                            path=tmp_path / "m", owner="bob")  # another owner's: the full id
+    assert default_model_name(ctx, {"dataset": "digits"}) == f"bdh-digits-{ctx.job_id}"
+    registry.register_model(redis_settings, "bdh-cifar10-01234567", kind="vision_bdh", loader="x:y",
+                            path=tmp_path / "m", owner="alice", meta={"job_id": ctx.job_id})  # this job's own
+    assert default_model_name(ctx, {"dataset": "cifar10"}) == "bdh-cifar10-01234567"
+
+
+def test_live_metrics_are_written_at_a_bounded_rate() -> None:
+    from workers.live import LiveMetrics
+
+    curve = StepCurve(10)
+    curve.add(1, 2.0, 1.0)
+    live = LiveMetrics(ctx=None, interval_s=3600)
+    first = live.metrics([], curve, epoch=1)
+    assert first == {"epoch": 1, "history": [], "steps": curve.rows()}
+    assert live.metrics([], curve) is None  # within the interval: no meta write
+    assert live.metrics([{"epoch": 1}], curve, force=True)["history"] == [{"epoch": 1}]  # an epoch's end

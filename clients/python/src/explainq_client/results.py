@@ -49,7 +49,8 @@ class TracInResult(Result):
 
 
 class TrainingResult(Result):
-    """Renderer ``training`` (``train_bdh``, ``train_conve``): renders the per-epoch curves and the final metrics."""
+    """Renderer ``training`` (``train_bdh``, ``train_conve``, ``train_news``): renders the per-step running loss, the
+    per-epoch curves and the final metrics."""
 
     @property
     def history(self) -> list[dict[str, Any]]:
