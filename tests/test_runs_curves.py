@@ -162,3 +162,28 @@ def test_live_metrics_are_written_at_a_bounded_rate() -> None:
     assert first == {"epoch": 1, "history": [], "steps": curve.rows()}
     assert live.metrics([], curve) is None  # within the interval: no meta write
     assert live.metrics([{"epoch": 1}], curve, force=True)["history"] == [{"epoch": 1}]  # an epoch's end
+
+
+@pytest.mark.slow
+def test_news_training_records_its_step_curve_with_the_announced_steps_per_epoch(tmp_path) -> None:
+    from models.news.data import read_split
+    from models.news.modules import build_model
+    from models.news.text import WordTokenizer
+    from models.news.train import TrainConfig, steps_per_epoch, train
+    from tests.byo_fixtures import mind_dir
+
+    split = read_split(mind_dir(tmp_path / "mind"), "train")
+    tokenizer = WordTokenizer.build([n.title for n in split.news.values()])
+    model = build_model({"kind": "nrms", "encoder": "word", "emb_dim": 16, "heads": 2, "head_dim": 8,
+                         "query_dim": 16, "dropout": 0.0, "max_title_len": 16}, tokenizer)
+    cfg = TrainConfig(epochs=2, batch_size=8)
+    per_epoch = steps_per_epoch(split, cfg.batch_size, cfg.max_history)
+    seen: list[int] = []
+    curve = StepCurve(per_epoch)
+    result = train(model, split, None, cfg, progress=lambda step, total, m: seen.append(len(curve.rows())),
+                   curve=curve)
+    assert seen[0] == 1 and len(seen) == 2 * per_epoch  # a point from the first step on
+    assert result["steps"][-1] == {"step": 2 * per_epoch, "epoch": 2.0, "loss": pytest.approx(
+        result["steps"][-1]["loss"])}
+    first_epoch = [r for r in result["steps"] if r["epoch"] <= 1.0]
+    assert first_epoch[-1]["epoch"] == 1.0  # a point closes each epoch

@@ -169,12 +169,12 @@ def test_running_bdh_job_curve_grows_and_cancel_works(page, server, tmp_path) ->
         assert r.status_code == 202, r.text
         job_id = r.json()["id"]
     page.goto(f"/ui/jobs/{job_id}")
-    chart = page.locator("figure.chart").first
+    chart = page.locator("figure.chart").nth(1)  # the per-epoch loss (the first chart is the step curve)
     expect(chart.locator("canvas")).to_have_count(1)
-    page.wait_for_function("() => +document.querySelector('figure.chart').dataset.points >= 1", timeout=120_000)
+    epochs = "document.querySelectorAll('figure.chart')[1].dataset.points"
+    page.wait_for_function(f"() => +{epochs} >= 1", timeout=120_000)
     first = int(chart.get_attribute("data-points"))
-    page.wait_for_function(f"() => +document.querySelector('figure.chart').dataset.points >= {first + 2}",
-                           timeout=60_000)
+    page.wait_for_function(f"() => +{epochs} >= {first + 2}", timeout=60_000)
     expect(page.locator("#job-status .badge")).to_have_text("running")
     assert "ETA" in page.locator("#job-progress").inner_text()
     _shot(page, tmp_path, "dashboard-bdh-training.png")
