@@ -164,7 +164,13 @@ def test_train_and_validation_in_the_sdk_colours_and_runs_overlay(page, server, 
 
     page.click("text=Compare with other train_bdh runs…")
     expect(page).to_have_url(re.compile(r"/ui/runs\?kind=train_bdh"))
-    page.goto(f"/ui/runs?kind=train_conve&ids={jobs['train_conve']},{jobs['train_conve_2']}")
+    page.goto("/ui/runs")  # pick the kind, then two runs, as a user would
+    page.select_option("select[name=kind]", "train_conve")
+    page.click("text=Show runs")
+    for key in ("train_conve", "train_conve_2"):
+        page.check(f"input[name=ids][value='{jobs[key]}']")
+    page.click("text=Compare the chosen runs")
+    expect(page).to_have_url(re.compile(r"/ui/runs\?kind=train_conve&ids=[0-9a-f]{32}&ids=[0-9a-f]{32}$"))
     figures = page.locator("figure.overlay")
     expect(figures).to_have_count(3)
     expect(page.locator("figure.overlay canvas")).to_have_count(3)
