@@ -195,7 +195,7 @@ def test_running_step_curve_shows_before_the_first_epoch_ends(page, server, tmp_
     steps = "figure.chart:has(figcaption:text-is('Running loss by step'))"
     loss = "figure.chart:has(figcaption:text-is('Loss'))"
     page.wait_for_function("() => +document.querySelector('figure.chart').dataset.points >= 2", timeout=120_000)
-    assert page.locator(loss).get_attribute("data-points") == "0", "an epoch ended first: too short a run"
+    assert page.locator(loss).get_attribute("data-points") == "0", "no step point showed before the first epoch ended"
     first = float(page.locator(steps).get_attribute("data-last-x"))
     assert 0 < first < 1  # fractional epochs of the first epoch
     page.wait_for_function(f"() => +document.querySelector('figure.chart').dataset.lastX > {first}",

@@ -88,7 +88,8 @@ class TrainBDHRequest(RequestModel):
     num_workers: int | None = Field(None, ge=0, le=limits.MAX_DATA_WORKERS, description="DataLoader workers; default 4 on CUDA, 0 on CPU")
     register_as: str | None = Field(
         None, max_length=limits.MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
-        description="registry name for the best model; default bdh-<job id>; another owner's name is 409",
+        description="registry name for the best model; default bdh-<label or dataset>-<first 8 characters of the job id>; "
+        "another owner's name is 409",
     )
 
 
