@@ -106,6 +106,7 @@ def server(tmp_path_factory):
             assert _wait(api, jobs["train_conve"])["status"] == "succeeded", svc.worker_logs()
             jobs["tracin"] = _submit(api, "/tracin", {"model": "conve-runs-ui", "test_triples": [
                 ["usa", "embassy", "uk"]], "top_k": 3})
+            jobs["tracin_self"] = _submit(api, "/tracin", {"model": "conve-runs-ui", "mode": "self", "top_k": 5})
             for kind, job_id in jobs.items():
                 job = _wait(api, job_id)
                 assert job["status"] in ("succeeded", "failed"), (kind, job)
