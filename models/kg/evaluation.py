@@ -288,9 +288,11 @@ def found_at(labels: np.ndarray, scores: np.ndarray, fraction: float) -> float:
 
 
 def mislabel_report(bundle: KGBundle, corrupted: np.ndarray, estimators: Sequence[str],
-                    progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
+                    progress: Callable[[int, int, str], None] | None = None,
+                    scores: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Each estimator's self-influence ranking of ``bundle``'s training triples against the ``corrupted``
-    indices: AUC, found@10%/20% and the recall curve, and its time."""
+    indices: AUC, found@10%/20% and the recall curve, and its time. ``scores``, when given, receives each
+    estimator's self-scores ``[n]``."""
     train = bundle.dataset.train
     labels = np.zeros(len(train), dtype=bool)
     labels[corrupted] = True
@@ -299,6 +301,8 @@ def mislabel_report(bundle: KGBundle, corrupted: np.ndarray, estimators: Sequenc
         if progress is not None:
             progress(k, len(estimators), f"estimator {name}")
         run = run_estimator(name, bundle, None, train, self_scores=True)
+        if scores is not None:
+            scores[name] = run.values
         out[name] = {"auc": roc_auc(labels, run.values), "found_at_10": found_at(labels, run.values, 0.10),
                      "found_at_20": found_at(labels, run.values, 0.20),
                      "recall_curve": recall_curve(labels, run.values), "seconds": round(run.seconds, 4)}
