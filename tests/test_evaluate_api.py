@@ -192,3 +192,82 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
                                                  "estimators": ["random"]})
     assert again["trainings"] == 0 and again["corrupted"] == res["corrupted"]
     assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
+
+
+# ------------------------------------------------------------------------------------------- SDK and CLI
+LDS_RESULT = {"task": "lds", "dataset": "nations", "m": 16, "alpha": 0.5, "n_test": 50,
+              "estimators": {"tracin": {"lds": {"mean": 0.09, "low": 0.01, "high": 0.17, "n": 50},
+                                        "n_undefined": 0, "seconds": 3.9},
+                             "<b>rnd</b>": {"lds": {"mean": -0.03, "low": -0.11, "high": 0.05, "n": 50},
+                                            "n_undefined": 0, "seconds": 0.001}}}
+MISLABEL_RESULT = {"task": "mislabel", "dataset": "nations", "n_train": 100, "n_corrupted": 10,
+                   "estimators": {"tracin": {"auc": 0.61, "found_at_10": 0.3, "found_at_20": 0.5, "seconds": 1.0,
+                                             "recall_curve": {"inspected": [0, 0.5, 1], "found": [0, 0.7, 1]}}}}
+
+
+def _kinds_description():
+    from core.kinds import load_all
+
+    return {"kinds": [k.describe() for k in load_all().values() if not k.internal]}
+
+
+def test_sdk_methods_post_to_the_routes_and_results_render_as_evaluations():
+    import httpx
+    from explainq_client import AsyncClient, Client
+    from explainq_client.results import EvaluationResult, make_result
+
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        kind = "evaluate_attribution" if request.url.path.endswith("attribution") else "evaluate_mislabel"
+        return httpx.Response(202, json={"id": "j1", "kind": kind, "status": "queued", "progress": None,
+                                         "error": None})
+
+    with Client("http://x", transport=httpx.MockTransport(handler)) as c:
+        c.evaluate_attribution(m=8, estimators=["tracin", "random"], recipe={"epochs": 1})
+        c.evaluate_mislabel(fraction=0.2)
+    assert [r.url.path for r in seen] == ["/evaluate/attribution", "/evaluate/mislabel"]
+    assert json.loads(seen[0].content) == {"m": 8, "estimators": ["tracin", "random"], "recipe": {"epochs": 1}}
+    assert json.loads(seen[1].content) == {"fraction": 0.2}
+    assert callable(AsyncClient.evaluate_attribution) and callable(AsyncClient.evaluate_mislabel)
+
+    lds = make_result("evaluation", LDS_RESULT, "evaluate_attribution")
+    assert isinstance(lds, EvaluationResult) and set(lds.estimators) == {"tracin", "<b>rnd</b>"}
+    html = lds._repr_html_()
+    assert "<svg" in html and "&lt;b&gt;rnd&lt;/b&gt;" in html and "<b>rnd</b>" not in html
+    assert "tracin: 0.09 [0.01, 0.17]" in html  # the bar's accessible title: mean and interval
+    lines = lds.text().splitlines()
+    assert lines[2].split()[:2] == ["estimator", "LDS"] and lines[3].split()[:4] == ["tracin", "0.09", "[0.01,",
+                                                                                      "0.17]"]
+    mis = make_result("evaluation", MISLABEL_RESULT, "evaluate_mislabel")
+    assert "polyline" in mis._repr_html_() and "fraction inspected" in mis._repr_html_()
+    assert mis.text().splitlines()[3].split() == ["tracin", "0.61", "0.3", "0.5", "1"]
+
+
+def test_cli_submits_an_evaluation_through_the_generic_submit_and_prints_its_table(monkeypatch, tmp_path, capsys):
+    import httpx
+    from explainq_client import Client, cli
+
+    posted = []
+    view = {"id": "j1", "kind": "evaluate_attribution", "status": "succeeded", "progress": None, "error": None}
+
+    def handler(request):
+        if request.url.path == "/kinds":
+            return httpx.Response(200, json=_kinds_description())
+        if request.method == "POST":
+            posted.append((request.url.path, json.loads(request.content)))
+            return httpx.Response(202, json={**view, "status": "queued"})
+        if request.url.path == "/jobs/j1/result":
+            return httpx.Response(200, json=LDS_RESULT)
+        return httpx.Response(200, json=view)
+
+    monkeypatch.setattr(cli, "Client", lambda *a, **k: Client("http://x", transport=httpx.MockTransport(handler)))
+    body = tmp_path / "req.json"
+    body.write_text(json.dumps({"m": 8, "recipe": {"epochs": 1}}))
+    assert cli.run(["submit", "evaluate-attribution", str(body)]) == cli.EXIT_OK
+    assert posted == [("/evaluate/attribution", {"m": 8, "recipe": {"epochs": 1}})]
+    capsys.readouterr()
+    assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "LDS on nations: 16 subset models" in out and "tracin" in out
