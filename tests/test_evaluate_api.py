@@ -271,3 +271,43 @@ def test_cli_submits_an_evaluation_through_the_generic_submit_and_prints_its_tab
     assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
     out = capsys.readouterr().out
     assert "LDS on nations: 16 subset models" in out and "tracin" in out
+
+
+# ------------------------------------------------------------------------------------------- dashboard
+def _page(result):
+    from app.ui.evaluation import evaluation_view
+    from app.ui.router import templates
+
+    return templates.env.get_template("_evaluation.html").render(result=result,
+                                                                 evaluation=evaluation_view(result))
+
+
+def test_dashboard_draws_lds_bars_with_whiskers_and_a_table():
+    import re
+
+    result = {**LDS_RESULT, "dataset": "<script>x</script>", "subset_size": 796, "n_train": 1592,
+              "output": "margin", "trainings": 0, "ground_truth": {"reused": 17}}
+    page = _page(result)
+    assert "<script>x</script>" not in page and "&lt;script&gt;" in page
+    assert "&lt;b&gt;rnd&lt;/b&gt;" in page and "<b>rnd</b>" not in page
+    rows = re.findall(r'<tr><th scope="row">([^<]+)</th>(.*?)</tr>', page, re.S)
+    assert [r for r, _ in rows] == ["tracin", "&lt;b&gt;rnd&lt;/b&gt;"]
+    assert "0.09" in rows[0][1] and "[0.01, 0.17]" in rows[0][1]
+    # bars start at zero and the whiskers span the interval, on one axis from -0.11 to 0.17
+    from app.ui.evaluation import lds_bars
+
+    b = lds_bars(LDS_RESULT["estimators"])["rows"]
+    assert b[0]["bar_x"] == pytest.approx(lds_bars(LDS_RESULT["estimators"])["zero_x"])
+    assert b[0]["low_x"] < b[0]["bar_x"] + b[0]["bar_w"] < b[0]["high_x"]
+    assert b[1]["bar_x"] + b[1]["bar_w"] == pytest.approx(lds_bars(LDS_RESULT["estimators"])["zero_x"], abs=0.2)
+    assert f'x1="{b[0]["low_x"]}"' in page and "reused" in page and "17" in page
+
+
+def test_dashboard_draws_the_mislabel_recall_curve_and_table():
+    page = _page({**MISLABEL_RESULT, "fraction": 0.1, "seed": 0})
+    assert "<polyline" in page and "Mislabel detection" in page
+    assert "0.61" in page and "corrupted.tsv" in page
+    from app.ui.evaluation import PAD, recall_curves
+
+    pts = recall_curves(MISLABEL_RESULT["estimators"])["series"][0]["points"].split()
+    assert len(pts) == 3 and pts[0] == f"{PAD:.1f},{260 - PAD:.1f}"  # (0 inspected, 0 found) at the origin
