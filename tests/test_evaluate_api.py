@@ -18,6 +18,8 @@ from tests.service import api_client
 
 TINY = {"epochs": 1, "batch_size": 256, "lr": 0.01, "embedding_dim": 20, "embedding_height": 4, "num_filters": 4,
         "checkpoint_every": 1, "seed": 0}
+ALICE = {"Authorization": "Bearer key-alice"}
+BOB = {"Authorization": "Bearer key-bob"}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,27 @@ def test_training_budget_over_m_and_epochs_names_both_fields(client):
     assert client.post("/evaluate/attribution", json={"m": 200, "recipe": {"epochs": 100}}).status_code == 202
 
 
+def test_a_recipe_over_the_worker_memory_names_its_sizes(client):
+    r = client.post("/evaluate/mislabel", json={"recipe": {"embedding_dim": 4096, "num_filters": 1024,
+                                                           "embedding_height": 64}})
+    assert r.status_code == 422, r.text
+    assert {("body", "recipe", "embedding_dim"), ("body", "recipe", "num_filters")} <= _locs(r)
+    assert "EXPLAINQ_WORKER_MEMORY_BYTES" in r.text
+
+
+def test_another_owners_evaluation_is_not_found(tmp_path):
+    keys = {"EXPLAINQ_API_KEYS": "alice:key-alice,bob:key-bob"}
+    with api_client(tmp_path, **keys) as c:
+        r = c.post("/evaluate/attribution", json={"m": 3, "recipe": TINY}, headers=ALICE)
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
+        assert c.get(f"/jobs/{job}", headers=ALICE).status_code == 200
+        for path in (f"/jobs/{job}", f"/jobs/{job}/request", f"/jobs/{job}/artifacts"):
+            assert c.get(path, headers=BOB).status_code == 404, path
+        assert c.post(f"/jobs/{job}/cancel", headers=BOB).status_code == 404
+        assert c.post("/evaluate/attribution", json={"m": 3}).status_code == 401
+
+
 def test_unknown_dataset_names_the_field(client):
     r = client.post("/evaluate/attribution", json={"dataset": "no-such-graph"})
     assert r.status_code in (404, 422), r.text
@@ -88,8 +111,6 @@ def test_a_valid_request_is_queued_on_bulk_with_the_evaluation_renderer(client):
 
 
 # ------------------------------------------------------------------------------------------- through the service
-ALICE = {"Authorization": "Bearer key-alice"}
-BOB = {"Authorization": "Bearer key-bob"}
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
-from core import limits
+from core import limits, memory
 from core.kinds.base import (
     FieldError,
     JobKind,
@@ -25,7 +25,7 @@ from core.kinds.base import (
     register_fanout,
     shard_retries_field,
 )
-from core.kinds.train_conve import NATIONS, resolve_dataset
+from core.kinds.train_conve import NATIONS, dataset_counts, resolve_dataset
 from core.settings import Settings
 from models.kg.estimators import ESTIMATORS
 from models.kg.shapes import check_image
@@ -97,6 +97,21 @@ def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> None
     if req.recipe.checkpoint_every > req.recipe.epochs:
         raise FieldError(("body", "recipe", "checkpoint_every"), "checkpoint_every must be at most epochs",
                          value=req.recipe.checkpoint_every)
+    _check_memory(req, settings)
+
+
+def _check_memory(req: _EvaluateRequest, settings: Settings) -> None:
+    """Each model the evaluation trains fits ``EXPLAINQ_WORKER_MEMORY_BYTES`` (as ``POST /train/conve`` checks)."""
+    r = req.recipe
+    counts = dataset_counts(settings, req.dataset)
+    est = memory.conve_training(counts["entities"], counts["relations"], r.embedding_dim, r.embedding_height,
+                                r.num_filters, r.batch_size, r.reciprocal)
+    sizes = [("recipe.embedding_dim", r.embedding_dim), ("recipe.num_filters", r.num_filters)]
+    fields = sizes + [("recipe.batch_size", r.batch_size)]
+    if est.activation_bytes > est.parameter_bytes:
+        fields = [("recipe.batch_size", r.batch_size), *sizes]
+    memory.check_budget(settings, est, fields, f"ConvE with embedding_dim {r.embedding_dim}, num_filters "
+                        f"{r.num_filters} and batch_size {r.batch_size} on {req.dataset!r}")
 
 
 def validate_attribution(req: EvaluateAttributionRequest, settings: Settings, owner: str = "system") -> None:
