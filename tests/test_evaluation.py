@@ -137,15 +137,20 @@ def test_estimator_registry_resolves_every_name():
 
 def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
     from models.explain.tracin import TracIn
-    from models.kg.checkpoint import load
-    from models.kg.train import TrainConfig, train_conve
+    from models.kg.checkpoint import KGBundle, save_checkpoint
+    from models.kg.train import TrainConfig, build_model
     from models.kg.triples import load_nations
 
     ds = load_nations()
-    train_conve(evaluation.with_train(ds, ds.train[:200]), TrainConfig(
-        epochs=2, batch_size=100, embedding_dim=8, embedding_height=2, num_filters=2, checkpoint_every=1),
-        tmp_path, device="cpu")
-    bundle = load(tmp_path)
+    torch.manual_seed(0)
+    model = build_model(ds, TrainConfig(embedding_dim=8, embedding_height=2, num_filters=2)).eval()
+    ckpts = []
+    for epoch in (1, 2):  # two checkpoints of slightly different weights
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.add_(0.05 * torch.randn_like(prm))
+        ckpts.append(save_checkpoint(model, tmp_path / f"epoch_{epoch}.safetensors", epoch, 0.01 / epoch))
+    bundle = KGBundle(model, ds, ckpts, tmp_path)
     test, train = ds.test[:3], ds.train[:50]
     run = evaluation.run_estimator("tracin_last", bundle, test, train)
     want = TracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)[0]
