@@ -163,3 +163,28 @@ def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
     assert (r1 == evaluation.run_estimator("random", bundle, test, train).values).all()
     report = evaluation.mislabel_report(bundle, np.array([1, 5, 9]), ["random"])
     assert set(report["random"]) == {"auc", "found_at_10", "found_at_20", "recall_curve", "seconds"}
+
+
+def test_the_ground_truth_address_changes_with_everything_it_depends_on():
+    from models.kg.triples import load_nations
+    from workers.context import JobError
+    from workers.jobs.evaluate import _identity, _same_data
+
+    ds = load_nations()
+    base = {"recipe": {"epochs": 1, "embedding_dim": 20, "seed": 0}, "alpha": 0.5, "m": 3, "seed": 0,
+            "dataset": "nations"}
+    ident = _identity(base, ds)
+    assert ident == _identity(dict(base), ds) and ident["seeds"] == [0, 1, 2]
+    for change in ({"alpha": 0.4}, {"m": 4}, {"seed": 1}, {"recipe": {**base["recipe"], "epochs": 2}}):
+        other = _identity({**base, **change}, ds)
+        assert other["lds"] != ident["lds"], change
+    # the full-data model depends on the recipe and the data only
+    assert _identity({**base, "alpha": 0.4, "m": 9}, ds)["full"] == ident["full"]
+    assert _identity({**base, "recipe": {**base["recipe"], "seed": 1}}, ds)["full"] != ident["full"]
+    changed = evaluation.with_train(ds, ds.train[1:], keep_eval=True)
+    assert _identity(base, changed)["lds"] != ident["lds"]
+    assert evaluation.data_version(changed) != evaluation.data_version(ds)
+    # a shard refuses data that changed since its evaluation started
+    assert _same_data(ds, {**base, "data_version": ident["data_version"]})["lds"] == ident["lds"]
+    with pytest.raises(JobError, match="changed since the evaluation started"):
+        _same_data(changed, {**base, "data_version": ident["data_version"]})
