@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -182,6 +183,31 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
                  f"/jobs/{job['id']}/artifacts/ground_truth.npz"):
         assert svc.client.get(path, headers=BOB).status_code == 404, path
 
+    # the dashboard's job page draws the evaluation (signed in as alice)
+    page = _dashboard_page(svc, job["id"])
+    assert "Linear datamodeling score" in page and "<svg" in page
+    lds = res["estimators"]["tracin_last"]["lds"]
+    assert re.search(r'<th scope="row">tracin_last</th><td>' + re.escape(_num3(lds["mean"])), page), page[-3000:]
+
+
+def _num3(v):
+    from app.ui.views import num
+
+    return num(v, 3)
+
+
+def _dashboard_page(svc, job_id):
+    c = svc.client
+    c.cookies.clear()
+    r = c.post("/ui/login", data={"api_key": "key-alice", "next": "/ui/jobs"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    try:
+        page = c.get(f"/ui/jobs/{job_id}")
+        assert page.status_code == 200, page.text
+        return page.text
+    finally:
+        c.cookies.clear()
+
 
 @pytest.mark.slow
 def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit_learns(svc):
@@ -212,6 +238,8 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
     _, again = _run(svc, "/evaluate/mislabel", {"fraction": 0.1, "recipe": TINY, "seed": 3,
                                                  "estimators": ["random"]})
     assert again["trainings"] == 0 and again["corrupted"] == res["corrupted"]
+    page = _dashboard_page(svc, job["id"])
+    assert "Mislabel detection" in page and "<polyline" in page
     assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
 
 
