@@ -12,9 +12,9 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field
 
 from core import limits, memory
 from core.kinds.base import (
@@ -31,7 +31,8 @@ from models.kg.estimators import ESTIMATORS
 from models.kg.shapes import check_image
 
 DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "random"]
-EstimatorName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+# the names of models/kg/estimators.py: a new estimator there is accepted here, listed in the OpenAPI schema
+EstimatorName = Literal.__getitem__(tuple(ESTIMATORS))  # type: ignore[attr-defined]
 
 
 class Recipe(RequestModel):
@@ -60,9 +61,9 @@ class _EvaluateRequest(RequestModel):
     dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "
                          "(shipped), a registered triples dataset, or a directory under the data roots")
     recipe: Recipe = Field(default_factory=Recipe)
-    estimators: list[EstimatorName] = Field(default_factory=lambda: list(DEFAULT_ESTIMATORS), min_length=1,
+    estimators: list[EstimatorName] = Field(list(DEFAULT_ESTIMATORS), min_length=1,
                                             max_length=limits.MAX_EVAL_ESTIMATORS,
-                                            description=f"among {list(ESTIMATORS)}")
+                                            description="each one at most once")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, description="the subsets' (or the corruption's) seed, and the "
                       "bootstrap's")
 
@@ -84,9 +85,6 @@ def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> None
     resolve_dataset(settings, req.dataset, owner)
     seen: set[str] = set()
     for i, name in enumerate(req.estimators):
-        if name not in ESTIMATORS:
-            raise FieldError(("body", "estimators", i), f"unknown estimator {name!r}; choose from "
-                             f"{list(ESTIMATORS)}", value=name)
         if name in seen:
             raise FieldError(("body", "estimators", i), f"estimator {name!r} is named twice", value=name)
         seen.add(name)
