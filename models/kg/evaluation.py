@@ -119,13 +119,17 @@ def train_model(ds: TriplesDataset, cfg: TrainConfig, out_dir: Path, device: Any
 
 
 def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, device: Any = None,
-                 progress: Callable[[int, int, str, dict | None], None] | None = None) -> dict[str, Any]:
-    """One subset model: its mask, its outputs on the whole test split (``margins``) and its training time."""
+                 progress: Callable[[int, int, str, dict | None], None] | None = None,
+                 work_dir: Path | None = None) -> dict[str, Any]:
+    """One subset model: its mask, its outputs on the whole test split (``margins``) and its training time
+    (the model itself is trained in a temporary directory under ``work_dir`` and not kept)."""
     from models.kg.checkpoint import load
 
     mask = subset_mask(len(ds.train), alpha, seed)
     sub_cfg = TrainConfig(**{**asdict(cfg), "seed": seed, "checkpoint_every": cfg.epochs})
-    work = Path(tempfile.mkdtemp(prefix="lds-subset-"))
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lds-subset-", dir=work_dir))
     try:
         t0 = time.perf_counter()
         train_conve(with_train(ds, ds.train[torch.from_numpy(mask)]), sub_cfg, work, device=device,

@@ -160,7 +160,7 @@ def _train_item(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
 
     seed = ident["seeds"][item]
     out = train_subset(ds, _config(payload["recipe"]), payload["alpha"], seed, ctx.device,
-                       _train_progress(ctx, f"subset model {item + 1}/{payload['m']}"))
+                       _train_progress(ctx, f"subset model {item + 1}/{payload['m']}"), ctx.settings.work_dir)
     buf = io.BytesIO()
     np.savez(buf, mask=out["mask"], outputs=out["outputs"], seed=np.int64(seed), index=np.int64(item),
              seconds=np.float64(out["seconds"]))
