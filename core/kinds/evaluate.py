@@ -53,7 +53,8 @@ class Recipe(RequestModel):
     hidden_dropout: float = Field(0.3, ge=0, lt=1)
     reciprocal: bool = True
     checkpoint_every: int = Field(2, ge=1, le=limits.MAX_EVAL_EPOCHS,
-                                  description="checkpoints of the full-data model the estimators use")
+                                  description="the full-data model keeps a checkpoint every this many epochs "
+                                  "and at the last one: the checkpoints the estimators use")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED)
 
 
@@ -92,9 +93,6 @@ def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> None
     if problem:
         field = "embedding_height" if req.recipe.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", "recipe", field), problem, value=getattr(req.recipe, field))
-    if req.recipe.checkpoint_every > req.recipe.epochs:
-        raise FieldError(("body", "recipe", "checkpoint_every"), "checkpoint_every must be at most epochs",
-                         value=req.recipe.checkpoint_every)
     _check_memory(req, settings)
 
 
