@@ -238,6 +238,19 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
     assert again["trainings"] == 0 and again["corrupted"] == res["corrupted"]
     page = _dashboard_page(svc, job["id"])
     assert "Mislabel detection" in page and "<polyline" in page
+
+    # a stored model whose corruption record disagrees with the request is never used
+    from core.filestore import get_store
+
+    store = get_store(svc.settings)
+    key = f"cache/evaluation/models/{res['model']['key']}/corruption.json"
+    record = json.loads(store.read_text(key))
+    record["indices"][0] += 1
+    store.put_bytes(json.dumps(record).encode(), key)
+    r = svc.client.post("/evaluate/mislabel", json={"fraction": 0.1, "recipe": TINY, "seed": 3,
+                                                    "estimators": ["random"]}, headers=ALICE)
+    failed = svc.wait(r.json()["id"], timeout_s=300, headers=ALICE)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "cache_mismatch", failed
     assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
 
 

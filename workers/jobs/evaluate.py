@@ -315,7 +315,8 @@ def run_mislabel(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     bundle = _load_model(ctx, key)
     stored = json.loads((bundle.path / "corruption.json").read_text())
     if stored != record or not bool((bundle.dataset.train == corrupted_train).all()):
-        raise JobError("internal", "the stored corrupted model does not match its corruption record")
+        raise JobError("cache_mismatch", "the stored model of the corrupted graph does not match this request's "
+                       "corruption; delete it from the store's cache/evaluation/models/ to train it again")
 
     def progress(done: int, total: int, message: str) -> None:
         ctx.progress(done, total, "estimators", message=message)
