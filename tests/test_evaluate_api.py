@@ -176,6 +176,14 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
     np.testing.assert_array_equal(_npz(svc, job2["id"], "ground_truth.npz")["outputs"], outputs)
     assert set(res2["estimators"]) == {"tracin"}
 
+    # one stored subset model gone: only that one is trained again, and the LDS is what it was
+    store.delete(f"cache/evaluation/lds/{key}/subset-00001.npz")
+    job3, res3 = _run(svc, "/evaluate/attribution", {**body, "estimators": ["tracin_last", "random"]})
+    assert job3["shards"]["total"] == 1 and res3["trainings"] == 1 and res3["ground_truth"]["reused"] == 3
+    for name in ("tracin_last", "random"):
+        assert res3["estimators"][name]["per_test"] == res["estimators"][name]["per_test"]
+        assert res3["estimators"][name]["lds"] == res["estimators"][name]["lds"]
+
     # another owner sees none of it
     for path in (f"/jobs/{job['id']}", f"/jobs/{job['id']}/result", f"/jobs/{job['id']}/artifacts",
                  f"/jobs/{job['id']}/artifacts/ground_truth.npz"):
