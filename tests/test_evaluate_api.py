@@ -263,12 +263,12 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
 
 
 # ------------------------------------------------------------------------------------------- SDK and CLI
-LDS_RESULT = {"task": "lds", "dataset": "nations", "m": 16, "alpha": 0.5, "n_test": 50,
+LDS_RESULT = {"metric": "lds", "dataset": "nations", "m": 16, "alpha": 0.5, "n_test": 50,
               "estimators": {"tracin": {"lds": {"mean": 0.09, "low": 0.01, "high": 0.17, "n": 50},
                                         "n_undefined": 0, "seconds": 3.9},
                              "<b>rnd</b>": {"lds": {"mean": -0.03, "low": -0.11, "high": 0.05, "n": 50},
                                             "n_undefined": 0, "seconds": 0.001}}}
-MISLABEL_RESULT = {"task": "mislabel", "dataset": "nations", "n_train": 100, "n_corrupted": 10,
+MISLABEL_RESULT = {"metric": "mislabel", "dataset": "nations", "n_train": 100, "n_corrupted": 10,
                    "estimators": {"tracin": {"auc": 0.61, "found_at_10": 0.3, "found_at_20": 0.5, "seconds": 1.0,
                                              "recall_curve": {"inspected": [0, 0.5, 1], "found": [0, 0.7, 1]}}}}
 

@@ -60,8 +60,8 @@ def recall_curves(estimators: dict[str, Any]) -> dict[str, Any]:
 
 def evaluation_view(result: dict[str, Any]) -> dict[str, Any]:
     estimators = result.get("estimators") if isinstance(result.get("estimators"), dict) else {}
-    if result.get("task") == "mislabel":
+    if result.get("metric") == "mislabel":
         rows = [{"name": n, **{k: (r or {}).get(k) for k in ("auc", "found_at_10", "found_at_20", "seconds")}}
                 for n, r in estimators.items()]
-        return {"task": "mislabel", "rows": rows, "curves": recall_curves(estimators)}
-    return {"task": "lds", "bars": lds_bars(estimators)}
+        return {"metric": "mislabel", "rows": rows, "curves": recall_curves(estimators)}
+    return {"metric": "lds", "bars": lds_bars(estimators)}

@@ -277,7 +277,7 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
             vals = [report[e]["per_test"][j] for e in payload["estimators"]]
             fh.write("\t".join(trip) + "\t" + "\t".join("" if v is None else repr(v) for v in vals) + "\n")
     result: dict[str, Any] = {
-        "task": "lds", "dataset": payload["dataset"], "data_version": ident["data_version"],
+        "metric": "lds", "dataset": payload["dataset"], "data_version": ident["data_version"],
         "recipe": payload["recipe"], "m": payload["m"], "alpha": payload["alpha"], "seed": payload["seed"],
         "seeds": seeds, "n_train": len(ds.train), "subset_size": int(masks[0].sum()), "n_test": len(sel),
         "test_triples": names, "output": OUTPUT,
@@ -338,7 +338,7 @@ def run_mislabel(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     write_jsonl(ctx.artifact_path("recall_curves.jsonl"),
                 ({"estimator": n, **r["recall_curve"]} for n, r in report.items()))
     result = {
-        "task": "mislabel", "dataset": payload["dataset"], "data_version": version, "recipe": payload["recipe"],
+        "metric": "mislabel", "dataset": payload["dataset"], "data_version": version, "recipe": payload["recipe"],
         "fraction": payload["fraction"], "seed": payload["seed"], "n_train": len(ds.train),
         "n_corrupted": int(len(idx)), "corrupted": listed, "corrupted_listed": len(listed),
         "trainings": trainings, "model": {"key": key.rsplit("/", 1)[-1]},

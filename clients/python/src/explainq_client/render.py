@@ -291,7 +291,7 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
     AUC and found@10%/20%; and its time. Numbers through ``num``, names through ``name``."""
     estimators: Mapping[str, Mapping[str, Any]] = result.get("estimators") or {}
     rows = []
-    if result.get("task") == "mislabel":
+    if result.get("metric") == "mislabel":
         for est, r in estimators.items():
             rows.append([name(est), num(r.get("auc"), 3), num(r.get("found_at_10"), 3), num(r.get("found_at_20"), 3),
                          num(r.get("seconds"), 3)])
@@ -339,7 +339,7 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
     headers, rows = _evaluation_table(result, _num, escape)
     estimators: Mapping[str, Mapping[str, Any]] = result.get("estimators") or {}
     dataset = escape(str(result.get("dataset", "")))
-    if result.get("task") == "mislabel":
+    if result.get("metric") == "mislabel":
         curves = {est: list(zip((r.get("recall_curve") or {}).get("inspected", []),
                                 (r.get("recall_curve") or {}).get("found", []), strict=False))
                   for est, r in estimators.items()}
@@ -357,7 +357,7 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
 
 def evaluation_text(result: Mapping[str, Any]) -> str:
     headers, rows = _evaluation_table(result, _tnum, str)
-    if result.get("task") == "mislabel":
+    if result.get("metric") == "mislabel":
         title = (f"mislabel detection on {result.get('dataset', '')}: {result.get('n_corrupted')} of "
                  f"{result.get('n_train')} training triples corrupted")
     else:
