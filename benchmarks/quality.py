@@ -13,8 +13,9 @@ and datasets: MLPs and ResNets on MNIST / CIFAR).
     python benchmarks/quality.py                              # nations, m 16, ConvE-100 for 10 epochs
     python benchmarks/quality.py --datasets nations --m 8 --epochs 5 --n-test 50
 
-Sections: a section is a function ``(args, datasets) -> list of lines`` in ``SECTIONS``; each one runs in turn
-and prints its lines (the LDS and mislabel sections are the first two).
+Sections: a section is a function ``(args, datasets, work_dir) -> list of lines`` in ``SECTIONS`` (``datasets``:
+name -> TriplesDataset; ``work_dir``: a temporary directory for the run); each one runs in turn and prints its
+lines (the LDS and mislabel sections are the first two).
 """
 
 from __future__ import annotations

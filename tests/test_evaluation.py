@@ -188,3 +188,21 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
     assert _same_data(ds, {**base, "data_version": ident["data_version"]})["lds"] == ident["lds"]
     with pytest.raises(JobError, match="changed since the evaluation started"):
         _same_data(changed, {**base, "data_version": ident["data_version"]})
+
+
+@pytest.mark.slow
+def test_the_quality_benchmark_runs_small(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
+                "--estimators", "tracin_last,random"])
+    out = capsys.readouterr().out
+    lds_rows = [line.split() for line in out.splitlines() if line.startswith("nations ")]
+    assert [r[1] for r in lds_rows] == ["tracin_last", "random"] * 2  # the LDS table, then mislabel detection
+    assert "0.07-0.13" not in out  # tracin itself was not measured: no published figure beside it
+    assert "published AUC (dattri, context)" in out
