@@ -98,6 +98,19 @@ def test_unknown_dataset_names_the_field(client):
     assert "/" not in json.dumps(body).replace("no-such-graph", "")  # no server path in the answer
 
 
+def test_a_dataset_without_test_triples_cannot_be_evaluated_by_lds(tmp_path):
+    with api_client(tmp_path) as c:
+        graph = tmp_path / "data" / "kg-no-test"
+        graph.mkdir(parents=True)
+        (graph / "train.txt").write_text("a\tr\tb\nb\tr\tc\nc\tr\ta\n")
+        r = c.post("/evaluate/attribution", json={"dataset": "kg-no-test/"})
+        assert r.status_code == 422, r.text
+        assert _locs(r) == {("body", "dataset")} and "test.txt" in r.text and str(tmp_path) not in r.text
+        assert c.post("/evaluate/mislabel", json={"dataset": "kg-no-test/"}).status_code == 202
+        (graph / "test.txt").write_text("a\tr\tc\n")
+        assert c.post("/evaluate/attribution", json={"dataset": "kg-no-test/"}).status_code == 202
+
+
 def test_a_valid_request_is_queued_on_bulk_with_the_evaluation_renderer(client):
     r = client.post("/evaluate/attribution", json={"m": 4, "recipe": TINY, "n_test": 5})
     assert r.status_code == 202, r.text

@@ -12,6 +12,7 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -82,8 +83,9 @@ class EvaluateMislabelRequest(_EvaluateRequest):
                             "replaced by a random other entity")
 
 
-def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> None:
-    resolve_dataset(settings, req.dataset, owner)
+def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> Path | None:
+    """The checks both kinds share; returns the dataset's directory (None: the shipped nations)."""
+    path = resolve_dataset(settings, req.dataset, owner)
     seen: set[str] = set()
     for i, name in enumerate(req.estimators):
         if name in seen:
@@ -94,6 +96,7 @@ def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> None
         field = "embedding_height" if req.recipe.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", "recipe", field), problem, value=getattr(req.recipe, field))
     _check_memory(req, settings)
+    return path
 
 
 def _check_memory(req: _EvaluateRequest, settings: Settings) -> None:
@@ -111,7 +114,10 @@ def _check_memory(req: _EvaluateRequest, settings: Settings) -> None:
 
 
 def validate_attribution(req: EvaluateAttributionRequest, settings: Settings, owner: str = "system") -> None:
-    _check_common(req, settings, owner)
+    path = _check_common(req, settings, owner)
+    if path is not None and not (path / "test.txt").is_file():
+        raise FieldError(("body", "dataset"), f"dataset {req.dataset!r} has no test.txt: the LDS is measured on "
+                         "test triples", value=req.dataset)
     total = req.m * req.recipe.epochs
     if total > limits.MAX_EVAL_TRAINING_EPOCHS:
         raise FieldError(("body", "m"), f"m {req.m} x recipe.epochs {req.recipe.epochs} = {total} training epochs, "
