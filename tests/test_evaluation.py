@@ -206,3 +206,21 @@ def test_the_quality_benchmark_runs_small(capsys):
     assert [r[1] for r in lds_rows] == ["tracin_last", "random"] * 2  # the LDS table, then mislabel detection
     assert "0.07-0.13" not in out  # tracin itself was not measured: no published figure beside it
     assert "published AUC (dattri, context)" in out
+
+
+def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
+    """A shard that failed for good leaves its model missing: the LDS is never computed on part of the ground
+    truth."""
+    from types import SimpleNamespace
+
+    from models.kg.triples import load_nations
+    from workers.context import JobError
+    from workers.jobs.evaluate import _identity, run_reduce
+
+    request = {"dataset": "nations", "recipe": {"epochs": 1, "embedding_dim": 20, "embedding_height": 4},
+               "alpha": 0.5, "m": 3, "seed": 0, "n_test": 5, "estimators": ["random"], "items": [0, 1, 2, -1]}
+    request["data_version"] = _identity(request, load_nations())["data_version"]
+    ctx = SimpleNamespace(settings=redis_settings, owner="system", device="cpu", job_id="p-reduce")
+    with pytest.raises(JobError, match="4 of the evaluation's models are missing") as err:
+        run_reduce({"parent": "p", "shards": 4, "request": request}, ctx)
+    assert err.value.code == "too_many_failures"
