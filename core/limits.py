@@ -204,3 +204,22 @@ MAX_NEWS_TOKENS_PER_BATCH = _limit(
 MAX_PROBE_RUNS = _limit(
     "MAX_PROBE_RUNS", 100, ("ablations.num_runs", "ablations.n_splits"), "probe runs per cell / data splits")
 MAX_PROBE_HIDDEN = _limit("MAX_PROBE_HIDDEN", 16_384, ("ablations.hidden_dim",), "the probe MLP's hidden width")
+
+# ------------------------------------------------------------------------------------------ attribution evaluation
+MAX_EVAL_MODELS = _limit(
+    "MAX_EVAL_MODELS", 256, ("evaluate_attribution.m",),
+    "subset models one LDS evaluation trains (each one a ConvE training run, one shard; the TRAK paper's figures "
+    "use 50 to a few hundred)")
+MAX_EVAL_EPOCHS = _limit(
+    "MAX_EVAL_EPOCHS", 200, ("evaluate_attribution.recipe.epochs", "evaluate_mislabel.recipe.epochs"),
+    "epochs of each model an evaluation trains (an evaluation trains up to MAX_EVAL_MODELS + 1 of them)")
+MAX_EVAL_TRAINING_EPOCHS = _limit(
+    "MAX_EVAL_TRAINING_EPOCHS", 20_000, (),
+    "m x recipe.epochs of one LDS evaluation (the epochs its subset models train in all), checked by validate")
+MAX_EVAL_TEST_TRIPLES = _limit(
+    "MAX_EVAL_TEST_TRIPLES", 2000, ("evaluate_attribution.n_test",),
+    "test triples an LDS evaluation scores (the estimators compute n_test x training-triples scores, and the "
+    "result lists one LDS per test triple and estimator)")
+MAX_EVAL_ESTIMATORS = _limit(
+    "MAX_EVAL_ESTIMATORS", 16, ("evaluate_attribution.estimators", "evaluate_mislabel.estimators"),
+    "estimators one evaluation measures (each name at most once)")

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE_MAY_USE = {
     "models.explain.rules",
     "models.files",
+    "models.kg.estimators",
     "models.kg.shapes",
     "models.kg.tsv",
     "models.lora.keys",

@@ -26,6 +26,7 @@ from starlette.datastructures import FormData
 
 from app.ui import forms, session, views
 from app.ui.api import Api, ApiError
+from app.ui.evaluation import evaluation_view
 from app.ui.session import Session
 
 HERE = Path(__file__).resolve().parent
@@ -314,6 +315,8 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
         ctx["tracin"] = _tracin_context(result)
     elif renderer == "ablation" and isinstance(result, dict):
         ctx["ablation"] = views.ablation_view(result)
+    elif renderer == "evaluation" and isinstance(result, dict):
+        ctx["evaluation"] = evaluation_view(result)
     elif renderer == "training":
         ctx["curves"] = _curves(described, job, result)
     return ctx

@@ -17,7 +17,7 @@ from core.settings import Settings
 # of a dataset-scale run; "train" runs long training jobs on workers of its own.
 QUEUES = ("explain", "bulk", "train")
 # The result views clients know how to draw (a kind names one, or none for its result as JSON).
-RENDERERS = ("attributions", "influence", "training", "ablation")
+RENDERERS = ("attributions", "influence", "training", "ablation", "evaluation")
 # Form widgets beyond the ones a field's JSON schema implies.
 FORM_WIDGETS = ("news_samples",)
 

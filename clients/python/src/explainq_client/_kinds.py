@@ -152,6 +152,49 @@ class KindMethods(Generic[R]):
         """
         return self._submit("/tracin", _body(dict(locals())), idempotency_key)
 
+    def evaluate_attribution(
+        self, *,
+        dataset: str | NotGiven = NOT_GIVEN,
+        recipe: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        estimators: Sequence[str] | NotGiven = NOT_GIVEN,
+        m: int | NotGiven = NOT_GIVEN,
+        alpha: float | NotGiven = NOT_GIVEN,
+        n_test: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        shard_retries: int | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """The linear datamodeling score (LDS) of data-attribution estimators on a ConvE recipe (queue ``bulk``).
+
+        ``m`` models are trained on random ``alpha``-subsets of ``dataset``'s training triples (one shard each),
+        and each estimator's scores, computed on the full-data model, predict the subset models' margins on
+        ``n_test`` test triples; the result has each estimator's LDS per test triple, its mean with a 95%
+        bootstrap interval and its time. ``recipe`` holds ConvE's training settings (``epochs``,
+        ``embedding_dim``, ...). Server defaults: ``dataset="nations"``, ``m=64``, ``alpha=0.5``,
+        ``n_test=100``, ``estimators=["tracin", "tracin_last", "random"]``. A later evaluation of the same recipe,
+        data, ``alpha``, ``m`` and ``seed`` reuses the subset models (``trainings`` in the result counts what one
+        trained).
+        """
+        return self._submit("/evaluate/attribution", _body(dict(locals())), idempotency_key)
+
+    def evaluate_mislabel(
+        self, *,
+        dataset: str | NotGiven = NOT_GIVEN,
+        recipe: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        estimators: Sequence[str] | NotGiven = NOT_GIVEN,
+        fraction: float | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Mislabel detection: replace the tail of a seeded ``fraction`` (default 0.1) of the training triples,
+        train ``recipe`` on the corrupted graph, and rank the training triples by each estimator's
+        self-influence. The result has each estimator's AUC, the fraction of corrupted triples found after
+        inspecting 10% and 20% of the data, the recall curve, and the corrupted triples (``corrupted.tsv``).
+        """
+        return self._submit("/evaluate/mislabel", _body(dict(locals())), idempotency_key)
+
     def train_bdh(
         self, *,
         dataset: Literal["digits", "cifar10", "cifar100"] | NotGiven = NOT_GIVEN,

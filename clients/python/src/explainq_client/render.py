@@ -14,8 +14,8 @@ from typing import Any
 
 __all__ = [
     "NEGATIVE_RGB", "NEUTRAL_RGB", "OTHER_COLOURS", "POSITIVE_RGB", "TRAIN_COLOUR", "VALIDATION_COLOUR",
-    "ablation_html", "attribution_html", "curves_html", "diverging_color", "job_html", "series_colours",
-    "steps_chart", "tracin_html",
+    "ablation_html", "attribution_html", "curves_html", "diverging_color", "evaluation_html", "evaluation_text",
+    "job_html", "series_colours", "steps_chart", "tracin_html",
 ]
 
 # The scale's three anchors, the same as the dashboard's (ColorBrewer ends, distinct under the common colour-vision
@@ -194,7 +194,7 @@ def _flat(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 380, h: int = 220,
-           dots: bool = True) -> str:
+           dots: bool = True, xlabel: str = "epoch") -> str:
     points = [p for pts in series.values() for p in pts]
     if not points:
         return ""
@@ -214,7 +214,8 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 38
         lines.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{' '.join(map(xy, pts))}'>"
                      f"<title>{escape(name)}</title></polyline>")
         lines += [f"<circle cx='{xy(p).split(',')[0]}' cy='{xy(p).split(',')[1]}' r='2.5' fill='{colour}'>"
-                  f"<title>{escape(name)} epoch {_num(p[0])}: {_num(p[1])}</title></circle>" for p in pts if dots]
+                  f"<title>{escape(name)} {escape(xlabel)} {_num(p[0])}: {_num(p[1])}</title></circle>"
+                  for p in pts if dots]
         legend.append(f"<span style='color:{colour}'>&#9632;</span> {escape(name)}")
     axes = (f"<line x1='{left}' y1='{h - bottom}' x2='{w - right}' y2='{h - bottom}' stroke='#888'/>"
             f"<line x1='{left}' y1='{top}' x2='{left}' y2='{h - bottom}' stroke='#888'/>"
@@ -222,7 +223,7 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 38
             f"<text x='{left - 4}' y='{h - bottom}' font-size='10' text-anchor='end'>{_num(y0, 3)}</text>"
             f"<text x='{left}' y='{h - bottom + 14}' font-size='10'>{_num(x0)}</text>"
             f"<text x='{w - right}' y='{h - bottom + 14}' font-size='10' text-anchor='end'>{_num(x1)}</text>"
-            f"<text x='{(w + left) / 2}' y='{h - 4}' font-size='10' text-anchor='middle'>epoch</text>"
+            f"<text x='{(w + left) / 2}' y='{h - 4}' font-size='10' text-anchor='middle'>{escape(xlabel)}</text>"
             f"<text x='{left}' y='14' font-size='12' font-weight='600'>{escape(title)}</text>")
     return (f"<div style='display:inline-block;margin:4px'><svg xmlns='http://www.w3.org/2000/svg' width='{w}' "
             f"height='{h}' role='img' aria-label='{escape(title)}'>{axes}{''.join(lines)}</svg>"
@@ -324,6 +325,87 @@ def ablation_html(result: Mapping[str, Any]) -> str:
     headers, rows = _ablation_table(result, _num, escape, "–", "→")
     return f"<div><b>LoRA ablation</b> on <code>{escape(str(result.get('dataset', '')))}</code>" + \
         _table(headers, rows) + "</div>"
+
+
+# ------------------------------------------------------------------------------------------------ evaluations
+def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of an evaluation: per estimator its LDS mean and interval, or its mislabel-detection
+    AUC and found@10%/20%; and its time. Numbers through ``num``, names through ``name``."""
+    estimators: Mapping[str, Mapping[str, Any]] = result.get("estimators") or {}
+    rows = []
+    if result.get("metric") == "mislabel":
+        for est, r in estimators.items():
+            rows.append([name(est), num(r.get("auc"), 3), num(r.get("found_at_10"), 3), num(r.get("found_at_20"), 3),
+                         num(r.get("seconds"), 3)])
+        return ["estimator", "AUC", "found@10%", "found@20%", "seconds"], rows
+    for est, r in estimators.items():
+        lds = r.get("lds") or {}
+        rows.append([name(est), num(lds.get("mean"), 3), f"[{num(lds.get('low'), 3)}, {num(lds.get('high'), 3)}]",
+                     num(lds.get("n")), num(r.get("n_undefined")), num(r.get("seconds"), 3)])
+    return ["estimator", "LDS", "95% interval", "test triples", "undefined", "seconds"], rows
+
+
+def _interval_chart(rows: Sequence[tuple[str, float, float, float]], w: int = 380) -> str:
+    """Horizontal bars from 0 to each mean with whiskers over its interval (an SVG with a title per bar)."""
+    if not rows:
+        return ""
+    lo = min(0.0, *(r[2] for r in rows))
+    hi = max(0.0, *(r[3] for r in rows))
+    hi = hi if hi > lo else lo + 1.0
+    left, right, row_h = 90, 16, 22
+    h = 26 + row_h * len(rows)
+
+    def x(v: float) -> float:
+        return left + (v - lo) / (hi - lo) * (w - left - right)
+
+    parts = [f"<line x1='{x(0):.1f}' y1='6' x2='{x(0):.1f}' y2='{h - 14}' stroke='#888'/>",
+             f"<text x='{left}' y='{h - 2}' font-size='10'>{_num(lo, 3)}</text>",
+             f"<text x='{w - right}' y='{h - 2}' font-size='10' text-anchor='end'>{_num(hi, 3)}</text>"]
+    for i, (label, mean, low, high) in enumerate(rows):
+        y = 8 + i * row_h
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        x0, x1 = sorted((x(0), x(mean)))
+        parts.append(f"<g><title>{escape(label)}: {_num(mean, 4)} [{_num(low, 4)}, {_num(high, 4)}]</title>"
+                     f"<text x='{left - 6}' y='{y + 12}' font-size='11' text-anchor='end'>{escape(label)}</text>"
+                     f"<rect x='{x0:.1f}' y='{y + 3}' width='{max(x1 - x0, 1):.1f}' height='12' fill='{colour}'/>"
+                     f"<line x1='{x(low):.1f}' y1='{y + 9}' x2='{x(high):.1f}' y2='{y + 9}' stroke='#000'/>"
+                     f"<line x1='{x(low):.1f}' y1='{y + 4}' x2='{x(low):.1f}' y2='{y + 14}' stroke='#000'/>"
+                     f"<line x1='{x(high):.1f}' y1='{y + 4}' x2='{x(high):.1f}' y2='{y + 14}' stroke='#000'/></g>")
+    return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' role='img' "
+            f"aria-label='LDS per estimator with 95% intervals'>{''.join(parts)}</svg>")
+
+
+def evaluation_html(result: Mapping[str, Any]) -> str:
+    """LDS per estimator as bars with interval whiskers and a table; or mislabel detection's table and recall
+    curves."""
+    headers, rows = _evaluation_table(result, _num, escape)
+    estimators: Mapping[str, Mapping[str, Any]] = result.get("estimators") or {}
+    dataset = escape(str(result.get("dataset", "")))
+    if result.get("metric") == "mislabel":
+        curves = {est: list(zip((r.get("recall_curve") or {}).get("inspected", []),
+                                (r.get("recall_curve") or {}).get("found", []), strict=False))
+                  for est, r in estimators.items()}
+        head = (f"<div><b>Mislabel detection</b> on <code>{dataset}</code>: {_num(result.get('n_corrupted'))} of "
+                f"{_num(result.get('n_train'))} training triples corrupted")
+        return head + _table(headers, rows) + _chart("corrupted triples found", curves,
+                                                    xlabel="fraction inspected") + "</div>"
+    bars = [(str(est), float((r.get("lds") or {}).get("mean")), float((r.get("lds") or {}).get("low")),
+             float((r.get("lds") or {}).get("high"))) for est, r in estimators.items()
+            if (r.get("lds") or {}).get("mean") is not None]
+    head = (f"<div><b>LDS</b> on <code>{dataset}</code>: {_num(result.get('m'))} subset models at alpha "
+            f"{_num(result.get('alpha'))}, {_num(result.get('n_test'))} test triples")
+    return head + _interval_chart(bars) + _table(headers, rows) + "</div>"
+
+
+def evaluation_text(result: Mapping[str, Any]) -> str:
+    headers, rows = _evaluation_table(result, _tnum, str)
+    if result.get("metric") == "mislabel":
+        title = (f"mislabel detection on {result.get('dataset', '')}: {result.get('n_corrupted')} of "
+                 f"{result.get('n_train')} training triples corrupted")
+    else:
+        title = (f"LDS on {result.get('dataset', '')}: {result.get('m')} subset models at alpha "
+                 f"{result.get('alpha')}, {result.get('n_test')} test triples")
+    return title + "\n\n" + text_table(headers, rows)
 
 
 # ------------------------------------------------------------------------------------------------ a job

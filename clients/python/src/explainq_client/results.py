@@ -8,7 +8,8 @@ from typing import Any
 
 from explainq_client import render
 
-__all__ = ["AblationResult", "AttributionResult", "Result", "TracInResult", "TrainingResult", "make_result"]
+__all__ = ["AblationResult", "AttributionResult", "EvaluationResult", "Result", "TracInResult", "TrainingResult",
+           "make_result"]
 
 
 class Result(dict[str, Any]):
@@ -73,6 +74,21 @@ class AblationResult(Result):
         return render.ablation_text(self)
 
 
+class EvaluationResult(Result):
+    """Renderer ``evaluation`` (``evaluate_attribution``, ``evaluate_mislabel``): each estimator's LDS with its
+    interval, or its mislabel-detection AUC, found@10%/20% and recall curve."""
+
+    @property
+    def estimators(self) -> dict[str, Any]:
+        return dict(self.get("estimators") or {})
+
+    def _repr_html_(self) -> str:
+        return render.evaluation_html(self)
+
+    def text(self) -> str:
+        return render.evaluation_text(self)
+
+
 # By the renderer a kind names (``GET /kinds``), never by kind name: a new kind that draws its result as an
 # existing one does needs no change here.
 RESULT_TYPES: dict[str, type[Result]] = {
@@ -80,6 +96,7 @@ RESULT_TYPES: dict[str, type[Result]] = {
     "influence": TracInResult,
     "training": TrainingResult,
     "ablation": AblationResult,
+    "evaluation": EvaluationResult,
 }
 
 

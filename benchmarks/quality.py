@@ -1,0 +1,150 @@
+"""Attribution quality measured in one run: LDS per estimator x dataset, mislabel detection, time per estimator.
+
+For each dataset: trains the recipe on all the training triples (the model the estimators run on) and on ``--m``
+random ``--alpha``-subsets (the LDS ground truth), scores ``--n-test`` test triples with every estimator of
+``models/kg/estimators.py`` and prints each one's LDS (mean and 95% bootstrap interval over test triples) and its
+time; then corrupts ``--fraction`` of the training triples' tails, trains on them and prints each estimator's
+mislabel-detection AUC and the fraction of corrupted triples found after inspecting 10% and 20% of the data. The
+maths is the service's (``models/kg/evaluation.py``); only the orchestration (no store, no workers) is here.
+
+dattri's published figures are printed beside ours as context, never as our measurement (they are other models
+and datasets: MLPs and ResNets on MNIST / CIFAR).
+
+    python benchmarks/quality.py                              # nations, m 16, ConvE-100 for 10 epochs
+    python benchmarks/quality.py --datasets nations --m 8 --epochs 5 --n-test 50
+
+Sections: a section is a function ``(args, datasets, work_dir) -> list of lines`` in ``SECTIONS`` (``datasets``:
+name -> TriplesDataset; ``work_dir``: a temporary directory for the run); each one runs in turn and prints its
+lines (the LDS and mislabel sections are the first two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from models.kg import estimators as estimator_registry  # noqa: E402
+from models.kg import evaluation as ev  # noqa: E402
+from models.kg.checkpoint import load  # noqa: E402
+from models.kg.train import TrainConfig  # noqa: E402
+from models.kg.triples import TriplesDataset, load_nations  # noqa: E402
+
+# Datasets by name (a loader each): the knowledge graphs the service registers get one line here.
+DATASETS: dict[str, Callable[[], TriplesDataset]] = {"nations": load_nations}
+
+# dattri (Deng et al. 2024, "dattri: A Library for Efficient Data Attribution", NeurIPS Datasets & Benchmarks),
+# their benchmark tables: context for our numbers, not a measurement of this code.
+PUBLISHED_LDS = {"tracin": "0.07-0.13", "trak": "0.26-0.37 (10-50 checkpoints)"}
+PUBLISHED_AUC = {"tracin": "0.51", "trak": "0.66"}
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    return ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in [headers, *rows]]
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def recipe(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(epochs=args.epochs, batch_size=128, lr=0.01, embedding_dim=args.embedding_dim,
+                       checkpoint_every=max(1, args.epochs // 5), seed=args.seed)
+
+
+def _full_model(ds: TriplesDataset, cfg: TrainConfig, work: Path, name: str) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    ev.train_model(ds, cfg, work / name, device="cpu")
+    return load(work / name), time.perf_counter() - t0
+
+
+def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
+    cfg = recipe(args)
+    rows = []
+    for name, ds in datasets.items():
+        bundle, full_s = _full_model(ds, cfg, work, f"{name}-full")
+        t0 = time.perf_counter()
+        subsets = [ev.train_subset(ds, cfg, args.alpha, s, "cpu") for s in ev.subset_seeds(args.seed, args.m)]
+        train_s = time.perf_counter() - t0
+        masks = np.stack([s["mask"] for s in subsets])
+        sel = ev.test_selection(len(ds.test), args.n_test, args.seed)
+        outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
+        report = ev.lds_report(bundle, masks, outputs, ds.test[torch.from_numpy(sel)], args.estimators, args.seed)
+        print(f"# {name}: full model {full_s:.1f} s (test MRR {bundle.metrics.get('test', {}).get('mrr', 0):.3f}), "
+              f"{args.m} subset models {train_s:.1f} s ({train_s / args.m:.1f} s each)", flush=True)
+        for est, r in report.items():
+            lds = r["lds"]
+            rows.append([name, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
+                         str(lds["n"]), f"{r['seconds']:.2f}", PUBLISHED_LDS.get(est, "")])
+    head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, recipe ConvE-"
+            f"{args.embedding_dim} x {args.epochs} epochs, seed {args.seed}; 95% percentile bootstrap over test "
+            "triples", ""]
+    return head + _table(["dataset", "estimator", "LDS", "95% interval", "n", "seconds",
+                          "published (dattri, context)"], rows)
+
+
+def mislabel_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
+    if args.fraction <= 0:
+        return []
+    cfg = recipe(args)
+    rows = []
+    for name, ds in datasets.items():
+        corrupted, idx, _ = ev.corrupt_tails(ds.train, len(ds.entities), args.fraction, args.seed)
+        bundle, _ = _full_model(ev.with_train(ds, corrupted, keep_eval=True), cfg, work, f"{name}-mislabel")
+        report = ev.mislabel_report(bundle, idx, args.estimators)
+        for est, r in report.items():
+            rows.append([name, est, _fmt(r["auc"]), _fmt(r["found_at_10"]), _fmt(r["found_at_20"]),
+                         f"{r['seconds']:.2f}", PUBLISHED_AUC.get(est, "")])
+    head = ["", f"Mislabel detection: {args.fraction:.0%} of the training tails replaced (seed {args.seed}), "
+            "ranked by self-influence; found@q = fraction of corrupted triples among the top q", ""]
+    return head + _table(["dataset", "estimator", "AUC", "found@10%", "found@20%", "seconds",
+                          "published AUC (dattri, context)"], rows)
+
+
+SECTIONS: list[Callable[[argparse.Namespace, dict[str, TriplesDataset], Path], list[str]]] = [
+    lds_section, mislabel_section]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--datasets", default="nations", help=f"comma-separated, among {sorted(DATASETS)}")
+    ap.add_argument("--m", type=int, default=16, help="subset models per dataset")
+    ap.add_argument("--alpha", type=float, default=0.5)
+    ap.add_argument("--n-test", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--embedding-dim", type=int, default=100)
+    ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
+    ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    args.estimators = [e for e in args.estimators.split(",") if e]
+    for e in args.estimators:
+        estimator_registry.get(e)
+    names = [d for d in args.datasets.split(",") if d]
+    unknown = [d for d in names if d not in DATASETS]
+    if unknown:
+        ap.error(f"unknown dataset(s) {unknown}; choose from {sorted(DATASETS)}")
+    torch.set_num_threads(args.threads)
+    datasets = {d: DATASETS[d]() for d in names}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
+        for section in SECTIONS:
+            lines = section(args, datasets, Path(tmp))
+            if lines:
+                print("\n".join(lines), flush=True)
+    print(f"\n(total {time.perf_counter() - t0:.0f} s, torch threads {args.threads})")
+
+
+if __name__ == "__main__":
+    main()

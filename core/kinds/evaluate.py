@@ -1,0 +1,167 @@
+"""``POST /evaluate/attribution`` and ``POST /evaluate/mislabel``: how good a data-attribution estimator is on a
+ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/evaluation.py``).
+
+- ``evaluate_attribution``: the linear datamodeling score (LDS) of each estimator, from ``m`` models trained on
+  random ``alpha``-subsets of the training triples (one shard per subset model, fanned out over the ``bulk``
+  workers) and the full-data model the estimators run on. The subset models' masks and outputs are kept in the
+  store under a content address (recipe, data version, alpha, m, seed), so a later evaluation of other estimators
+  trains nothing.
+- ``evaluate_mislabel``: corrupt a seeded ``fraction`` of the training triples' tails, train, and rank the training
+  triples by each estimator's self-influence: AUC, found@10%/20%, the recall curve.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from core import limits, memory
+from core.kinds.base import (
+    FieldError,
+    JobKind,
+    RequestModel,
+    register,
+    register_fanout,
+    shard_retries_field,
+)
+from core.kinds.train_conve import NATIONS, dataset_counts, resolve_dataset
+from core.settings import Settings
+from models.kg.estimators import ESTIMATORS
+from models.kg.shapes import check_image
+
+DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "random"]
+# the names of models/kg/estimators.py: a new estimator there is accepted here, listed in the OpenAPI schema
+EstimatorName = Literal.__getitem__(tuple(ESTIMATORS))  # type: ignore[attr-defined]
+
+
+class Recipe(RequestModel):
+    """How every model of the evaluation is trained (``models.kg.train.TrainConfig``); ``seed`` is the full-data
+    model's, each subset model trains with its own subset's seed. The defaults are the Nations demo model's."""
+
+    epochs: int = Field(10, ge=1, le=limits.MAX_EVAL_EPOCHS)
+    batch_size: int = Field(128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
+    lr: float = Field(0.01, gt=0, le=10)
+    lr_decay: float = Field(1.0, gt=0, le=1)
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    label_smoothing: float = Field(0.1, ge=0, lt=1)
+    embedding_dim: int = Field(100, ge=6, le=limits.MAX_EMBEDDING_DIM)
+    embedding_height: int | None = Field(None, ge=1, le=limits.MAX_EMBEDDING_DIM)
+    num_filters: int = Field(32, ge=1, le=limits.MAX_CONVE_FILTERS)
+    input_dropout: float = Field(0.2, ge=0, lt=1)
+    feature_dropout: float = Field(0.2, ge=0, lt=1)
+    hidden_dropout: float = Field(0.3, ge=0, lt=1)
+    reciprocal: bool = True
+    checkpoint_every: int = Field(2, ge=1, le=limits.MAX_EVAL_EPOCHS,
+                                  description="the full-data model keeps a checkpoint every this many epochs "
+                                  "and at the last one: the checkpoints the estimators use")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
+
+
+class _EvaluateRequest(RequestModel):
+    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "
+                         "(shipped), a registered triples dataset, or a directory under the data roots")
+    recipe: Recipe = Field(default_factory=Recipe)
+    estimators: list[EstimatorName] = Field(list(DEFAULT_ESTIMATORS), min_length=1,
+                                            max_length=limits.MAX_EVAL_ESTIMATORS,
+                                            description="each one at most once")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, description="the subsets' (or the corruption's) seed, and the "
+                      "bootstrap's")
+
+
+class EvaluateAttributionRequest(_EvaluateRequest):
+    m: int = Field(64, ge=3, le=limits.MAX_EVAL_MODELS, description="subset models (M)")
+    alpha: float = Field(0.5, gt=0, lt=1, description="fraction of the training triples in each subset")
+    n_test: int = Field(100, ge=1, le=limits.MAX_EVAL_TEST_TRIPLES, description="test triples (a seeded draw "
+                        "from the dataset's test split; all of them when it holds fewer)")
+    shard_retries: int = shard_retries_field()
+
+
+class EvaluateMislabelRequest(_EvaluateRequest):
+    fraction: float = Field(0.1, gt=0, le=0.5, description="fraction of the training triples whose tail is "
+                            "replaced by a random other entity")
+
+
+def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> Path | None:
+    """The checks both kinds share; returns the dataset's directory (None: the shipped nations)."""
+    path = resolve_dataset(settings, req.dataset, owner)
+    seen: set[str] = set()
+    for i, name in enumerate(req.estimators):
+        if name in seen:
+            raise FieldError(("body", "estimators", i), f"estimator {name!r} is named twice", value=name)
+        seen.add(name)
+    problem = check_image(req.recipe.embedding_dim, req.recipe.embedding_height)
+    if problem:
+        field = "embedding_height" if req.recipe.embedding_height is not None else "embedding_dim"
+        raise FieldError(("body", "recipe", field), problem, value=getattr(req.recipe, field))
+    _check_memory(req, settings)
+    return path
+
+
+def _check_memory(req: _EvaluateRequest, settings: Settings) -> None:
+    """Each model the evaluation trains fits ``EXPLAINQ_WORKER_MEMORY_BYTES`` (as ``POST /train/conve`` checks)."""
+    r = req.recipe
+    counts = dataset_counts(settings, req.dataset)
+    est = memory.conve_training(counts["entities"], counts["relations"], r.embedding_dim, r.embedding_height,
+                                r.num_filters, r.batch_size, r.reciprocal)
+    sizes = [("recipe.embedding_dim", r.embedding_dim), ("recipe.num_filters", r.num_filters)]
+    fields = sizes + [("recipe.batch_size", r.batch_size)]
+    if est.activation_bytes > est.parameter_bytes:
+        fields = [("recipe.batch_size", r.batch_size), *sizes]
+    memory.check_budget(settings, est, fields, f"ConvE with embedding_dim {r.embedding_dim}, num_filters "
+                        f"{r.num_filters} and batch_size {r.batch_size} on {req.dataset!r}")
+
+
+def validate_attribution(req: EvaluateAttributionRequest, settings: Settings, owner: str = "system") -> None:
+    path = _check_common(req, settings, owner)
+    if path is not None and not (path / "test.txt").is_file():
+        raise FieldError(("body", "dataset"), f"dataset {req.dataset!r} has no test.txt: the LDS is measured on "
+                         "test triples", value=req.dataset)
+    total = req.m * req.recipe.epochs
+    if total > limits.MAX_EVAL_TRAINING_EPOCHS:
+        raise FieldError(("body", "m"), f"m {req.m} x recipe.epochs {req.recipe.epochs} = {total} training epochs, "
+                         f"more than {limits.MAX_EVAL_TRAINING_EPOCHS:,} per evaluation", value=req.m,
+                         related=[(("body", "recipe", "epochs"), req.recipe.epochs)])
+
+
+def validate_mislabel(req: EvaluateMislabelRequest, settings: Settings, owner: str = "system") -> None:
+    _check_common(req, settings, owner)
+
+
+PICKERS = {"dataset": ("datasets", "triples")}
+
+register(JobKind(
+    name="evaluate_attribution",
+    route="/evaluate/attribution",
+    request=EvaluateAttributionRequest,
+    queue="bulk",
+    func="workers.jobs.evaluate:run_attribution",
+    timeout_s=12 * 3600,
+    result_ttl_s=30 * 24 * 3600,
+    summary="Linear datamodeling score (LDS) of data-attribution estimators, from models retrained on random "
+            "subsets of the training triples",
+    title="Attribution quality (LDS)",
+    renderer="evaluation",
+    sdk_method="evaluate_attribution",
+    pickers=PICKERS,
+    validate=validate_attribution,
+))
+register_fanout("evaluate_attribution", "workers.jobs.evaluate", timeout_s=12 * 3600)
+
+register(JobKind(
+    name="evaluate_mislabel",
+    route="/evaluate/mislabel",
+    request=EvaluateMislabelRequest,
+    queue="bulk",
+    func="workers.jobs.evaluate:run_mislabel",
+    timeout_s=12 * 3600,
+    result_ttl_s=30 * 24 * 3600,
+    summary="Mislabel detection: corrupt a fraction of the training triples' tails, train, rank by each "
+            "estimator's self-influence",
+    title="Mislabel detection",
+    renderer="evaluation",
+    sdk_method="evaluate_mislabel",
+    pickers=PICKERS,
+    validate=validate_mislabel,
+))

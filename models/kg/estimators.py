@@ -1,0 +1,60 @@
+"""The data-attribution estimators an evaluation can measure, by name (torch-free: the API validates names here).
+
+An estimator is two functions, named by dotted path and imported when first used:
+
+- ``scores(bundle, checkpoints, test, train) -> Tensor[m, n]``: the attribution of each of the ``n`` training
+  triples (``train``, ids ``[n, 3]``) to each of the ``m`` test triples (``test``, ids ``[m, 3]``), computed on the
+  full-data model ``bundle`` (a :class:`models.kg.checkpoint.KGBundle`) and its ``checkpoints``. A positive score
+  says training on the triple raised the model's output on the test triple (lowered its loss).
+- ``self_scores(bundle, checkpoints, train) -> Tensor[n]``: each training triple's attribution to itself (its
+  self-influence), which mislabel detection ranks by.
+
+Adding one is one line in ``ESTIMATORS`` (``Estimator("name", "module:scores", "module:self_scores", "...")``);
+the request schemas, the dashboard and the benchmark read the names from here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Estimator:
+    name: str
+    scores: str        # "module:function", (bundle, checkpoints, test, train) -> Tensor[m, n]
+    self_scores: str   # "module:function", (bundle, checkpoints, train) -> Tensor[n]
+    summary: str = ""
+
+    def load(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The two functions (importing their module: torch)."""
+        return _resolve(self.scores), _resolve(self.self_scores)
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
+    Estimator("tracin", "models.kg.evaluation:tracin_scores", "models.kg.evaluation:tracin_self_scores",
+              "TracIn-CP over every checkpoint, every parameter"),
+    Estimator("tracin_last", "models.kg.evaluation:tracin_last_scores",
+              "models.kg.evaluation:tracin_last_self_scores",
+              "TracIn-CP over every checkpoint, the output layers only (fc and the entity table's output role)"),
+    Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores",
+              "seeded Gaussian noise: the floor any estimator must beat"),
+)}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(ESTIMATORS)
+
+
+def get(name: str) -> Estimator:
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise KeyError(f"unknown estimator {name!r}; choose from {list(ESTIMATORS)}") from None

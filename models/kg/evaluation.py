@@ -1,0 +1,352 @@
+r"""How good is a data-attribution estimator? The linear datamodeling score (LDS) and mislabel detection for ConvE.
+
+**LDS** (Park et al. 2023, "TRAK: Attributing Model Behavior at Scale", §2). Train ``M`` models on random subsets
+:math:`S_1..S_M` of the training triples, each holding :math:`\lceil\alpha n\rceil` of the ``n`` triples (a seeded
+draw per subset; its model is trained with the same recipe and seed). For a test triple ``z`` the estimator's
+scores :math:`\tau(z)_i` (computed once, on the model trained on all the data) predict the subset model's output by
+the sum over the subset, :math:`g_s(z) = \sum_{i\in S_s} \tau(z)_i`; the actual output :math:`f_s(z)` is the
+subset model's. :math:`\mathrm{LDS}(z) = \mathrm{spearman}_s(g_s(z), f_s(z))`, and an estimator's LDS is its
+mean over test triples, reported with a percentile bootstrap interval over test triples (seeded).
+
+The output is TRAK's multi-class margin of the true tail on the tail query ``(h, r, ?)`` of the model in eval mode:
+:math:`f(z) = s_t - \log\sum_{e\ne t} \exp s_e`, the log-odds of the softmax probability of the true tail among all
+entities. (It grows when the training loss of ``z`` falls, which is what TracIn's positive scores predict.)
+
+**Mislabel detection**: replace the tail of a seeded fraction of the training triples by another entity drawn
+uniformly (never the true tail), train on the corrupted graph, rank every training triple by an estimator's
+self-influence (largest first) and report the ROC AUC of that ranking against the corrupted set and the fraction
+of corrupted triples found after inspecting the top 10% and 20% (the whole recall curve is returned).
+
+Estimators are named in :mod:`models.kg.estimators`; the ones defined here are TracIn (all layers, or the last
+layers) and seeded noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from models.kg.checkpoint import KGBundle
+from models.kg.estimators import get as get_estimator
+from models.kg.train import TrainConfig, train_conve
+from models.kg.triples import TriplesDataset
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 2000
+RECALL_POINTS = 100  # the recall curve at 1%, 2%, ... 100% of the training triples inspected
+RANDOM_SEED = 0      # the "random" estimator's noise
+
+
+# ---------------------------------------------------------------------------------------------- identities
+def data_version(ds: TriplesDataset) -> str:
+    """A digest of everything of the dataset a model or an output depends on: vocabularies and every split."""
+    h = hashlib.sha256()
+    for vocab in (ds.entities.names, ds.relations.names):
+        h.update(json.dumps(vocab).encode())
+    for split in sorted(ds.splits):
+        t = ds.splits[split].to(torch.int64).contiguous()
+        h.update(f"\0{split}\0{tuple(t.shape)}\0".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def content_key(**parts: Any) -> str:
+    """A digest of JSON-able ``parts`` (canonical: sorted keys): the address of a stored ground truth."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def subset_seeds(seed: int, m: int) -> list[int]:
+    """The seed of each subset (its draw and its model's training)."""
+    return [seed + i for i in range(m)]
+
+
+def subset_mask(n_train: int, alpha: float, seed: int) -> np.ndarray:
+    """``bool[n_train]`` with ``ceil(alpha * n_train)`` triples kept, drawn without replacement."""
+    k = min(n_train, max(1, math.ceil(alpha * n_train)))
+    keep = np.random.default_rng([seed, 0x5EED]).permutation(n_train)[:k]
+    mask = np.zeros(n_train, dtype=bool)
+    mask[keep] = True
+    return mask
+
+
+def test_selection(n_split: int, n_test: int, seed: int) -> np.ndarray:
+    """Positions in the test split of the ``n_test`` evaluated test triples (a seeded draw, sorted)."""
+    n = min(n_split, n_test)
+    return np.sort(np.random.default_rng([seed, 0x7E57]).permutation(n_split)[:n])
+
+
+# ---------------------------------------------------------------------------------------------- training
+def with_train(ds: TriplesDataset, train: torch.Tensor, keep_eval: bool = False) -> TriplesDataset:
+    """``ds`` with another training split (same vocabularies); without ``keep_eval`` it has no valid/test split,
+    so training evaluates nothing it does not need."""
+    splits = {"train": train}
+    if keep_eval:
+        splits.update({k: v for k, v in ds.splits.items() if k != "train"})
+    return TriplesDataset(ds.name, ds.entities, ds.relations, splits, ds.entity_labels, ds.relation_labels)
+
+
+@torch.no_grad()
+def margins(model: torch.nn.Module, triples: torch.Tensor, batch_size: int = 512) -> np.ndarray:
+    """TRAK's margin of the true tail, ``s_t - logsumexp_{e != t} s_e``, per triple ``float64[n]`` (eval mode)."""
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    for i in range(0, len(triples), batch_size):
+        b = triples[i:i + batch_size].to(device)
+        s = model(b[:, 0], b[:, 1]).double()
+        st = s.gather(1, b[:, 2:3]).squeeze(1)
+        others = s.scatter(1, b[:, 2:3], float("-inf"))
+        out.append((st - torch.logsumexp(others, 1)).cpu())
+    return torch.cat(out).numpy() if out else np.zeros(0)
+
+
+def train_model(ds: TriplesDataset, cfg: TrainConfig, out_dir: Path, device: Any = None,
+                progress: Callable[[int, int, str, dict | None], None] | None = None) -> dict:
+    """Train with :func:`models.kg.train.train_conve` into ``out_dir`` (a model directory)."""
+    return train_conve(ds, cfg, out_dir, device=device, progress=progress)
+
+
+def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, device: Any = None,
+                 progress: Callable[[int, int, str, dict | None], None] | None = None,
+                 work_dir: Path | None = None) -> dict[str, Any]:
+    """One subset model: its mask, its outputs on the whole test split (``margins``) and its training time
+    (the model itself is trained in a temporary directory under ``work_dir`` and not kept)."""
+    from models.kg.checkpoint import load
+
+    mask = subset_mask(len(ds.train), alpha, seed)
+    sub_cfg = TrainConfig(**{**asdict(cfg), "seed": seed, "checkpoint_every": cfg.epochs})
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lds-subset-", dir=work_dir))
+    try:
+        t0 = time.perf_counter()
+        train_conve(with_train(ds, ds.train[torch.from_numpy(mask)]), sub_cfg, work, device=device,
+                    progress=progress)
+        seconds = time.perf_counter() - t0
+        model = load(work, device or "cpu").model
+        outputs = margins(model, ds.test)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"mask": mask, "outputs": outputs, "seed": seed, "seconds": seconds}
+
+
+# ---------------------------------------------------------------------------------------------- LDS
+def predicted_outputs(masks: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """``g[s, j] = sum_{i in S_s} scores[j, i]``: ``[M, m]`` from masks ``[M, n]`` and scores ``[m, n]``."""
+    return masks.astype(np.float64) @ np.asarray(scores, dtype=np.float64).T
+
+
+def lds_per_test(masks: np.ndarray, outputs: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Spearman correlation over the subsets, per test triple (``float64[m]``; NaN where either side is
+    constant over the subsets). ``outputs`` is ``[M, m]``. Ranks with ties averaged, then Pearson of the ranks,
+    all columns at once; :func:`lds_reference` is the same one ``scipy.stats.spearmanr`` at a time."""
+    pred = predicted_outputs(masks, scores)
+    rp = stats.rankdata(pred, axis=0)
+    ra = stats.rankdata(np.asarray(outputs, dtype=np.float64), axis=0)
+    rp = rp - rp.mean(0)
+    ra = ra - ra.mean(0)
+    den = np.sqrt((rp * rp).sum(0) * (ra * ra).sum(0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (rp * ra).sum(0) / den
+    out[den == 0] = np.nan
+    return out
+
+
+def lds_reference(masks: np.ndarray, outputs: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """:func:`lds_per_test` one test triple at a time with ``scipy.stats.spearmanr`` (the reference)."""
+    pred = predicted_outputs(masks, scores)
+    out = np.empty(pred.shape[1])
+    for j in range(pred.shape[1]):
+        if np.ptp(pred[:, j]) == 0 or np.ptp(outputs[:, j]) == 0:
+            out[j] = np.nan
+        else:
+            out[j] = stats.spearmanr(pred[:, j], outputs[:, j]).statistic
+    return out
+
+
+def mean_interval(values: np.ndarray, seed: int, confidence: float = CONFIDENCE,
+                  n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
+    """Mean of the finite ``values`` with a percentile bootstrap interval over them (``scipy.stats.bootstrap``,
+    seeded: the same seed gives the same interval)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    out: dict[str, Any] = {"mean": None, "low": None, "high": None, "n": int(len(v)), "confidence": confidence,
+                           "n_resamples": n_resamples, "seed": seed}
+    if len(v) == 0:
+        return out
+    mean = float(v.mean())
+    out["mean"] = mean
+    if len(v) < 2 or np.ptp(v) == 0:
+        out["low"] = out["high"] = mean
+        return out
+    res = stats.bootstrap((v,), np.mean, confidence_level=confidence, n_resamples=n_resamples,
+                          method="percentile", vectorized=True, rng=np.random.default_rng(seed))
+    out["low"], out["high"] = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return out
+
+
+@dataclass
+class EstimatorRun:
+    name: str
+    values: np.ndarray  # scores [m, n] (LDS) or self-scores [n] (mislabel)
+    seconds: float
+
+
+def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train: torch.Tensor,
+                  self_scores: bool = False) -> EstimatorRun:
+    """Time one estimator on the full-data model: its scores ``[m, n]`` or its self-scores ``[n]``."""
+    scores_fn, self_fn = get_estimator(name).load()
+    ckpts = bundle.checkpoints
+    t0 = time.perf_counter()
+    out = self_fn(bundle, ckpts, train) if self_scores else scores_fn(bundle, ckpts, test, train)
+    values = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, np.float64)
+    seconds = time.perf_counter() - t0
+    expected = (len(train),) if self_scores else (len(test), len(train))
+    if values.shape != expected:
+        raise ValueError(f"estimator {name!r} returned shape {values.shape}, expected {expected}")
+    if not np.isfinite(values).all():
+        raise ValueError(f"estimator {name!r} returned non-finite scores")
+    return EstimatorRun(name, values, seconds)
+
+
+def lds_report(bundle: KGBundle, masks: np.ndarray, outputs: np.ndarray, test: torch.Tensor,
+               estimators: Sequence[str], seed: int,
+               progress: Callable[[int, int, str], None] | None = None,
+               scores: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Each estimator's LDS per test triple, its mean with a bootstrap interval, and its time. ``outputs`` is
+    ``[M, m]`` for the test triples ``test`` (ids); ``masks`` ``[M, n]`` over ``bundle.dataset.train``.
+    ``scores``, when given, receives each estimator's scores ``[m, n]``."""
+    train = bundle.dataset.train
+    out: dict[str, Any] = {}
+    for k, name in enumerate(estimators):
+        if progress is not None:
+            progress(k, len(estimators), f"estimator {name}")
+        run = run_estimator(name, bundle, test, train)
+        per = lds_per_test(masks, outputs, run.values)
+        if scores is not None:
+            scores[name] = run.values
+        out[name] = {"lds": mean_interval(per, seed), "per_test": [None if not np.isfinite(x) else float(x)
+                                                                    for x in per],
+                     "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum())}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- mislabels
+def corrupt_tails(train: torch.Tensor, num_entities: int, fraction: float, seed: int
+                  ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """``(corrupted copy of train, sorted indices of the corrupted triples, their new tails)``: ``round(fraction *
+    n)`` triples (at least one) get a tail drawn uniformly among the other entities (seeded)."""
+    if num_entities < 2:
+        raise ValueError("tail replacement needs at least two entities")
+    n = len(train)
+    k = min(n, max(1, round(fraction * n)))
+    rng = np.random.default_rng([seed, 0xBAD])
+    idx = np.sort(rng.choice(n, size=k, replace=False))
+    old = train[torch.from_numpy(idx), 2].numpy()
+    new = (old + rng.integers(1, num_entities, size=k)) % num_entities
+    out = train.clone()
+    out[torch.from_numpy(idx), 2] = torch.from_numpy(new).to(out.dtype)
+    return out, idx, new
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC of ``scores`` for binary ``labels`` (Mann-Whitney U over average ranks, so ties count half)."""
+    labels = np.asarray(labels, dtype=bool)
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both corrupted and clean triples")
+    ranks = stats.rankdata(np.asarray(scores, dtype=np.float64))
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def recall_curve(labels: np.ndarray, scores: np.ndarray, points: int = RECALL_POINTS) -> dict[str, list[float]]:
+    """Fraction of the corrupted triples found after inspecting the top ``q`` of all triples by score (largest
+    first, ties in training order), at ``q = 0, 1/points, ..., 1``."""
+    labels = np.asarray(labels, dtype=bool)
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    found = np.concatenate([[0], np.cumsum(labels[order])])
+    n, n_pos = len(labels), max(1, int(labels.sum()))
+    fractions = [i / points for i in range(points + 1)]
+    return {"inspected": fractions,
+            "found": [float(found[math.ceil(q * n - 1e-9)] / n_pos) for q in fractions]}
+
+
+def found_at(labels: np.ndarray, scores: np.ndarray, fraction: float) -> float:
+    """Fraction of corrupted triples among the top ``ceil(fraction * n)`` by score."""
+    labels = np.asarray(labels, dtype=bool)
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    k = math.ceil(fraction * len(labels) - 1e-9)
+    return float(labels[order[:k]].sum() / max(1, labels.sum()))
+
+
+def mislabel_report(bundle: KGBundle, corrupted: np.ndarray, estimators: Sequence[str],
+                    progress: Callable[[int, int, str], None] | None = None,
+                    scores: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Each estimator's self-influence ranking of ``bundle``'s training triples against the ``corrupted``
+    indices: AUC, found@10%/20% and the recall curve, and its time. ``scores``, when given, receives each
+    estimator's self-scores ``[n]``."""
+    train = bundle.dataset.train
+    labels = np.zeros(len(train), dtype=bool)
+    labels[corrupted] = True
+    out: dict[str, Any] = {}
+    for k, name in enumerate(estimators):
+        if progress is not None:
+            progress(k, len(estimators), f"estimator {name}")
+        run = run_estimator(name, bundle, None, train, self_scores=True)
+        if scores is not None:
+            scores[name] = run.values
+        out[name] = {"auc": roc_auc(labels, run.values), "found_at_10": found_at(labels, run.values, 0.10),
+                     "found_at_20": found_at(labels, run.values, 0.20),
+                     "recall_curve": recall_curve(labels, run.values), "seconds": round(run.seconds, 4)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- estimators
+def _tracin(bundle: KGBundle, checkpoints: Sequence, layers: str) -> Any:
+    from models.explain.tracin import TracIn
+    from models.kg.influence import checkpoint_weights
+
+    return TracIn(bundle.model, list(checkpoints), layers=layers,
+                  weights=checkpoint_weights(bundle, list(checkpoints), "last"))
+
+
+def tracin_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
+    """TracIn-CP, every parameter, learning-rate weighted (``POST /tracin``'s defaults)."""
+    return _tracin(bundle, checkpoints, "all").influence(test, train)[0]
+
+
+def tracin_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    return _tracin(bundle, checkpoints, "all").self_influence(train)
+
+
+def tracin_last_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor,
+                       train: torch.Tensor) -> torch.Tensor:
+    """TracIn-CP on the output layers only (``layers="last"``)."""
+    return _tracin(bundle, checkpoints, "last").influence(test, train)[0]
+
+
+def tracin_last_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    return _tracin(bundle, checkpoints, "last").self_influence(train)
+
+
+def random_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
+    """Standard normal noise, seeded (``RANDOM_SEED``): LDS about 0, AUC about 0.5."""
+    gen = torch.Generator().manual_seed(RANDOM_SEED)
+    return torch.randn(len(test), len(train), generator=gen, dtype=torch.float64)
+
+
+def random_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(RANDOM_SEED)
+    return torch.randn(len(train), generator=gen, dtype=torch.float64)

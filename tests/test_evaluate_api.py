@@ -1,0 +1,412 @@
+"""``POST /evaluate/attribution`` and ``POST /evaluate/mislabel``: bounds and names refused with the field named,
+and (slow) the jobs end to end through real workers: the LDS recomputed independently from the stored ground
+truth, the ground truth reused without training, the corrupted triples recovered, the AUC against scikit-learn,
+another owner's evaluation invisible."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+from scipy import stats
+from sklearn.metrics import roc_auc_score
+
+from tests.service import api_client
+
+TINY = {"epochs": 1, "batch_size": 256, "lr": 0.01, "embedding_dim": 20, "embedding_height": 4, "num_filters": 4,
+        "checkpoint_every": 1, "seed": 0}
+ALICE = {"Authorization": "Bearer key-alice"}
+BOB = {"Authorization": "Bearer key-bob"}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    with api_client(tmp_path_factory.mktemp("evaluate")) as c:
+        yield c
+
+
+def _locs(r) -> set[tuple]:
+    return {tuple(d["loc"]) for d in r.json()["detail"]}
+
+
+@pytest.mark.parametrize("route, body, loc", [
+    ("/evaluate/attribution", {"m": 10**6}, ("body", "m")),
+    ("/evaluate/attribution", {"m": 2}, ("body", "m")),
+    ("/evaluate/attribution", {"alpha": 1.0}, ("body", "alpha")),
+    ("/evaluate/attribution", {"alpha": 0}, ("body", "alpha")),
+    ("/evaluate/attribution", {"recipe": {"epochs": 10**6}}, ("body", "recipe", "epochs")),
+    ("/evaluate/attribution", {"recipe": {"epochs": 201}}, ("body", "recipe", "epochs")),
+    ("/evaluate/attribution", {"recipe": {"embedding_dim": 7}}, ("body", "recipe", "embedding_dim")),
+    ("/evaluate/attribution", {"recipe": {"no_such": 1}}, ("body", "recipe", "no_such")),
+    ("/evaluate/attribution", {"n_test": 10**9}, ("body", "n_test")),
+    ("/evaluate/attribution", {"n_test": 0}, ("body", "n_test")),
+    ("/evaluate/attribution", {"estimators": ["nope"]}, ("body", "estimators", 0)),
+    ("/evaluate/attribution", {"estimators": ["random", "random"]}, ("body", "estimators", 1)),
+    ("/evaluate/attribution", {"estimators": []}, ("body", "estimators")),
+    ("/evaluate/attribution", {"estimators": ["random"] * 17}, ("body", "estimators")),
+    ("/evaluate/attribution", {"seed": -1}, ("body", "seed")),
+    ("/evaluate/mislabel", {"fraction": 0.9}, ("body", "fraction")),
+    ("/evaluate/mislabel", {"fraction": 0}, ("body", "fraction")),
+    ("/evaluate/mislabel", {"recipe": {"epochs": 1000}}, ("body", "recipe", "epochs")),
+    ("/evaluate/mislabel", {"estimators": ["tracin", "trak?"]}, ("body", "estimators", 1)),
+])
+def test_bad_request_is_422_naming_the_field(client, route, body, loc):
+    r = client.post(route, json=body)
+    assert r.status_code == 422, r.text
+    assert loc in _locs(r), r.text
+
+
+def test_training_budget_over_m_and_epochs_names_both_fields(client):
+    r = client.post("/evaluate/attribution", json={"m": 256, "recipe": {"epochs": 100}})
+    assert r.status_code == 422, r.text
+    assert {("body", "m"), ("body", "recipe", "epochs")} <= _locs(r)
+    assert "20,000" in r.text
+    assert client.post("/evaluate/attribution", json={"m": 200, "recipe": {"epochs": 100}}).status_code == 202
+
+
+def test_a_recipe_over_the_worker_memory_names_its_sizes(client):
+    r = client.post("/evaluate/mislabel", json={"recipe": {"embedding_dim": 4096, "num_filters": 1024,
+                                                           "embedding_height": 64}})
+    assert r.status_code == 422, r.text
+    assert {("body", "recipe", "embedding_dim"), ("body", "recipe", "num_filters")} <= _locs(r)
+    assert "EXPLAINQ_WORKER_MEMORY_BYTES" in r.text
+
+
+def test_another_owners_evaluation_is_not_found(tmp_path):
+    keys = {"EXPLAINQ_API_KEYS": "alice:key-alice,bob:key-bob"}
+    with api_client(tmp_path, **keys) as c:
+        r = c.post("/evaluate/attribution", json={"m": 3, "recipe": TINY}, headers=ALICE)
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
+        assert c.get(f"/jobs/{job}", headers=ALICE).status_code == 200
+        for path in (f"/jobs/{job}", f"/jobs/{job}/request", f"/jobs/{job}/artifacts"):
+            assert c.get(path, headers=BOB).status_code == 404, path
+        assert c.post(f"/jobs/{job}/cancel", headers=BOB).status_code == 404
+        assert c.post("/evaluate/attribution", json={"m": 3}).status_code == 401
+
+
+def test_unknown_dataset_names_the_field(client):
+    r = client.post("/evaluate/attribution", json={"dataset": "no-such-graph"})
+    assert r.status_code in (404, 422), r.text
+    body = r.json()["detail"]
+    locs = [tuple(d["loc"]) for d in body] if isinstance(body, list) else [tuple(body["loc"])]
+    assert ("body", "dataset") in locs
+    assert "/" not in json.dumps(body).replace("no-such-graph", "")  # no server path in the answer
+
+
+def test_a_dataset_without_test_triples_cannot_be_evaluated_by_lds(tmp_path):
+    with api_client(tmp_path) as c:
+        graph = tmp_path / "data" / "kg-no-test"
+        graph.mkdir(parents=True)
+        (graph / "train.txt").write_text("a\tr\tb\nb\tr\tc\nc\tr\ta\n")
+        r = c.post("/evaluate/attribution", json={"dataset": "kg-no-test/"})
+        assert r.status_code == 422, r.text
+        assert _locs(r) == {("body", "dataset")} and "test.txt" in r.text and str(tmp_path) not in r.text
+        assert c.post("/evaluate/mislabel", json={"dataset": "kg-no-test/"}).status_code == 202
+        (graph / "test.txt").write_text("a\tr\tc\n")
+        assert c.post("/evaluate/attribution", json={"dataset": "kg-no-test/"}).status_code == 202
+
+
+def test_a_valid_request_is_queued_on_bulk_with_the_evaluation_renderer(client):
+    r = client.post("/evaluate/attribution", json={"m": 4, "recipe": TINY, "n_test": 5})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["kind"] == "evaluate_attribution" and job["status"] == "queued"
+    kinds = {k["name"]: k for k in client.get("/kinds").json()["kinds"]}
+    for name in ("evaluate_attribution", "evaluate_mislabel"):
+        assert kinds[name]["renderer"] == "evaluation" and kinds[name]["queue"] == "bulk"
+    assert kinds["evaluate_attribution"]["route"] == "/evaluate/attribution"
+
+
+# ------------------------------------------------------------------------------------------- through the service
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    from tests.service import Service
+
+    with Service(tmp_path_factory.mktemp("evalsvc"), api_keys="alice:key-alice,bob:key-bob",
+                 heartbeat_ttl_s=20) as service:
+        yield service
+
+
+def _run(svc, route, body, headers=ALICE):
+    r = svc.client.post(route, json=body, headers=headers)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=600, headers=headers)
+    assert job["status"] == "succeeded", (job, svc.worker_logs())
+    return job, svc.client.get(f"/jobs/{job['id']}/result", headers=headers).json()
+
+
+def _npz(svc, job_id, name):
+    return np.load(io.BytesIO(svc.artifact(job_id, name, headers=ALICE)))
+
+
+@pytest.mark.slow
+def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_truth(svc):
+    from core.filestore import get_store
+
+    body = {"m": 3, "alpha": 0.5, "n_test": 8, "recipe": TINY, "seed": 5}
+    job, res = _run(svc, "/evaluate/attribution", {**body, "estimators": ["tracin_last", "random"]})
+    assert job["shards"]["total"] == 4  # three subset models and the full-data model, one shard each
+    assert res["trainings"] == 4 and res["ground_truth"]["reused"] == 0
+    assert res["seeds"] == [5, 6, 7] and res["n_test"] == 8 and res["subset_size"] == 796
+    names = {a["name"] for a in res["artifacts"]}
+    assert {"ground_truth.npz", "scores-tracin_last.npy", "scores-random.npy", "lds_per_test.csv"} <= names
+    assert all("/" not in a["name"] for a in res["artifacts"]) and str(svc.home) not in json.dumps(res)
+
+    # independent: the subset models' masks and outputs as stored, the scores, scipy's Spearman
+    store = get_store(svc.settings)
+    key = res["ground_truth"]["key"]
+    stored = [np.load(io.BytesIO(store.read_bytes(f"cache/evaluation/lds/{key}/subset-{i:05d}.npz")))
+              for i in range(3)]
+    gt = _npz(svc, job["id"], "ground_truth.npz")
+    sel = gt["test_index"]
+    masks = np.stack([z["mask"] for z in stored])
+    outputs = np.stack([z["outputs"] for z in stored])[:, sel]
+    assert [int(z["seed"]) for z in stored] == res["seeds"]
+    np.testing.assert_array_equal(gt["masks"], masks)
+    for name in ("tracin_last", "random"):
+        scores = np.load(io.BytesIO(svc.artifact(job["id"], f"scores-{name}.npy", headers=ALICE)))
+        assert scores.shape == (8, 1592)
+        want = [stats.spearmanr(masks.astype(float) @ scores[j], outputs[:, j]).statistic for j in range(8)]
+        got = res["estimators"][name]["per_test"]
+        np.testing.assert_allclose(np.array(got, dtype=float), want, rtol=1e-12, atol=1e-12)
+        lds = res["estimators"][name]["lds"]
+        assert lds["mean"] == pytest.approx(np.nanmean(want), abs=1e-12)
+        assert lds["low"] <= lds["mean"] <= lds["high"]
+        assert res["estimators"][name]["seconds"] >= 0
+
+    # another estimator on the same ground truth: nothing is trained, no fan-out
+    job2, res2 = _run(svc, "/evaluate/attribution", {**body, "estimators": ["tracin"]})
+    assert "shards" not in job2
+    assert res2["trainings"] == 0 and res2["ground_truth"]["reused"] == 4
+    assert res2["ground_truth"]["key"] == key and res2["test_triples"] == res["test_triples"]
+    np.testing.assert_array_equal(_npz(svc, job2["id"], "ground_truth.npz")["outputs"], outputs)
+    assert set(res2["estimators"]) == {"tracin"}
+
+    # one stored subset model gone: only that one is trained again, and the LDS is what it was
+    store.delete(f"cache/evaluation/lds/{key}/subset-00001.npz")
+    job3, res3 = _run(svc, "/evaluate/attribution", {**body, "estimators": ["tracin_last", "random"]})
+    assert job3["shards"]["total"] == 1 and res3["trainings"] == 1 and res3["ground_truth"]["reused"] == 3
+    for name in ("tracin_last", "random"):
+        assert res3["estimators"][name]["per_test"] == res["estimators"][name]["per_test"]
+        assert res3["estimators"][name]["lds"] == res["estimators"][name]["lds"]
+
+    # another owner sees none of it
+    for path in (f"/jobs/{job['id']}", f"/jobs/{job['id']}/result", f"/jobs/{job['id']}/artifacts",
+                 f"/jobs/{job['id']}/artifacts/ground_truth.npz"):
+        assert svc.client.get(path, headers=BOB).status_code == 404, path
+
+    # the dashboard's job page draws the evaluation (signed in as alice)
+    page = _dashboard_page(svc, job["id"])
+    assert "Linear datamodeling score" in page and "<svg" in page
+    lds = res["estimators"]["tracin_last"]["lds"]
+    assert re.search(r'<th scope="row">tracin_last</th><td>' + re.escape(_num3(lds["mean"])), page), page[-3000:]
+
+
+def _num3(v):
+    from app.ui.views import num
+
+    return num(v, 3)
+
+
+def _dashboard_page(svc, job_id):
+    c = svc.client
+    c.cookies.clear()
+    r = c.post("/ui/login", data={"api_key": "key-alice", "next": "/ui/jobs"}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    try:
+        page = c.get(f"/ui/jobs/{job_id}")
+        assert page.status_code == 200, page.text
+        return page.text
+    finally:
+        c.cookies.clear()
+
+
+@pytest.mark.slow
+def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit_learns(svc):
+    from models.kg.triples import load_nations
+
+    job, res = _run(svc, "/evaluate/mislabel", {"fraction": 0.1, "recipe": TINY, "seed": 3,
+                                                "estimators": ["tracin_last", "random"]})
+    assert res["n_corrupted"] == 159 and res["trainings"] == 1
+    rows = list(csv.DictReader(io.StringIO(svc.artifact(job["id"], "corrupted.tsv", headers=ALICE).decode()),
+                               delimiter="\t"))
+    idx = np.array([int(r["train_index"]) for r in rows])
+    assert idx.tolist() == [c["train_index"] for c in res["corrupted"]]
+    nations = load_nations()
+    originals = nations.decode(nations.train[idx.tolist()])
+    for r, o, c in zip(rows, originals, res["corrupted"], strict=True):  # recoverable: the original is known
+        assert [r["head"], r["relation"], r["original_tail"]] == o == c["original"]
+        assert c["corrupted"] == [o[0], o[1], r["corrupted_tail"]] and r["corrupted_tail"] != o[2]
+    labels = np.zeros(len(nations.train), bool)
+    labels[idx] = True
+    selfs = _npz(svc, job["id"], "self_scores.npz")
+    for name in ("tracin_last", "random"):
+        got = res["estimators"][name]
+        assert got["auc"] == pytest.approx(roc_auc_score(labels, selfs[name]), abs=1e-12)
+        order = np.argsort(-selfs[name], kind="stable")
+        assert got["found_at_10"] == pytest.approx(labels[order[:160]].sum() / 159)
+        assert len(got["recall_curve"]["found"]) == 101
+    # the same request again reuses the corrupted model
+    _, again = _run(svc, "/evaluate/mislabel", {"fraction": 0.1, "recipe": TINY, "seed": 3,
+                                                 "estimators": ["random"]})
+    assert again["trainings"] == 0 and again["corrupted"] == res["corrupted"]
+    page = _dashboard_page(svc, job["id"])
+    assert "Mislabel detection" in page and "<polyline" in page
+
+    # a stored model whose corruption record disagrees with the request is never used
+    from core.filestore import get_store
+
+    store = get_store(svc.settings)
+    key = f"cache/evaluation/models/{res['model']['key']}/corruption.json"
+    record = json.loads(store.read_text(key))
+    record["indices"][0] += 1
+    store.put_bytes(json.dumps(record).encode(), key)
+    r = svc.client.post("/evaluate/mislabel", json={"fraction": 0.1, "recipe": TINY, "seed": 3,
+                                                    "estimators": ["random"]}, headers=ALICE)
+    failed = svc.wait(r.json()["id"], timeout_s=300, headers=ALICE)
+    assert failed["status"] == "failed" and failed["error"]["code"] == "cache_mismatch", failed
+    assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
+
+
+# ------------------------------------------------------------------------------------------- SDK and CLI
+LDS_RESULT = {"metric": "lds", "dataset": "nations", "m": 16, "alpha": 0.5, "n_test": 50,
+              "estimators": {"tracin": {"lds": {"mean": 0.09, "low": 0.01, "high": 0.17, "n": 50},
+                                        "n_undefined": 0, "seconds": 3.9},
+                             "<b>rnd</b>": {"lds": {"mean": -0.03, "low": -0.11, "high": 0.05, "n": 50},
+                                            "n_undefined": 0, "seconds": 0.001}}}
+MISLABEL_RESULT = {"metric": "mislabel", "dataset": "nations", "n_train": 100, "n_corrupted": 10,
+                   "estimators": {"tracin": {"auc": 0.61, "found_at_10": 0.3, "found_at_20": 0.5, "seconds": 1.0,
+                                             "recall_curve": {"inspected": [0, 0.5, 1], "found": [0, 0.7, 1]}}}}
+
+
+def _kinds_description():
+    from core.kinds import load_all
+
+    return {"kinds": [k.describe() for k in load_all().values() if not k.internal]}
+
+
+def test_sdk_methods_post_to_the_routes_and_results_render_as_evaluations():
+    import httpx
+    from explainq_client import AsyncClient, Client
+    from explainq_client.results import EvaluationResult, make_result
+
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        kind = "evaluate_attribution" if request.url.path.endswith("attribution") else "evaluate_mislabel"
+        return httpx.Response(202, json={"id": "j1", "kind": kind, "status": "queued", "progress": None,
+                                         "error": None})
+
+    with Client("http://x", transport=httpx.MockTransport(handler)) as c:
+        c.evaluate_attribution(m=8, estimators=["tracin", "random"], recipe={"epochs": 1})
+        c.evaluate_mislabel(fraction=0.2)
+    assert [r.url.path for r in seen] == ["/evaluate/attribution", "/evaluate/mislabel"]
+    assert json.loads(seen[0].content) == {"m": 8, "estimators": ["tracin", "random"], "recipe": {"epochs": 1}}
+    assert json.loads(seen[1].content) == {"fraction": 0.2}
+    assert callable(AsyncClient.evaluate_attribution) and callable(AsyncClient.evaluate_mislabel)
+
+    lds = make_result("evaluation", LDS_RESULT, "evaluate_attribution")
+    assert isinstance(lds, EvaluationResult) and set(lds.estimators) == {"tracin", "<b>rnd</b>"}
+    html = lds._repr_html_()
+    assert "<svg" in html and "&lt;b&gt;rnd&lt;/b&gt;" in html and "<b>rnd</b>" not in html
+    assert "tracin: 0.09 [0.01, 0.17]" in html  # the bar's accessible title: mean and interval
+    lines = lds.text().splitlines()
+    assert lines[2].split()[:2] == ["estimator", "LDS"] and lines[3].split()[:4] == ["tracin", "0.09", "[0.01,",
+                                                                                      "0.17]"]
+    mis = make_result("evaluation", MISLABEL_RESULT, "evaluate_mislabel")
+    assert "polyline" in mis._repr_html_() and "fraction inspected" in mis._repr_html_()
+    assert mis.text().splitlines()[3].split() == ["tracin", "0.61", "0.3", "0.5", "1"]
+
+
+def test_cli_submits_an_evaluation_through_the_generic_submit_and_prints_its_table(monkeypatch, tmp_path, capsys):
+    import httpx
+    from explainq_client import Client, cli
+
+    posted = []
+    view = {"id": "j1", "kind": "evaluate_attribution", "status": "succeeded", "progress": None, "error": None}
+
+    def handler(request):
+        if request.url.path == "/kinds":
+            return httpx.Response(200, json=_kinds_description())
+        if request.method == "POST":
+            posted.append((request.url.path, json.loads(request.content)))
+            return httpx.Response(202, json={**view, "status": "queued"})
+        if request.url.path == "/jobs/j1/result":
+            return httpx.Response(200, json=LDS_RESULT)
+        return httpx.Response(200, json=view)
+
+    monkeypatch.setattr(cli, "Client", lambda *a, **k: Client("http://x", transport=httpx.MockTransport(handler)))
+    body = tmp_path / "req.json"
+    body.write_text(json.dumps({"m": 8, "recipe": {"epochs": 1}}))
+    assert cli.run(["submit", "evaluate-attribution", str(body)]) == cli.EXIT_OK
+    assert posted == [("/evaluate/attribution", {"m": 8, "recipe": {"epochs": 1}})]
+    capsys.readouterr()
+    assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "LDS on nations: 16 subset models" in out and "tracin" in out
+
+
+# ------------------------------------------------------------------------------------------- dashboard
+def _page(result):
+    from app.ui.evaluation import evaluation_view
+    from app.ui.router import templates
+
+    return templates.env.get_template("_evaluation.html").render(result=result,
+                                                                 evaluation=evaluation_view(result))
+
+
+def test_dashboard_draws_lds_bars_with_whiskers_and_a_table():
+    import re
+
+    result = {**LDS_RESULT, "dataset": "<script>x</script>", "subset_size": 796, "n_train": 1592,
+              "output": "margin", "trainings": 0, "ground_truth": {"reused": 17}}
+    page = _page(result)
+    assert "<script>x</script>" not in page and "&lt;script&gt;" in page
+    assert "&lt;b&gt;rnd&lt;/b&gt;" in page and "<b>rnd</b>" not in page
+    rows = re.findall(r'<tr><th scope="row">([^<]+)</th>(.*?)</tr>', page, re.S)
+    assert [r for r, _ in rows] == ["tracin", "&lt;b&gt;rnd&lt;/b&gt;"]
+    assert "0.09" in rows[0][1] and "[0.01, 0.17]" in rows[0][1]
+    # bars start at zero and the whiskers span the interval, on one axis from -0.11 to 0.17
+    from app.ui.evaluation import lds_bars
+
+    b = lds_bars(LDS_RESULT["estimators"])["rows"]
+    assert b[0]["bar_x"] == pytest.approx(lds_bars(LDS_RESULT["estimators"])["zero_x"])
+    assert b[0]["low_x"] < b[0]["bar_x"] + b[0]["bar_w"] < b[0]["high_x"]
+    assert b[1]["bar_x"] + b[1]["bar_w"] == pytest.approx(lds_bars(LDS_RESULT["estimators"])["zero_x"], abs=0.2)
+    assert f'x1="{b[0]["low_x"]}"' in page and "reused" in page and "17" in page
+
+
+def test_dashboard_draws_the_mislabel_recall_curve_and_table():
+    page = _page({**MISLABEL_RESULT, "fraction": 0.1, "seed": 0})
+    assert "<polyline" in page and "Mislabel detection" in page
+    assert "0.61" in page and "corrupted.tsv" in page
+    from app.ui.evaluation import PAD, recall_curves
+
+    pts = recall_curves(MISLABEL_RESULT["estimators"])["series"][0]["points"].split()
+    assert len(pts) == 3 and pts[0] == f"{PAD:.1f},{260 - PAD:.1f}"  # (0 inspected, 0 found) at the origin
+
+
+def test_the_dashboard_form_submits_an_evaluation(client):
+    import re
+
+    page = client.get("/ui/new/evaluate_mislabel")
+    assert page.status_code == 200
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
+    form = {"csrf_token": token, "dataset": "nations", "estimators": ["tracin_last", "random"], "fraction": "0.2",
+            "recipe.epochs": "1", "recipe.embedding_dim": "20", "recipe.embedding_height": "4", "seed": "3"}
+    r = client.post("/ui/new/evaluate_mislabel", data=form, headers={"Origin": "http://testserver"},
+                    follow_redirects=False)
+    assert r.status_code == 303, r.text
+    job_id = r.headers["location"].rsplit("/", 1)[-1]
+    body = client.get(f"/jobs/{job_id}/request").json()
+    assert body["estimators"] == ["tracin_last", "random"] and body["fraction"] == 0.2 and body["seed"] == 3
+    assert body["recipe"]["epochs"] == 1 and body["recipe"]["embedding_dim"] == 20
+    assert body["recipe"]["checkpoint_every"] == 2  # more than epochs: the last epoch's checkpoint is kept

@@ -1,0 +1,226 @@
+"""Attribution quality maths (models/kg/evaluation.py): LDS against scipy's Spearman, the bootstrap interval, AUC
+against scikit-learn, the tail corruption, the recall curve, the margin and the estimator registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from sklearn.metrics import roc_auc_score
+
+from models.kg import estimators, evaluation
+from models.kg.conve import ConvE, ConvEConfig
+
+
+def _ground_truth(seed: int = 0, m_models: int = 12, n_train: int = 40, n_test: int = 9):
+    rng = np.random.default_rng(seed)
+    masks = np.stack([evaluation.subset_mask(n_train, 0.5, s) for s in range(m_models)])
+    scores = rng.normal(size=(n_test, n_train))
+    # actual outputs: the linear model plus noise, one column constant, one with ties
+    outputs = evaluation.predicted_outputs(masks, scores) + rng.normal(scale=2.0, size=(m_models, n_test))
+    outputs[:, 3] = 1.5
+    outputs[:, 5] = np.round(outputs[:, 5])
+    return masks, outputs, scores
+
+
+def test_lds_equals_scipy_spearman_per_test_triple():
+    masks, outputs, scores = _ground_truth()
+    got = evaluation.lds_per_test(masks, outputs, scores)
+    want = np.array([stats.spearmanr(masks.astype(float) @ scores[j], outputs[:, j]).statistic
+                     if np.ptp(outputs[:, j]) else np.nan for j in range(scores.shape[0])])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    np.testing.assert_allclose(got, evaluation.lds_reference(masks, outputs, scores), rtol=1e-12, equal_nan=True)
+    assert np.isnan(got[3]) and np.isfinite(np.delete(got, 3)).all()
+    # the predicted output of a subset is the sum of the scores of its triples
+    np.testing.assert_allclose(evaluation.predicted_outputs(masks, scores)[2], scores[:, masks[2]].sum(1))
+
+
+def test_lds_of_the_true_linear_model_is_one():
+    masks, _, scores = _ground_truth(1)
+    outputs = evaluation.predicted_outputs(masks, scores) * 3.0 + 7.0
+    np.testing.assert_allclose(evaluation.lds_per_test(masks, outputs, scores), 1.0)
+    np.testing.assert_allclose(evaluation.lds_per_test(masks, -outputs, scores), -1.0)
+
+
+def test_bootstrap_interval_contains_the_mean_and_is_reproducible_by_seed():
+    values = np.random.default_rng(3).normal(0.1, 0.2, size=50)
+    values[7] = np.nan  # undefined LDS values are left out, and counted out
+    a = evaluation.mean_interval(values, seed=11)
+    assert a["n"] == 49 and a["mean"] == pytest.approx(np.nanmean(values))
+    assert a["low"] < a["mean"] < a["high"]
+    assert a == evaluation.mean_interval(values, seed=11)
+    b = evaluation.mean_interval(values, seed=12)
+    assert (b["low"], b["high"]) != (a["low"], a["high"])
+    ref = stats.bootstrap((values[np.isfinite(values)],), np.mean, confidence_level=0.95, n_resamples=2000,
+                          method="percentile", rng=np.random.default_rng(11))
+    assert (a["low"], a["high"]) == (ref.confidence_interval.low, ref.confidence_interval.high)
+    single = evaluation.mean_interval(np.array([0.3, np.nan]), seed=0)
+    assert single["low"] == single["mean"] == single["high"] == 0.3
+    assert evaluation.mean_interval(np.array([np.nan]), seed=0)["mean"] is None
+
+
+def test_subset_masks_hold_alpha_of_the_triples_and_follow_their_seed():
+    m = evaluation.subset_mask(101, 0.5, 4)
+    assert m.dtype == bool and m.sum() == 51
+    assert (m == evaluation.subset_mask(101, 0.5, 4)).all()
+    assert (m != evaluation.subset_mask(101, 0.5, 5)).any()
+    assert evaluation.subset_seeds(7, 3) == [7, 8, 9]
+    sel = evaluation.test_selection(20, 5, 0)
+    assert len(sel) == 5 and (np.diff(sel) > 0).all() and (sel == evaluation.test_selection(20, 5, 0)).all()
+    assert len(evaluation.test_selection(4, 10, 0)) == 4
+
+
+def test_roc_auc_equals_scikit_learn_with_ties():
+    rng = np.random.default_rng(0)
+    labels = rng.random(300) < 0.2
+    scores = np.round(rng.normal(size=300) + labels, 1)  # many ties
+    assert evaluation.roc_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    with pytest.raises(ValueError):
+        evaluation.roc_auc(np.zeros(5, bool), np.arange(5.0))
+
+
+def test_corrupted_tails_are_recorded_and_recoverable():
+    train = torch.tensor([[i % 7, i % 3, (i * 5) % 11] for i in range(200)])
+    out, idx, new = evaluation.corrupt_tails(train, 11, 0.1, seed=3)
+    assert len(idx) == 20 and (np.diff(idx) > 0).all()
+    changed = torch.nonzero((out != train).any(1)).flatten().numpy()
+    np.testing.assert_array_equal(changed, idx)  # exactly the recorded triples changed, only their tails
+    assert (out[:, :2] == train[:, :2]).all()
+    assert (out[torch.from_numpy(idx), 2].numpy() == new).all()
+    assert (new != train[torch.from_numpy(idx), 2].numpy()).all() and (new >= 0).all() and (new < 11).all()
+    again = evaluation.corrupt_tails(train, 11, 0.1, seed=3)
+    assert torch.equal(again[0], out) and (again[1] == idx).all()
+    restored = out.clone()
+    restored[torch.from_numpy(idx), 2] = train[torch.from_numpy(idx), 2]
+    assert torch.equal(restored, train)
+
+
+def test_recall_curve_and_found_at():
+    labels = np.zeros(100, bool)
+    labels[:10] = True
+    perfect = -np.arange(100.0)  # the corrupted ones first
+    assert evaluation.found_at(labels, perfect, 0.10) == 1.0
+    assert evaluation.found_at(labels, perfect, 0.05) == 0.5
+    worst = np.arange(100.0)
+    assert evaluation.found_at(labels, worst, 0.20) == 0.0
+    curve = evaluation.recall_curve(labels, perfect)
+    assert curve["inspected"][0] == 0.0 and curve["found"][0] == 0.0 and curve["found"][-1] == 1.0
+    assert curve["found"][10] == evaluation.found_at(labels, perfect, 0.10)
+    rng = np.random.default_rng(1)
+    s = rng.normal(size=100)
+    c = evaluation.recall_curve(labels, s)
+    for q in (10, 20, 37):
+        assert c["found"][q] == evaluation.found_at(labels, s, q / 100)
+    assert all(a <= b for a, b in zip(c["found"], c["found"][1:], strict=False))
+
+
+def test_margin_is_the_log_odds_of_the_true_tail():
+    torch.manual_seed(0)
+    model = ConvE(ConvEConfig(num_entities=9, num_relations=2, embedding_dim=8, embedding_height=2,
+                              num_filters=2)).eval()
+    triples = torch.tensor([[0, 0, 3], [4, 1, 2], [8, 0, 8]])
+    got = evaluation.margins(model, triples)
+    with torch.no_grad():
+        p = torch.softmax(model(triples[:, 0], triples[:, 1]).double(), 1).gather(1, triples[:, 2:3]).squeeze(1)
+    np.testing.assert_allclose(got, torch.log(p / (1 - p)).numpy(), rtol=1e-9)
+
+
+def test_estimator_registry_resolves_every_name():
+    assert set(estimators.names()) >= {"tracin", "tracin_last", "random"}
+    for name in estimators.names():
+        scores, self_scores = estimators.get(name).load()
+        assert callable(scores) and callable(self_scores)
+    with pytest.raises(KeyError, match="unknown estimator"):
+        estimators.get("nope")
+
+
+def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
+    from models.explain.tracin import TracIn
+    from models.kg.checkpoint import KGBundle, save_checkpoint
+    from models.kg.train import TrainConfig, build_model
+    from models.kg.triples import load_nations
+
+    ds = load_nations()
+    torch.manual_seed(0)
+    model = build_model(ds, TrainConfig(embedding_dim=8, embedding_height=2, num_filters=2)).eval()
+    ckpts = []
+    for epoch in (1, 2):  # two checkpoints of slightly different weights
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.add_(0.05 * torch.randn_like(prm))
+        ckpts.append(save_checkpoint(model, tmp_path / f"epoch_{epoch}.safetensors", epoch, 0.01 / epoch))
+    bundle = KGBundle(model, ds, ckpts, tmp_path)
+    test, train = ds.test[:3], ds.train[:50]
+    run = evaluation.run_estimator("tracin_last", bundle, test, train)
+    want = TracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)[0]
+    np.testing.assert_allclose(run.values, want.double().numpy(), rtol=1e-6)
+    assert run.values.shape == (3, 50) and run.seconds >= 0
+    selfs = evaluation.run_estimator("tracin", bundle, None, train, self_scores=True)
+    want = TracIn(bundle.model, bundle.checkpoints).self_influence(train)
+    np.testing.assert_allclose(selfs.values, want.double().numpy(), rtol=1e-6)
+    r1 = evaluation.run_estimator("random", bundle, test, train).values
+    assert (r1 == evaluation.run_estimator("random", bundle, test, train).values).all()
+    report = evaluation.mislabel_report(bundle, np.array([1, 5, 9]), ["random"])
+    assert set(report["random"]) == {"auc", "found_at_10", "found_at_20", "recall_curve", "seconds"}
+
+
+def test_the_ground_truth_address_changes_with_everything_it_depends_on():
+    from models.kg.triples import load_nations
+    from workers.context import JobError
+    from workers.jobs.evaluate import _identity, _same_data
+
+    ds = load_nations()
+    base = {"recipe": {"epochs": 1, "embedding_dim": 20, "seed": 0}, "alpha": 0.5, "m": 3, "seed": 0,
+            "dataset": "nations"}
+    ident = _identity(base, ds)
+    assert ident == _identity(dict(base), ds) and ident["seeds"] == [0, 1, 2]
+    for change in ({"alpha": 0.4}, {"m": 4}, {"seed": 1}, {"recipe": {**base["recipe"], "epochs": 2}}):
+        other = _identity({**base, **change}, ds)
+        assert other["lds"] != ident["lds"], change
+    # the full-data model depends on the recipe and the data only
+    assert _identity({**base, "alpha": 0.4, "m": 9}, ds)["full"] == ident["full"]
+    assert _identity({**base, "recipe": {**base["recipe"], "seed": 1}}, ds)["full"] != ident["full"]
+    changed = evaluation.with_train(ds, ds.train[1:], keep_eval=True)
+    assert _identity(base, changed)["lds"] != ident["lds"]
+    assert evaluation.data_version(changed) != evaluation.data_version(ds)
+    # a shard refuses data that changed since its evaluation started
+    assert _same_data(ds, {**base, "data_version": ident["data_version"]})["lds"] == ident["lds"]
+    with pytest.raises(JobError, match="changed since the evaluation started"):
+        _same_data(changed, {**base, "data_version": ident["data_version"]})
+
+
+@pytest.mark.slow
+def test_the_quality_benchmark_runs_small(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
+                "--estimators", "tracin_last,random"])
+    out = capsys.readouterr().out
+    lds_rows = [line.split() for line in out.splitlines() if line.startswith("nations ")]
+    assert [r[1] for r in lds_rows] == ["tracin_last", "random"] * 2  # the LDS table, then mislabel detection
+    assert "0.07-0.13" not in out  # tracin itself was not measured: no published figure beside it
+    assert "published AUC (dattri, context)" in out
+
+
+def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
+    """A shard that failed for good leaves its model missing: the LDS is never computed on part of the ground
+    truth."""
+    from types import SimpleNamespace
+
+    from models.kg.triples import load_nations
+    from workers.context import JobError
+    from workers.jobs.evaluate import _identity, run_reduce
+
+    request = {"dataset": "nations", "recipe": {"epochs": 1, "embedding_dim": 20, "embedding_height": 4},
+               "alpha": 0.5, "m": 3, "seed": 0, "n_test": 5, "estimators": ["random"], "items": [0, 1, 2, -1]}
+    request["data_version"] = _identity(request, load_nations())["data_version"]
+    ctx = SimpleNamespace(settings=redis_settings, owner="system", device="cpu", job_id="p-reduce")
+    with pytest.raises(JobError, match="4 of the evaluation's models are missing") as err:
+        run_reduce({"parent": "p", "shards": 4, "request": request}, ctx)
+    assert err.value.code == "too_many_failures"
