@@ -30,6 +30,8 @@ POSITIVE_RGB = (230, 97, 1)     # #e66101
 TRAIN_COLOUR = "#0072B2"       # blue
 VALIDATION_COLOUR = "#D55E00"  # vermillion
 OTHER_COLOURS = ("#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+# One colour per bar of a chart whose series are not train/validation (estimators of an evaluation).
+ESTIMATOR_COLOURS = (TRAIN_COLOUR, VALIDATION_COLOUR, *OTHER_COLOURS)
 MAX_SAMPLES_SHOWN = 50
 MAX_ROWS_SHOWN = 25
 
@@ -363,7 +365,7 @@ def _interval_chart(rows: Sequence[tuple[str, float, float, float]], w: int = 38
              f"<text x='{w - right}' y='{h - 2}' font-size='10' text-anchor='end'>{_num(hi, 3)}</text>"]
     for i, (label, mean, low, high) in enumerate(rows):
         y = 8 + i * row_h
-        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        colour = ESTIMATOR_COLOURS[i % len(ESTIMATOR_COLOURS)]
         x0, x1 = sorted((x(0), x(mean)))
         parts.append(f"<g><title>{escape(label)}: {_num(mean, 4)} [{_num(low, 4)}, {_num(high, 4)}]</title>"
                      f"<text x='{left - 6}' y='{y + 12}' font-size='11' text-anchor='end'>{escape(label)}</text>"
