@@ -167,6 +167,19 @@ def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
         log.warning("canceled registries not pruned: %s", exc)
 
 
+def listing_meta(kind: JobKind, payload: dict[str, Any]) -> dict[str, Any]:
+    """What the jobs list shows and searches of a new job, kept in its meta (the job view reads only the meta,
+    never the payload): the request's ``label`` and ``tags``, and the ``model`` and ``input`` columns
+    (``JobKind.summary_of``). Empty values are left out."""
+    out: dict[str, Any] = {}
+    if payload.get("label"):
+        out["label"] = payload["label"]
+    if payload.get("tags"):
+        out["tags"] = list(payload["tags"])
+    out.update(kind.summary_of(payload))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the store
 _CREATED = ("created", "replayed")
 
@@ -253,7 +266,7 @@ class JobStore:
             result_ttl=s.result_ttl_for(kind.result_ttl_s),
             failure_ttl=s.failure_ttl_s,
             ttl=None,
-            meta={"kind": kind.name, "owner": owner, "body": digest},
+            meta={"kind": kind.name, "owner": owner, "body": digest, **listing_meta(kind, payload)},
             description=f"{kind.name} job",
             pipeline=recorder,
         )
@@ -342,6 +355,8 @@ class JobStore:
         cursor: str | None = None,
         base_url: str = "",
         scan_limit: int = 5000,
+        q: str | None = None,
+        tags: tuple[str, ...] = (),
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, paged by keyset: the cursor is the (score, id) of the last index entry looked at.
 
@@ -351,7 +366,11 @@ class JobStore:
         comes is returned exactly once. Ids whose job hash is gone are removed from the index on the way.
         When ``scan_limit`` entries were looked at without filling the page (filters skipping many), the page
         is returned short with a cursor to continue from.
+
+        ``q`` keeps jobs whose label, model, input, kind or id holds it (without case); ``tags`` those that carry
+        every one of them (see ``JobFilter``).
         """
+        wanted = JobFilter(kind, status, q, tags)
         index = keys.owner_jobs(owner)
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
         items: list[dict[str, Any]] = []
@@ -361,7 +380,7 @@ class JobStore:
             rows, older = _index_rows(self.redis, index, bound, batch)
             if not rows:
                 return items, None
-            looked_at, bound = _take_views(self.redis, index, rows, items, limit, (kind, status), base_url)
+            looked_at, bound = _take_views(self.redis, index, rows, items, limit, wanted, base_url)
             scanned += looked_at
             if len(items) == limit or scanned >= scan_limit:
                 return items, encode_cursor(*bound)
@@ -494,9 +513,31 @@ def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
     return rows, older
 
 
+class JobFilter:
+    """Which jobs a listing keeps: of ``kind``, in ``status``, whose label, model, input, kind or id holds ``q``
+    (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case)."""
+
+    def __init__(self, kind: str | None = None, status: str | None = None, q: str | None = None,
+                 tags: tuple[str, ...] = ()):
+        self.kind = kind
+        self.status = status
+        self.q = q.casefold() if q else None
+        self.tags = frozenset(t.lower() for t in tags)
+
+    def matches(self, view: dict[str, Any]) -> bool:
+        if (self.kind and view["kind"] != self.kind) or (self.status and view["status"] != self.status):
+            return False
+        if self.tags and not self.tags <= set(view.get("tags") or ()):
+            return False
+        if self.q:
+            text = "\n".join(str(view.get(k) or "") for k in ("label", "model", "input", "kind", "id"))
+            return self.q in text.casefold()
+        return True
+
+
 def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str, Any]], limit: int,
-                wanted: tuple[str | None, str | None], base_url: str) -> tuple[int, tuple[float, str]]:
-    """Append to ``items`` the views of ``rows`` that match ``wanted`` (kind, status) until it holds ``limit``;
+                wanted: JobFilter, base_url: str) -> tuple[int, tuple[float, str]]:
+    """Append to ``items`` the views of ``rows`` that ``wanted`` keeps until it holds ``limit``;
     drops the ids whose job hash is gone from the index. Returns (entries looked at, the last one's bound)."""
     with redis.pipeline(transaction=False) as pipe:
         for member, _ in rows:
@@ -512,17 +553,13 @@ def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str
             stale.append(member)
             continue
         view = fanout.apply(redis, job_id, job_view(job_id, raw, base_url), raw)
-        if _matches(view, *wanted):
+        if wanted.matches(view):
             items.append(view)
             if len(items) == limit:
                 break
     if stale:
         redis.zrem(index, *stale)
     return looked_at, bound
-
-
-def _matches(view: dict[str, Any], kind: str | None, status: str | None) -> bool:
-    return not ((kind and view["kind"] != kind) or (status and view["status"] != status))
 
 
 def encode_cursor(score: float, job_id: str) -> str:

@@ -12,14 +12,14 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from core import dataset_refs, limits
-from core.kinds.base import FieldError, JobKind, RequestModel, register
+from core.kinds.base import FieldError, JobKind, JobRequest, register
 from core.settings import Settings
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
 
 DATASET_KIND = "lora"
 
 
-class AblationRequest(RequestModel):
+class AblationRequest(JobRequest):
     dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
                          description="a registered dataset name, or a directory under the data roots")
     representations: Annotated[list[Annotated[str, Field(max_length=limits.MAX_REPRESENTATION_NAME_LENGTH)]],

@@ -14,6 +14,7 @@ from core.dataset_formats import news_labelled
 from core.kinds.base import (
     FieldError,
     JobKind,
+    JobRequest,
     RequestModel,
     ShardSize,
     max_failed_field,
@@ -56,7 +57,7 @@ class DatasetIn(RequestModel):
     seed: int = Field(0, ge=0, le=limits.MAX_SEED)
 
 
-class AttributionsRequest(RequestModel):
+class AttributionsRequest(JobRequest):
     model: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH)
     samples: list[SampleIn] | None = Field(None, min_length=1, max_length=limits.MAX_SAMPLES)
     dataset: DatasetIn | None = None

@@ -17,6 +17,7 @@ from core import limits
 from core.kinds.base import (
     FieldError,
     JobKind,
+    JobRequest,
     RequestModel,
     refuse_invalid_text,
     refuse_non_finite,
@@ -48,7 +49,7 @@ class CheckpointIn(RequestModel):
     epoch: int | None = Field(None, ge=0, le=limits.MAX_EPOCHS)
 
 
-class ImportModelRequest(RequestModel):
+class ImportModelRequest(JobRequest):
     name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
                       description="name to register the model under")
     kind: Literal["conve", "nrms", "naml", "vision_bdh"]

@@ -18,6 +18,7 @@ from core.filestore import StoreError
 from core.kinds.base import (
     FieldError,
     JobKind,
+    JobRequest,
     RequestModel,
     ShardSize,
     max_failed_field,
@@ -44,7 +45,7 @@ class FilterRequest(RequestModel):
     preserve_test_entities: bool = True
 
 
-class TracInRequest(RequestModel):
+class TracInRequest(JobRequest):
     model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH)
     test_triples: list[Triple] | None = Field(None, min_length=1, max_length=MAX_TEST_TRIPLES,
                                               description="required except in mode 'self'")

@@ -11,7 +11,15 @@ from core import dataset_refs, limits, memory
 from core.artifacts import artifacts_key, owner_record
 from core.filestore import get_store
 from core.keys import valid_job_id
-from core.kinds.base import FieldError, FieldNotFound, JobKind, RequestModel, register, require_name_free
+from core.kinds.base import (
+    FieldError,
+    FieldNotFound,
+    JobKind,
+    JobRequest,
+    RequestModel,
+    register,
+    require_name_free,
+)
 from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, check_tree, display, resolve_data_path
@@ -49,7 +57,7 @@ class BDHModelSpec(RequestModel):
         return mult
 
 
-class TrainBDHRequest(RequestModel):
+class TrainBDHRequest(JobRequest):
     dataset: Literal["digits", "cifar10", "cifar100"] = "digits"
     data_dir: str | None = Field(
         None, max_length=limits.MAX_PATH_LENGTH,

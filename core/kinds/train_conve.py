@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
-from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
+from core.kinds.base import FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from models.kg.shapes import check_image
 
@@ -16,7 +16,7 @@ NATIONS_COUNTS = {"entities": 14, "relations": 55}  # the shipped dataset (model
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
-class TrainConvERequest(RequestModel):
+class TrainConvERequest(JobRequest):
     name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
                       description="name to register the trained model under")
     dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "

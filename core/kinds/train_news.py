@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from core import dataset_refs, limits
-from core.kinds.base import FieldError, JobKind, RequestModel, register, require_new_name
+from core.kinds.base import FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
 from models.news.data import has_split
@@ -20,7 +20,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SPLITS = ("train", "valid", "test")
 
 
-class TrainNewsRequest(RequestModel):
+class TrainNewsRequest(JobRequest):
     name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
                       description="name to register the trained model under")
     architecture: Literal["nrms", "naml"] = "nrms"

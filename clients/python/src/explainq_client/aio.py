@@ -4,7 +4,7 @@ with ``await`` (and ``async for`` over :meth:`AsyncJob.stream` and :meth:`AsyncJ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -222,16 +222,27 @@ class AsyncJobs:
         return AsyncJob(self._client, (await self._client._send("GET", f"/jobs/{quote(job_id)}")).json())
 
     async def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> JobPage[AsyncJob]:
-        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``."""
-        body = (await self._client._send("GET", "/jobs", params=list_params(kind, status, limit, cursor))).json()
+                   cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+                   ) -> JobPage[AsyncJob]:
+        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
+        params = list_params(kind, status, limit, cursor, q, tag)
+        body = (await self._client._send("GET", "/jobs", params=params)).json()
         return JobPage.from_json(body, lambda view: AsyncJob(self._client, view))
 
-    async def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100) -> AsyncIterator[AsyncJob]:
-        """Every job (of ``kind`` and ``status``), newest first, following the pages."""
+    async def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
+                       cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+                       ) -> JobPage[AsyncJob]:
+        """``await client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
+        return await self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+
+    async def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
+                   q: str | None = None, tag: str | Sequence[str] | None = None) -> AsyncIterator[AsyncJob]:
+        """Every job (of ``kind`` and ``status``, matching ``q`` and ``tag``), newest first, following the
+        pages."""
         cursor = None
         while True:
-            page = await self.list(kind=kind, status=status, limit=page_size, cursor=cursor)
+            page = await self.list(kind=kind, status=status, limit=page_size, cursor=cursor, q=q, tag=tag)
             for job in page.items:
                 yield job
             if not page.next_cursor:

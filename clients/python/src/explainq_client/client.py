@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -219,16 +219,27 @@ class Jobs:
         return Job(self._client, self._client._send("GET", f"/jobs/{quote(job_id)}").json())
 
     def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> JobPage[Job]:
-        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``."""
-        body = self._client._send("GET", "/jobs", params=list_params(kind, status, limit, cursor)).json()
+             cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+             ) -> JobPage[Job]:
+        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
+        params = list_params(kind, status, limit, cursor, q, tag)
+        body = self._client._send("GET", "/jobs", params=params).json()
         return JobPage.from_json(body, lambda view: Job(self._client, view))
 
-    def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100) -> Iterator[Job]:
-        """Every job (of ``kind`` and ``status``), newest first, following the pages."""
+    def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
+                 cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+                 ) -> JobPage[Job]:
+        """``client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
+        return self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+
+    def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
+             q: str | None = None, tag: str | Sequence[str] | None = None) -> Iterator[Job]:
+        """Every job (of ``kind`` and ``status``, matching ``q`` and ``tag``), newest first, following the
+        pages."""
         cursor = None
         while True:
-            page = self.list(kind=kind, status=status, limit=page_size, cursor=cursor)
+            page = self.list(kind=kind, status=status, limit=page_size, cursor=cursor, q=q, tag=tag)
             yield from page.items
             if not page.next_cursor:
                 return
