@@ -32,6 +32,7 @@ STATIC_URL = "/ui/static"
 JOBS_PER_PAGE = 20
 SAMPLES_PER_PAGE = 10
 LIVE_POLL_S = 1.0
+NEW_JOBS_POLL_S = 2.0  # how often a watching jobs list looks for new jobs
 MAX_LIVE_IDS = 100
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -205,59 +206,110 @@ async def _described(api: Api, kind: str | None) -> dict[str, Any]:
     return next((k for k in kinds if k.get("name") == kind), {})
 
 
+def _job_filters(kind: str | None, status: str | None, q: str | None, tag: str | None) -> dict[str, str]:
+    """The jobs list's filters as query parameters (unset ones left out)."""
+    return {k: v for k, v in (("kind", kind), ("status", status), ("q", (q or "").strip()), ("tag", tag)) if v}
+
+
 @router.get("/jobs", response_class=HTMLResponse)
 async def jobs_page(
     request: Request,
     kind: str | None = None,
     status: str | None = None,
+    q: str | None = None,
+    tag: str | None = None,
     cursor: str | None = None,
     back: str | None = Query(None, description="the cursors of the earlier pages, comma separated"),
     user: Session = Depends(current),
 ) -> Response:
+    filters = _job_filters(kind, status, q, tag)
     async with Api(request, user) as api:
-        page = await api.jobs(kind=kind, status=status, cursor=cursor, limit=JOBS_PER_PAGE)
+        page = await api.jobs(**filters, cursor=cursor, limit=JOBS_PER_PAGE)
         kinds = await _kinds(api)
     trail = [c for c in (back or "").split(",") if c] if cursor else []
-    filters = {k: v for k, v in (("kind", kind), ("status", status)) if v}
 
     def link(cur: str | None, history: list[str]) -> str:
-        q = dict(filters)
+        query = dict(filters)
         if cur:
-            q["cursor"] = cur
+            query["cursor"] = cur
             if history:
-                q["back"] = ",".join(history)
-        return "/ui/jobs" + ("?" + urlencode(q) if q else "")
+                query["back"] = ",".join(history)
+        return "/ui/jobs" + ("?" + urlencode(query) if query else "")
 
     newer = None
     if cursor:
         newer = link(trail[-1] if trail and trail[-1] != "-" else None, trail[:-1])
     older = link(page["next_cursor"], trail + [cursor or "-"]) if page.get("next_cursor") else None
     live = [j["id"] for j in page["items"] if j["status"] not in views.TERMINAL]
+    live_url = None
+    if not cursor:  # the first page: rows update live, and jobs submitted from anywhere appear on top
+        watch = {**filters, "watch": "1"}
+        if page["items"]:
+            watch["newest"] = page["items"][0]["created_at"]
+        live_url = "/ui/jobs/live?" + urlencode({"ids": ",".join(live), **watch})
+    elif live:
+        live_url = "/ui/jobs/live?" + urlencode({"ids": ",".join(live)})
     return _page(request, "jobs.html", {
-        "jobs": page["items"], "kinds": list(kinds), "kind": kind, "status": status, "newer": newer,
-        "older": older, "live_url": "/ui/jobs/live?" + urlencode({"ids": ",".join(live)}) if live else None,
-        "here": request.url.path + ("?" + request.url.query if request.url.query else ""),
+        "jobs": page["items"], "kinds": kinds, "kind": kind, "status": status, "q": filters.get("q", ""),
+        "tag": tag or "", "filtered": bool(filters), "newer": newer, "older": older, "live_url": live_url,
+        "watching": not cursor, "here": request.url.path + ("?" + request.url.query if request.url.query else ""),
     }, user=user)
 
 
-def _row(request: Request, job: dict[str, Any], user: Session) -> str:
-    return templates.get_template("_job_row.html").render(
+def _row(request: Request, job: dict[str, Any], user: Session, template: str = "_job_row.html") -> str:
+    return templates.get_template(template).render(
         job=job, user=user, csrf_field=session.CSRF_FIELD, here="/ui/jobs", **templates.env.globals)
 
 
+def _sse(event: str, html: str) -> str:
+    data = "".join(f"data: {line}\n" for line in html.splitlines())
+    return f"event: {event}\n{data}\n"
+
+
 @router.get("/jobs/live")
-async def jobs_live(request: Request, ids: str = Query(..., max_length=MAX_LIVE_IDS * 64),
-                    user: Session = Depends(current)) -> StreamingResponse:
+async def jobs_live(
+    request: Request,
+    ids: str = Query("", max_length=MAX_LIVE_IDS * 64),
+    watch: bool = Query(False, description="also send jobs created after `newest` that match the filters"),
+    newest: str | None = Query(None, max_length=40, description="the created_at of the newest job shown"),
+    kind: str | None = Query(None, max_length=64),
+    status: str | None = Query(None, max_length=16),
+    q: str | None = Query(None, max_length=200),
+    tag: str | None = Query(None, max_length=32),
+    user: Session = Depends(current),
+) -> StreamingResponse:
     """Server-sent events for the jobs list: ``job-<id>`` carries the job's rendered row when it changes;
-    ``done`` when every listed job has ended."""
+    ``done`` when every listed job has ended. With ``watch``, ``new`` carries the whole row (``<tr>``) of each job
+    created since ``newest`` that matches the list's filters (checked every ``NEW_JOBS_POLL_S``), whose changes
+    then follow as ``job-<id>``; the stream then lasts as long as the page."""
     wanted = [i for i in dict.fromkeys(ids.split(",")) if i][:MAX_LIVE_IDS]
+    filters = _job_filters(kind, status, q, tag)
+
+    async def new_jobs(api: Api, since: str | None, seen: set[str]) -> list[dict[str, Any]]:
+        page = await api.jobs(**filters, limit=JOBS_PER_PAGE)
+        fresh = [j for j in page["items"] if j["id"] not in seen and (since is None or
+                                                                      (j.get("created_at") or "") > since)]
+        return fresh[::-1]  # oldest first: each is put on top of the list in turn
 
     async def stream():
         last: dict[str, Any] = {}
+        seen: set[str] = set(wanted)
+        since = newest
+        next_look = 0.0
+        loop = asyncio.get_running_loop()
         async with Api(request, user) as api:
-            while wanted:
+            while wanted or watch:
                 if await request.is_disconnected():
                     return
+                if watch and loop.time() >= next_look:
+                    next_look = loop.time() + NEW_JOBS_POLL_S
+                    for job in await new_jobs(api, since, seen):
+                        seen.add(job["id"])
+                        since = max(since or "", job.get("created_at") or "")
+                        last[job["id"]] = job
+                        yield _sse("new", _row(request, job, user, "_job_tr.html"))
+                        if job["status"] not in views.TERMINAL and len(wanted) < MAX_LIVE_IDS:
+                            wanted.append(job["id"])
                 for job_id in list(wanted):
                     try:
                         job = await api.job(job_id)
@@ -268,11 +320,10 @@ async def jobs_live(request: Request, ids: str = Query(..., max_length=MAX_LIVE_
                         raise
                     if job != last.get(job_id):
                         last[job_id] = job
-                        data = "".join(f"data: {line}\n" for line in _row(request, job, user).splitlines())
-                        yield f"event: job-{job_id}\n{data}\n"
+                        yield _sse(f"job-{job_id}", _row(request, job, user))
                     if job["status"] in views.TERMINAL:
                         wanted.remove(job_id)
-                if wanted:
+                if wanted or watch:
                     await asyncio.sleep(LIVE_POLL_S)
         yield "event: done\ndata: {}\n\n"
 

@@ -151,3 +151,11 @@
     initToggles(root);
   });
 })();
+
+/* jobs list: a job that appears live replaces the "no jobs" line */
+document.addEventListener("htmx:sseMessage", function (e) {
+  if (e.target && e.target.id === "job-rows") {
+    var none = document.getElementById("no-jobs");
+    if (none) none.hidden = true;
+  }
+});
