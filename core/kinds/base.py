@@ -50,7 +50,7 @@ Tags = Annotated[list[Tag], Field(max_length=limits.MAX_TAGS), AfterValidator(_u
 
 LABEL_FIELD = dict(title="Job label", description="A name of your own for this job, shown in the jobs list and "
                    "found by its search")
-TAGS_FIELD = dict(title="Tags", description="Short words to group and find jobs by (letters, digits, '-', '_', "
+TAGS_FIELD = dict(title="Job tags", description="Short words to group and find jobs by (letters, digits, '-', '_', "
                   "'.'; compared without case)")
 
 
@@ -311,20 +311,26 @@ class ReduceRequest(RequestModel):
 ShardSize = Annotated[int, Field(le=limits.MAX_SHARD_SIZE)] | Literal["auto"]
 
 
+ADVANCED = {"advanced": True}  # json_schema_extra of a field forms fold under "Advanced"
+
+
 def shard_size_field(unit: str) -> Any:
     """``shard_size`` of a request that can fan out: ``unit`` per shard, or ``"auto"``."""
-    return Field("auto", description=f"{unit} per shard when a large request fans out over the workers: 'auto' "
-                 "sizes shards from the model's measured throughput (about two minutes each); a request of at most "
-                 "one shard runs as one job")
+    return Field("auto", title="Items per shard", json_schema_extra=ADVANCED,
+                 description=f"{unit[0].upper()}{unit[1:]} per shard when a large request is split over the "
+                 "workers: 'auto' sizes shards from the model's measured speed (about two minutes each); a "
+                 "request of at most one shard runs as one job")
 
 
 def max_failed_field(unit: str) -> Any:
-    return Field(0.01, ge=0, le=1, description=f"a fanned-out run fails when more {unit} than this fraction fail; "
-                 "otherwise it succeeds and lists them")
+    return Field(0.01, ge=0, le=1, title="Tolerated failure share", json_schema_extra=ADVANCED,
+                 description=f"A split run fails when more {unit} than this share fail; otherwise it succeeds "
+                 "and lists them")
 
 
 def shard_retries_field() -> Any:
-    return Field(1, ge=0, le=limits.MAX_SHARD_RETRIES, description="retries of a failed shard")
+    return Field(1, ge=0, le=limits.MAX_SHARD_RETRIES, title="Retries per shard", json_schema_extra=ADVANCED,
+                 description="How many times a failed shard is tried again")
 
 
 def register_fanout(kind: str, module: str, timeout_s: int) -> None:
