@@ -33,6 +33,7 @@ JOBS_PER_PAGE = 20
 SAMPLES_PER_PAGE = 10
 LIVE_POLL_S = 1.0
 NEW_JOBS_POLL_S = 2.0  # how often a watching jobs list looks for new jobs
+VOCABULARY_NAMES = 1000  # names per autocomplete list (the API's bound)
 MAX_LIVE_IDS = 100
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -358,6 +359,7 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     renderer = described.get("renderer")
     ctx["renderer"] = renderer
     ctx["resume_field"] = described.get("resume_field")
+    ctx["clonable"] = bool(described.get("route"))  # a kind with a form (not a fan-out's shard or reduce step)
     if renderer == "attributions" and isinstance(result, dict):
         ctx.update(_attribution_context(result, page))
     elif renderer == "influence" and isinstance(result, dict):
@@ -487,64 +489,79 @@ async def _form(api: Api, kind: str) -> tuple[dict[str, Any], list[forms.FormFie
 
 def _form_page(request: Request, user: Session, kind: str, spec: dict[str, Any], fields: list[forms.FormField],
                values: dict[str, Any], errors: dict[str, str], general: list[str], status: int = 200,
-               notes: list[str] | None = None) -> Response:
+               notes: list[str] | None = None, rows: dict[str, list[dict[str, Any]]] | None = None) -> Response:
+    advanced = [f for f in fields if f.advanced]
     return _page(request, "new_job.html", {
-        "kind": kind, "spec": spec, "fields": fields, "values": values, "errors": errors, "general": general,
-        "notes": notes or [],
+        "kind": kind, "spec": spec, "fields": [f for f in fields if not f.advanced], "advanced": advanced,
+        "advanced_open": any(n == f.name or n.startswith(f.name + ".") for n in errors for f in advanced),
+        "values": values, "errors": errors, "general": general, "notes": notes or [], "rows": rows or {},
+        "vocabulary": any(f.widget == "triples" for f in fields),
         "idempotency_key": uuid.uuid4().hex, "posted": bool(values.get("__posted")),
     }, status=status, user=user)
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
-    """A request body as the form's dotted field values."""
-    out: dict[str, str] = {}
-    for k, v in (obj or {}).items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        elif isinstance(v, bool):
-            out[prefix + k] = "true" if v else ""
-        elif v is not None:
-            out[prefix + k] = v if isinstance(v, str) else json.dumps(v)
-    return out
+def _known(fields: list[forms.FormField]) -> set[str]:
+    names = forms.field_names(fields)
+    return names | {n + forms.TOGGLE for n in names}
 
 
-async def _resume_values(api: Api, job_id: str) -> tuple[dict[str, str], list[str]]:
-    """Form values to continue a BDH job: its request when the API shows it, and the architecture saved with
-    its last checkpoint (a public artifact) so that the resumed model matches."""
+async def _clone_values(api: Api, job_id: str, kind: str, fields: list[forms.FormField]
+                        ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], str]:
+    """The form values and rows of one of the caller's jobs' request (``GET /jobs/{id}/request``: another
+    owner's job is a 404 there, as a missing one), and its full id. A job of another kind is a 404 here."""
+    job = await api.job(job_id)
+    if job.get("kind") != kind:
+        raise ApiError(404, "not_found", f"job {job_id!r} is not a {kind} job")
+    body = (await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request")).json()
+    return forms.values_of(body), forms.rows_of(fields, body), job["id"]
+
+
+async def _resume_values(api: Api, job_id: str, kind: str) -> tuple[dict[str, str], list[str]]:
+    """Form values to continue a job: its request when it is one of the caller's jobs of this kind, and the
+    architecture saved with its last checkpoint (a public artifact) so that the resumed model matches."""
     values: dict[str, str] = {}
     notes: list[str] = []
     try:
-        view = await api.job(job_id)
+        job = await api.job(job_id)
     except ApiError:
-        return values, notes
-    values.update(_flatten(view.get("request") if isinstance(view.get("request"), dict) else None))
+        job = {}
+    if job.get("kind") == kind:
+        r = await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request", ok=(200, 404))
+        if r.status_code == 200:
+            values.update(forms.values_of({k: v for k, v in r.json().items() if k != "resume_from"}))
     r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/checkpoints/last/config.json",
                        ok=(200, 404, 405))
     if r.status_code == 200:
         saved = r.json()
-        values.update(_flatten({"model": saved.get("model") or {}}))
+        values.update(forms.values_of({"model": saved.get("model") or {}}))
         if saved.get("dataset"):
             values.setdefault("dataset", str(saved["dataset"]))
         if isinstance(saved.get("epoch"), int):
             notes.append(f"The checkpoint has {saved['epoch']} epochs; ask for more than that.")
-    elif not view.get("request"):
+    else:
         notes.append("Set the same architecture as the job being resumed.")
+    values["resume_from"] = job_id
     return values, notes
 
 
 @router.get("/new/{kind}", response_class=HTMLResponse)
 async def new_job(request: Request, kind: str, user: Session = Depends(current)) -> Response:
     notes: list[str] = []
+    rows: dict[str, list[dict[str, Any]]] = {}
     async with Api(request, user) as api:
         spec, fields = await _form(api, kind)
         values: dict[str, Any] = {}
         resume = request.query_params.get("resume_from")
-        if resume and spec.get("kind", {}).get("resume_field") == "resume_from":
-            values, notes = await _resume_values(api, resume)
-    known = forms.field_names(fields)
+        clone = request.query_params.get("clone")
+        if clone:
+            values, rows, full_id = await _clone_values(api, clone, kind, fields)
+            notes.append(f"A copy of job {full_id[:8]}'s request: change what you like and submit it as a new job.")
+        elif resume and spec.get("kind", {}).get("resume_field") == "resume_from":
+            values, notes = await _resume_values(api, resume, kind)
+    known = _known(fields)
     values.update({k: v for k, v in request.query_params.items() if k in known})
     values = {k: v for k, v in values.items() if k in known}
-    return _form_page(request, user, kind, spec, fields, values, {}, [], notes=notes)
+    return _form_page(request, user, kind, spec, fields, values, {}, [], notes=notes, rows=rows)
 
 
 @router.post("/new/{kind}", response_class=HTMLResponse)
@@ -562,4 +579,19 @@ async def submit(request: Request, kind: str, sent: tuple[Session, FormData] = D
     by_field, general = forms.errors_by_field(error.detail, fields)
     values: dict[str, Any] = {k: form.getlist(k) if len(form.getlist(k)) > 1 else form.get(k) for k in form}
     values["__posted"] = True
-    return _form_page(request, user, kind, spec, fields, values, by_field, general, status=422)
+    return _form_page(request, user, kind, spec, fields, values, by_field, general, status=422,
+                      rows=forms.posted_rows(fields, form))
+
+
+@router.get("/vocabulary", response_class=HTMLResponse)
+async def vocabulary(request: Request, model: str = Query("", max_length=128),
+                     user: Session = Depends(current)) -> Response:
+    """The entity and relation names of ``model`` as the ``<datalist>``s the triple rows complete from (from
+    ``GET /models/{name}/vocabulary``, at most its bound of names each); empty lists for an unknown model."""
+    lists: dict[str, dict[str, Any]] = {}
+    async with Api(request, user) as api:
+        for field in ("entities", "relations"):
+            r = await api.call("GET", f"/models/{quote(model, safe='')}/vocabulary", ok=(200, 404, 422),
+                               params={"field": field, "limit": VOCABULARY_NAMES}) if model else None
+            lists[field] = r.json() if r is not None and r.status_code == 200 else {"names": [], "total": 0}
+    return _page(request, "_vocabulary.html", {"lists": lists, "model": model}, user=user)

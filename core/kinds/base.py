@@ -19,7 +19,7 @@ QUEUES = ("explain", "bulk", "train")
 # The result views clients know how to draw (a kind names one, or none for its result as JSON).
 RENDERERS = ("attributions", "influence", "training", "ablation")
 # Form widgets beyond the ones a field's JSON schema implies.
-FORM_WIDGETS = ("news_samples",)
+FORM_WIDGETS = ("news_samples", "triples")
 
 
 class RequestModel(BaseModel):

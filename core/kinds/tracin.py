@@ -260,6 +260,7 @@ register(JobKind(
     title="TracIn influence",
     renderer="influence",
     pickers={"model": ("models", "conve")},
+    widgets={"test_triples": "triples", "train_triples": "triples"},
     validate=validate,
 ))
 register_fanout("tracin", "workers.jobs.tracin", timeout_s=4 * 3600)

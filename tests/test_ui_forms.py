@@ -1,0 +1,226 @@
+"""The new-job forms as people read them (over HTTP, no browser): labels and help from the schemas, expert fields
+under "Advanced", rows of samples and triples, the vocabulary the triple rows complete from, clone-and-edit
+(only of the caller's own jobs), and one name per kind."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from core.kinds import load_all
+from tests.formserver import ALICE, BOB, CONVE, ENTITIES, NEWS, RELATIONS, api, serve
+
+PRODUCT_KINDS = ("attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations")
+EXPERT = {"attributions": ("shard_size", "alpha_batch_size", "batch_size", "max_failed_fraction", "shard_retries",
+                           "precision", "method", "tolerance"),
+          "tracin": ("shard_size", "max_failed_fraction", "batch_size", "projection_dim", "method"),
+          "train_bdh": ("grad_accum_steps", "warmup_steps", "compile", "num_workers"),
+          "train_conve": ("label_smoothing", "input_dropout", "checkpoint_every")}
+ESSENTIAL = {"attributions": ("model", "n_steps", "compare_with"), "tracin": ("model", "mode", "top_k"),
+             "train_bdh": ("dataset", "epochs", "lr"), "train_conve": ("name", "dataset", "epochs", "lr")}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("forms")) as (_, url):
+        yield url
+
+
+@contextmanager
+def _browser(url: str, key: str) -> Iterator[httpx.Client]:
+    """A client signed in to the dashboard as ``key``'s owner (its session cookie)."""
+    with httpx.Client(base_url=url, timeout=30) as c:
+        r = c.post("/ui/login", data={"api_key": key, "next": "/ui/jobs"})
+        assert r.status_code == 303, r.text
+        yield c
+
+
+def _token(page: str) -> str:
+    return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+
+
+def _advanced_part(page: str) -> tuple[str, str]:
+    """(the form before the Advanced fold, the fold)."""
+    form = page[page.index('<form class="job-form"'):]
+    if '<details class="advanced"' not in form:
+        return form, ""
+    head, _, fold = form.partition('<details class="advanced"')
+    return head, fold[:fold.index("</details>")]
+
+
+@pytest.mark.parametrize("kind", sorted(EXPERT))
+def test_expert_fields_are_in_the_advanced_fold_closed_by_default(server, kind) -> None:
+    with _browser(server, ALICE) as c:
+        page = c.get(f"/ui/new/{kind}").text
+    head, fold = _advanced_part(page)
+    assert re.match(r'\s+id="advanced"\s*>', fold), fold[:80]  # no "open" attribute
+    for name in EXPERT[kind]:
+        assert f'name="{name}"' in fold and f'name="{name}"' not in head, name
+    for name in ESSENTIAL[kind]:
+        assert f'name="{name}"' in head and f'name="{name}"' not in fold, name
+    # the job's label and tags come after the essentials, before the fold
+    assert head.index('name="label"') > head.index(f'name="{ESSENTIAL[kind][-1]}"')
+    assert 'name="tags"' in head
+
+
+def _identifier_titles(name: str) -> set[str]:
+    words = name.replace("_", " ")
+    return {words.title(), words.capitalize(), name, words}
+
+
+@pytest.mark.parametrize("kind", PRODUCT_KINDS)
+def test_every_label_is_written_for_people(server, kind) -> None:
+    """No label is the field's identifier (title-cased or not), every field has help, no help speaks HTTP."""
+    with _browser(server, ALICE) as c:
+        page = c.get(f"/ui/new/{kind}").text
+    labels = re.findall(r'<label for="f-([^"]+)">([^<*]+)', page)
+    labels += [(n, t) for n, t in re.findall(r'<input type="checkbox" id="f-([^"]+)"[^>]*> ([^<]+)</label>', page)]
+    legends = re.findall(r'<fieldset class="group[^"]*" id="f-([^"]+)"[^>]*>\s*<legend>([^<]+)</legend>', page)
+    assert labels, page
+    for dom_id, text in labels + legends:
+        name = re.sub(r"-\d+$", "", dom_id).rsplit("-", 1)[-1]
+        text = html.unescape(text).strip()
+        assert text not in _identifier_titles(name), (kind, dom_id, text)
+    assert not re.search(r"\b409\b", page) and "another owner" not in page
+    # every field of the kind has a title and help of its own in the schema the form is built from
+    request = load_all()[kind].request
+    for name, info in request.model_fields.items():
+        assert info.title and info.title not in _identifier_titles(name), (kind, name)
+        assert info.description, (kind, name)
+
+
+def test_kinds_have_one_name_everywhere(server) -> None:
+    with _browser(server, ALICE) as c:
+        index = c.get("/ui/new").text
+        assert 'href="/ui/new/import_model"' in index and "models_import" not in index
+        assert ">Import a model<" in index
+        page = c.get("/ui/new/import_model").text
+        assert "New job: Import a model" in page and "models_import" not in page
+        assert c.get("/ui/new/models_import").status_code == 404
+
+
+def _post(c: httpx.Client, kind: str, data: list[tuple[str, str]]) -> httpx.Response:
+    """Post the form as a browser would: repeated names (rows) in order."""
+    fields: dict[str, list[str]] = {"csrf_token": [_token(c.get(f"/ui/new/{kind}").text)]}
+    for name, value in data:
+        fields.setdefault(name, []).append(value)
+    return c.post(f"/ui/new/{kind}", data=fields)
+
+
+def test_several_samples_submit_as_one_request(server) -> None:
+    with _browser(server, ALICE) as c, api(server) as a:
+        r = _post(c, "attributions", [
+            ("model", NEWS), ("n_steps", "8"), ("label", "two users"), ("tags", "multi, ui"),
+            ("sample.id", "first"), ("sample.candidate", "Lakers win"), ("sample.history", "a\nb"),
+            ("sample.label", ""), ("sample.candidate_body", ""),
+            ("sample.id", ""), ("sample.candidate", "Markets fall"), ("sample.history", "c"),
+            ("sample.label", "fake"), ("sample.candidate_body", ""),
+            ("sample.id", ""), ("sample.candidate", ""), ("sample.history", ""),  # an empty row: left out
+            ("sample.label", ""), ("sample.candidate_body", "")])
+        assert r.status_code == 303, r.text
+        job_id = r.headers["location"].rsplit("/", 1)[1]
+        body = a.get(f"/jobs/{job_id}/request").json()
+        assert body["samples"] == [
+            {"id": "first", "candidate": "Lakers win", "history": ["a", "b"], "label": None, "candidate_body": None,
+             "history_bodies": None},
+            {"id": "s2", "candidate": "Markets fall", "history": ["c"], "label": "fake", "candidate_body": None,
+             "history_bodies": None}]
+        assert body["label"] == "two users" and body["tags"] == ["multi", "ui"]
+        view = a.get(f"/jobs/{job_id}").json()
+        assert view["model"] == NEWS and view["input"] == "2 samples: “Lakers win”"
+
+
+def test_a_bad_sample_row_is_named_by_its_number_and_every_row_is_kept(server) -> None:
+    with _browser(server, ALICE) as c:
+        r = _post(c, "attributions", [
+            ("model", NEWS), ("sample.id", "a"), ("sample.candidate", "ok"), ("sample.history", "h"),
+            ("sample.label", ""), ("sample.candidate_body", ""),
+            ("sample.id", "b"), ("sample.candidate", "no history"), ("sample.history", ""),
+            ("sample.label", ""), ("sample.candidate_body", "")])
+    assert r.status_code == 422
+    assert re.search(r'id="f-sample-history-err" role="alert">sample 2: ', r.text), r.text
+    assert r.text.count('name="sample.candidate"') == 2 + 1  # both rows, and the template of a new one
+    assert 'value="no history"' in r.text
+
+
+def _triples(*rows: tuple[str, str, str], name: str = "test_triples") -> list[tuple[str, str]]:
+    return [(f"{name}.{part}", value) for row in rows for part, value in zip(("head", "relation", "tail"), row,
+                                                                              strict=True)]
+
+
+def test_triple_rows_submit_as_triples(server) -> None:
+    with _browser(server, ALICE) as c, api(server) as a:
+        r = _post(c, "tracin", [("model", CONVE), ("mode", "test"),
+                                *_triples(("usa", "embassy", "uk"), ("", "", ""), ("uk", "treaties", "burma"))])
+        assert r.status_code == 303, r.text
+        job_id = r.headers["location"].rsplit("/", 1)[1]
+        assert a.get(f"/jobs/{job_id}/request").json()["test_triples"] == [
+            ["usa", "embassy", "uk"], ["uk", "treaties", "burma"]]
+        r = _post(c, "tracin", [("model", CONVE), *_triples(("usa", "embassy", "uk"), ("uk", "nope", "usa"))])
+    assert r.status_code == 422
+    assert re.search(r'id="f-test_triples-err" role="alert">triple 2, relation: unknown relation', r.text), r.text
+    assert 'value="nope"' in r.text
+
+
+def test_vocabulary_route_is_bounded_filtered_and_needs_a_key(server) -> None:
+    with api(server) as a:
+        r = a.get(f"/models/{CONVE}/vocabulary", params={"field": "entities"})
+        assert r.status_code == 200 and r.json()["names"] == sorted(ENTITIES) and r.json()["total"] == len(ENTITIES)
+        r = a.get(f"/models/{CONVE}/vocabulary", params={"field": "entities", "q": "U", "limit": 2})
+        assert r.json() == {"model": CONVE, "field": "entities", "total": len(ENTITIES), "matched": len(ENTITIES),
+                            "names": ["uk", "usa"]}  # names starting with it come first
+        assert a.get(f"/models/{CONVE}/vocabulary", params={"field": "relations"}).json()["names"] == sorted(
+            RELATIONS)
+        for params, loc in (({"field": "entities", "limit": 1001}, ["query", "limit"]),
+                            ({"field": "checkpoints"}, ["query", "field"]),
+                            ({"field": "entities", "q": "x" * 513}, ["query", "q"])):
+            r = a.get(f"/models/{CONVE}/vocabulary", params=params)
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, r.text
+        r = a.get(f"/models/{NEWS}/vocabulary", params={"field": "entities"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "name"]
+        assert a.get("/models/nope/vocabulary", params={"field": "entities"}).status_code == 404
+    assert httpx.get(f"{server}/models/{CONVE}/vocabulary", params={"field": "entities"}).status_code == 401
+
+
+def test_the_form_lists_the_models_vocabulary(server) -> None:
+    with _browser(server, ALICE) as c:
+        page = c.get("/ui/new/tracin").text
+        assert 'hx-get="/ui/vocabulary"' in page and 'list="vocab-entities"' in page
+        lists = c.get("/ui/vocabulary", params={"model": CONVE}).text
+        assert re.findall(r'<datalist id="vocab-entities">(.*?)</datalist>', lists, re.S)[0].count("<option") == len(
+            ENTITIES)
+        assert '<option value="embassy">' in lists
+        empty = c.get("/ui/vocabulary", params={"model": "nope"}).text
+        assert "<option" not in empty
+
+
+def test_clone_prefills_the_form_with_the_callers_own_request_only(server) -> None:
+    with api(server) as a:
+        job = a.post("/attributions", json={
+            "model": NEWS, "n_steps": 12, "label": "secret headline study", "tags": ["clone-me"],
+            "samples": [{"id": "x", "candidate": "Unique Clone Headline", "history": ["h1", "h2"]},
+                        {"id": "y", "candidate": "Second Clone Headline", "history": ["h3"]}],
+            "dataset": None, "shard_size": 7}).json()
+        other = a.post("/test/sleep", json={"steps": 1}).json()
+    with _browser(server, ALICE) as c:
+        job_page = c.get(f"/ui/jobs/{job['id']}").text
+        assert f'href="/ui/new/attributions?clone={job["id"]}"' in job_page
+        page = c.get(f"/ui/new/attributions?clone={job['id'][:10]}").text
+        assert 'value="Unique Clone Headline"' in page and 'value="Second Clone Headline"' in page
+        assert ">h1\nh2</textarea>" in page and 'name="n_steps" type="number" value="12"' in page
+        assert 'name="label" type="text" value="secret headline study"' in page
+        assert 'name="tags" type="text" value="clone-me"' in page
+        assert 'name="shard_size" type="text" class="mono" value="7"' in page
+        assert f"A copy of job {job['id'][:8]}" in page
+        r = c.get(f"/ui/new/train_bdh?clone={job['id']}")  # the form of another kind
+        assert r.status_code == 404 and "Unique Clone" not in r.text
+        assert c.get(f"/ui/new/attributions?clone={other['id']}").status_code == 404
+    with _browser(server, BOB) as c:
+        r = c.get(f"/ui/new/attributions?clone={job['id']}")
+        assert r.status_code == 404
+        assert "Unique Clone" not in r.text and "secret headline" not in r.text and "clone-me" not in r.text
