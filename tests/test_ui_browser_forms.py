@@ -190,3 +190,12 @@ def test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms(page, ser
         for _ in range(page.locator("text=/^Add a (sample|triple)$/").count()):
             page.locator("text=/^Add a (sample|triple)$/").first.click()
         _no_sideways_scroll(page)
+
+
+def test_a_training_form_shows_its_cost_estimate_as_it_changes(page) -> None:
+    page.goto("/ui/new/train_bdh")
+    box = page.locator("#estimate")
+    expect(box).to_contain_text("Estimate: 10 epochs × 1,294 training images")
+    expect(box).to_contain_text("An estimate")
+    page.fill("#f-epochs", "20")
+    expect(box).to_contain_text("Estimate: 20 epochs")

@@ -26,9 +26,14 @@ ESSENTIAL = {"attributions": ("model", "n_steps", "compare_with"), "tracin": ("m
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serve(tmp_path_factory.mktemp("forms")) as (_, url):
-        yield url
+def served(tmp_path_factory):
+    with serve(tmp_path_factory.mktemp("forms")) as answer:
+        yield answer
+
+
+@pytest.fixture(scope="module")
+def server(served) -> str:
+    return served[1]
 
 
 @contextmanager
@@ -224,3 +229,38 @@ def test_clone_prefills_the_form_with_the_callers_own_request_only(server) -> No
         r = c.get(f"/ui/new/attributions?clone={job['id']}")
         assert r.status_code == 404
         assert "Unique Clone" not in r.text and "secret headline" not in r.text and "clone-me" not in r.text
+
+
+def test_a_training_runs_cost_is_estimated_from_the_formula_and_the_callers_last_run(served) -> None:
+    import redis
+
+    from core.keys import JOB_PREFIX
+
+    settings, server = served
+    with api(server) as a, api(server, BOB) as b:
+        first = a.post("/kinds/train_bdh/estimate", json={"epochs": 3, "val_fraction": 0.1}).json()
+        # digits: 1,797 images less the fixed 20 % test split, less the 10 % validation share
+        assert (first["unit"], first["per_epoch"], first["examples"], first["steps"]) == (
+            "images", 1294, 3 * 1294, 3 * 21)
+        assert first["estimate"] is True and first["seconds"] is None and first["rate"] is None
+        conve = a.post("/kinds/train_conve/estimate", json={"name": "m", "epochs": 2, "batch_size": 100}).json()
+        assert (conve["per_epoch"], conve["steps"]) == (2 * 1592, 2 * 32)  # nations, with reciprocal triples
+        # a run of 3 epochs that took a minute measures the rate: 6 epochs take two minutes
+        job = a.post("/train/bdh", json={"epochs": 3, "label": "measured"}).json()
+        redis.Redis.from_url(settings.redis_url).hset(JOB_PREFIX + job["id"], mapping={
+            "status": "finished", "started_at": "2026-01-01T00:00:00.000000Z",
+            "ended_at": "2026-01-01T00:01:00.000000Z"})
+        timed = a.post("/kinds/train_bdh/estimate", json={"epochs": 6}).json()
+        assert timed["rate"]["job_id"] == job["id"] and timed["rate"]["seconds"] == 60
+        assert timed["seconds"] == pytest.approx(120)
+        assert b.post("/kinds/train_bdh/estimate", json={"epochs": 6}).json()["rate"] is None  # not bob's run
+        bad = a.post("/kinds/train_bdh/estimate", json={"epochs": 0})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "epochs"]
+        assert a.post("/kinds/tracin/estimate", json={}).status_code == 404
+    with _browser(server, ALICE) as c:
+        page = c.get("/ui/new/train_bdh").text
+        assert 'hx-post="/ui/new/train_bdh/estimate"' in page
+        shown = c.post("/ui/new/train_bdh/estimate", data={"csrf_token": _token(page), "epochs": "6"}).text
+        assert "Estimate:" in shown and "1,294 training images" in shown and "2 min 00 s" in shown
+        assert "An estimate" in shown and job["id"][:8] in shown
+        assert "/estimate" not in c.get("/ui/new/attributions").text

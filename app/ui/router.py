@@ -595,3 +595,15 @@ async def vocabulary(request: Request, model: str = Query("", max_length=128),
                                params={"field": field, "limit": VOCABULARY_NAMES}) if model else None
             lists[field] = r.json() if r is not None and r.status_code == 200 else {"names": [], "total": 0}
     return _page(request, "_vocabulary.html", {"lists": lists, "model": model}, user=user)
+
+
+@router.post("/new/{kind}/estimate", response_class=HTMLResponse)
+async def estimate(request: Request, kind: str, sent: tuple[Session, FormData] = Depends(posted)) -> Response:
+    """The cost estimate of the form as filled in (``POST /kinds/{kind}/estimate``), redrawn as it changes."""
+    user, form = sent
+    async with Api(request, user) as api:
+        _, fields = await _form(api, kind)
+        body = forms.body_from_form(fields, form)
+        r = await api.call("POST", f"/kinds/{quote(kind, safe='')}/estimate", ok=(200, 404, 422), json=body)
+    answer = r.json() if r.status_code == 200 else None
+    return _page(request, "_estimate.html", {"e": answer, "invalid": r.status_code == 422}, user=user)

@@ -246,6 +246,8 @@ class JobKind:
     live_rows: str = "latest"
     # the jobs list's model and input columns of a payload; default: job_columns (the fields kinds name alike)
     columns: Callable[[dict[str, Any]], dict[str, str]] | None = None
+    # a training kind's size of a run (core/estimates.py): (request, settings) -> TrainingSize | None
+    estimate: Callable[[Any, Settings], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.internal:  # every public kind's request has a label and tags
@@ -279,6 +281,8 @@ class JobKind:
             "live_rows": self.live_rows,
             # the request field naming an earlier job of the same kind to continue, when the kind has one
             "resume_field": "resume_from" if "resume_from" in self.request.model_fields else None,
+            # POST /kinds/{name}/estimate answers for this kind (a training run's size and time)
+            "estimate": self.estimate is not None,
         }
 
 

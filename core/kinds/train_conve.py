@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
+from core.estimates import TrainingSize
 from core.kinds.base import ADVANCED, FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from models.kg.shapes import check_image
@@ -107,6 +108,22 @@ def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") 
     check_memory(req, settings)
     require_new_name(settings, req.name, owner, "conve", req.overwrite)
 
+NATIONS_TRAIN_TRIPLES = 1592  # models/kg/data/nations/train.txt
+
+
+def training_size(req: TrainConvERequest, settings: Settings) -> TrainingSize | None:
+    """Triples per epoch: the dataset's training triples (its registered counts, or the shipped nations), twice
+    with reciprocal relations; None when the count is not known without reading the files."""
+    entry = registry.get_dataset(settings, req.dataset)
+    counts = (entry or {}).get("meta", {}).get("counts") or {}
+    triples = counts.get("train_triples")
+    if not isinstance(triples, int) and req.dataset == NATIONS and entry is None:
+        triples = NATIONS_TRAIN_TRIPLES
+    if not isinstance(triples, int):
+        return None
+    return TrainingSize("triples", triples * (2 if req.reciprocal else 1), req.epochs, req.batch_size)
+
+
 register(JobKind(
     name="train_conve",
     route="/train/conve",
@@ -116,6 +133,7 @@ register(JobKind(
     timeout_s=12 * 3600,
     summary="Train ConvE on knowledge-graph triples with TracIn checkpoints; registers the model",
     title="Train ConvE",
+    estimate=training_size,
     renderer="training",
     pickers={"dataset": ("datasets", "triples")},
     charts=(

@@ -10,7 +10,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from core import dataset_refs, limits
+from core import dataset_refs, limits, registry
+from core.estimates import TrainingSize
 from core.kinds.base import ADVANCED, FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
@@ -163,6 +164,17 @@ def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -
         data_file(settings, req.glove_path, "glove_path", "embeddings")
     require_new_name(settings, req.name, owner, "news", req.overwrite or req.resume)
 
+def training_size(req: TrainNewsRequest, settings: Settings) -> TrainingSize | None:
+    """Impressions per epoch: the training split's behaviour rows (or CSV rows) in the registered dataset's
+    counts; None when the dataset is not registered with them."""
+    entry = registry.get_dataset(settings, req.dataset)
+    split = ((entry or {}).get("meta", {}).get("counts") or {}).get(req.train_split)
+    rows = split.get("impressions", split.get("rows")) if isinstance(split, dict) else None
+    if not isinstance(rows, int):
+        return None
+    return TrainingSize("impressions", rows, req.epochs, req.batch_size)
+
+
 register(JobKind(
     name="train_news",
     route="/train/news",
@@ -172,5 +184,6 @@ register(JobKind(
     timeout_s=24 * 3600,
     summary="Train an NRMS or NAML news recommender (MIND metrics per epoch, checkpoints, resume); registers it",
     title="Train a news recommender",
+    estimate=training_size,
     validate=validate,
 ))
