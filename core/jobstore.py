@@ -45,6 +45,7 @@ from core.jobview import (
     is_abandoned,
     job_view,
     parse_meta,
+    parse_ts,
     view_script_result,
 )
 from core.keys import JOB_PREFIX, QUEUE_PREFIX, valid_job_id
@@ -357,6 +358,7 @@ class JobStore:
         scan_limit: int = 5000,
         q: str | None = None,
         tags: tuple[str, ...] = (),
+        created_after: datetime | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, paged by keyset: the cursor is the (score, id) of the last index entry looked at.
 
@@ -368,16 +370,19 @@ class JobStore:
         is returned short with a cursor to continue from.
 
         ``q`` keeps jobs whose label, model, input, kind or id holds it (without case); ``tags`` those that carry
-        every one of them (see ``JobFilter``).
+        every one of them (see ``JobFilter``). ``created_after`` keeps the jobs created after that time, and the
+        scan stops there: an entry's score is taken when the job is recorded, after its ``created_at``, so every
+        such job scores above it (a watching jobs list asks for what is new since its newest row at this cost).
         """
-        wanted = JobFilter(kind, status, q, tags)
+        wanted = JobFilter(kind, status, q, tags, created_after)
+        floor = created_after.timestamp() if created_after is not None else None
         index = keys.owner_jobs(owner)
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
         items: list[dict[str, Any]] = []
         scanned = 0
         batch = min(max(limit * 2, 50), 1000, scan_limit)
         while True:
-            rows, older = _index_rows(self.redis, index, bound, batch)
+            rows, older = _index_rows(self.redis, index, bound, batch, floor)
             if not rows:
                 return items, None
             looked_at, bound = _take_views(self.redis, index, rows, items, limit, wanted, base_url)
@@ -491,17 +496,18 @@ _Row = tuple[bytes, float]  # an owner index entry: (job id, creation time)
 
 
 def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
-                batch: int) -> tuple[list[_Row], list[_Row]]:
+                batch: int, floor: float | None = None) -> tuple[list[_Row], list[_Row]]:
     """The next index entries after ``bound``, newest first: those sharing its score with a smaller id, then up to
-    ``batch`` strictly older ones; returns (all of them, the older ones)."""
+    ``batch`` strictly older ones, none at or below ``floor``; returns (all of them, the older ones)."""
+    lowest = "-inf" if floor is None else f"({floor!r}"
     with redis.pipeline(transaction=False) as pipe:
         if bound is None:
-            pipe.zrange(index, "+inf", "-inf", byscore=True, desc=True, offset=0, num=batch,
+            pipe.zrange(index, "+inf", lowest, byscore=True, desc=True, offset=0, num=batch,
                         withscores=True)
         else:
             score = repr(bound[0])
             pipe.zrange(index, score, score, byscore=True, withscores=True)
-            pipe.zrange(index, f"({score}", "-inf", byscore=True, desc=True, offset=0, num=batch,
+            pipe.zrange(index, f"({score}", lowest, byscore=True, desc=True, offset=0, num=batch,
                         withscores=True)
         answers = pipe.execute()
     older = answers[-1]
@@ -518,14 +524,17 @@ class JobFilter:
     (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case)."""
 
     def __init__(self, kind: str | None = None, status: str | None = None, q: str | None = None,
-                 tags: tuple[str, ...] = ()):
+                 tags: tuple[str, ...] = (), created_after: datetime | None = None):
         self.kind = kind
         self.status = status
         self.q = q.casefold() if q else None
         self.tags = frozenset(t.lower() for t in tags)
+        self.after = created_after
 
     def matches(self, view: dict[str, Any]) -> bool:
         if (self.kind and view["kind"] != self.kind) or (self.status and view["status"] != self.status):
+            return False
+        if self.after is not None and not (parse_ts(view.get("created_at")) or 0.0) > self.after.timestamp():
             return False
         if self.tags and not self.tags <= set(view.get("tags") or ()):
             return False

@@ -174,3 +174,51 @@ def test_cli_submits_with_label_and_tags_and_lists_by_search(server, tmp_path, c
     assert len(table) == 2 and job["id"] in table[1] and "from the shell" in table[1] and "cli-x" in table[1]
     assert run([*base, "jobs", "--tag", "bad tag"]) == 2
     assert "tag" in capsys.readouterr().err
+
+
+def test_jobs_created_after_a_time_are_listed_without_scanning_older_ones(server) -> None:
+    with _api(server) as api:
+        first = _submit(api, tags=["after-t"])
+        second = _submit(api, tags=["after-t"])
+        third = _submit(api, tags=["after-t"])
+        r = api.get("/jobs", params={"created_after": first["created_at"], "tag": "after-t"})
+        assert _ids(r) == [third["id"], second["id"]]
+        assert _ids(api.get("/jobs", params={"created_after": third["created_at"]})) == []
+        r = api.get("/jobs", params={"created_after": "yesterday"})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "created_after"]
+
+
+def test_the_scan_stops_at_created_after() -> None:
+    """The owner index is read down to the time asked for, not further (``_index_rows``' floor)."""
+    from datetime import UTC, datetime
+
+    from core.jobstore import _index_rows
+
+    class Pipe:
+        def __init__(self):
+            self.calls = []
+
+        def zrange(self, *args, **kwargs):
+            self.calls.append(args)
+
+        def execute(self):
+            return [[] for _ in self.calls]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    pipe = Pipe()
+
+    class Redis:
+        def pipeline(self, transaction=False):
+            return pipe
+
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    _index_rows(Redis(), "idx", None, 50, when.timestamp())
+    _index_rows(Redis(), "idx", (when.timestamp() + 5, "b" * 32), 50, when.timestamp())
+    floor = f"({when.timestamp()!r}"
+    assert [c[1:] for c in pipe.calls] == [("+inf", floor), (repr(when.timestamp() + 5),) * 2,
+                                           (f"({when.timestamp() + 5!r}", floor)]

@@ -264,3 +264,27 @@ def test_a_training_runs_cost_is_estimated_from_the_formula_and_the_callers_last
         assert "Estimate:" in shown and "1,294 training images" in shown and "2 min 00 s" in shown
         assert "An estimate" in shown and job["id"][:8] in shown
         assert "/estimate" not in c.get("/ui/new/attributions").text
+
+
+def test_the_jobs_list_shows_model_input_label_and_tags_and_searches_them(server) -> None:
+    with api(server) as a:
+        one = a.post("/attributions", json={"model": NEWS, "label": "findable study", "tags": ["list-x"],
+                                            "samples": [{"id": "a", "candidate": "Storm hits coast",
+                                                         "history": ["h"]}]}).json()
+        two = a.post("/tracin", json={"model": CONVE, "test_triples": [["usa", "embassy", "uk"]]}).json()
+    with _browser(server, ALICE) as c:
+        page = c.get("/ui/jobs").text
+        row = page[page.index(f'id="row-{one["id"]}"'):]
+        row = row[:row.index("</tr>")]
+        assert f'<td class="c-model mono">{NEWS}</td>' in row and "1 sample: “Storm hits coast”" in row
+        assert '<div class="job-label">findable study</div>' in row and 'href="/ui/jobs?tag=list-x"' in row
+        assert "1 triple: usa · embassy · uk" in page
+        found = c.get("/ui/jobs", params={"q": "FINDABLE"}).text
+        assert re.findall(r'<tr id="row-([0-9a-f]{32})"', found) == [one["id"]]
+        assert 'value="FINDABLE"' in found and ">Clear</a>" in found
+        tagged = c.get("/ui/jobs", params={"tag": "list-x"}).text
+        assert re.findall(r'<tr id="row-([0-9a-f]{32})"', tagged) == [one["id"]]
+        assert two["id"] not in tagged
+        # the first page's event stream also watches for new jobs matching its filter
+        assert "/ui/jobs/live?ids=" in tagged and "watch=1" in tagged and "tag=list-x" in tagged
+        assert c.get("/ui/jobs/live", params={"watch": "1", "newest": "not a time"}).status_code == 422

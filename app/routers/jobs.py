@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -152,6 +153,8 @@ def list_jobs(
                           description="only jobs whose label, model, input, kind or id holds this text (any case)"),
     tag: list[str] = Query([], max_length=limits.MAX_TAGS,
                            description="only jobs with this tag (repeat for jobs with every one of them)"),
+    created_after: datetime | None = Query(None, description="only jobs created after this time (ISO 8601; "
+                                           "the scan stops there)"),
     owner: str = Depends(caller),
 ) -> dict[str, Any]:
     if parent is not None:
@@ -177,8 +180,14 @@ def list_jobs(
                          "input": cursor}],
             ) from None
     items, next_cursor = request.app.state.store.list(owner, kind=kind, status=status, limit=limit, cursor=cursor,
-                                                      q=q.strip() if q else None, tags=tuple(tag))
+                                                      q=q.strip() if q else None, tags=tuple(tag),
+                                                      created_after=_aware(created_after))
     return {"items": items, "next_cursor": next_cursor}
+
+
+def _aware(when: datetime | None) -> datetime | None:
+    """A time without a zone is UTC, as every time the API writes."""
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
 # A shard listing's cursor is the offset of its next page: ASCII digits, at most 12 of them. ``str.isdigit`` also

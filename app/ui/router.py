@@ -285,9 +285,11 @@ async def jobs_live(
     then follow as ``job-<id>``; the stream then lasts as long as the page."""
     wanted = [i for i in dict.fromkeys(ids.split(",")) if i][:MAX_LIVE_IDS]
     filters = _job_filters(kind, status, q, tag)
+    if newest is not None and views.parse_time(newest) is None:
+        raise ApiError(422, "validation_error", "newest: not an ISO 8601 time")
 
     async def new_jobs(api: Api, since: str | None, seen: set[str]) -> list[dict[str, Any]]:
-        page = await api.jobs(**filters, limit=JOBS_PER_PAGE)
+        page = await api.jobs(**filters, created_after=since, limit=JOBS_PER_PAGE)
         fresh = [j for j in page["items"] if j["id"] not in seen and (since is None or
                                                                       (j.get("created_at") or "") > since)]
         return fresh[::-1]  # oldest first: each is put on top of the list in turn
