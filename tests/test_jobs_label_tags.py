@@ -222,3 +222,19 @@ def test_the_scan_stops_at_created_after() -> None:
     floor = f"({when.timestamp()!r}"
     assert [c[1:] for c in pipe.calls] == [("+inf", floor), (repr(when.timestamp() + 5),) * 2,
                                            (f"({when.timestamp() + 5!r}", floor)]
+
+
+def test_async_sdk_searches_by_label_and_tag(server) -> None:
+    import asyncio
+
+    from explainq_client import AsyncClient
+
+    async def go() -> tuple[str, list[str], list[str]]:
+        async with AsyncClient(server, ALICE) as client:
+            job = await client.submit("test_sleep", SLEEP, label="async labelled", tags=["async-tag"])
+            found = [j.id for j in await client.jobs(q="ASYNC LABELLED")]
+            tagged = [j.id async for j in client.jobs.iter(tag="async-tag")]
+            return job.id, found, tagged
+
+    job_id, found, tagged = asyncio.run(go())
+    assert found == [job_id] and tagged == [job_id]

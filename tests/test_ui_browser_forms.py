@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tests.formserver import ALICE, CONVE, ENTITIES, NEWS, api, serve
-from tests.test_ui_browser import CHROMIUM, sync_playwright
+from tests.test_ui_browser import CHROMIUM, _shot, sync_playwright
 
 if sync_playwright is not None:
     from playwright.sync_api import expect
@@ -133,7 +133,7 @@ def test_several_samples_are_added_removed_and_submitted(page, server) -> None:
     expect(page.locator("h1")).to_contain_text("three then two")
 
 
-def test_triple_rows_complete_from_the_models_vocabulary_and_submit(page, server) -> None:
+def test_triple_rows_complete_from_the_models_vocabulary_and_submit(page, server, tmp_path) -> None:
     page.goto("/ui/new/tracin")
     page.select_option("#f-model", CONVE)
     expect(page.locator("#vocab-entities option")).to_have_count(len(ENTITIES))
@@ -149,6 +149,7 @@ def test_triple_rows_complete_from_the_models_vocabulary_and_submit(page, server
     second.locator("input[name='test_triples.head']").fill("uk")
     second.locator("input[name='test_triples.relation']").fill("treaties")
     second.locator("input[name='test_triples.tail']").fill("burma")
+    _shot(page, tmp_path, "dashboard-new-tracin.png", full_page=True)
     page.click("form.job-form button[type=submit]")
     expect(page).to_have_url(re.compile(r"/ui/jobs/[0-9a-f]{32}$"))
     with api(server) as a:
@@ -176,13 +177,16 @@ def test_clone_and_edit_from_a_job_page(page, server) -> None:
     assert body["label"] == "the clone"
 
 
-def test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms(page, server) -> None:
+def test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms(page, server, tmp_path) -> None:
     with api(server) as a:
         a.post("/attributions", json={"model": NEWS, "label": "a rather long label " * 5, "tags": ["narrow"],
                                       "samples": [{"id": "n", "candidate": "word " * 40, "history": ["h"]}]})
+    page.goto("/ui/jobs")
+    _shot(page, tmp_path, "dashboard-jobs-labels.png")
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto("/ui/jobs")
     _no_sideways_scroll(page)
+    _shot(page, tmp_path, "dashboard-jobs-labels-narrow.png")
     for kind in ("attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations"):
         page.goto(f"/ui/new/{kind}")
         if page.locator("details#advanced").count():

@@ -276,7 +276,7 @@ def test_the_jobs_list_shows_model_input_label_and_tags_and_searches_them(server
         page = c.get("/ui/jobs").text
         row = page[page.index(f'id="row-{one["id"]}"'):]
         row = row[:row.index("</tr>")]
-        assert f'<td class="c-model mono">{NEWS}</td>' in row and "1 sample: “Storm hits coast”" in row
+        assert f'<td class="c-model mono" data-label="Model">{NEWS}</td>' in row and "1 sample: “Storm hits coast”" in row
         assert '<div class="job-label">findable study</div>' in row and 'href="/ui/jobs?tag=list-x"' in row
         assert "1 triple: usa · embassy · uk" in page
         found = c.get("/ui/jobs", params={"q": "FINDABLE"}).text
