@@ -170,7 +170,7 @@ def test_cli_submits_with_label_and_tags_and_lists_by_search(server, tmp_path, c
     assert [j["id"] for j in json.loads(capsys.readouterr().out)["items"]] == [job["id"]]
     assert run([*base, "jobs", "--tag", "cli-x"]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:5] == ["id", "kind", "label", "tags", "model"]
+    assert table[0].split() == ["id", "kind", "status", "progress", "error", "created_at", "model", "label", "tags"]
     assert len(table) == 2 and job["id"] in table[1] and "from the shell" in table[1] and "cli-x" in table[1]
     assert run([*base, "jobs", "--tag", "bad tag"]) == 2
     assert "tag" in capsys.readouterr().err

@@ -163,9 +163,9 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
         progress = f"{p.get('done'):g}/{p.get('total'):g} {p.get('unit') or ''}" \
             if isinstance(p.get("done"), int | float) and isinstance(p.get("total"), int | float) else ""
         code = (job.error or {}).get("code", "")
-        rows.append([job.id, job.kind, job.label, ",".join(job.tags), job.model, job.status, progress, code,
-                     job.created_at])
-    _table(["id", "kind", "label", "tags", "model", "status", "progress", "error", "created_at"], rows)
+        rows.append([job.id, job.kind, job.status, progress, code, job.created_at, job.model, job.label,
+                     ",".join(job.tags)])
+    _table(["id", "kind", "status", "progress", "error", "created_at", "model", "label", "tags"], rows)
     if page.next_cursor:
         print(f"more: --cursor {page.next_cursor}", file=sys.stderr)
     return EXIT_OK
