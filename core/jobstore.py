@@ -168,6 +168,14 @@ def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
         log.warning("canceled registries not pruned: %s", exc)
 
 
+def without_unset_listing_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload without ``label`` and ``tags`` when they are unset (None, empty): a request that gives neither
+    is stored, and its Idempotency-Key's body compared, exactly as before they existed."""
+    if payload.get("label") or payload.get("tags") or not ({"label", "tags"} & payload.keys()):
+        return payload
+    return {k: v for k, v in payload.items() if k not in ("label", "tags")}
+
+
 def listing_meta(kind: JobKind, payload: dict[str, Any]) -> dict[str, Any]:
     """What the jobs list shows and searches of a new job, kept in its meta (the job view reads only the meta,
     never the payload): the request's ``label`` and ``tags``, and the ``model`` and ``input`` columns
@@ -256,6 +264,7 @@ class JobStore:
         """
         s = self.settings
         job_id = uuid.uuid4().hex
+        payload = without_unset_listing_fields(payload)
         digest = body_hash({"kind": kind.name, "payload": payload})
         recorder = self.redis.pipeline(transaction=True)
         recorder.multi()

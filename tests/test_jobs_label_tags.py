@@ -88,6 +88,8 @@ def test_label_and_tags_are_kept_with_the_job_and_shown_in_its_view(server) -> N
         assert api.get(f"/jobs/{job['id']}/request").json()["label"] == "Baseline run"
         plain = _submit(api)
         assert plain["label"] is None and plain["tags"] == []
+        # a request without them is stored (and its Idempotency-Key's body compared) as before they existed
+        assert not {"label", "tags"} & set(api.get(f"/jobs/{plain['id']}/request").json())
 
 
 def test_search_by_text_and_tags_keeps_only_the_callers_matching_jobs(server) -> None:
