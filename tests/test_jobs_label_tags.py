@@ -240,3 +240,14 @@ def test_async_sdk_searches_by_label_and_tag(server) -> None:
 
     job_id, found, tagged = asyncio.run(go())
     assert found == [job_id] and tagged == [job_id]
+
+
+def test_created_after_agrees_with_the_full_listing_filtered_by_time(server) -> None:
+    """The bounded scan (reference: every job of the tag, filtered by ``created_at``), cut at each job."""
+    with _api(server) as api:
+        for _ in range(6):
+            _submit(api, tags=["cut-ref"])
+        everything = api.get("/jobs", params={"tag": "cut-ref", "limit": 100}).json()["items"]
+        for cut in everything:
+            fast = _ids(api.get("/jobs", params={"tag": "cut-ref", "created_after": cut["created_at"]}))
+            assert fast == [j["id"] for j in everything if j["created_at"] > cut["created_at"]]
