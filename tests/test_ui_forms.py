@@ -288,3 +288,17 @@ def test_the_jobs_list_shows_model_input_label_and_tags_and_searches_them(server
         # the first page's event stream also watches for new jobs matching its filter
         assert "/ui/jobs/live?ids=" in tagged and "watch=1" in tagged and "tag=list-x" in tagged
         assert c.get("/ui/jobs/live", params={"watch": "1", "newest": "not a time"}).status_code == 422
+
+
+def test_a_request_becomes_the_forms_values_widget_by_widget() -> None:
+    from app.ui.forms import FormField, values_of
+
+    fields = [FormField("layer_sets", "Layer groups", "checkboxes", options=["all", "visual", "text"]),
+              FormField("n_steps", "Steps", "number"), FormField("tags", "Job tags", "tags"),
+              FormField("filter", "Candidate filter", "group", optional_group=True,
+                        children=[FormField("filter.n_hops", "Hops", "number")])]
+    assert values_of({"layer_sets": ["all", "text"], "n_steps": 3, "tags": ["a", "b"], "filter": {"n_hops": 2},
+                      "compare_with": None, "optimized": True, "checkpoints": ["c1"], "method": "ghost"},
+                     fields) == {
+        "layer_sets": ["all", "text"], "n_steps": "3", "tags": "a, b", "filter.n_hops": "2", "filter.__on": "on",
+        "optimized": "true", "checkpoints": '["c1"]', "method": "ghost"}

@@ -208,8 +208,6 @@ def _sample_composer(raw: dict[str, Any], components: dict[str, Any]) -> FormFie
             child.options = ["", *enum]
         elif key in ("id", "candidate"):
             child.attrs = {"maxlength": _max_length(prop, 200 if key == "id" else 2000)}
-        if key == "history":
-            child.description = "Titles the user clicked, one per line"
         children.append(child)
     return FormField(name="sample", label=_label("samples", raw), widget="samples",
                      description=raw.get("description", ""), children=children)
@@ -365,19 +363,32 @@ def posted_rows(fields: list[FormField], form: FormData) -> dict[str, list[dict[
     return rows
 
 
-def values_of(body: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """A request body as the form's dotted field values (rows and unset values left out)."""
-    out: dict[str, str] = {}
+def values_of(body: dict[str, Any], fields: list[FormField], prefix: str = "") -> dict[str, Any]:
+    """A request body as the form's dotted field values (rows and unset values left out): a list of choices
+    stays a list (its checkboxes), tags are joined, anything else that is not text is JSON."""
+    choices = {f.name for f in _walk(fields) if f.widget == "checkboxes"}
+    out: dict[str, Any] = {}
     for k, v in (body or {}).items():
+        name = prefix + k
         if isinstance(v, dict):
-            out.update(values_of(v, f"{prefix}{k}."))
-            out[f"{prefix}{k}{TOGGLE}"] = "on"
+            out.update(values_of(v, fields, f"{name}."))
+            out[name + TOGGLE] = "on"
         elif isinstance(v, bool):
-            out[prefix + k] = "true" if v else ""
-        elif k == "tags" and not prefix and isinstance(v, list):
-            out[k] = ", ".join(map(str, v))
+            out[name] = "true" if v else ""
+        elif name == "tags" and isinstance(v, list):
+            out[name] = ", ".join(map(str, v))
+        elif name in choices and isinstance(v, list):
+            out[name] = [str(c) for c in v]
         elif v is not None:
-            out[prefix + k] = v if isinstance(v, str) else json.dumps(v)
+            out[name] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
+def _walk(fields: list[FormField]) -> list[FormField]:
+    out: list[FormField] = []
+    for f in fields:
+        out.append(f)
+        out += _walk(f.children)
     return out
 
 

@@ -515,13 +515,14 @@ async def _clone_values(api: Api, job_id: str, kind: str, fields: list[forms.For
     if job.get("kind") != kind:
         raise ApiError(404, "not_found", f"job {job_id!r} is not a {kind} job")
     body = (await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request")).json()
-    return forms.values_of(body), forms.rows_of(fields, body), job["id"]
+    return forms.values_of(body, fields), forms.rows_of(fields, body), job["id"]
 
 
-async def _resume_values(api: Api, job_id: str, kind: str) -> tuple[dict[str, str], list[str]]:
+async def _resume_values(api: Api, job_id: str, kind: str, fields: list[forms.FormField]
+                         ) -> tuple[dict[str, Any], list[str]]:
     """Form values to continue a job: its request when it is one of the caller's jobs of this kind, and the
     architecture saved with its last checkpoint (a public artifact) so that the resumed model matches."""
-    values: dict[str, str] = {}
+    values: dict[str, Any] = {}
     notes: list[str] = []
     try:
         job = await api.job(job_id)
@@ -530,12 +531,12 @@ async def _resume_values(api: Api, job_id: str, kind: str) -> tuple[dict[str, st
     if job.get("kind") == kind:
         r = await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request", ok=(200, 404))
         if r.status_code == 200:
-            values.update(forms.values_of({k: v for k, v in r.json().items() if k != "resume_from"}))
+            values.update(forms.values_of({k: v for k, v in r.json().items() if k != "resume_from"}, fields))
     r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/checkpoints/last/config.json",
                        ok=(200, 404, 405))
     if r.status_code == 200:
         saved = r.json()
-        values.update(forms.values_of({"model": saved.get("model") or {}}))
+        values.update(forms.values_of({"model": saved.get("model") or {}}, fields))
         if saved.get("dataset"):
             values.setdefault("dataset", str(saved["dataset"]))
         if isinstance(saved.get("epoch"), int):
@@ -559,7 +560,7 @@ async def new_job(request: Request, kind: str, user: Session = Depends(current))
             values, rows, full_id = await _clone_values(api, clone, kind, fields)
             notes.append(f"A copy of job {full_id[:8]}'s request: change what you like and submit it as a new job.")
         elif resume and spec.get("kind", {}).get("resume_field") == "resume_from":
-            values, notes = await _resume_values(api, resume, kind)
+            values, notes = await _resume_values(api, resume, kind, fields)
     known = _known(fields)
     values.update({k: v for k, v in request.query_params.items() if k in known})
     values = {k: v for k, v in values.items() if k in known}
