@@ -103,6 +103,8 @@ def test_kinds_have_one_name_everywhere(server) -> None:
     with _browser(server, ALICE) as c:
         index = c.get("/ui/new").text
         assert 'href="/ui/new/import_model"' in index and "models_import" not in index
+        listed = set(re.findall(r'href="/ui/new/([^"]+)"', index))
+        assert listed == {k.name for k in load_all().values() if not k.internal}, listed
         assert ">Import a model<" in index
         page = c.get("/ui/new/import_model").text
         assert "New job: Import a model" in page and "models_import" not in page

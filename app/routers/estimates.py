@@ -36,7 +36,7 @@ def _rate(request: Request, kind: JobKind, owner: str) -> estimates.MeasuredRate
 
 
 def build_router(kinds: dict[str, JobKind]) -> APIRouter:
-    router = APIRouter(tags=["submit"])
+    router = APIRouter(tags=["kinds"])
     estimated = {k.name: k for k in kinds.values() if k.estimate is not None and not k.internal}
 
     @router.post(

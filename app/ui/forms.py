@@ -54,8 +54,9 @@ class FormField:
 
 
 def submit_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """kind name -> {route, summary, schema, kind} for every ``POST`` route tagged ``submit``; ``kind`` is the
-    kind's own description (``x-explainq-kind``: title, renderer, pickers, widgets...)."""
+    """kind name -> {route, summary, schema, kind} for every ``POST`` route tagged ``submit`` that describes its
+    kind; ``kind`` is the kind's own description (``x-explainq-kind``: name, title, renderer, pickers, widgets...),
+    and the kind's name is the job's ``kind`` (``import_model``, never one made from its route)."""
     out: dict[str, dict[str, Any]] = {}
     for path, ops in openapi.get("paths", {}).items():
         op = ops.get("post")
@@ -63,7 +64,9 @@ def submit_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         described = op.get("x-explainq-kind") or {}
-        name = described.get("name") or path.strip("/").replace("/", "_").replace("-", "_")
+        name = described.get("name")
+        if not name:  # every kind's route describes itself; its name is the one users see everywhere
+            continue
         out[name] = {"route": path, "summary": op.get("summary", ""), "schema": schema, "kind": described,
                      "title": described.get("title") or name}
     return dict(sorted(out.items()))
