@@ -290,6 +290,8 @@ def test_the_jobs_list_shows_model_input_label_and_tags_and_searches_them(server
         # the first page's event stream also watches for new jobs matching its filter
         assert "/ui/jobs/live?ids=" in tagged and "watch=1" in tagged and "tag=list-x" in tagged
         assert c.get("/ui/jobs/live", params={"watch": "1", "newest": "not a time"}).status_code == 422
+        assert c.get("/ui/jobs/live", params={"watch": "1", "tag": "not a tag"}).status_code == 422
+        assert c.get("/ui/jobs/live", params={"watch": "1", "status": "bogus"}).status_code == 422
 
 
 def test_a_request_becomes_the_forms_values_widget_by_widget() -> None:

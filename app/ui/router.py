@@ -287,6 +287,9 @@ async def jobs_live(
     filters = _job_filters(kind, status, q, tag)
     if newest is not None and views.parse_time(newest) is None:
         raise ApiError(422, "validation_error", "newest: not an ISO 8601 time")
+    if watch:  # the filters are the API's to judge: a bad one is its 422 now, not an error mid-stream
+        async with Api(request, user) as api:
+            await api.jobs(**filters, created_after=newest, limit=1)
 
     async def new_jobs(api: Api, since: str | None, seen: set[str]) -> list[dict[str, Any]]:
         page = await api.jobs(**filters, created_after=since, limit=JOBS_PER_PAGE)
