@@ -306,3 +306,28 @@ def test_a_request_becomes_the_forms_values_widget_by_widget() -> None:
                      fields) == {
         "layer_sets": ["all", "text"], "n_steps": "3", "tags": "a, b", "filter.n_hops": "2", "filter.__on": "on",
         "optimized": "true", "checkpoints": '["c1"]', "method": "ghost"}
+
+
+def test_the_sdk_reads_a_models_vocabulary_and_estimates_a_run(server) -> None:
+    import asyncio
+
+    from explainq_client import AsyncClient, Client
+    from explainq_client.errors import NotFoundError, ValidationError
+
+    with Client(server, ALICE) as client:
+        assert client.models.vocabulary(CONVE, "relations")["names"] == sorted(RELATIONS)
+        assert client.models.vocabulary(CONVE, q="bu")["names"] == ["burma"]
+        assert client.estimate("train-bdh", {"epochs": 2})["examples"] == 2 * 1294
+        with pytest.raises(NotFoundError):
+            client.estimate("tracin", {})
+        with pytest.raises(ValidationError) as err:
+            client.models.vocabulary(CONVE, limit=5000)
+        assert err.value.fields == ["limit"]
+
+    async def go() -> tuple[dict, dict]:
+        async with AsyncClient(server, ALICE) as client:
+            return (await client.models.vocabulary(CONVE, "entities", limit=2),
+                    await client.estimate("train_conve", {"name": "m", "epochs": 1}))
+
+    vocab, estimate = asyncio.run(go())
+    assert vocab["names"] == sorted(ENTITIES)[:2] and estimate["per_epoch"] == 2 * 1592

@@ -4,7 +4,7 @@ with ``await`` (and ``async for`` over :meth:`AsyncJob.stream` and :meth:`AsyncJ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +23,7 @@ from explainq_client._http import (
     artifact_target,
     new_idempotency_key,
 )
-from explainq_client._kinds import KindMethods, route_for
+from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
 from explainq_client.results import Result
@@ -105,6 +105,13 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
 
     async def _renderer(self, kind: str | None) -> str | None:
         return ((await self._kind_table()).get(kind or "") or {}).get("renderer")
+
+    async def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
+        estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
+        without one); counts are None when the dataset's size is not registered."""
+        name = kind_name(kind, await self._kind_table())
+        return (await self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
     # ---- service
     async def health(self) -> dict[str, Any]:
@@ -263,6 +270,14 @@ class AsyncModels:
     async def list(self) -> ModelList:
         """``GET /models``."""
         return ModelList.from_json((await self._client._send("GET", "/models")).json())
+
+    async def vocabulary(self, name: str, field: str = "entities", q: str | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """``GET /models/{name}/vocabulary``: a knowledge-graph model's ``entities`` or ``relations`` names,
+        sorted, those holding ``q`` (any case) when given, at most ``limit`` (the server's bound: 1,000):
+        ``{"model", "field", "total", "matched", "names"}``."""
+        params = {k: v for k, v in (("field", field), ("q", q), ("limit", limit)) if v is not None}
+        return (await self._client._send("GET", f"/models/{quote(name)}/vocabulary", params=params)).json()
 
     async def delete(self, name: str) -> dict[str, Any]:
         """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -22,7 +22,7 @@ from explainq_client._http import (
     artifact_target,
     new_idempotency_key,
 )
-from explainq_client._kinds import KindMethods, route_for
+from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
 from explainq_client.results import Result
@@ -103,6 +103,13 @@ class Client(KindMethods["Job"]):
 
     def _renderer(self, kind: str | None) -> str | None:
         return (self._kind_table().get(kind or "") or {}).get("renderer")
+
+    def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
+        estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
+        without one); counts are None when the dataset's size is not registered."""
+        name = kind_name(kind, self._kind_table())
+        return (self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
     # ---- service
     def health(self) -> dict[str, Any]:
@@ -259,6 +266,14 @@ class Models:
     def list(self) -> ModelList:
         """``GET /models``."""
         return ModelList.from_json(self._client._send("GET", "/models").json())
+
+    def vocabulary(self, name: str, field: str = "entities", q: str | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """``GET /models/{name}/vocabulary``: a knowledge-graph model's ``entities`` or ``relations`` names,
+        sorted, those holding ``q`` (any case) when given, at most ``limit`` (the server's bound: 1,000):
+        ``{"model", "field", "total", "matched", "names"}``."""
+        params = {k: v for k, v in (("field", field), ("q", q), ("limit", limit)) if v is not None}
+        return (self._client._send("GET", f"/models/{quote(name)}/vocabulary", params=params)).json()
 
     def delete(self, name: str) -> dict[str, Any]:
         """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model
