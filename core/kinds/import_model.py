@@ -61,8 +61,7 @@ class ImportModelRequest(JobRequest):
         description="The directory holding the model's files, under the data roots")
     weights: str | None = Field(
         None, min_length=1, max_length=FILE, title="Weights file", json_schema_extra=ADVANCED,
-        description=("The state dict; by default the first of model.safetensors, model.pt, model.pth, "
-                     "pytorch_model.bin"))
+        description=f"The state dict; by default the first of {', '.join(WEIGHT_DEFAULTS)}")
     config: dict[str, Any] | None = Field(
         None, max_length=limits.MAX_CONFIG_KEYS, title="Configuration", json_schema_extra=ADVANCED,
         description=("ConvE's shape settings, or the NRMS / NAML / Vision-BDH configuration; by default the "

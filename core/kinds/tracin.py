@@ -64,7 +64,8 @@ class TracInRequest(JobRequest):
                      "triple's influence on itself; 'single': the influence of the listed training triples only"))
     top_k: int | None = Field(10, ge=0, le=limits.MAX_TRACIN_TOP_K, title="Triples listed",
         description=("How many most helpful and most harmful training triples each test triple lists; empty writes "
-                     "every score to a file"))
+                     f"every score to a file. At most {limits.MAX_TRACIN_LISTED:,} listed in all (test triples x "
+                     "this)"))
     checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = Field(
         "all", title="Checkpoints summed", json_schema_extra=ADVANCED,
         description="'all', or the checkpoints to sum over (file names or epochs)")
