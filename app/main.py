@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import security
-from app.routers import artifacts, health, imports, jobs, models, submit
+from app.routers import artifacts, estimates, health, imports, jobs, models, submit
 from app.routers import metrics as metrics_router
 from app.ui import router as ui
 from core import kinds as kinds_pkg
@@ -244,6 +244,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(submit.build_router(kinds_pkg.load_all()))
     app.include_router(submit.kinds_router(kinds_pkg.load_all()))
+    app.include_router(estimates.build_router(kinds_pkg.load_all()))
     app.include_router(health.router)
     metrics_router.install(app)
     app.include_router(models.router)

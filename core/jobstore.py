@@ -45,6 +45,7 @@ from core.jobview import (
     is_abandoned,
     job_view,
     parse_meta,
+    parse_ts,
     view_script_result,
 )
 from core.keys import JOB_PREFIX, QUEUE_PREFIX, valid_job_id
@@ -167,6 +168,27 @@ def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
         log.warning("canceled registries not pruned: %s", exc)
 
 
+def without_unset_listing_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload without ``label`` and ``tags`` when they are unset (None, empty): a request that gives neither
+    is stored, and its Idempotency-Key's body compared, exactly as before they existed."""
+    if payload.get("label") or payload.get("tags") or not ({"label", "tags"} & payload.keys()):
+        return payload
+    return {k: v for k, v in payload.items() if k not in ("label", "tags")}
+
+
+def listing_meta(kind: JobKind, payload: dict[str, Any]) -> dict[str, Any]:
+    """What the jobs list shows and searches of a new job, kept in its meta (the job view reads only the meta,
+    never the payload): the request's ``label`` and ``tags``, and the ``model`` and ``input`` columns
+    (``JobKind.summary_of``). Empty values are left out."""
+    out: dict[str, Any] = {}
+    if payload.get("label"):
+        out["label"] = payload["label"]
+    if payload.get("tags"):
+        out["tags"] = list(payload["tags"])
+    out.update(kind.summary_of(payload))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the store
 _CREATED = ("created", "replayed")
 
@@ -242,6 +264,7 @@ class JobStore:
         """
         s = self.settings
         job_id = uuid.uuid4().hex
+        payload = without_unset_listing_fields(payload)
         digest = body_hash({"kind": kind.name, "payload": payload})
         recorder = self.redis.pipeline(transaction=True)
         recorder.multi()
@@ -253,7 +276,7 @@ class JobStore:
             result_ttl=s.result_ttl_for(kind.result_ttl_s),
             failure_ttl=s.failure_ttl_s,
             ttl=None,
-            meta={"kind": kind.name, "owner": owner, "body": digest},
+            meta={"kind": kind.name, "owner": owner, "body": digest, **listing_meta(kind, payload)},
             description=f"{kind.name} job",
             pipeline=recorder,
         )
@@ -342,6 +365,9 @@ class JobStore:
         cursor: str | None = None,
         base_url: str = "",
         scan_limit: int = 5000,
+        q: str | None = None,
+        tags: tuple[str, ...] = (),
+        created_after: datetime | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, paged by keyset: the cursor is the (score, id) of the last index entry looked at.
 
@@ -351,17 +377,24 @@ class JobStore:
         comes is returned exactly once. Ids whose job hash is gone are removed from the index on the way.
         When ``scan_limit`` entries were looked at without filling the page (filters skipping many), the page
         is returned short with a cursor to continue from.
+
+        ``q`` keeps jobs whose label, model, input, kind or id holds it (without case); ``tags`` those that carry
+        every one of them (see ``JobFilter``). ``created_after`` keeps the jobs created after that time, and the
+        scan stops there: an entry's score is taken when the job is recorded, after its ``created_at``, so every
+        such job scores above it (a watching jobs list asks for what is new since its newest row at this cost).
         """
+        wanted = JobFilter(kind, status, q, tags, created_after)
+        floor = created_after.timestamp() if created_after is not None else None
         index = keys.owner_jobs(owner)
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
         items: list[dict[str, Any]] = []
         scanned = 0
         batch = min(max(limit * 2, 50), 1000, scan_limit)
         while True:
-            rows, older = _index_rows(self.redis, index, bound, batch)
+            rows, older = _index_rows(self.redis, index, bound, batch, floor)
             if not rows:
                 return items, None
-            looked_at, bound = _take_views(self.redis, index, rows, items, limit, (kind, status), base_url)
+            looked_at, bound = _take_views(self.redis, index, rows, items, limit, wanted, base_url)
             scanned += looked_at
             if len(items) == limit or scanned >= scan_limit:
                 return items, encode_cursor(*bound)
@@ -472,17 +505,18 @@ _Row = tuple[bytes, float]  # an owner index entry: (job id, creation time)
 
 
 def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
-                batch: int) -> tuple[list[_Row], list[_Row]]:
+                batch: int, floor: float | None = None) -> tuple[list[_Row], list[_Row]]:
     """The next index entries after ``bound``, newest first: those sharing its score with a smaller id, then up to
-    ``batch`` strictly older ones; returns (all of them, the older ones)."""
+    ``batch`` strictly older ones, none at or below ``floor``; returns (all of them, the older ones)."""
+    lowest = "-inf" if floor is None else f"({floor!r}"
     with redis.pipeline(transaction=False) as pipe:
         if bound is None:
-            pipe.zrange(index, "+inf", "-inf", byscore=True, desc=True, offset=0, num=batch,
+            pipe.zrange(index, "+inf", lowest, byscore=True, desc=True, offset=0, num=batch,
                         withscores=True)
         else:
             score = repr(bound[0])
             pipe.zrange(index, score, score, byscore=True, withscores=True)
-            pipe.zrange(index, f"({score}", "-inf", byscore=True, desc=True, offset=0, num=batch,
+            pipe.zrange(index, f"({score}", lowest, byscore=True, desc=True, offset=0, num=batch,
                         withscores=True)
         answers = pipe.execute()
     older = answers[-1]
@@ -494,9 +528,34 @@ def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
     return rows, older
 
 
+class JobFilter:
+    """Which jobs a listing keeps: of ``kind``, in ``status``, whose label, model, input, kind or id holds ``q``
+    (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case)."""
+
+    def __init__(self, kind: str | None = None, status: str | None = None, q: str | None = None,
+                 tags: tuple[str, ...] = (), created_after: datetime | None = None):
+        self.kind = kind
+        self.status = status
+        self.q = q.casefold() if q else None
+        self.tags = frozenset(t.lower() for t in tags)
+        self.after = created_after
+
+    def matches(self, view: dict[str, Any]) -> bool:
+        if (self.kind and view["kind"] != self.kind) or (self.status and view["status"] != self.status):
+            return False
+        if self.after is not None and not (parse_ts(view.get("created_at")) or 0.0) > self.after.timestamp():
+            return False
+        if self.tags and not self.tags <= set(view.get("tags") or ()):
+            return False
+        if self.q:
+            text = "\n".join(str(view.get(k) or "") for k in ("label", "model", "input", "kind", "id"))
+            return self.q in text.casefold()
+        return True
+
+
 def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str, Any]], limit: int,
-                wanted: tuple[str | None, str | None], base_url: str) -> tuple[int, tuple[float, str]]:
-    """Append to ``items`` the views of ``rows`` that match ``wanted`` (kind, status) until it holds ``limit``;
+                wanted: JobFilter, base_url: str) -> tuple[int, tuple[float, str]]:
+    """Append to ``items`` the views of ``rows`` that ``wanted`` keeps until it holds ``limit``;
     drops the ids whose job hash is gone from the index. Returns (entries looked at, the last one's bound)."""
     with redis.pipeline(transaction=False) as pipe:
         for member, _ in rows:
@@ -512,17 +571,13 @@ def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str
             stale.append(member)
             continue
         view = fanout.apply(redis, job_id, job_view(job_id, raw, base_url), raw)
-        if _matches(view, *wanted):
+        if wanted.matches(view):
             items.append(view)
             if len(items) == limit:
                 break
     if stale:
         redis.zrem(index, *stale)
     return looked_at, bound
-
-
-def _matches(view: dict[str, Any], kind: str | None, status: str | None) -> bool:
-    return not ((kind and view["kind"] != kind) or (status and view["status"] != status))
 
 
 def encode_cursor(score: float, job_id: str) -> str:

@@ -154,6 +154,10 @@ def job_view(job_id: str, raw: dict[bytes, bytes], base_url: str = "", position:
     view = {
         "id": job_id,
         "kind": meta.get("kind"),
+        "label": meta.get("label"),
+        "tags": meta.get("tags") or [],
+        "model": meta.get("model"),
+        "input": meta.get("input"),
         "status": status,
         "queue": _text(raw, "origin"),
         "position": position if status == "queued" else None,

@@ -71,6 +71,14 @@ MAX_BODY_TEXT_LENGTH = _limit(
 MAX_CONFIG_KEYS = _limit(
     "MAX_CONFIG_KEYS", 256, ("import_model.config",),
     "entries of an imported model's config (a config has tens; the request body limit bounds their values)")
+_EVERY_KIND = ("attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations")
+MAX_LABEL_LENGTH = _limit(
+    "MAX_LABEL_LENGTH", 200, tuple(f"{k}.label" for k in _EVERY_KIND),
+    "a job's label, shown in every row of the jobs list and kept in the job's meta (read on every view)")
+MAX_TAGS = _limit(
+    "MAX_TAGS", 16, tuple(f"{k}.tags" for k in _EVERY_KIND), "a job's tags, kept in the job's meta")
+MAX_TAG_LENGTH = _limit(
+    "MAX_TAG_LENGTH", 32, tuple(f"{k}.tags[]" for k in _EVERY_KIND), "a tag: a short slug")
 MAX_REPRESENTATION_NAME_LENGTH = _limit(
     "MAX_REPRESENTATION_NAME_LENGTH", 64, ("ablations.representations[]",),
     "a representation's name, one of a dozen known ones")

@@ -136,6 +136,7 @@ def test_attribution_submitted_through_the_form_succeeds_live_with_every_word(pa
     page.fill("#f-sample-candidate", headline)
     page.fill("#f-sample-history", "\n".join(history))
     page.fill("#f-n_steps", "16")
+    page.click("details#advanced > summary")  # precision is an expert setting
     page.select_option("#f-precision", "fp32")
     page.click("form.job-form button[type=submit]")
     expect(page).to_have_url(re.compile(r"/ui/jobs/[0-9a-f]{32}$"))

@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -13,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.deps import caller
-from core import fanout
+from core import fanout, limits
 from core.jobstore import aresolve_prefix, decode_cursor, is_id_prefix, run_script
 from core.jobview import (
     STATUSES,
@@ -28,6 +29,7 @@ from core.jobview import (
     view_script_result,
 )
 from core.keys import JOB_PREFIX, valid_job_id
+from core.kinds.base import TAG_PATTERN
 from core.ownership import owns
 
 router = APIRouter(tags=["jobs"])
@@ -38,7 +40,8 @@ def register_scripts(app: Any) -> None:
     app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
 
 JOB_EXAMPLE = {
-    "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain", "position": None,
+    "id": "3f0c...", "kind": "attributions", "label": "baseline run", "tags": ["nrms"], "model": "nrms-demo",
+    "input": "1 sample: “Lakers win”", "status": "running", "queue": "explain", "position": None,
     "created_at": "2026-01-01T12:00:00.000000Z", "started_at": "2026-01-01T12:00:01.000000Z", "finished_at": None,
     "progress": {"done": 120, "total": 400, "unit": "samples", "message": "...", "eta_s": 31.5},
     "metrics": None, "error": None, "result_url": None,
@@ -146,10 +149,21 @@ def list_jobs(
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, description="the next_cursor of the previous page"),
     parent: str | None = Query(None, description="list the shards (then the reduce step) of this fanned-out job"),
+    q: str | None = Query(None, max_length=limits.MAX_LABEL_LENGTH,
+                          description="only jobs whose label, model, input, kind or id holds this text (any case)"),
+    tag: list[str] = Query([], max_length=limits.MAX_TAGS,
+                           description="only jobs with this tag (repeat for jobs with every one of them)"),
+    created_after: datetime | None = Query(None, description="only jobs created after this time (ISO 8601; "
+                                           "the scan stops there)"),
     owner: str = Depends(caller),
 ) -> dict[str, Any]:
     if parent is not None:
         return _list_children(request, parent, owner, limit, cursor)
+    for i, t in enumerate(tag):
+        if len(t) > limits.MAX_TAG_LENGTH or not re.fullmatch(TAG_PATTERN, t):
+            raise HTTPException(status_code=422, detail=[{
+                "loc": ["query", "tag", i], "msg": f"a tag is 1 to {limits.MAX_TAG_LENGTH} letters, digits, '-', "
+                "'_' or '.', starting with a letter or digit", "type": "value_error", "input": t[:64]}])
     if status is not None and status not in STATUSES:
         raise HTTPException(
             status_code=422,
@@ -165,8 +179,15 @@ def list_jobs(
                 detail=[{"loc": ["query", "cursor"], "msg": "malformed cursor", "type": "value_error",
                          "input": cursor}],
             ) from None
-    items, next_cursor = request.app.state.store.list(owner, kind=kind, status=status, limit=limit, cursor=cursor)
+    items, next_cursor = request.app.state.store.list(owner, kind=kind, status=status, limit=limit, cursor=cursor,
+                                                      q=q.strip() if q else None, tags=tuple(tag),
+                                                      created_after=_aware(created_after))
     return {"items": items, "next_cursor": next_cursor}
+
+
+def _aware(when: datetime | None) -> datetime | None:
+    """A time without a zone is UTC, as every time the API writes."""
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
 # A shard listing's cursor is the offset of its next page: ASCII digits, at most 12 of them. ``str.isdigit`` also

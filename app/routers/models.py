@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
-from core import keys, registry
+from core import keys, limits, registry
+from core.kinds.base import FieldError
+from core.kinds.tracin import model_vocab
 
 router = APIRouter(tags=["models"])
 
@@ -82,3 +84,40 @@ def delete_model(request: Request, name: str = Path(..., pattern=NAME), owner: s
 def delete_dataset(request: Request, name: str = Path(..., pattern=NAME),
                    owner: str = Depends(caller)) -> JSONResponse:
     return _delete(request, "datasets", name, owner)
+
+
+# At most this many names per answer: a form's autocomplete lists, not a dump of a large graph's vocabulary.
+MAX_VOCABULARY_NAMES = 1000
+
+
+@router.get("/models/{name}/vocabulary",
+            summary="A knowledge-graph model's entity or relation names (for autocomplete), filtered and bounded",
+            responses={404: {}, 422: {}})
+def model_vocabulary(
+    request: Request,
+    name: str = Path(..., pattern=NAME),
+    field: Literal["entities", "relations"] = Query(..., description="which names"),
+    q: str | None = Query(None, max_length=limits.MAX_TRIPLE_NAME_LENGTH,
+                          description="only names holding this text (any case); those starting with it first"),
+    limit: int = Query(200, ge=1, le=MAX_VOCABULARY_NAMES),
+    _owner: str = Depends(caller),
+) -> dict[str, Any]:
+    """The names a TracIn request may use for ``model``: whoever may submit a job on a registered model (every
+    key: ``GET /models`` lists them all) may read them, and nothing else of the model's files. ``total`` counts
+    the model's names, ``matched`` those holding ``q``; ``names`` holds at most ``limit`` of them, sorted."""
+    settings = request.app.state.settings
+    if registry.get_model(settings, name) is None:
+        raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no model {name!r}",
+                                                     "loc": ["path", "name"]})
+    try:
+        vocab = model_vocab(settings, name)
+    except FieldError as exc:
+        raise HTTPException(status_code=422, detail=[{"loc": ["path", "name"], "msg": exc.message,
+                                                      "type": "value_error", "input": name}]) from None
+    names = sorted(vocab[field])
+    if q:
+        wanted = q.casefold()
+        names = sorted((n for n in names if wanted in n.casefold()),
+                       key=lambda n: (not n.casefold().startswith(wanted), n))
+    return {"model": name, "field": field, "total": len(vocab[field]), "matched": len(names),
+            "names": names[:limit]}

@@ -1,9 +1,12 @@
 """New-job forms generated from the request schemas in the service's public OpenAPI document.
 
 Each submit route's JSON schema becomes a list of ``FormField``: numbers keep their limits, enums become
-selects, booleans checkboxes, nested models fieldsets, and anything else (lists of triples, unions) a JSON
-text field. The posted form is turned back into the JSON body; the API validates it and its 422 ``loc`` is
-mapped back onto the field that caused it.
+selects, booleans checkboxes, nested models fieldsets, and anything else (unions) a JSON text field. Labels and
+help are the schema's ``title`` and ``description``; fields marked ``advanced`` (``json_schema_extra``) go under
+an "Advanced" fold after the essentials, the job's label and tags. A kind's own widgets replace what the schema
+implies: ``news_samples`` (rows of samples) and ``triples`` (rows of head, relation, tail). The posted form is
+turned back into the JSON body; the API validates it and its 422 ``loc`` is mapped back onto the field that
+caused it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class FormField:
     children: list[FormField] = field(default_factory=list)
     optional_group: bool = False
     number_type: str = "number"
+    advanced: bool = False  # folded under "Advanced" (the schema's ``advanced``)
 
     @property
     def dom_id(self) -> str:
@@ -40,12 +44,19 @@ class FormField:
             return ""
         if self.widget == "json":
             return self.default if isinstance(self.default, str) else json.dumps(self.default)
+        if self.widget == "tags":
+            return ", ".join(self.default) if isinstance(self.default, list) else str(self.default)
         return str(self.default)
+
+    @property
+    def rows_widget(self) -> bool:
+        return self.widget in ("samples", "triples")
 
 
 def submit_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """kind name -> {route, summary, schema, kind} for every ``POST`` route tagged ``submit``; ``kind`` is the
-    kind's own description (``x-explainq-kind``: title, renderer, pickers, widgets...)."""
+    """kind name -> {route, summary, schema, kind} for every ``POST`` route tagged ``submit`` that describes its
+    kind; ``kind`` is the kind's own description (``x-explainq-kind``: name, title, renderer, pickers, widgets...),
+    and the kind's name is the job's ``kind`` (``import_model``, never one made from its route)."""
     out: dict[str, dict[str, Any]] = {}
     for path, ops in openapi.get("paths", {}).items():
         op = ops.get("post")
@@ -53,7 +64,9 @@ def submit_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         described = op.get("x-explainq-kind") or {}
-        name = described.get("name") or path.strip("/").replace("/", "_").replace("-", "_")
+        name = described.get("name")
+        if not name:  # every kind's route describes itself; its name is the one users see everywhere
+            continue
         out[name] = {"route": path, "summary": op.get("summary", ""), "schema": schema, "kind": described,
                      "title": described.get("title") or name}
     return dict(sorted(out.items()))
@@ -81,20 +94,37 @@ def _label(name: str, schema: dict[str, Any]) -> str:
     return schema.get("title") or name.replace("_", " ").capitalize()
 
 
+# The fields every kind's request has (core.kinds.base.JobRequest): after the kind's essentials.
+JOB_FIELDS = ("label", "tags")
+
+
 def fields_for(widgets: dict[str, str], schema: dict[str, Any], components: dict[str, Any], prefix: str = "",
                required: frozenset[str] | None = None) -> list[FormField]:
-    """The form fields of a request schema; ``widgets`` (the kind's own, dotted field -> widget name) replace the
-    widget the schema implies."""
+    """The form fields of a request schema, essentials first, then the job's label and tags, then the fields
+    marked ``advanced``; ``widgets`` (the kind's own, dotted field -> widget name) replace the widget the schema
+    implies."""
     schema = _resolve(schema, components)
     req = frozenset(schema.get("required", [])) if required is None else required
     out: list[FormField] = []
     for name, raw in schema.get("properties", {}).items():
         path = f"{prefix}{name}"
-        if widgets.get(path) == "news_samples":
-            out.append(_sample_composer(raw, components))
+        widget = widgets.get(path)
+        if widget == "news_samples":
+            f = _sample_composer(raw, components)
+        elif widget == "triples":
+            f = FormField(name=path, label=_label(name, raw), widget="triples", required=name in req,
+                          description=raw.get("description", ""))
         else:
-            out.append(_form_field(widgets, name, raw, path, req, components))
-    return out
+            f = _form_field(widgets, name, raw, path, req, components)
+        f.advanced = bool(raw.get("advanced"))
+        if not prefix and name == "tags":
+            f.widget = "tags"
+            f.attrs = {"maxlength": 600}
+        out.append(f)
+    if prefix:
+        return out
+    rank = {name: i for i, name in enumerate(JOB_FIELDS)}
+    return sorted(out, key=lambda f: (f.advanced, f.name in rank, rank.get(f.name, 0)))
 
 
 def _form_field(widgets: dict[str, str], name: str, raw: dict[str, Any], path: str, req: frozenset[str],
@@ -163,25 +193,32 @@ def _num(v: float) -> int | float:
     return int(v) if float(v).is_integer() else v
 
 
+# A sample row's fields: (key, widget); their labels and help come from the schema's SampleIn.
+SAMPLE_FIELDS = (("id", "text"), ("candidate", "text"), ("history", "lines"), ("label", "select"),
+                 ("candidate_body", "textarea"))
+TRIPLE_PARTS = ("head", "relation", "tail")
+
+
 def _sample_composer(raw: dict[str, Any], components: dict[str, Any]) -> FormField:
-    """One inline sample, composed field by field (a dataset can replace it)."""
+    """Rows of samples (add and remove rows; a dataset can replace them), each composed field by field."""
     sample = components.get("SampleIn", {}).get("properties", {})
-    label_enum = next((a.get("enum") for a in sample.get("label", {}).get("anyOf", []) if a.get("enum")), [])
-    cand = sample.get("candidate", {})
-    return FormField(
-        name="sample", label="Sample", widget="group",
-        description="one user and one candidate headline; leave the headline empty to use a dataset instead",
-        children=[
-            FormField("sample.id", "Id", "text", default="s1", attrs={"maxlength": 200}),
-            FormField("sample.candidate", "Candidate headline", "text",
-                      attrs={"maxlength": cand.get("maxLength", 2000)}),
-            FormField("sample.history", "History", "lines",
-                      description="titles the user clicked, one per line"),
-            FormField("sample.label", "Label", "select", options=[""] + list(label_enum)),
-            FormField("sample.candidate_body", "Candidate body", "textarea",
-                      description="for models with a body view (NAML)"),
-        ],
-    )
+    children = []
+    for key, widget in SAMPLE_FIELDS:
+        prop = sample.get(key, {})
+        child = FormField(f"sample.{key}", _label(key, prop), widget, description=prop.get("description", ""))
+        if key == "label":
+            enum = next((a.get("enum") for a in prop.get("anyOf", []) if a.get("enum")), [])
+            child.options = ["", *enum]
+        elif key in ("id", "candidate"):
+            child.attrs = {"maxlength": _max_length(prop, 200 if key == "id" else 2000)}
+        children.append(child)
+    return FormField(name="sample", label=_label("samples", raw), widget="samples",
+                     description=raw.get("description", ""), children=children)
+
+
+def _max_length(prop: dict[str, Any], default: int) -> int:
+    return int(prop.get("maxLength") or next((a.get("maxLength") for a in prop.get("anyOf", [])
+                                              if a.get("maxLength")), default))
 
 
 def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict[str, Any]) -> None:
@@ -210,10 +247,15 @@ def body_from_form(fields: list[FormField], form: FormData) -> dict[str, Any]:
     """The JSON body for the API from the posted form (empty optional fields are left out)."""
     body: dict[str, Any] = {}
     for f in fields:
-        if f.name == "sample":
-            sample = _sample_from_form(form)
-            if sample is not None:
-                body["samples"] = [sample]
+        if f.widget == "samples":
+            samples = samples_from_form(form)
+            if samples:
+                body["samples"] = samples
+            continue
+        if f.widget == "triples":
+            triples = triples_from_form(form, f.name)
+            if triples:
+                body[f.name.rsplit(".", 1)[-1]] = triples
             continue
         key = f.name.rsplit(".", 1)[-1]
         value = _field_value(f, form)
@@ -249,6 +291,8 @@ def _typed(f: FormField, raw: str) -> Any:
             return raw
     if f.widget == "lines":
         return [line.strip() for line in raw.splitlines() if line.strip()]
+    if f.widget == "tags":
+        return [t for t in raw.replace(",", " ").split() if t]
     return raw
 
 
@@ -259,20 +303,95 @@ def _number(raw: str, number_type: str) -> int | float | str:
         return raw  # the API names the field in its 422
 
 
-def _sample_from_form(form: FormData) -> dict[str, Any] | None:
-    candidate = str(form.get("sample.candidate") or "").strip()
-    if not candidate:
-        return None
-    out: dict[str, Any] = {
-        "id": str(form.get("sample.id") or "").strip() or "s1",
-        "candidate": candidate,
-        "history": [t.strip() for t in str(form.get("sample.history") or "").splitlines() if t.strip()],
-    }
-    if form.get("sample.label"):
-        out["label"] = str(form.get("sample.label"))
-    body = str(form.get("sample.candidate_body") or "").strip()
-    if body:
-        out["candidate_body"] = body
+def _column(form: FormData, name: str, n: int) -> list[str]:
+    values = [str(v) for v in form.getlist(name)]
+    return (values + [""] * n)[:n]
+
+
+def samples_from_form(form: FormData) -> list[dict[str, Any]]:
+    """The sample rows of a posted form (every row posts each of its fields, so they line up); a row with
+    neither a headline nor a history is left out."""
+    n = len(form.getlist("sample.candidate"))
+    cols = {key: _column(form, f"sample.{key}", n) for key, _ in SAMPLE_FIELDS}
+    out = []
+    for i in range(n):
+        candidate = cols["candidate"][i].strip()
+        history = [t.strip() for t in cols["history"][i].splitlines() if t.strip()]
+        if not candidate and not history:
+            continue
+        sample: dict[str, Any] = {"id": cols["id"][i].strip() or f"s{len(out) + 1}", "candidate": candidate,
+                                  "history": history}
+        if cols["label"][i]:
+            sample["label"] = cols["label"][i]
+        if cols["candidate_body"][i].strip():
+            sample["candidate_body"] = cols["candidate_body"][i].strip()
+        out.append(sample)
+    return out
+
+
+def triples_from_form(form: FormData, name: str) -> list[list[str]]:
+    """The triple rows of a posted form (head, relation, tail); an empty row is left out."""
+    n = len(form.getlist(f"{name}.head"))
+    cols = [_column(form, f"{name}.{part}", n) for part in TRIPLE_PARTS]
+    rows = [[c[i].strip() for c in cols] for i in range(n)]
+    return [r for r in rows if any(r)]
+
+
+def rows_of(fields: list[FormField], body: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The rows a request body holds for the form's row widgets (a clone's samples and triples)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for f in fields:
+        if f.widget == "samples" and isinstance(body.get("samples"), list):
+            rows[f.name] = [{"id": s.get("id", ""), "candidate": s.get("candidate", ""),
+                             "history": "\n".join(s.get("history") or []), "label": s.get("label") or "",
+                             "candidate_body": s.get("candidate_body") or ""}
+                            for s in body["samples"] if isinstance(s, dict)]
+        elif f.widget == "triples" and isinstance(body.get(f.name), list):
+            rows[f.name] = [dict(zip(TRIPLE_PARTS, t, strict=False)) for t in body[f.name] if isinstance(t, list)]
+    return rows
+
+
+def posted_rows(fields: list[FormField], form: FormData) -> dict[str, list[dict[str, Any]]]:
+    """The rows as posted, every row kept (a form sent back with its errors shows what was typed)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for f in fields:
+        if f.widget == "samples":
+            n = len(form.getlist("sample.candidate"))
+            cols = {key: _column(form, f"sample.{key}", n) for key, _ in SAMPLE_FIELDS}
+            rows[f.name] = [{key: cols[key][i] for key in cols} for i in range(n)]
+        elif f.widget == "triples":
+            n = len(form.getlist(f"{f.name}.head"))
+            cols = {part: _column(form, f"{f.name}.{part}", n) for part in TRIPLE_PARTS}
+            rows[f.name] = [{part: cols[part][i] for part in TRIPLE_PARTS} for i in range(n)]
+    return rows
+
+
+def values_of(body: dict[str, Any], fields: list[FormField], prefix: str = "") -> dict[str, Any]:
+    """A request body as the form's dotted field values (rows and unset values left out): a list of choices
+    stays a list (its checkboxes), tags are joined, anything else that is not text is JSON."""
+    choices = {f.name for f in _walk(fields) if f.widget == "checkboxes"}
+    out: dict[str, Any] = {}
+    for k, v in (body or {}).items():
+        name = prefix + k
+        if isinstance(v, dict):
+            out.update(values_of(v, fields, f"{name}."))
+            out[name + TOGGLE] = "on"
+        elif isinstance(v, bool):
+            out[name] = "true" if v else ""
+        elif name == "tags" and isinstance(v, list):
+            out[name] = ", ".join(map(str, v))
+        elif name in choices and isinstance(v, list):
+            out[name] = [str(c) for c in v]
+        elif v is not None:
+            out[name] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
+def _walk(fields: list[FormField]) -> list[FormField]:
+    out: list[FormField] = []
+    for f in fields:
+        out.append(f)
+        out += _walk(f.children)
     return out
 
 
@@ -284,6 +403,10 @@ def field_names(fields: list[FormField]) -> set[str]:
     return out
 
 
+def _row_fields(fields: list[FormField]) -> set[str]:
+    return {f.name for f in fields if f.widget == "triples"}
+
+
 def errors_by_field(detail: Any, fields: list[FormField]) -> tuple[dict[str, str], list[str]]:
     """Map a 422's ``detail[].loc`` onto form field names; errors no field owns come back as a list."""
     names = field_names(fields)
@@ -293,7 +416,13 @@ def errors_by_field(detail: Any, fields: list[FormField]) -> tuple[dict[str, str
         loc = [p for p in d.get("loc", []) if p != "body"]
         msg = str(d.get("msg", "invalid"))
         if loc and loc[0] == "samples":
+            if len(loc) > 1 and isinstance(loc[1], int):
+                msg = f"sample {loc[1] + 1}: {msg}"
             loc = ["sample"] + [p for p in loc[2:] if isinstance(p, str)]
+        elif len(loc) > 1 and isinstance(loc[1], int) and f"{loc[0]}" in _row_fields(fields):
+            part = f", {TRIPLE_PARTS[loc[2]]}" if len(loc) > 2 and isinstance(loc[2], int) and loc[2] < 3 else ""
+            msg = f"triple {loc[1] + 1}{part}: {msg}"
+            loc = [loc[0]]
         parts = [str(p) for p in loc if isinstance(p, str)]
         target = None
         for n in range(len(parts), 0, -1):

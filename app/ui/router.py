@@ -34,6 +34,8 @@ STATIC_URL = "/ui/static"
 JOBS_PER_PAGE = 20
 SAMPLES_PER_PAGE = 10
 LIVE_POLL_S = 1.0
+NEW_JOBS_POLL_S = 2.0  # how often a watching jobs list looks for new jobs
+VOCABULARY_NAMES = 1000  # names per autocomplete list (the API's bound)
 MAX_LIVE_IDS = 100
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -207,59 +209,115 @@ async def _described(api: Api, kind: str | None) -> dict[str, Any]:
     return next((k for k in kinds if k.get("name") == kind), {})
 
 
+def _job_filters(kind: str | None, status: str | None, q: str | None, tag: str | None) -> dict[str, str]:
+    """The jobs list's filters as query parameters (unset ones left out)."""
+    return {k: v for k, v in (("kind", kind), ("status", status), ("q", (q or "").strip()), ("tag", tag)) if v}
+
+
 @router.get("/jobs", response_class=HTMLResponse)
 async def jobs_page(
     request: Request,
     kind: str | None = None,
     status: str | None = None,
+    q: str | None = None,
+    tag: str | None = None,
     cursor: str | None = None,
     back: str | None = Query(None, description="the cursors of the earlier pages, comma separated"),
     user: Session = Depends(current),
 ) -> Response:
+    filters = _job_filters(kind, status, q, tag)
     async with Api(request, user) as api:
-        page = await api.jobs(kind=kind, status=status, cursor=cursor, limit=JOBS_PER_PAGE)
+        page = await api.jobs(**filters, cursor=cursor, limit=JOBS_PER_PAGE)
         kinds = await _kinds(api)
     trail = [c for c in (back or "").split(",") if c] if cursor else []
-    filters = {k: v for k, v in (("kind", kind), ("status", status)) if v}
 
     def link(cur: str | None, history: list[str]) -> str:
-        q = dict(filters)
+        query = dict(filters)
         if cur:
-            q["cursor"] = cur
+            query["cursor"] = cur
             if history:
-                q["back"] = ",".join(history)
-        return "/ui/jobs" + ("?" + urlencode(q) if q else "")
+                query["back"] = ",".join(history)
+        return "/ui/jobs" + ("?" + urlencode(query) if query else "")
 
     newer = None
     if cursor:
         newer = link(trail[-1] if trail and trail[-1] != "-" else None, trail[:-1])
     older = link(page["next_cursor"], trail + [cursor or "-"]) if page.get("next_cursor") else None
     live = [j["id"] for j in page["items"] if j["status"] not in views.TERMINAL]
+    live_url = None
+    if not cursor:  # the first page: rows update live, and jobs submitted from anywhere appear on top
+        watch = {**filters, "watch": "1"}
+        if page["items"]:
+            watch["newest"] = page["items"][0]["created_at"]
+        live_url = "/ui/jobs/live?" + urlencode({"ids": ",".join(live), **watch})
+    elif live:
+        live_url = "/ui/jobs/live?" + urlencode({"ids": ",".join(live)})
     return _page(request, "jobs.html", {
-        "jobs": page["items"], "kinds": list(kinds), "kind": kind, "status": status, "newer": newer,
-        "older": older, "live_url": "/ui/jobs/live?" + urlencode({"ids": ",".join(live)}) if live else None,
-        "here": request.url.path + ("?" + request.url.query if request.url.query else ""),
+        "jobs": page["items"], "kinds": kinds, "kind": kind, "status": status, "q": filters.get("q", ""),
+        "tag": tag or "", "filtered": bool(filters), "newer": newer, "older": older, "live_url": live_url,
+        "watching": not cursor, "here": request.url.path + ("?" + request.url.query if request.url.query else ""),
     }, user=user)
 
 
-def _row(request: Request, job: dict[str, Any], user: Session) -> str:
-    return templates.get_template("_job_row.html").render(
+def _row(request: Request, job: dict[str, Any], user: Session, template: str = "_job_row.html") -> str:
+    return templates.get_template(template).render(
         job=job, user=user, csrf_field=session.CSRF_FIELD, here="/ui/jobs", **templates.env.globals)
 
 
+def _sse(event: str, html: str) -> str:
+    data = "".join(f"data: {line}\n" for line in html.splitlines())
+    return f"event: {event}\n{data}\n"
+
+
 @router.get("/jobs/live")
-async def jobs_live(request: Request, ids: str = Query(..., max_length=MAX_LIVE_IDS * 64),
-                    user: Session = Depends(current)) -> StreamingResponse:
+async def jobs_live(
+    request: Request,
+    ids: str = Query("", max_length=MAX_LIVE_IDS * 64),
+    watch: bool = Query(False, description="also send jobs created after `newest` that match the filters"),
+    newest: str | None = Query(None, max_length=40, description="the created_at of the newest job shown"),
+    kind: str | None = Query(None, max_length=64),
+    status: str | None = Query(None, max_length=16),
+    q: str | None = Query(None, max_length=200),
+    tag: str | None = Query(None, max_length=32),
+    user: Session = Depends(current),
+) -> StreamingResponse:
     """Server-sent events for the jobs list: ``job-<id>`` carries the job's rendered row when it changes;
-    ``done`` when every listed job has ended."""
+    ``done`` when every listed job has ended. With ``watch``, ``new`` carries the whole row (``<tr>``) of each job
+    created since ``newest`` that matches the list's filters (checked every ``NEW_JOBS_POLL_S``), whose changes
+    then follow as ``job-<id>``; the stream then lasts as long as the page."""
     wanted = [i for i in dict.fromkeys(ids.split(",")) if i][:MAX_LIVE_IDS]
+    filters = _job_filters(kind, status, q, tag)
+    if newest is not None and views.parse_time(newest) is None:
+        raise ApiError(422, "validation_error", "newest: not an ISO 8601 time")
+    if watch:  # the filters are the API's to judge: a bad one is its 422 now, not an error mid-stream
+        async with Api(request, user) as api:
+            await api.jobs(**filters, created_after=newest, limit=1)
+
+    async def new_jobs(api: Api, since: str | None, seen: set[str]) -> list[dict[str, Any]]:
+        page = await api.jobs(**filters, created_after=since, limit=JOBS_PER_PAGE)
+        fresh = [j for j in page["items"] if j["id"] not in seen and (since is None or
+                                                                      (j.get("created_at") or "") > since)]
+        return fresh[::-1]  # oldest first: each is put on top of the list in turn
 
     async def stream():
         last: dict[str, Any] = {}
+        seen: set[str] = set(wanted)
+        since = newest
+        next_look = 0.0
+        loop = asyncio.get_running_loop()
         async with Api(request, user) as api:
-            while wanted:
+            while wanted or watch:
                 if await request.is_disconnected():
                     return
+                if watch and loop.time() >= next_look:
+                    next_look = loop.time() + NEW_JOBS_POLL_S
+                    for job in await new_jobs(api, since, seen):
+                        seen.add(job["id"])
+                        since = max(since or "", job.get("created_at") or "")
+                        last[job["id"]] = job
+                        yield _sse("new", _row(request, job, user, "_job_tr.html"))
+                        if job["status"] not in views.TERMINAL and len(wanted) < MAX_LIVE_IDS:
+                            wanted.append(job["id"])
                 for job_id in list(wanted):
                     try:
                         job = await api.job(job_id)
@@ -270,11 +328,10 @@ async def jobs_live(request: Request, ids: str = Query(..., max_length=MAX_LIVE_
                         raise
                     if job != last.get(job_id):
                         last[job_id] = job
-                        data = "".join(f"data: {line}\n" for line in _row(request, job, user).splitlines())
-                        yield f"event: job-{job_id}\n{data}\n"
+                        yield _sse(f"job-{job_id}", _row(request, job, user))
                     if job["status"] in views.TERMINAL:
                         wanted.remove(job_id)
-                if wanted:
+                if wanted or watch:
                     await asyncio.sleep(LIVE_POLL_S)
         yield "event: done\ndata: {}\n\n"
 
@@ -309,6 +366,7 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     renderer = described.get("renderer")
     ctx["renderer"] = renderer
     ctx["resume_field"] = described.get("resume_field")
+    ctx["clonable"] = bool(described.get("route"))  # a kind with a form (not a fan-out's shard or reduce step)
     if renderer == "attributions" and isinstance(result, dict):
         ctx.update(_attribution_context(result, page))
     elif renderer == "influence" and isinstance(result, dict):
@@ -540,64 +598,80 @@ async def _form(api: Api, kind: str) -> tuple[dict[str, Any], list[forms.FormFie
 
 def _form_page(request: Request, user: Session, kind: str, spec: dict[str, Any], fields: list[forms.FormField],
                values: dict[str, Any], errors: dict[str, str], general: list[str], status: int = 200,
-               notes: list[str] | None = None) -> Response:
+               notes: list[str] | None = None, rows: dict[str, list[dict[str, Any]]] | None = None) -> Response:
+    advanced = [f for f in fields if f.advanced]
     return _page(request, "new_job.html", {
-        "kind": kind, "spec": spec, "fields": fields, "values": values, "errors": errors, "general": general,
-        "notes": notes or [],
+        "kind": kind, "spec": spec, "fields": [f for f in fields if not f.advanced], "advanced": advanced,
+        "advanced_open": any(n == f.name or n.startswith(f.name + ".") for n in errors for f in advanced),
+        "values": values, "errors": errors, "general": general, "notes": notes or [], "rows": rows or {},
+        "vocabulary": any(f.widget == "triples" for f in fields),
         "idempotency_key": uuid.uuid4().hex, "posted": bool(values.get("__posted")),
     }, status=status, user=user)
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
-    """A request body as the form's dotted field values."""
-    out: dict[str, str] = {}
-    for k, v in (obj or {}).items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        elif isinstance(v, bool):
-            out[prefix + k] = "true" if v else ""
-        elif v is not None:
-            out[prefix + k] = v if isinstance(v, str) else json.dumps(v)
-    return out
+def _known(fields: list[forms.FormField]) -> set[str]:
+    names = forms.field_names(fields)
+    return names | {n + forms.TOGGLE for n in names}
 
 
-async def _resume_values(api: Api, job_id: str) -> tuple[dict[str, str], list[str]]:
-    """Form values to continue a BDH job: its request when the API shows it, and the architecture saved with
-    its last checkpoint (a public artifact) so that the resumed model matches."""
-    values: dict[str, str] = {}
+async def _clone_values(api: Api, job_id: str, kind: str, fields: list[forms.FormField]
+                        ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], str]:
+    """The form values and rows of one of the caller's jobs' request (``GET /jobs/{id}/request``: another
+    owner's job is a 404 there, as a missing one), and its full id. A job of another kind is a 404 here."""
+    job = await api.job(job_id)
+    if job.get("kind") != kind:
+        raise ApiError(404, "not_found", f"job {job_id!r} is not a {kind} job")
+    body = (await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request")).json()
+    return forms.values_of(body, fields), forms.rows_of(fields, body), job["id"]
+
+
+async def _resume_values(api: Api, job_id: str, kind: str, fields: list[forms.FormField]
+                         ) -> tuple[dict[str, Any], list[str]]:
+    """Form values to continue a job: its request when it is one of the caller's jobs of this kind, and the
+    architecture saved with its last checkpoint (a public artifact) so that the resumed model matches."""
+    values: dict[str, Any] = {}
     notes: list[str] = []
     try:
-        view = await api.job(job_id)
+        job = await api.job(job_id)
     except ApiError:
-        return values, notes
-    values.update(_flatten(view.get("request") if isinstance(view.get("request"), dict) else None))
+        job = {}
+    if job.get("kind") == kind:
+        r = await api.call("GET", f"/jobs/{quote(job['id'], safe='')}/request", ok=(200, 404))
+        if r.status_code == 200:
+            values.update(forms.values_of({k: v for k, v in r.json().items() if k != "resume_from"}, fields))
     r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/checkpoints/last/config.json",
                        ok=(200, 404, 405))
     if r.status_code == 200:
         saved = r.json()
-        values.update(_flatten({"model": saved.get("model") or {}}))
+        values.update(forms.values_of({"model": saved.get("model") or {}}, fields))
         if saved.get("dataset"):
             values.setdefault("dataset", str(saved["dataset"]))
         if isinstance(saved.get("epoch"), int):
             notes.append(f"The checkpoint has {saved['epoch']} epochs; ask for more than that.")
-    elif not view.get("request"):
+    else:
         notes.append("Set the same architecture as the job being resumed.")
+    values["resume_from"] = job_id
     return values, notes
 
 
 @router.get("/new/{kind}", response_class=HTMLResponse)
 async def new_job(request: Request, kind: str, user: Session = Depends(current)) -> Response:
     notes: list[str] = []
+    rows: dict[str, list[dict[str, Any]]] = {}
     async with Api(request, user) as api:
         spec, fields = await _form(api, kind)
         values: dict[str, Any] = {}
         resume = request.query_params.get("resume_from")
-        if resume and spec.get("kind", {}).get("resume_field") == "resume_from":
-            values, notes = await _resume_values(api, resume)
-    known = forms.field_names(fields)
+        clone = request.query_params.get("clone")
+        if clone:
+            values, rows, full_id = await _clone_values(api, clone, kind, fields)
+            notes.append(f"A copy of job {full_id[:8]}'s request: change what you like and submit it as a new job.")
+        elif resume and spec.get("kind", {}).get("resume_field") == "resume_from":
+            values, notes = await _resume_values(api, resume, kind, fields)
+    known = _known(fields)
     values.update({k: v for k, v in request.query_params.items() if k in known})
     values = {k: v for k, v in values.items() if k in known}
-    return _form_page(request, user, kind, spec, fields, values, {}, [], notes=notes)
+    return _form_page(request, user, kind, spec, fields, values, {}, [], notes=notes, rows=rows)
 
 
 @router.post("/new/{kind}", response_class=HTMLResponse)
@@ -615,4 +689,31 @@ async def submit(request: Request, kind: str, sent: tuple[Session, FormData] = D
     by_field, general = forms.errors_by_field(error.detail, fields)
     values: dict[str, Any] = {k: form.getlist(k) if len(form.getlist(k)) > 1 else form.get(k) for k in form}
     values["__posted"] = True
-    return _form_page(request, user, kind, spec, fields, values, by_field, general, status=422)
+    return _form_page(request, user, kind, spec, fields, values, by_field, general, status=422,
+                      rows=forms.posted_rows(fields, form))
+
+
+@router.get("/vocabulary", response_class=HTMLResponse)
+async def vocabulary(request: Request, model: str = Query("", max_length=128),
+                     user: Session = Depends(current)) -> Response:
+    """The entity and relation names of ``model`` as the ``<datalist>``s the triple rows complete from (from
+    ``GET /models/{name}/vocabulary``, at most its bound of names each); empty lists for an unknown model."""
+    lists: dict[str, dict[str, Any]] = {}
+    async with Api(request, user) as api:
+        for field in ("entities", "relations"):
+            r = await api.call("GET", f"/models/{quote(model, safe='')}/vocabulary", ok=(200, 404, 422),
+                               params={"field": field, "limit": VOCABULARY_NAMES}) if model else None
+            lists[field] = r.json() if r is not None and r.status_code == 200 else {"names": [], "total": 0}
+    return _page(request, "_vocabulary.html", {"lists": lists, "model": model}, user=user)
+
+
+@router.post("/new/{kind}/estimate", response_class=HTMLResponse)
+async def estimate(request: Request, kind: str, sent: tuple[Session, FormData] = Depends(posted)) -> Response:
+    """The cost estimate of the form as filled in (``POST /kinds/{kind}/estimate``), redrawn as it changes."""
+    user, form = sent
+    async with Api(request, user) as api:
+        _, fields = await _form(api, kind)
+        body = forms.body_from_form(fields, form)
+        r = await api.call("POST", f"/kinds/{quote(kind, safe='')}/estimate", ok=(200, 404, 422), json=body)
+    answer = r.json() if r.status_code == 200 else None
+    return _page(request, "_estimate.html", {"e": answer, "invalid": r.status_code == 422}, user=user)

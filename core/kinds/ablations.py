@@ -12,36 +12,58 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from core import dataset_refs, limits
-from core.kinds.base import FieldError, JobKind, RequestModel, register
+from core.kinds.base import ADVANCED, FieldError, JobKind, JobRequest, register
 from core.settings import Settings
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
 
 DATASET_KIND = "lora"
 
 
-class AblationRequest(RequestModel):
-    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
-                         description="a registered dataset name, or a directory under the data roots")
+class AblationRequest(JobRequest):
+    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="LoRA dataset",
+        description="A registered LoRA dataset, or a directory under the data roots")
     representations: Annotated[list[Annotated[str, Field(max_length=limits.MAX_REPRESENTATION_NAME_LENGTH)]],
                                Field(max_length=len(REPRESENTATION_NAMES))] | Literal["all"] = Field(
-        "all", description=f"a list from {list(REPRESENTATION_NAMES)}, or \"all\"")
+        "all", title="Weight representations compared", json_schema_extra=ADVANCED,
+        description=f"'all', or a list from: {', '.join(REPRESENTATION_NAMES)}")
     layer_sets: list[Literal["all", "visual", "text"]] = Field(
-        ["all", "visual"], min_length=1, max_length=3,
-        description="all layers, visual (attn1 self-attention) and/or text (attn2 cross-attention)")
-    num_runs: int = Field(10, ge=1, le=limits.MAX_PROBE_RUNS, description="probe runs per cell, seeds seed+run")
-    n_splits: int | None = Field(None, ge=1, le=limits.MAX_PROBE_RUNS, description="distinct seeded data splits over the runs "
-                                 "(run r uses split r mod n_splits); default: a new split per run")
-    quick: bool = Field(False, description="3 runs instead of num_runs")
-    sample_layers: float = Field(1.0, gt=0, le=1, description="fraction of each layer set's layers (seeded)")
-    cache_features: bool = True
-    batch_size: int = Field(256, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
-    max_epochs: int = Field(200, ge=1, le=limits.MAX_EPOCHS)
-    patience: int = Field(15, ge=1, le=limits.MAX_EPOCHS)
-    hidden_dim: int = Field(512, ge=1, le=limits.MAX_PROBE_HIDDEN)
-    dropout: float = Field(0.5, ge=0, lt=1)
-    weight_decay: float = Field(1e-4, ge=0, le=1)
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    seed: int = Field(42, ge=0, le=limits.MAX_SEED)
+        ["all", "visual"], min_length=1, max_length=3, title="Layer groups compared",
+        description="All layers, the visual ones (attn1 self-attention) and/or the text ones (attn2 cross-attention)")
+    num_runs: int = Field(10, ge=1, le=limits.MAX_PROBE_RUNS, title="Probe runs per cell",
+        description="Probes trained per representation and layer group, with seeds seed, seed + 1, ...")
+    n_splits: int | None = Field(
+        None, ge=1, le=limits.MAX_PROBE_RUNS, title="Distinct data splits", json_schema_extra=ADVANCED,
+        description=("Seeded train/test splits shared by the runs (run r uses split r mod this); empty: a new split "
+                     "per run"))
+    quick: bool = Field(False, title="Quick run (3 probes)",
+        description="Three probe runs per cell instead of the number set")
+    sample_layers: float = Field(
+        1.0, gt=0, le=1, title="Share of layers sampled", json_schema_extra=ADVANCED,
+        description="Share of each layer group's layers used (a seeded draw)")
+    cache_features: bool = Field(True, title="Cache feature matrices", json_schema_extra=ADVANCED,
+        description="Keep the computed features for later runs")
+    batch_size: int = Field(
+        256, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE, title="Probe batch size", json_schema_extra=ADVANCED,
+        description="Samples per probe training step")
+    max_epochs: int = Field(
+        200, ge=1, le=limits.MAX_EPOCHS, title="Probe epoch limit", json_schema_extra=ADVANCED,
+        description="Most epochs a probe trains")
+    patience: int = Field(
+        15, ge=1, le=limits.MAX_EPOCHS, title="Early-stopping patience", json_schema_extra=ADVANCED,
+        description="Epochs without a better validation accuracy before a probe stops")
+    hidden_dim: int = Field(
+        512, ge=1, le=limits.MAX_PROBE_HIDDEN, title="Probe hidden width", json_schema_extra=ADVANCED,
+        description="Width of the probe MLP's hidden layer")
+    dropout: float = Field(0.5, ge=0, lt=1, title="Probe dropout rate", json_schema_extra=ADVANCED,
+        description="Share of the probe's hidden units dropped while training")
+    weight_decay: float = Field(
+        1e-4, ge=0, le=1, title="Probe weight decay", json_schema_extra=ADVANCED,
+        description="The probe optimizer's weight decay")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", title="Numeric precision", json_schema_extra=ADVANCED,
+        description="Floating-point format of the probes; 'auto' picks what suits the device")
+    seed: int = Field(42, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
+        description="Seed of the splits, the probes and the layer draw")
 
     @field_validator("representations")
     @classmethod

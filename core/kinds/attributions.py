@@ -12,8 +12,10 @@ from pydantic import Field, StrictStr
 from core import limits, registry
 from core.dataset_formats import news_labelled
 from core.kinds.base import (
+    ADVANCED,
     FieldError,
     JobKind,
+    JobRequest,
     RequestModel,
     ShardSize,
     max_failed_field,
@@ -36,46 +38,79 @@ BodyText = Annotated[StrictStr, Field(max_length=limits.MAX_BODY_TEXT_LENGTH)]
 
 
 class SampleIn(RequestModel):
-    id: Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_SAMPLE_ID_LENGTH)]
-    history: list[Title] = Field(min_length=1, max_length=limits.MAX_HISTORY, description="titles the user clicked")
-    candidate: Title
-    label: Literal["real", "fake"] | None = None
-    candidate_body: BodyText | None = Field(
-        None, description="the candidate's body, for models with a body view (NAML)")
+    id: Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_SAMPLE_ID_LENGTH)] = Field(
+        ..., title="Sample id",
+        description="A name for the sample, unique in the request")
+    history: list[Title] = Field(min_length=1, max_length=limits.MAX_HISTORY, title="Reading history",
+        description="Titles the user clicked, one per line")
+    candidate: Title = Field(..., title="Candidate headline",
+        description="The headline whose score is explained")
+    label: Literal["real", "fake"] | None = Field(None, title="True label",
+        description="Whether the candidate is real or fake news, when known")
+    candidate_body: BodyText | None = Field(None, title="Candidate body text",
+        description="The article's body, for models that read it (NAML)")
     history_bodies: list[BodyText] | None = Field(
-        None, max_length=limits.MAX_HISTORY, description="one body per history title, for models with a body view "
-        "(NAML)")
+        None, max_length=limits.MAX_HISTORY, title="History body texts",
+        description="One body per history title, for models that read them (NAML)")
 
 
 class DatasetIn(RequestModel):
-    name: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH)
-    split: Literal["train", "valid", "test"] = "test"
-    n_samples: int = Field(32, ge=1, le=limits.MAX_DATASET_SAMPLES, description="large runs fan out over the "
-                           "workers (shard_size)")
-    balanced: bool = False
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
+    name: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Dataset name",
+        description="A registered news dataset")
+    split: Literal["train", "valid", "test"] = Field("test", title="Dataset split",
+        description="Which part of the dataset to draw the samples from")
+    n_samples: int = Field(32, ge=1, le=limits.MAX_DATASET_SAMPLES, title="Number of samples",
+        description="How many samples to draw; a large run is split over the workers")
+    balanced: bool = Field(False, title="Balance real and fake",
+        description="Draw as many real as fake candidates (the split needs labels)")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed",
+        description="Seed of the draw, for a repeatable selection")
 
 
-class AttributionsRequest(RequestModel):
-    model: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH)
-    samples: list[SampleIn] | None = Field(None, min_length=1, max_length=limits.MAX_SAMPLES)
-    dataset: DatasetIn | None = None
-    n_steps: int = Field(64, ge=1, le=limits.MAX_IG_STEPS)
-    method: Literal[METHODS] | None = Field(  # type: ignore[valid-type]
-        None, description="quadrature rule; default gausslegendre, or clenshaw_curtis (nested) with a tolerance")
-    tolerance: float | None = Field(None, gt=0, lt=1, description="start at min(n_steps, 16) steps and refine "
-                                    "each sample until its relative completeness delta is at most this")
+class AttributionsRequest(JobRequest):
+    model: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Model to explain",
+        description="The news recommender whose score for the candidate is explained")
+    samples: list[SampleIn] | None = Field(None, min_length=1, max_length=limits.MAX_SAMPLES, title="Headlines to explain",
+        description="Users (their reading history) and a candidate headline each; or draw samples from a dataset")
+    dataset: DatasetIn | None = Field(None, title="Samples from a dataset",
+        description="Draw the samples from a registered news dataset instead of typing them")
+    n_steps: int = Field(64, ge=1, le=limits.MAX_IG_STEPS, title="Integration steps",
+        description=("Points on the path from the baseline to the headline: more steps, more exact attributions, a "
+                     "longer run"))
+    method: Literal[METHODS] | None = Field(
+        None, title="Integration rule", json_schema_extra=ADVANCED,
+        description=("How the path integral is approximated: Gauss-Legendre by default, Clenshaw-Curtis (nested "
+                     "levels) when a target error is set"))
+    tolerance: float | None = Field(
+        None, gt=0, lt=1, title="Target completeness error", json_schema_extra=ADVANCED,
+        description=("Refine each sample, from 16 steps up to the integration steps, until its attributions add up to "
+                     "the score difference within this relative error"))
     alpha_batch_size: Annotated[int, Field(le=limits.MAX_ALPHA_BATCH_SIZE)] | Literal["auto"] = Field(
-        "auto", description="alphas per batched pass (int >= 1)")
+        "auto", title="Path points per pass", json_schema_extra=ADVANCED,
+        description="Points of the path computed together; 'auto' sizes it from the model's measured memory")
     batch_size: Annotated[int, Field(le=limits.MAX_IG_BATCH_SIZE)] | Literal["auto"] = Field(
-        "auto", description="samples per batched pass (int >= 1)")
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    baseline: Literal["pad", "zero"] = "pad"
-    top_k: int = Field(10, ge=0, le=limits.MAX_ATTRIBUTION_TOP_K)
-    optimized: bool = True
-    compare_with: str | None = Field(None, min_length=1, max_length=limits.MAX_NAME_LENGTH)
-    compare_threshold: float = Field(0.1, ge=0)
-    max_history: int = Field(50, ge=1, le=limits.MAX_HISTORY)
+        "auto", title="Samples per pass", json_schema_extra=ADVANCED,
+        description="Samples computed together; 'auto' sizes it from the model's measured memory")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", title="Numeric precision", json_schema_extra=ADVANCED,
+        description="Floating-point format of the model's passes; 'auto' picks what suits the device")
+    baseline: Literal["pad", "zero"] = Field(
+        "pad", title="Reference input", json_schema_extra=ADVANCED,
+        description="What the headline is compared with: the padding token's embedding ('pad') or zeros ('zero')")
+    top_k: int = Field(
+        10, ge=0, le=limits.MAX_ATTRIBUTION_TOP_K, title="Top words listed", json_schema_extra=ADVANCED,
+        description="How many of each sample's most influential words the result lists")
+    optimized: bool = Field(True, title="Fast implementation", json_schema_extra=ADVANCED,
+        description="Batched computation; off runs the plain reference loop (for checking)")
+    compare_with: str | None = Field(
+        None, min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Compare with model",
+        description="A second news recommender (a poisoned twin, say) whose attributions are compared word by word")
+    compare_threshold: float = Field(
+        0.1, ge=0, title="Change threshold", json_schema_extra=ADVANCED,
+        description="Smallest change of a word's mean attribution that the comparison marks as changed")
+    max_history: int = Field(
+        50, ge=1, le=limits.MAX_HISTORY, title="History titles read", json_schema_extra=ADVANCED,
+        description="How many of the most recent history titles the model reads")
     shard_size: ShardSize = shard_size_field("samples")
     max_failed_fraction: float = max_failed_field("samples")
     shard_retries: int = shard_retries_field()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, StringConstraints, create_model
 
 from core import limits
 from core.keys import JOB_ID_PATTERN
@@ -19,7 +19,7 @@ QUEUES = ("explain", "bulk", "train")
 # The result views clients know how to draw (a kind names one, or none for its result as JSON).
 RENDERERS = ("attributions", "influence", "training", "ablation", "evaluation")
 # Form widgets beyond the ones a field's JSON schema implies.
-FORM_WIDGETS = ("news_samples",)
+FORM_WIDGETS = ("news_samples", "triples")
 
 # Curve colours, one definition for every client (the dashboard reads them from GET /kinds; the SDK's
 # ``explainq_client.render.series_colours`` is the same rule, tested equal): the Okabe-Ito palette, colour-blind
@@ -79,6 +79,99 @@ class RequestModel(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# A tag: a short slug, compared without case (stored in lower case).
+TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# A label: one line of free text (no control characters: it is shown in a table row and in page titles).
+LABEL_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+
+
+def _unique_lower(tags: list[str]) -> list[str]:
+    return list(dict.fromkeys(t.lower() for t in tags))
+
+
+Tag = Annotated[StrictStr, StringConstraints(min_length=1, max_length=limits.MAX_TAG_LENGTH, pattern=TAG_PATTERN)]
+Label = Annotated[StrictStr, StringConstraints(strip_whitespace=True, max_length=limits.MAX_LABEL_LENGTH,
+                                               pattern=LABEL_PATTERN)]
+Tags = Annotated[list[Tag], Field(max_length=limits.MAX_TAGS), AfterValidator(_unique_lower)]
+
+LABEL_FIELD = dict(title="Job label", description="A name of your own for this job, shown in the jobs list and "
+                   "found by its search")
+TAGS_FIELD = dict(title="Job tags", description="Short words to group and find jobs by (letters, digits, '-', '_', "
+                  "'.'; compared without case)")
+
+
+class JobRequest(RequestModel):
+    """The base of every kind's request: what every job carries besides its parameters, a ``label`` and
+    ``tags`` of the caller's, stored with the job and searchable (``GET /jobs?q=&tag=``)."""
+
+    label: Label | None = Field(None, **LABEL_FIELD)
+    tags: Tags = Field(default_factory=list, **TAGS_FIELD)
+
+
+def with_label_and_tags(request: type[BaseModel]) -> type[BaseModel]:
+    """``request`` itself when it has ``label`` and ``tags`` (every kind's request derives from
+    :class:`JobRequest`), else a subclass that adds them, so a kind registered with another base has them too."""
+    fields = request.model_fields
+    if "label" in fields and "tags" in fields:
+        return request
+    extended = create_model(request.__name__, __base__=request, __module__=request.__module__,
+                            label=(Label | None, Field(None, **LABEL_FIELD)),
+                            tags=(Tags, Field(default_factory=list, **TAGS_FIELD)))
+    extended.__doc__ = request.__doc__
+    return extended
+
+
+# ---- what the jobs list shows of a request: the model and a short summary of the input
+INPUT_SUMMARY_LENGTH = 120
+
+
+def _clip(text: str, n: int = INPUT_SUMMARY_LENGTH) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def job_columns(payload: dict[str, Any]) -> dict[str, str]:
+    """The jobs list's ``model`` and ``input`` of a request (``{}`` entries left out), from the fields every kind
+    names alike: the model a job reads (``model``) or the one it registers (``name``, ``register_as``); the
+    samples, triples, dataset or path it reads. Bounded to ``INPUT_SUMMARY_LENGTH`` characters each."""
+    out: dict[str, str] = {}
+    model = payload.get("model")
+    if isinstance(model, str):
+        out["model"] = model
+        if isinstance(payload.get("compare_with"), str):
+            out["model"] += f" vs {payload['compare_with']}"
+    else:
+        name = payload.get("name") if isinstance(payload.get("name"), str) else payload.get("register_as")
+        if isinstance(name, str):
+            out["model"] = f"→ {name}"
+    parts: list[str] = []
+    samples = payload.get("samples")
+    if isinstance(samples, list) and samples:
+        first = samples[0].get("candidate") if isinstance(samples[0], dict) else None
+        parts.append(_plural(len(samples), "sample") + (f": “{first}”" if first else ""))
+    triples = payload.get("test_triples")
+    if isinstance(triples, list) and triples:
+        first = triples[0] if isinstance(triples[0], list) else []
+        parts.append(_plural(len(triples), "triple") + (": " + " · ".join(map(str, first)) if first else ""))
+    dataset = payload.get("dataset")
+    if isinstance(dataset, dict) and isinstance(dataset.get("name"), str):
+        parts.append(f"{dataset['name']} ({dataset.get('split', 'test')}, {dataset.get('n_samples', '?')})")
+    elif isinstance(dataset, str):
+        parts.append(dataset)
+    for key in ("test_triples_path", "path"):
+        if isinstance(payload.get(key), str):
+            parts.append(payload[key])
+    if not parts and payload.get("mode") == "self":
+        parts.append("self-influence")
+    if parts:
+        out["input"] = "; ".join(parts)
+    return {k: _clip(v) for k, v in out.items()}
 
 
 def _not_unicode(text: str) -> bool:
@@ -200,8 +293,14 @@ class JobKind:
     # where live rows come from while the job runs: "history" (the metrics carry every epoch so far) or
     # "latest" (each progress event's metrics are one more row)
     live_rows: str = "latest"
+    # the jobs list's model and input columns of a payload; default: job_columns (the fields kinds name alike)
+    columns: Callable[[dict[str, Any]], dict[str, str]] | None = None
+    # a training kind's size of a run (core/estimates.py): (request, settings) -> TrainingSize | None
+    estimate: Callable[[Any, Settings], Any] | None = None
 
     def __post_init__(self) -> None:
+        if not self.internal:  # every public kind's request has a label and tags
+            object.__setattr__(self, "request", with_label_and_tags(self.request))
         if self.queue not in QUEUES:
             raise ValueError(f"queue must be one of {QUEUES}, got {self.queue!r}")
         if ":" not in self.func:
@@ -231,7 +330,14 @@ class JobKind:
             "live_rows": self.live_rows,
             # the request field naming an earlier job of the same kind to continue, when the kind has one
             "resume_field": "resume_from" if "resume_from" in self.request.model_fields else None,
+            # POST /kinds/{name}/estimate answers for this kind (a training run's size and time)
+            "estimate": self.estimate is not None,
         }
+
+
+    def summary_of(self, payload: dict[str, Any]) -> dict[str, str]:
+        """The jobs list's ``model`` and ``input`` of one of this kind's payloads."""
+        return (self.columns or job_columns)(payload)
 
 
 KINDS: dict[str, JobKind] = {}
@@ -258,20 +364,26 @@ class ReduceRequest(RequestModel):
 ShardSize = Annotated[int, Field(le=limits.MAX_SHARD_SIZE)] | Literal["auto"]
 
 
+ADVANCED = {"advanced": True}  # json_schema_extra of a field forms fold under "Advanced"
+
+
 def shard_size_field(unit: str) -> Any:
     """``shard_size`` of a request that can fan out: ``unit`` per shard, or ``"auto"``."""
-    return Field("auto", description=f"{unit} per shard when a large request fans out over the workers: 'auto' "
-                 "sizes shards from the model's measured throughput (about two minutes each); a request of at most "
-                 "one shard runs as one job")
+    return Field("auto", title="Items per shard", json_schema_extra=ADVANCED,
+                 description=f"{unit[0].upper()}{unit[1:]} per shard when a large request is split over the "
+                 "workers: 'auto' sizes shards from the model's measured speed (about two minutes each); a "
+                 "request of at most one shard runs as one job")
 
 
 def max_failed_field(unit: str) -> Any:
-    return Field(0.01, ge=0, le=1, description=f"a fanned-out run fails when more {unit} than this fraction fail; "
-                 "otherwise it succeeds and lists them")
+    return Field(0.01, ge=0, le=1, title="Tolerated failure share", json_schema_extra=ADVANCED,
+                 description=f"A split run fails when more {unit} than this share fail; otherwise it succeeds "
+                 "and lists them")
 
 
 def shard_retries_field() -> Any:
-    return Field(1, ge=0, le=limits.MAX_SHARD_RETRIES, description="retries of a failed shard")
+    return Field(1, ge=0, le=limits.MAX_SHARD_RETRIES, title="Retries per shard", json_schema_extra=ADVANCED,
+                 description="How many times a failed shard is tried again")
 
 
 def register_fanout(kind: str, module: str, timeout_s: int) -> None:

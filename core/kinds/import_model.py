@@ -15,8 +15,10 @@ from pydantic import Field, field_validator
 
 from core import limits
 from core.kinds.base import (
+    ADVANCED,
     FieldError,
     JobKind,
+    JobRequest,
     RequestModel,
     refuse_invalid_text,
     refuse_non_finite,
@@ -42,37 +44,55 @@ FILE = limits.MAX_FILE_NAME_LENGTH  # a file inside the model directory
 
 
 class CheckpointIn(RequestModel):
-    file: str = Field(..., min_length=1, max_length=limits.MAX_FILE_NAME_LENGTH,
-                      description="a state dict in the model directory")
-    lr: float = Field(..., gt=0, description="the learning rate in use when it was saved (TracIn weight)")
-    epoch: int | None = Field(None, ge=0, le=limits.MAX_EPOCHS)
+    file: str = Field(..., min_length=1, max_length=limits.MAX_FILE_NAME_LENGTH, title="Checkpoint file",
+        description="A state dict in the model directory")
+    lr: float = Field(..., gt=0, title="Learning rate when saved",
+        description="The learning rate in use when it was saved (its TracIn weight)")
+    epoch: int | None = Field(None, ge=0, le=limits.MAX_EPOCHS, title="Epoch when saved",
+        description="The epoch after which it was saved")
 
 
-class ImportModelRequest(RequestModel):
-    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
-                      description="name to register the model under")
-    kind: Literal["conve", "nrms", "naml", "vision_bdh"]
-    path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH,
-                      description="the model directory, under the data roots")
-    weights: str | None = Field(None, min_length=1, max_length=FILE,
-                                description=f"state dict file; default the first of {', '.join(WEIGHT_DEFAULTS)}")
-    config: dict[str, Any] | None = Field(None, max_length=limits.MAX_CONFIG_KEYS, description="ConvE shape "
-                                          "hyper-parameters, or the NRMS/NAML/Vision-BDH config; default the "
-                                          "directory's config.json")
-    entities: str | None = Field(None, min_length=1, max_length=FILE, description="ConvE entity ids (node_dict, "
-                                 "entity_to_id.tsv[.gz]/.json, entities.dict); found by name when omitted")
-    relations: str | None = Field(None, min_length=1, max_length=FILE, description="ConvE relation ids (rel_dict, "
-                                  "relation_to_id..., relations.dict)")
-    reciprocal: bool | None = Field(None, description="ConvE: default from the relation table's rows")
-    train_triples: str | None = Field(None, min_length=1, max_length=FILE, description="ConvE: training triples "
-                                      "(names or ids, TSV); default train.txt")
-    valid_triples: str | None = Field(None, min_length=1, max_length=FILE)
-    test_triples: str | None = Field(None, min_length=1, max_length=FILE)
-    checkpoints: list[CheckpointIn] = Field(default_factory=list, max_length=limits.MAX_CHECKPOINTS,
-                                            description="ConvE: the TracIn checkpoints, each with its lr")
-    vocab: str | None = Field(None, min_length=1, max_length=FILE, description="NRMS/NAML word models: the "
-                              "vocabulary (JSON list starting [PAD], [UNK]); default vocab.json")
-    overwrite: bool = Field(False, description="replace your existing model of the same name")
+class ImportModelRequest(JobRequest):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN, title="Model name",
+        description="Name to register the model under")
+    kind: Literal["conve", "nrms", "naml", "vision_bdh"] = Field(..., title="Model type",
+        description="What the files hold: ConvE, NRMS, NAML or Vision-BDH")
+    path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Model directory",
+        description="The directory holding the model's files, under the data roots")
+    weights: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Weights file", json_schema_extra=ADVANCED,
+        description=f"The state dict; by default the first of {', '.join(WEIGHT_DEFAULTS)}")
+    config: dict[str, Any] | None = Field(
+        None, max_length=limits.MAX_CONFIG_KEYS, title="Configuration", json_schema_extra=ADVANCED,
+        description=("ConvE's shape settings, or the NRMS / NAML / Vision-BDH configuration; by default the "
+                     "directory's config.json"))
+    entities: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Entity ids file", json_schema_extra=ADVANCED,
+        description=("ConvE: the entity ids (node_dict, entity_to_id.tsv[.gz] or .json, entities.dict); found by name "
+                     "when empty"))
+    relations: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Relation ids file", json_schema_extra=ADVANCED,
+        description="ConvE: the relation ids (rel_dict, relation_to_id..., relations.dict); found by name when empty")
+    reciprocal: bool | None = Field(None, title="Reciprocal relations", json_schema_extra=ADVANCED,
+        description="ConvE: whether the relation table holds inverse relations; by default read from its size")
+    train_triples: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Training triples file", json_schema_extra=ADVANCED,
+        description="ConvE: the training triples (names or ids, TSV); by default train.txt")
+    valid_triples: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Validation triples file", json_schema_extra=ADVANCED,
+        description="ConvE: the validation triples (TSV); by default valid.txt")
+    test_triples: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Test triples file", json_schema_extra=ADVANCED,
+        description="ConvE: the test triples (TSV); by default test.txt")
+    checkpoints: list[CheckpointIn] = Field(
+        default_factory=list, max_length=limits.MAX_CHECKPOINTS, title="TracIn checkpoints", json_schema_extra=ADVANCED,
+        description="ConvE: the checkpoints TracIn sums over, each with its learning rate")
+    vocab: str | None = Field(
+        None, min_length=1, max_length=FILE, title="Word vocabulary file", json_schema_extra=ADVANCED,
+        description=("NRMS / NAML word models: the vocabulary (a JSON list starting [PAD], [UNK]); by default "
+                     "vocab.json"))
+    overwrite: bool = Field(False, title="Replace my model",
+        description="Replace your existing model of the same name")
 
     @field_validator("config")
     @classmethod

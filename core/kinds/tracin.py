@@ -16,8 +16,10 @@ from pydantic import Field, StringConstraints
 from core import limits, registry
 from core.filestore import StoreError
 from core.kinds.base import (
+    ADVANCED,
     FieldError,
     JobKind,
+    JobRequest,
     RequestModel,
     ShardSize,
     max_failed_field,
@@ -39,35 +41,63 @@ Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[h
 
 
 class FilterRequest(RequestModel):
-    n_hops: int = Field(1, ge=1, le=limits.MAX_HOPS)
-    min_degree: int = Field(0, ge=0, le=limits.MAX_MIN_DEGREE)
-    preserve_test_entities: bool = True
+    n_hops: int = Field(1, ge=1, le=limits.MAX_HOPS, title="Neighbourhood hops",
+        description="Keep training triples within this many hops of a test triple's entities")
+    min_degree: int = Field(0, ge=0, le=limits.MAX_MIN_DEGREE, title="Minimum entity degree",
+        description="Drop training triples whose entities appear in fewer triples than this")
+    preserve_test_entities: bool = Field(True, title="Keep the test entities' triples",
+        description="Always keep the training triples that touch a test triple's entities")
 
 
-class TracInRequest(RequestModel):
-    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH)
-    test_triples: list[Triple] | None = Field(None, min_length=1, max_length=MAX_TEST_TRIPLES,
-                                              description="required except in mode 'self'")
-    test_triples_path: str | None = Field(None, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="instead of "
-                                          "test_triples: a TSV file of head<TAB>relation<TAB>tail under the data "
-                                          "roots (read at submission; the job keeps the triples)")
-    mode: Literal["test", "self", "single"] = "test"
-    top_k: int | None = Field(10, ge=0, le=limits.MAX_TRACIN_TOP_K, description="null returns every candidate "
-                              f"(to scores.npy); at most {limits.MAX_TRACIN_LISTED:,} test triples x top_k")
-    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = "all"
-    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = "all"
-    loss: Literal["train", "score_bce"] = "train"
-    projection_dim: int | None = Field(None, ge=1, le=limits.MAX_PROJECTION_DIM)
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    batch_size: int = Field(256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE)
-    filter: FilterRequest | None = None
-    train_triples: list[Triple] | None = Field(None, min_length=1, max_length=limits.MAX_SINGLE_TRAIN_TRIPLES,
-                                               description="mode 'single': the training triples to score")
+class TracInRequest(JobRequest):
+    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Knowledge-graph model",
+        description="The ConvE model whose predictions are explained")
+    test_triples: list[Triple] | None = Field(
+        None, min_length=1, max_length=MAX_TEST_TRIPLES, title="Predictions to explain",
+        description="The predictions to explain, each a head, relation and tail; not needed for self-influence")
+    test_triples_path: str | None = Field(
+        None, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Test triples file", json_schema_extra=ADVANCED,
+        description=("Instead of typing them: a TSV file of head, relation and tail under the data roots, read once at"
+                     " submission"))
+    mode: Literal["test", "self", "single"] = Field("test", title="What to compute",
+        description=("'test': the training triples that most help or hurt each test triple; 'self': every training "
+                     "triple's influence on itself; 'single': the influence of the listed training triples only"))
+    top_k: int | None = Field(10, ge=0, le=limits.MAX_TRACIN_TOP_K, title="Triples listed",
+        description=("How many most helpful and most harmful training triples each test triple lists; empty writes "
+                     f"every score to a file. At most {limits.MAX_TRACIN_LISTED:,} listed in all (test triples x "
+                     "this)"))
+    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = Field(
+        "all", title="Checkpoints summed", json_schema_extra=ADVANCED,
+        description="'all', or the checkpoints to sum over (file names or epochs)")
+    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = Field(
+        "all", title="Layers compared", json_schema_extra=ADVANCED,
+        description="'all', 'last', or the layers whose gradients are compared")
+    loss: Literal["train", "score_bce"] = Field(
+        "train", title="Gradient of", json_schema_extra=ADVANCED,
+        description=("Whose gradients are compared: the training loss ('train') or the binary cross-entropy of the "
+                     "score ('score_bce')"))
+    projection_dim: int | None = Field(
+        None, ge=1, le=limits.MAX_PROJECTION_DIM, title="Random projection size", json_schema_extra=ADVANCED,
+        description="Project the gradients to this many dimensions (faster, approximate); empty: exact")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", title="Numeric precision", json_schema_extra=ADVANCED,
+        description="Floating-point format of the passes; 'auto' is fp32 (fp16 underflows ConvE's gradients)")
+    batch_size: int = Field(
+        256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE, title="Training triples per pass", json_schema_extra=ADVANCED,
+        description="Candidate training triples scored together")
+    filter: FilterRequest | None = Field(None, title="Candidate filter", json_schema_extra=ADVANCED,
+        description="Score only the training triples near the test triples")
+    train_triples: list[Triple] | None = Field(
+        None, min_length=1, max_length=limits.MAX_SINGLE_TRAIN_TRIPLES, title="Training triples to score",
+        description="For 'single': the training triples whose influence is computed")
     lr_weight: Literal["last", "interval"] = Field(
-        "last", description="checkpoint weight: 'last' = the learning rate stored with it (last epoch of its "
-        "interval); 'interval' = the sum of the epoch rates since the previous checkpoint")
-    method: Literal["ghost", "vmap"] = Field("ghost", description="'vmap' materialises per-example gradients "
-                                             "(the slow reference)")
+        "last", title="Checkpoint weight", json_schema_extra=ADVANCED,
+        description=("'last': the learning rate saved with each checkpoint; 'interval': the sum of the rates since the"
+                     " previous checkpoint"))
+    method: Literal["ghost", "vmap"] = Field(
+        "ghost", title="Gradient method", json_schema_extra=ADVANCED,
+        description=("'ghost' computes the dot products in factored form (fast); 'vmap' materialises per-example "
+                     "gradients (the slow reference)"))
     shard_size: ShardSize = shard_size_field("modes 'test' and 'self': candidate training triples")
     max_failed_fraction: float = max_failed_field("candidate training triples")
     shard_retries: int = shard_retries_field()
@@ -231,6 +261,7 @@ register(JobKind(
     title="TracIn influence",
     renderer="influence",
     pickers={"model": ("models", "conve")},
+    widgets={"test_triples": "triples", "train_triples": "triples"},
     validate=validate,
 ))
 register_fanout("tracin", "workers.jobs.tracin", timeout_s=4 * 3600)

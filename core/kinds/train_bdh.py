@@ -9,13 +9,16 @@ from pydantic import Field, field_validator
 
 from core import dataset_refs, limits, memory
 from core.artifacts import artifacts_key, owner_record
+from core.estimates import TrainingSize
 from core.filestore import get_store
 from core.keys import valid_job_id
 from core.kinds.base import (
+    ADVANCED,
     STEPS_CHART,
     FieldError,
     FieldNotFound,
     JobKind,
+    JobRequest,
     RequestModel,
     register,
     require_name_free,
@@ -32,13 +35,20 @@ NUM_CLASSES = {"digits": 10, "cifar10": 10, "cifar100": 100}
 class BDHModelSpec(RequestModel):
     """Vision-BDH architecture: N = mlp_multiplier · n_embd / n_head neurons per head."""
 
-    n_layer: int = Field(6, ge=1, le=limits.MAX_BDH_LAYERS, description="times the shared BDH layer is applied")
-    n_embd: int = Field(192, ge=4, le=limits.MAX_EMBEDDING_DIM, description="embedding width D")
-    n_head: int = Field(6, ge=1, le=limits.MAX_BDH_HEADS)
-    mlp_multiplier: int = Field(32, ge=1, le=limits.MAX_BDH_MLP_MULTIPLIER)
-    softmax_attention: bool = Field(False, description="softmax attention (SDPA) instead of BDH's linear attention")
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    cls_token: bool = Field(False, description="classify from a CLS token instead of mean-pooling")
+    n_layer: int = Field(6, ge=1, le=limits.MAX_BDH_LAYERS, title="Layer applications",
+        description="How many times the shared BDH layer is applied (the depth)")
+    n_embd: int = Field(192, ge=4, le=limits.MAX_EMBEDDING_DIM, title="Embedding width",
+        description="Width of the embeddings; a multiple of the attention heads")
+    n_head: int = Field(6, ge=1, le=limits.MAX_BDH_HEADS, title="Attention heads",
+        description="Heads of the attention; they divide the embedding width")
+    mlp_multiplier: int = Field(32, ge=1, le=limits.MAX_BDH_MLP_MULTIPLIER, title="MLP width multiplier",
+        description="Width of the neuron layer as a multiple of the embedding width")
+    softmax_attention: bool = Field(False, title="Use softmax attention",
+        description="Softmax attention (SDPA) instead of BDH's linear attention")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, title="Dropout rate",
+        description="Share of activations dropped while training")
+    cls_token: bool = Field(False, title="Classify from a CLS token",
+        description="Classify from a CLS token instead of averaging the patches")
 
     @field_validator("n_head")
     @classmethod
@@ -57,40 +67,64 @@ class BDHModelSpec(RequestModel):
         return mult
 
 
-class TrainBDHRequest(RequestModel):
-    dataset: Literal["digits", "cifar10", "cifar100"] = "digits"
+class TrainBDHRequest(JobRequest):
+    dataset: Literal["digits", "cifar10", "cifar100"] = Field("digits", title="Image dataset",
+        description="Digits (shipped, small), or CIFAR-10 / CIFAR-100 from the data roots")
     data_dir: str | None = Field(
-        None, max_length=limits.MAX_PATH_LENGTH,
-        description="CIFAR: the python-pickle batch directory (or its parent) inside the data roots; default "
-        "cifar-10-batches-py / cifar-100-python in the first data root; or the name of a registered CIFAR "
-        "dataset. Not used for digits.",
-    )
-    epochs: int = Field(10, ge=1, le=limits.MAX_EPOCHS, description="total epochs (a resumed run continues up to "
-                        "this)")
-    batch_size: int = Field(64, ge=1, le=limits.MAX_BDH_BATCH_SIZE)
-    grad_accum_steps: int = Field(1, ge=1, le=limits.MAX_GRAD_ACCUM_STEPS)
-    lr: float = Field(1e-3, gt=0.0, le=10.0)
-    weight_decay: float = Field(0.05, ge=0.0, le=10.0)
-    warmup_steps: int = Field(50, ge=0, le=limits.MAX_WARMUP_STEPS)
-    model: BDHModelSpec = Field(default_factory=BDHModelSpec)
-    compile: Literal["off", "default", "max-autotune"] = "off"
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    deterministic: bool = False
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
-    resume_from: str | None = Field(None, max_length=limits.MAX_JOB_ID_LENGTH, description="id of an earlier train/bdh job whose checkpoint to continue "
-                                    "(same settings; only epochs may change, above the epochs done)")
+        None, max_length=limits.MAX_PATH_LENGTH, title="CIFAR directory", json_schema_extra=ADVANCED,
+        description=("CIFAR: the python-pickle batch directory (or its parent) under the data roots, or a registered "
+                     "CIFAR dataset; by default cifar-10-batches-py / cifar-100-python in the first data root. Not "
+                     "used for digits"))
+    epochs: int = Field(10, ge=1, le=limits.MAX_EPOCHS, title="Training epochs",
+        description="Passes over the training images (a resumed run continues up to this)")
+    batch_size: int = Field(
+        64, ge=1, le=limits.MAX_BDH_BATCH_SIZE, title="Images per batch", json_schema_extra=ADVANCED,
+        description="Images per optimizer step (before gradient accumulation)")
+    grad_accum_steps: int = Field(
+        1, ge=1, le=limits.MAX_GRAD_ACCUM_STEPS, title="Gradient accumulation", json_schema_extra=ADVANCED,
+        description="Batches whose gradients are summed before each optimizer step")
+    lr: float = Field(1e-3, gt=0.0, le=10.0, title="Learning rate",
+        description="Peak learning rate of AdamW, reached after the warm-up, then decayed along a cosine")
+    weight_decay: float = Field(
+        0.05, ge=0.0, le=10.0, title="AdamW weight decay", json_schema_extra=ADVANCED,
+        description="Decoupled weight decay of the optimizer")
+    warmup_steps: int = Field(
+        50, ge=0, le=limits.MAX_WARMUP_STEPS, title="Learning-rate warm-up steps", json_schema_extra=ADVANCED,
+        description="Optimizer steps over which the learning rate rises to its peak")
+    model: BDHModelSpec = Field(default_factory=BDHModelSpec, title="Architecture",
+        description="The size of the BDH network")
+    compile: Literal["off", "default", "max-autotune"] = Field(
+        "off", title="Compilation", json_schema_extra=ADVANCED,
+        description="torch.compile mode: faster steps after a slower start; 'off' runs eagerly")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", title="Numeric precision", json_schema_extra=ADVANCED,
+        description="Floating-point format of training; 'auto' picks what suits the device")
+    deterministic: bool = Field(False, title="Deterministic kernels", json_schema_extra=ADVANCED,
+        description="Bit-for-bit repeatable runs (slower on GPUs)")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
+        description="Seed of the initialisation, the data order and the augmentation")
+    resume_from: str | None = Field(
+        None, max_length=limits.MAX_JOB_ID_LENGTH, title="Continue from job", json_schema_extra=ADVANCED,
+        description=("Id of an earlier BDH training job whose checkpoint to continue (same settings; only the epochs "
+                     "may grow)"))
     keep_checkpoints: Literal["last_best", "all"] = Field(
-        "last_best", description="'last_best': the resumable last checkpoint and the best weights; 'all': also "
-        "the weights of every epoch")
-    val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
-    max_train_samples: int | None = Field(None, ge=1, le=limits.MAX_TRAIN_SAMPLES)
-    augment: bool = Field(True, description="random resized crop 0.8-1.0, and horizontal flips except for digits")
-    num_workers: int | None = Field(None, ge=0, le=limits.MAX_DATA_WORKERS, description="DataLoader workers; default 4 on CUDA, 0 on CPU")
+        "last_best", title="Checkpoints kept", json_schema_extra=ADVANCED,
+        description=("'last_best': the resumable last checkpoint and the best weights; 'all': the weights of every "
+                     "epoch too"))
+    val_fraction: float = Field(
+        0.1, gt=0.0, lt=1.0, title="Validation share", json_schema_extra=ADVANCED,
+        description="Share of the training images held out to pick the best epoch")
+    max_train_samples: int | None = Field(
+        None, ge=1, le=limits.MAX_TRAIN_SAMPLES, title="Training images cap", json_schema_extra=ADVANCED,
+        description="Train on at most this many images (for a quick trial); empty: all")
+    augment: bool = Field(True, title="Augment images", json_schema_extra=ADVANCED,
+        description="Random resized crops (0.8-1.0) and, except for digits, horizontal flips")
+    num_workers: int | None = Field(
+        None, ge=0, le=limits.MAX_DATA_WORKERS, title="Data-loading processes", json_schema_extra=ADVANCED,
+        description="DataLoader workers; by default 4 on a GPU, 0 on CPU")
     register_as: str | None = Field(
-        None, max_length=limits.MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
-        description="registry name for the best model; default bdh-<label or dataset>-<first 8 characters of the job id>; "
-        "another owner's name is 409",
-    )
+        None, max_length=limits.MAX_NAME_LENGTH, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", title="Register model as",
+        description="Name of the best model in the registry; by default bdh-<label or dataset>-<first 8 characters of the job id>")
 
 
 def cifar_marker(dataset: str, directory: Path) -> Path | None:
@@ -179,6 +213,21 @@ def check_resume_from(settings: Settings, job_id: str, owner: str) -> None:
                          "epoch ended)", value=job_id)
 
 
+# Training images before the validation split: digits keeps a fixed 20% of its 1,797 images for testing
+# (models/vision/data.py), CIFAR-10 and CIFAR-100 have 50,000 training images.
+TRAIN_IMAGES = {"digits": 1797 - round(0.2 * 1797), "cifar10": 50_000, "cifar100": 50_000}
+
+
+def training_size(req: TrainBDHRequest, settings: Settings) -> TrainingSize:
+    """Images per epoch: the training images less the validation share (as models/vision/data.py splits them),
+    at most ``max_train_samples``."""
+    total = TRAIN_IMAGES[req.dataset]
+    per_epoch = total - max(1, round(req.val_fraction * total))
+    if req.max_train_samples is not None:
+        per_epoch = min(per_epoch, req.max_train_samples)
+    return TrainingSize("images", per_epoch, req.epochs, req.batch_size * req.grad_accum_steps)
+
+
 register(JobKind(
     name="train_bdh",
     route="/train/bdh",
@@ -189,6 +238,7 @@ register(JobKind(
     result_ttl_s=30 * 24 * 3600,
     summary="Train a Vision-BDH image classifier (digits, CIFAR-10/100) with checkpoints and resume",
     title="Train Vision-BDH",
+    estimate=training_size,
     renderer="training",
     live_rows="history",
     charts=(

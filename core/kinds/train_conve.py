@@ -7,7 +7,8 @@ from pathlib import Path
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
-from core.kinds.base import STEPS_CHART, FieldError, JobKind, RequestModel, register, require_new_name
+from core.estimates import TrainingSize
+from core.kinds.base import ADVANCED, STEPS_CHART, FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from models.kg.shapes import check_image
 
@@ -16,29 +17,52 @@ NATIONS_COUNTS = {"entities": 14, "relations": 55}  # the shipped dataset (model
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
-class TrainConvERequest(RequestModel):
-    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
-                      description="name to register the trained model under")
-    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "
-                         "(shipped), a registered triples dataset, or a directory under the data roots holding "
-                         "train.txt [valid.txt test.txt]")
-    epochs: int = Field(20, ge=1, le=limits.MAX_EPOCHS)
-    batch_size: int = Field(128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
-    lr: float = Field(0.003, gt=0, le=10)
-    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplier after each epoch")
-    weight_decay: float = Field(0.0, ge=0)
-    label_smoothing: float = Field(0.1, ge=0, lt=1)
-    embedding_dim: int = Field(200, ge=6, le=limits.MAX_EMBEDDING_DIM)
-    embedding_height: int | None = Field(None, ge=1, le=limits.MAX_EMBEDDING_DIM,
-                                         description="image height; default 10 for 200 (10x20)")
-    num_filters: int = Field(32, ge=1, le=limits.MAX_CONVE_FILTERS)
-    input_dropout: float = Field(0.2, ge=0, lt=1)
-    feature_dropout: float = Field(0.2, ge=0, lt=1)
-    hidden_dropout: float = Field(0.3, ge=0, lt=1)
-    reciprocal: bool = True
-    checkpoint_every: int = Field(5, ge=1, le=limits.MAX_EPOCHS)
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
-    overwrite: bool = Field(False, description="replace your existing model of the same name (another owner's name is 409)")
+class TrainConvERequest(JobRequest):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN, title="Model name",
+        description="Name to register the trained model under")
+    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Triples dataset",
+        description=("'nations' (shipped), a registered triples dataset, or a directory under the data roots holding "
+                     "train.txt (and valid.txt, test.txt)"))
+    epochs: int = Field(20, ge=1, le=limits.MAX_EPOCHS, title="Training epochs",
+        description="Passes over the training triples")
+    batch_size: int = Field(
+        128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE, title="Triples per batch", json_schema_extra=ADVANCED,
+        description="Training triples per optimizer step")
+    lr: float = Field(0.003, gt=0, le=10, title="Learning rate", description="Adam's learning rate")
+    lr_decay: float = Field(
+        1.0, gt=0, le=1, title="Learning-rate decay", json_schema_extra=ADVANCED,
+        description="Multiplier of the learning rate after each epoch (1: constant)")
+    weight_decay: float = Field(0.0, ge=0, title="L2 weight decay", json_schema_extra=ADVANCED,
+        description="Adam's L2 penalty on the weights")
+    label_smoothing: float = Field(
+        0.1, ge=0, lt=1, title="Label-smoothing share", json_schema_extra=ADVANCED,
+        description="Share of the target mass spread over every entity")
+    embedding_dim: int = Field(200, ge=6, le=limits.MAX_EMBEDDING_DIM, title="Embedding size",
+        description="Size of the entity and relation embeddings")
+    embedding_height: int | None = Field(
+        None, ge=1, le=limits.MAX_EMBEDDING_DIM, title="Embedding image height", json_schema_extra=ADVANCED,
+        description="Height of the 2-D image an embedding is reshaped to; by default 10 for size 200 (10 x 20)")
+    num_filters: int = Field(
+        32, ge=1, le=limits.MAX_CONVE_FILTERS, title="Convolution filters", json_schema_extra=ADVANCED,
+        description="Filters of ConvE's convolution")
+    input_dropout: float = Field(
+        0.2, ge=0, lt=1, title="Input dropout rate", json_schema_extra=ADVANCED,
+        description="Share of the embedding image dropped while training")
+    feature_dropout: float = Field(
+        0.2, ge=0, lt=1, title="Feature-map dropout rate", json_schema_extra=ADVANCED,
+        description="Share of the convolution's feature maps dropped while training")
+    hidden_dropout: float = Field(
+        0.3, ge=0, lt=1, title="Hidden-layer dropout rate", json_schema_extra=ADVANCED,
+        description="Share of the hidden layer dropped while training")
+    reciprocal: bool = Field(True, title="Add reciprocal relations", json_schema_extra=ADVANCED,
+        description="Also train on each triple reversed, with an inverse relation (as ConvE's authors do)")
+    checkpoint_every: int = Field(
+        5, ge=1, le=limits.MAX_EPOCHS, title="Checkpoint interval", json_schema_extra=ADVANCED,
+        description="Save a checkpoint for TracIn every this many epochs")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
+        description="Seed of the initialisation and the data order")
+    overwrite: bool = Field(False, title="Replace my model",
+        description="Replace your existing model of the same name")
 
 
 def resolve_dataset(settings: Settings, name: str, owner: str) -> Path | None:
@@ -84,6 +108,22 @@ def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") 
     check_memory(req, settings)
     require_new_name(settings, req.name, owner, "conve", req.overwrite)
 
+NATIONS_TRAIN_TRIPLES = 1592  # models/kg/data/nations/train.txt
+
+
+def training_size(req: TrainConvERequest, settings: Settings) -> TrainingSize | None:
+    """Triples per epoch: the dataset's training triples (its registered counts, or the shipped nations), twice
+    with reciprocal relations; None when the count is not known without reading the files."""
+    entry = registry.get_dataset(settings, req.dataset)
+    counts = (entry or {}).get("meta", {}).get("counts") or {}
+    triples = counts.get("train_triples")
+    if not isinstance(triples, int) and req.dataset == NATIONS and entry is None:
+        triples = NATIONS_TRAIN_TRIPLES
+    if not isinstance(triples, int):
+        return None
+    return TrainingSize("triples", triples * (2 if req.reciprocal else 1), req.epochs, req.batch_size)
+
+
 register(JobKind(
     name="train_conve",
     route="/train/conve",
@@ -93,6 +133,7 @@ register(JobKind(
     timeout_s=12 * 3600,
     summary="Train ConvE on knowledge-graph triples with TracIn checkpoints; registers the model",
     title="Train ConvE",
+    estimate=training_size,
     renderer="training",
     pickers={"dataset": ("datasets", "triples")},
     live_rows="history",

@@ -10,8 +10,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from core import dataset_refs, limits
-from core.kinds.base import STEPS_CHART, FieldError, JobKind, RequestModel, register, require_new_name
+from core import dataset_refs, limits, registry
+from core.estimates import TrainingSize
+from core.kinds.base import ADVANCED, STEPS_CHART, FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
 from models.news.data import has_split
@@ -20,48 +21,84 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 SPLITS = ("train", "valid", "test")
 
 
-class TrainNewsRequest(RequestModel):
-    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN,
-                      description="name to register the trained model under")
-    architecture: Literal["nrms", "naml"] = "nrms"
-    encoder: Literal["minilm", "pretrained", "word"] = Field(
-        "minilm", description="'minilm' (shipped), 'pretrained' (a BERT-family directory under the data roots: "
-        "BERT, RoBERTa, DeBERTa), or 'word' embeddings (from scratch or from glove_path). NAML uses 'word'.")
-    pretrained_path: str | None = Field(None, min_length=1, max_length=limits.MAX_PATH_LENGTH,
-                                        description="encoder 'pretrained': its directory")
-    fine_tune_layers: int = Field(0, ge=0, le=limits.MAX_FINE_TUNE_LAYERS,
-                                  description="train the last k transformer layers (0: frozen)")
-    glove_path: str | None = Field(None, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="encoder "
-                                   "'word': a GloVe-format text file under the data roots whose dimension is "
-                                   "embedding_dim")
-    embedding_dim: int = Field(128, ge=4, le=limits.MAX_NEWS_EMBEDDING_DIM,
-                               description="word-embedding size (encoder 'word')")
-    heads: int = Field(16, ge=1, le=limits.MAX_NEWS_HEADS, description="NRMS attention heads")
-    head_dim: int = Field(16, ge=1, le=limits.MAX_NEWS_HEAD_DIM, description="NRMS size per head")
-    query_dim: int = Field(200, ge=1, le=limits.MAX_NEWS_EMBEDDING_DIM, description="additive-attention query size")
-    filters: int = Field(256, ge=1, le=limits.MAX_NEWS_FILTERS, description="NAML CNN filters")
-    window: int = Field(3, ge=1, le=limits.MAX_NEWS_WINDOW, description="NAML CNN window")
-    dropout: float = Field(0.2, ge=0, lt=1)
-    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, description="a registered news dataset, a "
-                         "directory under the data roots holding {train,valid}/ MIND splits or pairs_{split}.csv, "
-                         "or one pairwise CSV file (training only: set valid_split to null)")
-    train_split: Literal[SPLITS] = "train"  # type: ignore[valid-type]
-    valid_split: Literal[SPLITS] | None = Field("valid", description="metrics per epoch; null: none")  # type: ignore[valid-type]
-    npratio: int = Field(4, ge=1, le=limits.MAX_NPRATIO, description="non-clicked candidates per click, drawn without "
-                         "replacement from its impression (with replacement only when it has fewer)")
-    max_title_len: int = Field(30, ge=1, le=limits.MAX_TITLE_TOKENS)
-    max_body_len: int = Field(60, ge=1, le=limits.MAX_BODY_TOKENS, description="NAML body tokens")
-    max_history: int = Field(50, ge=1, le=limits.MAX_HISTORY)
-    epochs: int = Field(3, ge=1, le=limits.MAX_EPOCHS)
-    lr: float = Field(1e-3, gt=0, le=1)
-    batch_size: int = Field(32, ge=1, le=limits.MAX_NEWS_BATCH_SIZE)
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
-    resume: bool = Field(False, description="continue your latest checkpointed run of this name: the model fields "
-                         "must equal the checkpoint's (else the job fails with resume_mismatch); epochs, lr, "
-                         "batch_size, npratio, max_history, seed, precision and the dataset and splits may change "
-                         "(listed in the result's resume.changed)")
-    overwrite: bool = Field(False, description="replace your existing model of the same name")
+class TrainNewsRequest(JobRequest):
+    name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN, title="Model name",
+        description="Name to register the trained model under")
+    architecture: Literal["nrms", "naml"] = Field("nrms", title="Recommender architecture",
+        description="NRMS (self-attention over titles) or NAML (CNNs over title and body)")
+    encoder: Literal["minilm", "pretrained", "word"] = Field("minilm", title="Title encoder",
+        description=("'minilm' (shipped), 'pretrained' (a BERT-family directory under the data roots: BERT, "
+                     "RoBERTa, DeBERTa), or 'word' embeddings (from scratch or from a GloVe file). NAML uses 'word'"))
+    pretrained_path: str | None = Field(
+        None, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Pretrained encoder directory", json_schema_extra=ADVANCED,
+        description="For the 'pretrained' encoder: its directory under the data roots")
+    fine_tune_layers: int = Field(
+        0, ge=0, le=limits.MAX_FINE_TUNE_LAYERS, title="Fine-tuned transformer layers", json_schema_extra=ADVANCED,
+        description="Train the last this many transformer layers (0: frozen)")
+    glove_path: str | None = Field(
+        None, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="GloVe vectors file", json_schema_extra=ADVANCED,
+        description=("For the 'word' encoder: a GloVe text file under the data roots whose size is the word-embedding "
+                     "size"))
+    embedding_dim: int = Field(
+        128, ge=4, le=limits.MAX_NEWS_EMBEDDING_DIM, title="Word-embedding size", json_schema_extra=ADVANCED,
+        description="Size of the word embeddings (the 'word' encoder)")
+    heads: int = Field(
+        16, ge=1, le=limits.MAX_NEWS_HEADS, title="NRMS attention heads", json_schema_extra=ADVANCED,
+        description="Attention heads of NRMS")
+    head_dim: int = Field(
+        16, ge=1, le=limits.MAX_NEWS_HEAD_DIM, title="NRMS size per head", json_schema_extra=ADVANCED,
+        description="Size of each NRMS attention head")
+    query_dim: int = Field(
+        200, ge=1, le=limits.MAX_NEWS_EMBEDDING_DIM, title="Attention query size", json_schema_extra=ADVANCED,
+        description="Size of the additive-attention query")
+    filters: int = Field(
+        256, ge=1, le=limits.MAX_NEWS_FILTERS, title="NAML CNN filters", json_schema_extra=ADVANCED,
+        description="Filters of NAML's CNNs")
+    window: int = Field(
+        3, ge=1, le=limits.MAX_NEWS_WINDOW, title="NAML CNN window", json_schema_extra=ADVANCED,
+        description="Window of NAML's CNNs, in words")
+    dropout: float = Field(0.2, ge=0, lt=1, title="Dropout rate", json_schema_extra=ADVANCED,
+        description="Share of activations dropped while training")
+    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="News dataset",
+        description=("A registered news dataset, a directory under the data roots holding {train,valid}/ MIND "
+                     "splits or pairs_{split}.csv, or one pairwise CSV file (training only: leave the validation "
+                     "split empty)"))
+    train_split: Literal[SPLITS] = Field(
+        "train", title="Training split", json_schema_extra=ADVANCED,
+        description="The split trained on")  # type: ignore[valid-type]
+    valid_split: Literal[SPLITS] | None = Field(
+        "valid", title="Validation split", json_schema_extra=ADVANCED,
+        description="The split scored after each epoch; empty: none")  # type: ignore[valid-type]
+    npratio: int = Field(
+        4, ge=1, le=limits.MAX_NPRATIO, title="Negatives per click", json_schema_extra=ADVANCED,
+        description=("Non-clicked candidates per click, drawn without replacement from its impression (with "
+                     "replacement only when it has fewer)"))
+    max_title_len: int = Field(
+        30, ge=1, le=limits.MAX_TITLE_TOKENS, title="Title tokens", json_schema_extra=ADVANCED,
+        description="Tokens of each title the model reads")
+    max_body_len: int = Field(
+        60, ge=1, le=limits.MAX_BODY_TOKENS, title="Body tokens (NAML)", json_schema_extra=ADVANCED,
+        description="Tokens of each body NAML reads")
+    max_history: int = Field(
+        50, ge=1, le=limits.MAX_HISTORY, title="History titles read", json_schema_extra=ADVANCED,
+        description="How many of the most recent history titles the model reads")
+    epochs: int = Field(3, ge=1, le=limits.MAX_EPOCHS, title="Training epochs",
+        description="Passes over the training impressions")
+    lr: float = Field(1e-3, gt=0, le=1, title="Learning rate", description="Adam's learning rate")
+    batch_size: int = Field(
+        32, ge=1, le=limits.MAX_NEWS_BATCH_SIZE, title="Clicks per batch", json_schema_extra=ADVANCED,
+        description="Clicked impressions per optimizer step")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
+        description="Seed of the initialisation, the negatives and the data order")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", title="Numeric precision", json_schema_extra=ADVANCED,
+        description="Floating-point format of training; 'auto' picks what suits the device")
+    resume: bool = Field(False, title="Continue my last run", json_schema_extra=ADVANCED,
+        description=("Continue your latest checkpointed run of this name: the architecture must equal the "
+                     "checkpoint's (else the job fails with resume_mismatch); the epochs, learning rate, batch "
+                     "size, negatives, history, seed, precision, dataset and splits may change"))
+    overwrite: bool = Field(False, title="Replace my model",
+        description="Replace your existing model of the same name")
 
 
 def resolve_news_dataset(settings: Settings, name: str, owner: str, field: str = "dataset") -> Path:
@@ -127,6 +164,17 @@ def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -
         data_file(settings, req.glove_path, "glove_path", "embeddings")
     require_new_name(settings, req.name, owner, "news", req.overwrite or req.resume)
 
+def training_size(req: TrainNewsRequest, settings: Settings) -> TrainingSize | None:
+    """Impressions per epoch: the training split's behaviour rows (or CSV rows) in the registered dataset's
+    counts; None when the dataset is not registered with them."""
+    entry = registry.get_dataset(settings, req.dataset)
+    split = ((entry or {}).get("meta", {}).get("counts") or {}).get(req.train_split)
+    rows = split.get("impressions", split.get("rows")) if isinstance(split, dict) else None
+    if not isinstance(rows, int):
+        return None
+    return TrainingSize("impressions", rows, req.epochs, req.batch_size)
+
+
 register(JobKind(
     name="train_news",
     route="/train/news",
@@ -136,6 +184,7 @@ register(JobKind(
     timeout_s=24 * 3600,
     summary="Train an NRMS or NAML news recommender (MIND metrics per epoch, checkpoints, resume); registers it",
     title="Train a news recommender",
+    estimate=training_size,
     renderer="training",
     live_rows="history",
     charts=(

@@ -178,3 +178,54 @@
     initToggles(root);
   });
 })();
+
+/* jobs list: a job that appears live replaces the "no jobs" line */
+document.addEventListener("htmx:sseMessage", function (e) {
+  if (e.target && e.target.id === "job-rows") {
+    var none = document.getElementById("no-jobs");
+    if (none) none.hidden = true;
+  }
+});
+
+/* forms: rows of samples or triples, added and removed in place (a row's fields post in order) */
+(function () {
+  "use strict";
+  var counter = 1000;
+
+  function renumber(widget) {
+    widget.querySelectorAll("[data-rows] > [data-row]").forEach(function (row, i) {
+      row.querySelectorAll("[data-row-number]").forEach(function (el) { el.textContent = String(i + 1); });
+    });
+  }
+
+  document.addEventListener("click", function (e) {
+    var add = e.target.closest("[data-add-row]");
+    var remove = e.target.closest("[data-remove-row]");
+    if (!add && !remove) return;
+    var widget = e.target.closest("[data-rows-widget]");
+    if (!widget) return;
+    var rows = widget.querySelector("[data-rows]");
+    if (add) {
+      counter += 1;
+      var tpl = widget.querySelector("template[data-row-template]");
+      var holder = document.createElement("div");
+      holder.innerHTML = tpl.innerHTML.split("__N__").join(String(counter));
+      var row = holder.firstElementChild;
+      rows.appendChild(row);
+      renumber(widget);
+      var first = row.querySelector("input, textarea, select");
+      if (first) first.focus();
+    } else {
+      var item = remove.closest("[data-row]");
+      if (rows.querySelectorAll(":scope > [data-row]").length > 1) {
+        item.remove();
+      } else {
+        item.querySelectorAll("input, textarea").forEach(function (el) { el.value = ""; });
+        item.querySelectorAll("select").forEach(function (el) { el.selectedIndex = 0; });
+      }
+      renumber(widget);
+      var next = widget.querySelector("[data-add-row]");
+      if (next) next.focus();
+    }
+  });
+})();

@@ -61,7 +61,7 @@ def _body(params: dict[str, Any]) -> dict[str, Any]:
     extra = params.pop("extra", {})
     for name in ("self", "idempotency_key"):
         params.pop(name, None)
-    body = {k: v for k, v in params.items() if v is not NOT_GIVEN}
+    body = {k: (list(v) if k == "tags" else v) for k, v in params.items() if v is not NOT_GIVEN}
     return {**body, **extra}
 
 
@@ -69,12 +69,20 @@ class KindMethods(Generic[R]):
     """The per-kind submit methods. ``R`` is ``Job`` for :class:`Client`, an awaitable ``AsyncJob`` for
     :class:`AsyncClient`."""
 
-    def submit(self, kind: str, body: Mapping[str, Any], *, idempotency_key: str | None = None) -> R:
+    def submit(self, kind: str, body: Mapping[str, Any], *, label: str | None | NotGiven = NOT_GIVEN,
+               tags: Sequence[str] | NotGiven = NOT_GIVEN, idempotency_key: str | None = None) -> R:
         """Submit a job of ``kind`` (a kind the server runs, see ``kinds()``, or a route) with a raw request
-        ``body``; an unknown kind raises ``ValueError``.
+        ``body``; an unknown kind raises ``ValueError``. ``label`` (free text) and ``tags`` (short slugs), which
+        every kind takes, are added to the body when given; the jobs list shows them and searches them
+        (``client.jobs(q=..., tag=...)``).
 
         An ``Idempotency-Key`` is generated when none is given, so retries never create a second job."""
-        return self._submit(kind, dict(body), idempotency_key)
+        sent = dict(body)
+        if label is not NOT_GIVEN:
+            sent["label"] = label
+        if tags is not NOT_GIVEN:
+            sent["tags"] = list(tags)
+        return self._submit(kind, sent, idempotency_key)
 
     def _submit(self, kind_or_route: str, body: dict[str, Any], idempotency_key: str | None) -> R:
         raise NotImplementedError
@@ -99,6 +107,8 @@ class KindMethods(Generic[R]):
         shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         max_failed_fraction: float | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -135,6 +145,8 @@ class KindMethods(Generic[R]):
         shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         max_failed_fraction: float | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -217,6 +229,8 @@ class KindMethods(Generic[R]):
         num_workers: int | None | NotGiven = NOT_GIVEN,
         register_as: str | None | NotGiven = NOT_GIVEN,
         keep_checkpoints: Literal["last_best", "all"] | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -248,6 +262,8 @@ class KindMethods(Generic[R]):
         checkpoint_every: int | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         overwrite: bool | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -275,6 +291,8 @@ class KindMethods(Generic[R]):
         weight_decay: float | NotGiven = NOT_GIVEN,
         precision: Precision | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -313,6 +331,8 @@ class KindMethods(Generic[R]):
         precision: Precision | NotGiven = NOT_GIVEN,
         resume: bool | NotGiven = NOT_GIVEN,
         overwrite: bool | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -346,6 +366,8 @@ class KindMethods(Generic[R]):
         checkpoints: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
         vocab: str | None | NotGiven = NOT_GIVEN,
         overwrite: bool | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:

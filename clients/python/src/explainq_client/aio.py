@@ -4,7 +4,7 @@ with ``await`` (and ``async for`` over :meth:`AsyncJob.stream` and :meth:`AsyncJ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +23,7 @@ from explainq_client._http import (
     artifact_target,
     new_idempotency_key,
 )
-from explainq_client._kinds import KindMethods, route_for
+from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
 from explainq_client.results import Result
@@ -105,6 +105,13 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
 
     async def _renderer(self, kind: str | None) -> str | None:
         return ((await self._kind_table()).get(kind or "") or {}).get("renderer")
+
+    async def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
+        estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
+        without one); counts are None when the dataset's size is not registered."""
+        name = kind_name(kind, await self._kind_table())
+        return (await self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
     # ---- service
     async def health(self) -> dict[str, Any]:
@@ -222,16 +229,27 @@ class AsyncJobs:
         return AsyncJob(self._client, (await self._client._send("GET", f"/jobs/{quote(job_id)}")).json())
 
     async def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> JobPage[AsyncJob]:
-        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``."""
-        body = (await self._client._send("GET", "/jobs", params=list_params(kind, status, limit, cursor))).json()
+                   cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+                   ) -> JobPage[AsyncJob]:
+        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
+        params = list_params(kind, status, limit, cursor, q, tag)
+        body = (await self._client._send("GET", "/jobs", params=params)).json()
         return JobPage.from_json(body, lambda view: AsyncJob(self._client, view))
 
-    async def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100) -> AsyncIterator[AsyncJob]:
-        """Every job (of ``kind`` and ``status``), newest first, following the pages."""
+    async def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
+                       cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+                       ) -> JobPage[AsyncJob]:
+        """``await client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
+        return await self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+
+    async def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
+                   q: str | None = None, tag: str | Sequence[str] | None = None) -> AsyncIterator[AsyncJob]:
+        """Every job (of ``kind`` and ``status``, matching ``q`` and ``tag``), newest first, following the
+        pages."""
         cursor = None
         while True:
-            page = await self.list(kind=kind, status=status, limit=page_size, cursor=cursor)
+            page = await self.list(kind=kind, status=status, limit=page_size, cursor=cursor, q=q, tag=tag)
             for job in page.items:
                 yield job
             if not page.next_cursor:
@@ -252,6 +270,14 @@ class AsyncModels:
     async def list(self) -> ModelList:
         """``GET /models``."""
         return ModelList.from_json((await self._client._send("GET", "/models")).json())
+
+    async def vocabulary(self, name: str, field: str = "entities", q: str | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """``GET /models/{name}/vocabulary``: a knowledge-graph model's ``entities`` or ``relations`` names,
+        sorted, those holding ``q`` (any case) when given, at most ``limit`` (the server's bound: 1,000):
+        ``{"model", "field", "total", "matched", "names"}``."""
+        params = {k: v for k, v in (("field", field), ("q", q), ("limit", limit)) if v is not None}
+        return (await self._client._send("GET", f"/models/{quote(name)}/vocabulary", params=params)).json()
 
     async def delete(self, name: str) -> dict[str, Any]:
         """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model

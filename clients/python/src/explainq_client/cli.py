@@ -128,7 +128,10 @@ def _finish(job: Job, args: argparse.Namespace) -> int:
 def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     body = _read_request(args.request)
     try:
-        job = client.submit(args.kind, body, idempotency_key=args.idempotency_key)
+        given = {"label": args.label} if args.label is not None else {}
+        if args.tag:
+            given["tags"] = args.tag
+        job = client.submit(args.kind, body, idempotency_key=args.idempotency_key, **given)
     except ValueError as exc:  # a kind the server does not run
         raise UsageError(str(exc)) from None
     if not (args.wait or args.follow):
@@ -149,7 +152,8 @@ def _known_kind(client: Client, kind: str) -> str:
 
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     kind = None if args.kind is None else _known_kind(client, args.kind)
-    page = client.jobs.list(kind=kind, status=args.status, limit=args.limit, cursor=args.cursor)
+    page = client.jobs.list(kind=kind, status=args.status, limit=args.limit, cursor=args.cursor, q=args.search,
+                            tag=args.tag or None)
     if args.json:
         _print_json({"items": [j.data for j in page], "next_cursor": page.next_cursor})
         return EXIT_OK
@@ -159,8 +163,9 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
         progress = f"{p.get('done'):g}/{p.get('total'):g} {p.get('unit') or ''}" \
             if isinstance(p.get("done"), int | float) and isinstance(p.get("total"), int | float) else ""
         code = (job.error or {}).get("code", "")
-        rows.append([job.id, job.kind, job.status, progress, code, job.created_at])
-    _table(["id", "kind", "status", "progress", "error", "created_at"], rows)
+        rows.append([job.id, job.kind, job.status, progress, code, job.created_at, job.model, job.label,
+                     ",".join(job.tags)])
+    _table(["id", "kind", "status", "progress", "error", "created_at", "model", "label", "tags"], rows)
     if page.next_cursor:
         print(f"more: --cursor {page.next_cursor}", file=sys.stderr)
     return EXIT_OK
@@ -244,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", help="a job kind the server runs (see `kinds`), or a route such as /train/bdh")
     p.add_argument("request", help="the request body as a JSON file, or - for stdin")
     p.add_argument("--idempotency-key", default=None, help="default: a fresh random key")
+    p.add_argument("--label", default=None, help="a label for the job (over the request file's)")
+    p.add_argument("--tag", action="append", default=None,
+                   help="a tag for the job (repeatable; over the request file's tags)")
     _add_wait_flags(p)
     p.set_defaults(func=cmd_submit)
 
@@ -252,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--status", default=None, choices=("queued", "running", "succeeded", "failed", "canceled"))
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--cursor", default=None, help="the next page's cursor")
+    p.add_argument("--search", "-q", default=None, metavar="TEXT",
+                   help="only jobs whose label, model, input, kind or id holds TEXT (any case)")
+    p.add_argument("--tag", action="append", default=None, help="only jobs with this tag (repeatable: all of them)")
     p.add_argument("--json", action="store_true", help="print the JSON page")
     p.set_defaults(func=cmd_jobs)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -22,7 +22,7 @@ from explainq_client._http import (
     artifact_target,
     new_idempotency_key,
 )
-from explainq_client._kinds import KindMethods, route_for
+from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
 from explainq_client.results import Result
@@ -103,6 +103,13 @@ class Client(KindMethods["Job"]):
 
     def _renderer(self, kind: str | None) -> str | None:
         return (self._kind_table().get(kind or "") or {}).get("renderer")
+
+    def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
+        estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
+        without one); counts are None when the dataset's size is not registered."""
+        name = kind_name(kind, self._kind_table())
+        return (self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
     # ---- service
     def health(self) -> dict[str, Any]:
@@ -219,16 +226,27 @@ class Jobs:
         return Job(self._client, self._client._send("GET", f"/jobs/{quote(job_id)}").json())
 
     def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-             cursor: str | None = None) -> JobPage[Job]:
-        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``."""
-        body = self._client._send("GET", "/jobs", params=list_params(kind, status, limit, cursor)).json()
+             cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+             ) -> JobPage[Job]:
+        """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
+        params = list_params(kind, status, limit, cursor, q, tag)
+        body = self._client._send("GET", "/jobs", params=params).json()
         return JobPage.from_json(body, lambda view: Job(self._client, view))
 
-    def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100) -> Iterator[Job]:
-        """Every job (of ``kind`` and ``status``), newest first, following the pages."""
+    def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
+                 cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
+                 ) -> JobPage[Job]:
+        """``client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
+        return self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+
+    def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
+             q: str | None = None, tag: str | Sequence[str] | None = None) -> Iterator[Job]:
+        """Every job (of ``kind`` and ``status``, matching ``q`` and ``tag``), newest first, following the
+        pages."""
         cursor = None
         while True:
-            page = self.list(kind=kind, status=status, limit=page_size, cursor=cursor)
+            page = self.list(kind=kind, status=status, limit=page_size, cursor=cursor, q=q, tag=tag)
             yield from page.items
             if not page.next_cursor:
                 return
@@ -248,6 +266,14 @@ class Models:
     def list(self) -> ModelList:
         """``GET /models``."""
         return ModelList.from_json(self._client._send("GET", "/models").json())
+
+    def vocabulary(self, name: str, field: str = "entities", q: str | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """``GET /models/{name}/vocabulary``: a knowledge-graph model's ``entities`` or ``relations`` names,
+        sorted, those holding ``q`` (any case) when given, at most ``limit`` (the server's bound: 1,000):
+        ``{"model", "field", "total", "matched", "names"}``."""
+        params = {k: v for k, v in (("field", field), ("q", q), ("limit", limit)) if v is not None}
+        return (self._client._send("GET", f"/models/{quote(name)}/vocabulary", params=params)).json()
 
     def delete(self, name: str) -> dict[str, Any]:
         """``DELETE /models/{name}``: ``{"deleted", "kind", "owner"}``. Only its owner may delete a model

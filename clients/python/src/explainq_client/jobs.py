@@ -4,7 +4,7 @@ I/O, shared by :class:`explainq_client.Job` and :class:`explainq_client.AsyncJob
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -112,9 +112,11 @@ class JobPage(Generic[J]):
         return len(self.items)
 
 
-def list_params(kind: str | None, status: str | None, limit: int | None, cursor: str | None) -> dict[str, Any]:
-    """The query of ``GET /jobs`` (unset filters left out)."""
-    given = {"kind": kind, "status": status, "limit": limit, "cursor": cursor}
+def list_params(kind: str | None, status: str | None, limit: int | None, cursor: str | None,
+                q: str | None = None, tag: str | Sequence[str] | None = None) -> dict[str, Any]:
+    """The query of ``GET /jobs`` (unset filters left out); ``tag`` is one tag or several (jobs with all)."""
+    given = {"kind": kind, "status": status, "limit": limit, "cursor": cursor, "q": q,
+             "tag": [tag] if isinstance(tag, str) else (list(tag) if tag else None)}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -140,6 +142,26 @@ class JobBase:
     def kind(self) -> str | None:
         """The job kind, e.g. ``attributions``."""
         return self._view.get("kind")
+
+    @property
+    def label(self) -> str | None:
+        """The label given at submission, if any."""
+        return self._view.get("label")
+
+    @property
+    def tags(self) -> list[str]:
+        """The tags given at submission (lower case)."""
+        return list(self._view.get("tags") or [])
+
+    @property
+    def model(self) -> str | None:
+        """The model the job reads (or ``→ name``, the one it registers), as the jobs list shows it."""
+        return self._view.get("model")
+
+    @property
+    def input(self) -> str | None:
+        """A short summary of the job's input (samples, triples, dataset), as the jobs list shows it."""
+        return self._view.get("input")
 
     @property
     def status(self) -> str | None:

@@ -1,0 +1,69 @@
+"""``POST /kinds/{name}/estimate``: what a training run would cost, before it is submitted (core/estimates.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Request
+from pydantic import ValidationError
+
+from app.deps import caller
+from core import estimates
+from core.kinds.base import JobKind
+
+# The caller's recent succeeded runs of the kind looked at for a measured rate (the newest usable one is taken).
+RECENT_RUNS = 5
+
+
+def _rate(request: Request, kind: JobKind, owner: str) -> estimates.MeasuredRate | None:
+    """The examples per second of the caller's newest succeeded run of ``kind`` whose size is known (a resumed
+    run, which trained only part of its epochs, is skipped)."""
+    store, settings = request.app.state.store, request.app.state.settings
+    runs, _ = store.list(owner, kind=kind.name, status="succeeded", limit=RECENT_RUNS, scan_limit=200)
+    for view in runs:
+        payload = store.request_of(view["id"])
+        if not isinstance(payload, dict) or payload.get("resume_from") or payload.get("resume"):
+            continue
+        try:
+            earlier = kind.request.model_validate(payload)
+        except ValidationError:
+            continue
+        rate = estimates.measured_rate(view["id"], view, kind.estimate(earlier, settings))
+        if rate is not None:
+            return rate
+    return None
+
+
+def build_router(kinds: dict[str, JobKind]) -> APIRouter:
+    router = APIRouter(tags=["kinds"])
+    estimated = {k.name: k for k in kinds.values() if k.estimate is not None and not k.internal}
+
+    @router.post(
+        "/kinds/{name}/estimate",
+        summary="Estimate a training run: examples, optimizer steps and, from your latest run, the time",
+        description="The body is the request you would submit (validated as it would be, 422 naming the field). "
+        "The answer is an estimate: `examples = epochs x training examples per epoch`, `steps = epochs x "
+        "ceil(per epoch / batch size)`, and `seconds = examples / rate`, the rate (examples per second) "
+        "measured on your latest succeeded run of this kind (`rate`, null without one). Counts are null when "
+        "the dataset's size is not registered.",
+        responses={404: {}, 422: {}},
+    )
+    def estimate(request: Request, name: str = Path(..., max_length=64),
+                 body: dict[str, Any] = Body(..., max_length=512),
+                 owner: str = Depends(caller)) -> dict[str, Any]:
+        kind = estimated.get(name)
+        if kind is None:
+            raise HTTPException(status_code=404, detail={
+                "code": "not_found", "loc": ["path", "name"],
+                "message": f"no estimate for {name!r}; kinds with one: {', '.join(sorted(estimated))}"})
+        try:
+            req = kind.request.model_validate(body)
+        except ValidationError as exc:
+            raise HTTPException(status_code=422, detail=[
+                {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                for e in json.loads(exc.json(include_url=False, include_input=False))]) from None
+        size = kind.estimate(req, request.app.state.settings)
+        return estimates.estimate(size, _rate(request, kind, owner) if size is not None else None)
+
+    return router
