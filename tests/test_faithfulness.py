@@ -348,3 +348,38 @@ def test_sharded_run_merges_the_section(svc) -> None:
     assert section["n_samples"] == result["n_samples"] == 4
     assert set(section["orders"]) == {"ig", "random", "occlusion"}
     assert section["seconds"] > 0
+
+
+# ------------------------------------------------------------------------------------------------- the SDK
+def test_sdk_result_exposes_the_table_and_renders_the_curves() -> None:
+    from explainq_client.results import make_result
+
+    forward, _ = _forward_factory()
+    x, base = _inputs()
+    recs = F.evaluate(forward, x, base, [F.SampleWords(w, {**s.orders, "occlusion": s.orders["ig"][::-1]})
+                                         for w, s in zip(WORDS, _samples(ATTRS), strict=True)])
+    section = {**F.summarize(recs), "seconds": 0.5, "time_ratio": 0.25}
+    sample = {"id": "<s>", "words": ["a"], "word_attributions": [1.0], "score": 1.0, "baseline_score": 0.0}
+    result = make_result("attributions", {"model": "m", "samples": [sample], "faithfulness": section})
+    table = result.faithfulness
+    assert [r["ranking"] for r in table] == ["ig", "random", "occlusion"]
+    assert table.columns == ["ranking", "comprehensiveness@10%", "comprehensiveness@20%", "comprehensiveness@50%",
+                             "sufficiency@10%", "sufficiency@20%", "sufficiency@50%", "deletion_auc",
+                             "insertion_auc"]
+    ig = section["orders"]["ig"]
+    assert table[0]["comprehensiveness@20%"] == ig["comprehensiveness"][1]
+    assert table[0]["deletion_auc"] == ig["deletion_auc"]
+    assert table.curves["ig"]["deletion"] == section["curves"]["ig"]["deletion"]
+    html = result._repr_html_()
+    assert html.count("<svg") == 2 and "deletion curve" in html and "insertion curve" in html
+    assert "fraction of words" in html and "&lt;s&gt;" in html and "<s>" not in html
+    for label in ("IG", "random order", "occlusion"):
+        assert f"{label}</title></polyline>" in html
+    text = result.text()
+    assert "faithfulness over 3 samples" in text and "comprehensiveness@10%" in text
+    plain = make_result("attributions", {"model": "m", "samples": [sample]})
+    assert plain.faithfulness is None and "faithfulness" not in plain._repr_html_()
+    pd = pytest.importorskip("pandas")
+    frame = table.to_pandas()
+    assert isinstance(frame, pd.DataFrame) and list(frame.index) == ["ig", "random", "occlusion"]
+    assert frame.loc["random", "insertion_auc"] == section["orders"]["random"]["insertion_auc"]

@@ -161,7 +161,8 @@ def _flat(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 380, h: int = 220) -> str:
+def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 380, h: int = 220,
+           xlabel: str = "epoch") -> str:
     points = [p for pts in series.values() for p in pts]
     if not points:
         return ""
@@ -181,7 +182,7 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 38
         lines.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{' '.join(map(xy, pts))}'>"
                      f"<title>{escape(name)}</title></polyline>")
         lines += [f"<circle cx='{xy(p).split(',')[0]}' cy='{xy(p).split(',')[1]}' r='2.5' fill='{colour}'>"
-                  f"<title>{escape(name)} epoch {_num(p[0])}: {_num(p[1])}</title></circle>" for p in pts]
+                  f"<title>{escape(name)} {escape(xlabel)} {_num(p[0])}: {_num(p[1])}</title></circle>" for p in pts]
         legend.append(f"<span style='color:{colour}'>&#9632;</span> {escape(name)}")
     axes = (f"<line x1='{left}' y1='{h - bottom}' x2='{w - right}' y2='{h - bottom}' stroke='#888'/>"
             f"<line x1='{left}' y1='{top}' x2='{left}' y2='{h - bottom}' stroke='#888'/>"
@@ -189,7 +190,7 @@ def _chart(title: str, series: dict[str, list[tuple[float, float]]], w: int = 38
             f"<text x='{left - 4}' y='{h - bottom}' font-size='10' text-anchor='end'>{_num(y0, 3)}</text>"
             f"<text x='{left}' y='{h - bottom + 14}' font-size='10'>{_num(x0)}</text>"
             f"<text x='{w - right}' y='{h - bottom + 14}' font-size='10' text-anchor='end'>{_num(x1)}</text>"
-            f"<text x='{(w + left) / 2}' y='{h - 4}' font-size='10' text-anchor='middle'>epoch</text>"
+            f"<text x='{(w + left) / 2}' y='{h - 4}' font-size='10' text-anchor='middle'>{escape(xlabel)}</text>"
             f"<text x='{left}' y='14' font-size='12' font-weight='600'>{escape(title)}</text>")
     return (f"<div style='display:inline-block;margin:4px'><svg xmlns='http://www.w3.org/2000/svg' width='{w}' "
             f"height='{h}' role='img' aria-label='{escape(title)}'>{axes}{''.join(lines)}</svg>"
