@@ -54,6 +54,10 @@ ATTRS = [[0.5, 2.0, 2.0, -1.0, 0.5], [0.1, 0.7, -0.3, 0.7, 0.0, 1.5, 0.2], [3.0]
 def test_ranking_breaks_ties_by_word_order() -> None:
     assert F.rank_words([0.5, 2.0, 2.0, -1.0, 0.5]).tolist() == [1, 2, 0, 4, 3]
     assert F.rank_words([0.0, 0.0, 0.0]).tolist() == [0, 1, 2]
+    # many ties (a sort that is not stable reorders equal keys of longer arrays)
+    attrs = np.random.default_rng(0).integers(0, 3, 40).astype(float)
+    order = F.rank_words(attrs).tolist()
+    assert order == sorted(range(40), key=lambda i: (-attrs[i], i))
     assert [F.top_k(10, q) for q in F.FRACTIONS] == [1, 2, 5]
     assert [F.top_k(7, q) for q in F.FRACTIONS] == [1, 2, 4]
     assert [F.top_k(1, q) for q in F.FRACTIONS] == [1, 1, 1]
@@ -264,6 +268,20 @@ def test_occlusion_order_is_the_occlusion_reports(tiny) -> None:
         # the word model's words are single tokens: removing occlusion's top word loses exactly its drop
         assert a["score"] - curve[1] == pytest.approx(drops[top], rel=1e-4, abs=1e-5)
         assert a["score"] - curve[1] == pytest.approx(max(drops), rel=1e-4, abs=1e-5)
+
+
+def test_words_and_attributions_that_disagree_are_refused(tiny) -> None:
+    from models.news.attribution import IGOptions, _prepare, explain
+    from models.news.data import load_samples
+    from models.news.faithfulness import faithfulness_section
+
+    samples = load_samples(tiny["root"] / "data" / "news-synthetic", "test", 1, seed=2)
+    rec = explain(tiny["model"], samples, IGOptions(n_steps=2, precision="fp32"))["samples"][0]
+    with torch.no_grad():
+        prepared = _prepare(tiny["model"], samples, 50, [])
+    bad = {**rec, "word_attributions": rec["word_attributions"] + [0.0]}
+    with pytest.raises(ValueError, match="attributions"):
+        faithfulness_section(tiny["model"], prepared, [bad], "pad", 0, 1.0)
 
 
 def test_occlusion_as_the_method_is_refused(tiny) -> None:
