@@ -223,7 +223,7 @@ def test_news_report_section_matches_its_reference(tiny) -> None:
     from models.news.faithfulness import faithfulness_section
 
     model = tiny["model"]
-    samples = load_samples(tiny["root"] / "data" / "news-synthetic", "test", 3, seed=0)
+    samples = load_samples(tiny["root"] / "data" / "news-synthetic", "test", 2, seed=0)
     fast = explain(model, samples, IGOptions(n_steps=4, precision="fp32", faithfulness=True))
     records = copy.deepcopy(fast["samples"])
     with torch.no_grad():
@@ -358,6 +358,7 @@ def test_result_section_through_the_service(svc) -> None:
     assert "faithfulness" not in off and "faithfulness" not in off["samples"][0]
 
 
+@pytest.mark.slow
 def test_sharded_run_merges_the_section(svc) -> None:
     body = {"model": "tiny", "n_steps": 4, "precision": "fp32", "faithfulness": True, "shard_size": 2,
             "dataset": {"name": "tiny-news", "split": "test", "n_samples": 4, "seed": 0}}
@@ -401,3 +402,34 @@ def test_sdk_result_exposes_the_table_and_renders_the_curves() -> None:
     frame = table.to_pandas()
     assert isinstance(frame, pd.DataFrame) and list(frame.index) == ["ig", "random", "occlusion"]
     assert frame.loc["random", "insertion_auc"] == section["orders"]["random"]["insertion_auc"]
+
+
+# ------------------------------------------------------------------------------------------- the dashboard
+def test_dashboard_partial_carries_the_curves_and_the_table() -> None:
+    import html
+    import json
+    import re
+
+    from app.ui.router import templates
+    from app.ui.views import num
+
+    forward, _ = _forward_factory()
+    x, base = _inputs()
+    recs = F.evaluate(forward, x, base, [F.SampleWords(w, {**s.orders, "occlusion": s.orders["ig"][::-1]})
+                                         for w, s in zip(WORDS, _samples(ATTRS), strict=True)])
+    section = {**F.summarize(recs), "view": "title", "seed": 0, "baseline": "pad", "seconds": 0.5,
+               "attribution_seconds": 2.0, "time_ratio": 0.25}
+    page = templates.get_template("_faithfulness.html").render(result={"faithfulness": section})
+    charts = re.findall(r'data-curve="(\w+)" data-points="0" data-faith="([^"]+)"', page)
+    assert [c for c, _ in charts] == ["deletion", "insertion"]
+    for curve, data in charts:
+        spec = json.loads(html.unescape(data))
+        assert spec["x"] == section["curves"]["fraction"]
+        assert spec["series"] == [[label, section["curves"][o][curve]] for o, label in
+                                  (("ig", "IG"), ("random", "random order"), ("occlusion", "occlusion"))]
+    row = re.search(r'<tr data-order="random"><th scope="row">random order</th>(.*?)</tr>', page).group(1)
+    r = section["orders"]["random"]
+    want = [*r["comprehensiveness"], *r["sufficiency"], r["deletion_auc"], r["insertion_auc"]]
+    assert re.findall(r"<td>(.*?)</td>", row) == [html.escape(num(v, 3)) for v in want]
+    assert page.count("<tr><th scope=\"row\">") == len(section["tests"])
+    assert templates.get_template("_faithfulness.html").render(result={}).strip() == ""

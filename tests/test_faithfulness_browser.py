@@ -19,6 +19,7 @@ from tests.http_server import HttpServer
 from tests.test_ui_browser import CHROMIUM, _shot, sync_playwright
 
 pytestmark = [
+    pytest.mark.slow,  # a service, a browser and a job: about 10 s on a free machine
     pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
     pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
                        "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
