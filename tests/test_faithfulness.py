@@ -224,7 +224,10 @@ def test_news_report_section_matches_its_reference(tiny) -> None:
 
     model = tiny["model"]
     samples = load_samples(tiny["root"] / "data" / "news-synthetic", "test", 2, seed=0)
-    fast = explain(model, samples, IGOptions(n_steps=4, precision="fp32", faithfulness=True))
+    seen: list[tuple[int, int, str]] = []
+    fast = explain(model, samples, IGOptions(n_steps=4, precision="fp32", faithfulness=True),
+                   lambda d, t, m: seen.append((d, t, m)))
+    assert seen[-1] == (2, 2, "faithfulness: 2/2 samples")  # the bar stays full, the message says what runs
     records = copy.deepcopy(fast["samples"])
     with torch.no_grad():
         prepared = _prepare(model, samples, 50, [])

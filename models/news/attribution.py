@@ -755,9 +755,15 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
     if opts.faithfulness and out_samples:
         from models.news.faithfulness import faithfulness_section
 
+        n_done = len(prepared) * len(model.views)  # the attribution's progress stays full; the message moves on
+
+        def faith_progress(done: int, total: int) -> None:
+            if progress is not None:
+                progress(n_done, n_done, f"faithfulness: {done}/{total} samples")
+
         report["faithfulness"] = faithfulness_section(model, prepared, out_samples, opts.baseline,
                                                       opts.faithfulness_seed, summary["seconds"],
-                                                      reference=not opts.optimized)
+                                                      reference=not opts.optimized, progress=faith_progress)
     return report
 
 

@@ -80,6 +80,13 @@ def _options(payload: dict[str, Any]) -> Any:
     )
 
 
+def _without_faithfulness(opts: Any) -> Any:
+    """The options of the ``compare_with`` pass: faithfulness is reported for the request's own model only."""
+    import dataclasses
+
+    return dataclasses.replace(opts, faithfulness=False)
+
+
 def _pass_progress(ctx: JobContext, passes: int) -> Any:
     """``progress_for(k)``: the progress callback of pass ``k`` of ``passes`` (the model, then ``compare_with``),
     reported as samples done over all passes."""
@@ -125,7 +132,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if compare:
         other = ctx.model(compare)
         try:
-            report_b = explain(other.model, samples, opts, progress_for(1))
+            report_b = explain(other.model, samples, _without_faithfulness(opts), progress_for(1))
         except NonFiniteError as exc:
             raise JobError("non_finite_scores", f"compare_with {compare!r}: {exc}") from exc
         except AttributionError as exc:
@@ -236,7 +243,8 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             if report.get("faithfulness"):
                 out["faithfulness_seconds"] = report["faithfulness"]["seconds"]
             if compare:
-                report_b = explain(ctx.model(compare).model, samples, opts, progress_for(1))
+                report_b = explain(ctx.model(compare).model, samples, _without_faithfulness(opts),
+                                   progress_for(1))
                 write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
                 out["compare_errors"] = report_b["errors"]
                 out["compare_summary"] = report_b["summary"]
