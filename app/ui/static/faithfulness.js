@@ -18,7 +18,8 @@
       axes: [{ label: "fraction of words " + (fig.dataset.curve === "insertion" ? "added" : "removed") },
              { label: "score" }],
       series: [{ label: "fraction" }].concat(spec.series.map(function (s, i) {
-        return { label: s[0], stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true,
+        // IG drawn widest and first, so that a ranking that coincides with it stays visible on top
+        return { label: s[0], stroke: COLOURS[i % COLOURS.length], width: i === 0 ? 3.5 : 1.5, spanGaps: true,
                  dash: s[0] === "random order" ? [6, 4] : undefined, points: { show: false } };
       })),
     }, data, target);
