@@ -146,6 +146,8 @@ def run(args: argparse.Namespace | Sequence[str] | None = None) -> str:
     """The report as text (markdown tables); ``args`` as parsed by :func:`parser`, or its argument list."""
     if not isinstance(args, argparse.Namespace):
         args = parser().parse_args(list(args) if args is not None else [])
+    else:  # another script's namespace: this script's defaults for what it does not set
+        args = argparse.Namespace(**{**vars(parser().parse_args([])), **vars(args)})
     if args.quick:
         args.samples, args.rounds = min(args.samples, 8), 1
     import torch

@@ -436,3 +436,29 @@ def test_dashboard_partial_carries_the_curves_and_the_table() -> None:
     assert re.findall(r"<td>(.*?)</td>", row) == [html.escape(num(v, 3)) for v in want]
     assert page.count("<tr><th scope=\"row\">") == len(section["tests"])
     assert templates.get_template("_faithfulness.html").render(result={}).strip() == ""
+
+
+# ------------------------------------------------------------------------------------------- the benchmark
+def test_benchmark_run_returns_its_tables(tiny, tmp_path) -> None:
+    import argparse
+    import importlib.util
+
+    from tests.service import ROOT
+
+    spec = importlib.util.spec_from_file_location("faith_bench", ROOT / "benchmarks" / "faithfulness.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    small = tmp_path / "small"  # laid out as build_small leaves it, so nothing is trained
+    shutil.copytree(tiny["root"] / "model", small / "models" / "nrms-word-demo")
+    shutil.copytree(tiny["root"] / "data", small / "data")
+    args = argparse.Namespace(home=str(tmp_path / "no-home"), small=str(small), models="nrms-word-demo",
+                              samples=2, n_steps=2, rounds=1)
+    threads = torch.get_num_threads()
+    try:
+        out = bench.run(args)
+    finally:
+        torch.set_num_threads(threads)  # run() sets the benchmark's thread count
+    assert "### nrms-word-demo: 2 samples, IG gausslegendre 2 steps" in out
+    for row in ("| ig ", "| random ", "| occlusion ", "IG vs random", "IG vs occlusion"):
+        assert row in out, row
+    assert "median time ratio faithfulness / attribution: wall" in out
