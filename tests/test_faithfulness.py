@@ -436,6 +436,16 @@ def test_dashboard_partial_carries_the_curves_and_the_table() -> None:
     assert re.findall(r"<td>(.*?)</td>", row) == [html.escape(num(v, 3)) for v in want]
     assert page.count("<tr><th scope=\"row\">") == len(section["tests"])
     assert templates.get_template("_faithfulness.html").render(result={}).strip() == ""
+    # per sample: the mean comprehensiveness over the fractions and the deletion area of each ranking
+    samples = [{"id": f"<s{i}>", "faithfulness": r} for i, r in enumerate(recs)]
+    page = templates.get_template("_faithfulness.html").render(result={"faithfulness": section, "samples": samples})
+    for i, r in enumerate(recs):
+        row = re.search(rf'<tr data-sample-id="&lt;s{i}&gt;"><th scope="row" class="mono">&lt;s{i}&gt;</th>(.*?)</tr>',
+                        page).group(1)
+        cells = re.findall(r"<td>(.*?)</td>", row)
+        want = [r["n_words"], *(np.mean(r["orders"][o]["comprehensiveness"]) for o in F.ORDERS),
+                *(r["orders"][o]["deletion_auc"] for o in F.ORDERS)]
+        assert cells == [html.escape(num(v, 3)) for v in want]
 
 
 # ------------------------------------------------------------------------------------------- the benchmark
