@@ -196,6 +196,10 @@ def test_summary_means_and_wilcoxon() -> None:
         want = wilcoxon(d, zero_method="wilcox", alternative="greater")
         assert test["statistic"] == pytest.approx(want.statistic) and test["p_value"] == pytest.approx(want.pvalue)
     assert F.paired_test([1.0, 2.0], [1.0, 2.0], "greater")["p_value"] is None  # no difference: no test
+    # differences at fp32 rounding are ties, not evidence
+    rounding = F.paired_test([1.0, 2.0, 3.0], [1.0 + 1e-9, 2.0 - 1e-8, 3.5], "greater")
+    assert rounding["n_nonzero"] == 1 and rounding["n"] == 3
+    assert rounding["p_value"] == pytest.approx(wilcoxon([-0.5], alternative="greater").pvalue)
 
 
 # ------------------------------------------------------------------------------------ on a news recommender

@@ -212,12 +212,19 @@ def _metric(rec: Mapping[str, Any], order: str, metric: str) -> float | None:
     return None if v is None else float(v)
 
 
+TIE_RTOL = 1e-6  # the scores are fp32: differences within this of the pair's magnitude are rounding, i.e. ties
+
+
 def paired_test(first: Sequence[float], second: Sequence[float], alternative: str) -> dict[str, Any]:
-    """Wilcoxon signed-rank test of ``first - second`` (scipy), one-sided ``alternative``. Zero differences are
-    dropped (``zero_method="wilcox"``); fewer than one non-zero difference gives no statistic."""
+    """Wilcoxon signed-rank test of ``first - second`` (scipy), one-sided ``alternative``. Differences within
+    :data:`TIE_RTOL` of the larger of the pair are ties; ties are dropped (``zero_method="wilcox"``), and with no
+    difference left there is no statistic."""
     from scipy.stats import wilcoxon
 
-    d = np.asarray(first, dtype=np.float64) - np.asarray(second, dtype=np.float64)
+    a = np.asarray(first, dtype=np.float64)
+    b = np.asarray(second, dtype=np.float64)
+    d = a - b
+    d[np.abs(d) <= TIE_RTOL * np.maximum(np.abs(a), np.abs(b))] = 0.0
     out: dict[str, Any] = {"n": int(d.size), "n_nonzero": int(np.count_nonzero(d)),
                            "median_difference": float(np.median(d)) if d.size else None,
                            "alternative": alternative, "statistic": None, "p_value": None}
