@@ -7,8 +7,10 @@ table with the result's numbers, and log no console error.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,7 +18,13 @@ import pytest
 from app.ui.views import num
 from core import registry
 from tests.http_server import HttpServer
-from tests.test_ui_browser import CHROMIUM, _shot, sync_playwright
+
+CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),
+                             shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - the skip below says why
+    sync_playwright = None
 
 pytestmark = [
     pytest.mark.slow,  # a service, a browser and a job: about 10 s on a free machine
@@ -97,7 +105,11 @@ def test_faithfulness_curves_render(server, tmp_path) -> None:
                 result["orders"]["ig"]["deletion_auc"], result["orders"]["ig"]["insertion_auc"]]
         assert row == [num(v, 3) for v in want]
         section.scroll_into_view_if_needed()
-        _shot(page, tmp_path, "dashboard-faithfulness.png")
+        page.screenshot(path=str(tmp_path / "dashboard-faithfulness.png"))
+        if os.environ.get("EXPLAINQ_UI_SCREENSHOTS"):
+            target = Path(os.environ["EXPLAINQ_UI_SCREENSHOTS"])
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tmp_path / "dashboard-faithfulness.png", target / "dashboard-faithfulness.png")
         context.close()
         browser.close()
     assert errors == [], errors
