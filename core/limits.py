@@ -87,7 +87,8 @@ MAX_REPRESENTATION_NAME_LENGTH = _limit(
 
 MAX_SEED = _limit(
     "MAX_SEED", 2**31 - 1,
-    ("train_conve.seed", "train_news.seed", "train_bdh.seed", "ablations.seed", "attributions.dataset.seed"),
+    ("train_conve.seed", "train_news.seed", "train_bdh.seed", "ablations.seed", "attributions.dataset.seed",
+     "attributions.faithfulness_seed"),
     "fits every seeding API a job calls (numpy's 32-bit seeds, torch's 64-bit ones, int32 data-loader seeds), "
     "with room for the per-run offsets seed + run")
 

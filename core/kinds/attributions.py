@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictBool, StrictStr
 
 from core import limits, registry
 from core.dataset_formats import news_labelled
@@ -111,6 +111,12 @@ class AttributionsRequest(JobRequest):
     max_history: int = Field(
         50, ge=1, le=limits.MAX_HISTORY, title="History titles read", json_schema_extra=ADVANCED,
         description="How many of the most recent history titles the model reads")
+    faithfulness: StrictBool = Field(
+        False, title="Measure faithfulness",
+        description=("Per sample, comprehensiveness and sufficiency at 10/20/50% of the words and deletion/insertion "
+                     "curves, for IG's word ranking, a seeded random one and occlusion's"))
+    faithfulness_seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random-ranking seed", json_schema_extra=ADVANCED,
+                                   description="Seed of the random word ranking faithfulness is compared with")
     shard_size: ShardSize = shard_size_field("samples")
     max_failed_fraction: float = max_failed_field("samples")
     shard_retries: int = shard_retries_field()
@@ -170,6 +176,14 @@ def _check_steps(req: AttributionsRequest) -> None:
         raise FieldError(("body", "n_steps"), f"{method}{why} needs n_steps >= 2", value=req.n_steps)
 
 
+def _check_faithfulness(req: AttributionsRequest) -> None:
+    """Faithfulness ranks words by IG and compares that ranking with occlusion's: it needs an IG method."""
+    if req.faithfulness and req.method == "occlusion":
+        raise FieldError(("body", "faithfulness"), "faithfulness compares IG's word ranking with occlusion's and a "
+                         "random one; method is occlusion: choose an IG method or leave faithfulness off",
+                         value=True, related=[(("body", "method"), req.method)])
+
+
 def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:
     """Registry and cross-field checks; each raises a FieldError naming the field (422)."""
     _check_models(req, settings)
@@ -181,6 +195,7 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
         _check_dataset(req.dataset, settings)
     _check_batch_sizes(req)
     _check_steps(req)
+    _check_faithfulness(req)
 
 
 register(JobKind(

@@ -77,6 +77,8 @@ class IGOptions:
     memory_budget: int | None = None
     max_history: int = 50
     max_steps: int = 4096
+    faithfulness: bool = False  # add comprehensiveness, sufficiency and curves (models.news.faithfulness)
+    faithfulness_seed: int = 0  # of the random word order the faithfulness numbers are compared with
 
     def __post_init__(self) -> None:
         if self.method is None:
@@ -93,6 +95,8 @@ class IGOptions:
             raise ValueError("baseline must be pad or zero")
         if self.tolerance is not None and not self.tolerance > 0:
             raise ValueError("tolerance must be > 0")
+        if self.faithfulness and self.method == "occlusion":
+            raise ValueError("faithfulness compares IG's word ranking with occlusion's: use an IG method")
 
 
 @dataclass
@@ -747,7 +751,20 @@ def explain(model: NewsRecommender, samples: Sequence[Sample], opts: IGOptions |
     att = _attribute(model, prepared, opts, precision, progress)
     out_samples = _sample_records(model, prepared, att.runs, opts, errors)
     summary = _summary(model, opts, precision, att, len(prepared), out_samples, errors, started, prepare_seconds)
-    return {"samples": out_samples, "errors": errors, "summary": summary, "word_stats": word_stats(out_samples)}
+    report = {"samples": out_samples, "errors": errors, "summary": summary, "word_stats": word_stats(out_samples)}
+    if opts.faithfulness and out_samples:
+        from models.news.faithfulness import faithfulness_section
+
+        n_done = len(prepared) * len(model.views)  # the attribution's progress stays full; the message moves on
+
+        def faith_progress(done: int, total: int) -> None:
+            if progress is not None:
+                progress(n_done, n_done, f"faithfulness: {done}/{total} samples")
+
+        report["faithfulness"] = faithfulness_section(model, prepared, out_samples, opts.baseline,
+                                                      opts.faithfulness_seed, summary["seconds"],
+                                                      reference=not opts.optimized, progress=faith_progress)
+    return report
 
 
 def samples_to_arrays(report: dict[str, Any]) -> dict[str, np.ndarray]:

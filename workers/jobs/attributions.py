@@ -76,7 +76,15 @@ def _options(payload: dict[str, Any]) -> Any:
         alpha_batch_size=payload["alpha_batch_size"], batch_size=payload["batch_size"],
         precision=payload["precision"], baseline=payload["baseline"], top_k=payload["top_k"],
         optimized=payload["optimized"], max_history=payload.get("max_history", 50),
+        faithfulness=bool(payload.get("faithfulness", False)), faithfulness_seed=payload.get("faithfulness_seed", 0),
     )
+
+
+def _without_faithfulness(opts: Any) -> Any:
+    """The options of the ``compare_with`` pass: faithfulness is reported for the request's own model only."""
+    import dataclasses
+
+    return dataclasses.replace(opts, faithfulness=False)
 
 
 def _pass_progress(ctx: JobContext, passes: int) -> Any:
@@ -124,7 +132,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if compare:
         other = ctx.model(compare)
         try:
-            report_b = explain(other.model, samples, opts, progress_for(1))
+            report_b = explain(other.model, samples, _without_faithfulness(opts), progress_for(1))
         except NonFiniteError as exc:
             raise JobError("non_finite_scores", f"compare_with {compare!r}: {exc}") from exc
         except AttributionError as exc:
@@ -232,15 +240,19 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             write_jsonl(ctx.artifact_path("samples.jsonl"), report["samples"])
             out = {"n": len(samples), "errors": report["errors"], "summary": report["summary"],
                    "warnings": input_warnings(samples, model.views)}
+            if report.get("faithfulness"):
+                out["faithfulness_seconds"] = report["faithfulness"]["seconds"]
             if compare:
-                report_b = explain(ctx.model(compare).model, samples, opts, progress_for(1))
+                report_b = explain(ctx.model(compare).model, samples, _without_faithfulness(opts),
+                                   progress_for(1))
                 write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
                 out["compare_errors"] = report_b["errors"]
                 out["compare_summary"] = report_b["summary"]
         except AttributionError as exc:
             raise JobError("attribution_failed", str(exc)) from exc
+        # the rate is of sample-steps: the faithfulness numbers' time (no steps) is left out of it
         record_rate(ctx, "attributions", request["model"], len(samples) * opts.n_steps * passes,
-                    time.perf_counter() - t0)
+                    time.perf_counter() - t0 - out.get("faithfulness_seconds", 0.0))
         return _clean(out)
 
     return run_shard_once(ctx, work)
@@ -262,6 +274,8 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     shard_summaries: list[dict[str, Any]] = []
     compare_summaries: list[dict[str, Any]] = []
     warnings: list[str] = []  # per shard (counts are a shard's)
+    faithful: list[dict[str, Any]] = []  # each merged record's faithfulness (when asked for)
+    faithful_seconds = 0.0
     n_total = 0
     try:
         with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as merged, \
@@ -282,8 +296,11 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                 if done.get("compare_summary"):
                     compare_summaries.append(done["compare_summary"])
                 warnings.extend(w for w in done.get("warnings", []) if w not in warnings)
+                faithful_seconds += done.get("faithfulness_seconds") or 0.0
                 for rec in shard_records(ctx, parent, i, "samples.jsonl"):
                     acc.add(rec)
+                    if rec.get("faithfulness"):
+                        faithful.append(rec["faithfulness"])
                     merged.write(json.dumps(rec) + "\n")
                 if acc_b is not None:
                     for rec in shard_records(ctx, parent, i, "compare.jsonl"):
@@ -320,6 +337,12 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             "shards": {"total": n_shards, "failed": failed_shards},
             "warnings": warnings,
         }
+        if request.get("faithfulness"):
+            from models.news.faithfulness import merged_section
+
+            result["faithfulness"] = merged_section(faithful, request, (result["summary"].get("views") or [None])[0],
+                                                    faithful_seconds,
+                                                    result["summary"].get("seconds") or 0.0)
         if acc_b is not None:
             cmp = compare(acc, acc_b, request.get("compare_threshold", 0.1))
             (out_dir / "comparison.json").write_text(json.dumps(cmp))

@@ -104,6 +104,8 @@ class KindMethods(Generic[R]):
         compare_with: str | None | NotGiven = NOT_GIVEN,
         compare_threshold: float | NotGiven = NOT_GIVEN,
         max_history: int | NotGiven = NOT_GIVEN,
+        faithfulness: bool | NotGiven = NOT_GIVEN,
+        faithfulness_seed: int | NotGiven = NOT_GIVEN,
         shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         max_failed_fraction: float | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
@@ -119,6 +121,10 @@ class KindMethods(Generic[R]):
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared.
+
+        ``faithfulness=True`` adds, per sample and over the run, comprehensiveness and sufficiency at 10/20/50% of
+        the words and deletion/insertion curves for IG's ranking, a random one (``faithfulness_seed``) and
+        occlusion's; the result's ``faithfulness`` property holds them as a table.
 
         A large request fans out over the workers in shards of ``shard_size`` samples (``"auto"``: about two
         minutes each, from the model's measured throughput); it fails when more than ``max_failed_fraction``

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from explainq_client import render
+from explainq_client.faithfulness import FaithfulnessTable, faithfulness_table
 
 __all__ = ["AblationResult", "AttributionResult", "EvaluationResult", "Result", "TracInResult", "TrainingResult",
            "make_result"]
@@ -30,13 +31,22 @@ class Result(dict[str, Any]):
 
 
 class AttributionResult(Result):
-    """Renderer ``attributions``: renders each sample's headline as words coloured by attribution."""
+    """Renderer ``attributions``: renders each sample's headline as words coloured by attribution (and, when the
+    request asked for ``faithfulness``, its curves and table: :attr:`faithfulness`)."""
+
+    @property
+    def faithfulness(self) -> FaithfulnessTable | None:
+        """Comprehensiveness, sufficiency and curve areas per word ranking (IG, random, occlusion) as a table
+        (``.to_pandas()``, ``.curves``, ``.tests``); None when the request did not ask for them."""
+        return faithfulness_table(self)
 
     def _repr_html_(self) -> str:
-        return render.attribution_html(self)
+        f = self.faithfulness
+        return render.attribution_html(self) + (f._repr_html_() if f is not None else "")
 
     def text(self) -> str:
-        return render.attribution_text(self)
+        f = self.faithfulness
+        return render.attribution_text(self) + (f"\n\n{f}" if f is not None else "")
 
 
 class TracInResult(Result):
