@@ -190,10 +190,6 @@ class GradientProjector:
             out[i:i + len(b)] = self._batch(b)
         return out
 
-    def _kron(self, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-        """Row-wise Kronecker products ``[B, k₁] ⊗ [B, k₂] -> [B, k]``."""
-        return (left[:, :, None] * right[:, None, :]).reshape(left.shape[0], -1)
-
     def _batch(self, triples: torch.Tensor) -> torch.Tensor:
         c = self.model.config
         phi = torch.zeros(len(triples), int(self.proj_dim), dtype=self.dtype, device=self.device)
@@ -221,42 +217,65 @@ class GradientProjector:
                 f = f.detach().requires_grad_(True)
             z2 = _bn(f, m.bn2)
             xq = F.relu(z2)
-            s = xq @ E.t() + m.ent_bias
-            lvec = _loss(s, t, c.label_smoothing, self.loss)
-            grads = torch.autograd.grad(lvec.sum(), [s, f, z2] + ([e, rr, z0, cv, z1] if deep else []))
-        g, df, dz2 = grads[:3]
-        u, v, dz0, dcv, dz1 = grads[3:] if deep else (None,) * 5
+            # ∂ℓ/∂s in closed form (no autograd through the N-wide loss): the 1-N loss averages BCE over the N
+            # entities, so g = (σ(s) − y)/N; score_bce touches s_t only, g_t = σ(s_t) − 1 (and s_t alone is
+            # computed: no product with the whole entity table)
+            xd = xq.detach()
+            if self.loss == "train":
+                g = torch.sigmoid(xd @ E.t() + m.ent_bias)
+                n = g.shape[1]
+                g.sub_(1.0 / n)
+                g[torch.arange(len(t), device=g.device), t] -= 1.0 - c.label_smoothing
+                g.div_(n)
+                gt = None
+                dxq = g @ E
+            else:
+                et = E[t]
+                gt = torch.sigmoid((xd * et).sum(1) + m.ent_bias[t]) - 1.0
+                g = None
+                dxq = gt[:, None] * et
+            grads = torch.autograd.grad(xq, [f, z2] + ([e, rr, z0, cv, z1] if deep else []), grad_outputs=dxq)
+        df, dz2 = grads[:2]
+        u, v, dz0, dcv, dz1 = grads[2:] if deep else (None,) * 5
         bsz = len(q)
-        phi = torch.zeros(bsz, int(self.proj_dim), dtype=self.dtype, device=self.device)
+        lefts: list[torch.Tensor] = []    # the rank-one terms (Aᵀα) ⊗ (Bᵀβ), summed by one batched product
+        rights: list[torch.Tensor] = []
+        mats: list[torch.Tensor] = []
 
         def outer(name: str, left: torch.Tensor, right: torch.Tensor) -> None:
-            nonlocal phi
-            phi = phi + self._kron(left @ self.factor(name, "L"), right @ self.factor(name, "R"))
+            lefts.append(left @ self.factor(name, "L"))
+            rights.append(right @ self.factor(name, "R"))
 
         def rows(name: str, idx: torch.Tensor, right: torch.Tensor) -> None:
-            nonlocal phi
-            phi = phi + self._kron(self.factor(name, "L")[idx], right @ self.factor(name, "R"))
+            lefts.append(self.factor(name, "L")[idx])
+            rights.append(right @ self.factor(name, "R"))
 
         def vector(name: str, vec: torch.Tensor) -> None:  # a [B, m] gradient of an [m] (or [m, 1]) parameter
-            nonlocal phi
-            phi = phi + self._kron(vec @ self.factor(name, "L"), self.factor(name, "R").expand(bsz, -1))
+            lefts.append(vec @ self.factor(name, "L"))
+            rights.append(self.factor(name, "R").expand(bsz, -1))
 
         def matrix(name: str, mat: torch.Tensor) -> None:  # materialised [B, m, n] gradients (small parameters)
-            nonlocal phi
-            phi = phi + torch.einsum("bmn,mi,nj->bij", mat, self.factor(name, "L"),
-                                     self.factor(name, "R")).reshape(bsz, -1)
+            mats.append(torch.einsum("bmn,mi,nj->bij", mat, self.factor(name, "L"),
+                                     self.factor(name, "R")).reshape(bsz, -1))
 
-        xd = xq.detach()
+        def output_role(name: str, right: torch.Tensor) -> None:  # ∇ = g ⊗ right over the entity rows
+            if g is not None:
+                outer(name, g, right)
+            else:  # g = g_t 1_t
+                lefts.append(self.factor(name, "L")[t] * gt[:, None])
+                rights.append(right @ self.factor(name, "R"))
+
+        ones = torch.ones(bsz, 1, dtype=self.dtype, device=self.device)
         for name in self.names:
             if name == OUTPUT_TABLE:
-                outer(name, g, xd)
+                output_role(name, xd)
             elif name == "ent.weight":
-                outer(name, g, xd)
+                output_role(name, xd)
                 rows(name, h, u)
             elif name == "rel.weight":
                 rows(name, r, v)
             elif name == "ent_bias":
-                vector(name, g)
+                output_role(name, ones)
             elif name == "fc.weight":
                 outer(name, df, a.detach())
             elif name == "fc.bias":
@@ -270,8 +289,9 @@ class GradientProjector:
             elif name == "bn0.bias":
                 vector(name, dz0.reshape(bsz, -1).sum(1, keepdim=True))
             elif name == "conv.weight":
-                patches = F.unfold(z0.detach(), c.kernel_size)                       # [B, k*k, L]
-                matrix(name, torch.einsum("bfl,bkl->bfk", dcv.flatten(2), patches))
+                k = c.kernel_size                                                    # patches [B, L, k*k]
+                patches = z0.detach()[:, 0].unfold(1, k, 1).unfold(2, k, 1).reshape(bsz, -1, k * k)
+                matrix(name, torch.bmm(dcv.flatten(2), patches))
             elif name == "conv.bias":
                 vector(name, dcv.sum((2, 3)))
             elif name == "bn1.weight":
@@ -280,6 +300,11 @@ class GradientProjector:
                 vector(name, dz1.sum((2, 3)))
             else:  # resolve_layers only returns ConvE's parameters
                 raise ValueError(f"unknown layer {name!r}")
+        phi = torch.zeros(bsz, int(self.proj_dim), dtype=self.dtype, device=self.device)
+        if lefts:  # Σ_j (L_j ⊗ R_j) = vec(Σ_j L_jᵀ R_j) per example
+            phi += torch.bmm(torch.stack(lefts, 2), torch.stack(rights, 1)).reshape(bsz, -1)
+        for mat in mats:
+            phi += mat
         return phi
 
 
