@@ -20,7 +20,7 @@ def client(tmp_path_factory):
 
 def test_product_kinds_are_registered_on_both_queues():
     queues = {kind.queue for kind in PRODUCT_KINDS.values()}
-    assert queues <= {"explain", "train"}
+    assert queues <= {"explain", "bulk", "train"}
     for kind in PRODUCT_KINDS.values():
         assert kind.func.startswith("workers.jobs."), kind.func
         assert kind.timeout_s > 0

@@ -1,0 +1,367 @@
+"""A gradient feature store: each training triple's projected gradient φ_c(z) (:mod:`models.explain.trak`) per
+checkpoint, computed once and kept in the file store, so that a later TRAK or projected-TracIn query of the model
+is one tiled matrix product over the stored rows.
+
+Layout (keys under ``features/``, content-addressed; the store is any object with ``put_dir``, ``list_dirs``,
+``local_dir`` and ``exists``, in the service :class:`core.filestore.Store`)::
+
+    features/<feature key>/<segment digest>/features.npy   float32 [rows, k]   φ of the segment's triples
+                                            gram.npy       float64 [k, k]      ΦᵀΦ of those rows
+                                            meta.json      rows, triples digest, the settings
+
+The feature key is a SHA-256 of everything that changes a feature: the checkpoint's weights (every tensor of its
+state dict, so the model version enters through what it holds, and two versions with identical weights share
+features), the model's configuration, the resolved layers, the loss, the projection dimension and seed, the
+dtype and the store format. The segment digest is a SHA-256 of the segment's triples (int64 ids, in order).
+
+Which rows are new. For a training set ``T`` (``[n, 3]`` ids, in order) and one feature key, the stored
+segments are chained greedily from row 0: at each offset the longest stored segment whose digest equals that of
+the rows it would cover is taken. What the chain leaves uncovered (appended triples, or everything for a new
+checkpoint or new settings) is computed, in segments of at most ``SEGMENT_ROWS`` rows, and stored. So appending
+triples featurizes only them, and a new checkpoint only its own rows; a triple changed in the middle recomputes
+from there on. Segments are never overwritten (a key that appeared meanwhile, written by another worker with the
+same content, is taken as it is).
+
+Scoring. With ``Q_c = φ_c(test)(G_c + λ_c I)⁻¹ / C`` for TRAK (``G_c`` the sum of the chain's Gram blocks, as
+:func:`models.explain.trak.trak_scores` computes it in one piece) or ``Q_c = η_c φ_c(test)`` for projected TracIn,
+a query's scores are ``Σ_c Q_c Φ_cᵀ``, computed over tiles of ``TILE_ROWS`` training rows (each checkpoint's rows
+read from its memory-mapped segments), each tile merged into a running top-k per test triple (a stable sort, so
+ties keep training order exactly as a full sort of the row). Memory is the tile, never test × train.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.explain.trak import (
+    DEFAULT_DAMPING,
+    GradientProjector,
+    gram_of,
+    resolve_checkpoints,
+    trak_query,
+)
+
+FORMAT = "explainq-grad-features-1"
+PREFIX = "features"
+SEGMENT_ROWS = 65_536      # rows per stored segment (a featurize pass writes each as soon as it is computed)
+TILE_ROWS = 65_536         # training rows per tile of a query
+ESTIMATORS = ("trak", "tracin_projected")
+ProgressFn = Callable[[int, int, str], None]
+
+
+class NotFeaturized(LookupError):
+    """The store does not hold features of every training triple for a checkpoint and these settings."""
+
+
+def _digest_tensor(h: Any, t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    h.update(f"{t.dtype}\0{tuple(t.shape)}\0".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def weights_digest(ckpt: Any) -> str:
+    """SHA-256 of a checkpoint's state dict (names, dtypes, shapes, bytes), cached by file path and mtime."""
+    path = getattr(ckpt, "path", None)
+    stamp = None
+    if path is not None:
+        st = Path(path).stat()
+        stamp = (str(path), st.st_size, st.st_mtime_ns)
+        if stamp in _DIGESTS:
+            return _DIGESTS[stamp]
+    h = hashlib.sha256()
+    for name, t in sorted(ckpt.state_dict("cpu").items()):
+        h.update(f"{name}\0".encode())
+        _digest_tensor(h, t)
+    out = h.hexdigest()
+    if stamp is not None:
+        if len(_DIGESTS) > 256:
+            _DIGESTS.clear()
+        _DIGESTS[stamp] = out
+    return out
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def triples_digest(triples: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    _digest_tensor(h, triples.to(torch.int64))
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class FeatureSettings:
+    """What, besides the checkpoint's weights, changes a feature."""
+
+    layers: tuple[str, ...]   # resolved parameter names
+    loss: str
+    proj_dim: int
+    seed: int
+
+    def key(self, model_config: Any, ckpt_digest: str) -> str:
+        cfg = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
+        blob = json.dumps({"format": FORMAT, "config": cfg, "weights": ckpt_digest, "layers": list(self.layers),
+                           "loss": self.loss, "proj_dim": self.proj_dim, "seed": self.seed, "dtype": "float32"},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def settings_for(bundle: Any, layers: str | Sequence[str], loss: str, proj_dim: int, seed: int) -> FeatureSettings:
+    """Validated settings (the layers resolved against the model, as the projector does)."""
+    proj = GradientProjector(bundle.model, layers, loss, proj_dim, seed, "cpu")
+    return FeatureSettings(proj.names, loss, int(proj_dim), int(seed))
+
+
+@dataclass
+class Segment:
+    start: int
+    end: int
+    digest: str
+
+
+def _stored_segments(store: Any, key: str) -> dict[int, set[str]]:
+    """rows -> digests of the stored segments of feature key ``key``."""
+    out: dict[int, set[str]] = {}
+    for name in store.list_dirs(f"{PREFIX}/{key}"):
+        try:
+            meta = json.loads(store.read_bytes(f"{PREFIX}/{key}/{name}/meta.json"))
+        except Exception:  # a segment still being written elsewhere, or damaged: not usable
+            continue
+        if meta.get("format") == FORMAT and meta.get("digest") == name:
+            out.setdefault(int(meta["rows"]), set()).add(name)
+    return out
+
+
+def chain(store: Any, key: str, train: torch.Tensor) -> tuple[list[Segment], int]:
+    """The stored segments covering ``train`` from row 0 (greedy, longest first) and the first row they leave."""
+    stored = _stored_segments(store, key)
+    sizes = sorted(stored, reverse=True)
+    segs: list[Segment] = []
+    off, n = 0, len(train)
+    while off < n:
+        for rows in sizes:
+            if off + rows <= n:
+                d = triples_digest(train[off:off + rows])
+                if d in stored[rows]:
+                    segs.append(Segment(off, off + rows, d))
+                    off += rows
+                    break
+        else:
+            break
+    return segs, off
+
+
+def featurize(store: Any, bundle: Any, checkpoints: Any = "all", *, layers: str | Sequence[str] = "all",
+              loss: str = "train", proj_dim: int = 256, seed: int = 0, train: torch.Tensor | None = None,
+              device: torch.device | str | None = None, batch_size: int = 256,
+              progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Compute and store what is missing of the features of ``train`` (default: the model's training triples) for
+    each checkpoint. Returns per checkpoint its feature key and the rows reused and computed."""
+    ckpts = resolve_checkpoints(bundle, checkpoints)
+    train = bundle.dataset.train if train is None else train
+    fs = settings_for(bundle, layers, loss, proj_dim, seed)
+    proj = GradientProjector(bundle.model, fs.layers, loss, proj_dim, seed, device, torch.float32, batch_size)
+    plans = []
+    for ck in ckpts:
+        key = fs.key(bundle.model.config, weights_digest(ck))
+        segs, off = chain(store, key, train)
+        plans.append((ck, key, segs, off))
+    todo = sum(len(train) - off for *_, off in plans)
+    done = 0
+    report = []
+    t0 = time.perf_counter()
+    for ck, key, _segs, off in plans:
+        computed = len(train) - off
+        if computed:
+            proj.load(ck)
+        for s0 in range(off, len(train), SEGMENT_ROWS):
+            rows = train[s0:s0 + SEGMENT_ROWS]
+            phi = torch.empty(len(rows), proj.proj_dim, dtype=torch.float32)
+            for b0 in range(0, len(rows), max(batch_size, 4096)):
+                part = rows[b0:b0 + max(batch_size, 4096)]
+                phi[b0:b0 + len(part)] = proj.features(part).cpu()
+                done += len(part)
+                if progress is not None:
+                    progress(done, todo, f"checkpoint {ck.name}: {s0 + b0 + len(part)}/{len(train)} rows")
+            _put_segment(store, key, rows, phi, fs)
+        report.append({"checkpoint": ck.name, "key": key, "rows": len(train), "reused": off, "computed": computed})
+    return {"format": FORMAT, "layers": list(fs.layers), "loss": loss, "proj_dim": int(proj_dim), "seed": int(seed),
+            "n_train": len(train), "checkpoints": report, "rows_computed": todo,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _put_segment(store: Any, key: str, rows: torch.Tensor, phi: torch.Tensor, fs: FeatureSettings) -> None:
+    digest = triples_digest(rows)
+    target = f"{PREFIX}/{key}/{digest}"
+    if store.exists(target):
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="features-"))
+    try:
+        np.save(tmp / "features.npy", phi.numpy())
+        np.save(tmp / "gram.npy", gram_of(phi).numpy())
+        (tmp / "meta.json").write_text(json.dumps({"format": FORMAT, "rows": len(rows), "digest": digest,
+                                                   "layers": list(fs.layers), "loss": fs.loss,
+                                                   "proj_dim": fs.proj_dim, "seed": fs.seed}))
+        try:
+            store.put_dir(tmp, target)
+        except Exception:
+            if not store.exists(target):  # not a concurrent writer of the same content: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Rows:
+    """One checkpoint's stored features as a row-addressable view over its memory-mapped segments."""
+
+    def __init__(self, store: Any, key: str, segs: list[Segment]) -> None:
+        self.segs = segs
+        self.maps = []
+        gram = None
+        for s in segs:
+            d = store.local_dir(f"{PREFIX}/{key}/{s.digest}")
+            self.maps.append(np.load(d / "features.npy", mmap_mode="r"))
+            g = torch.from_numpy(np.load(d / "gram.npy"))
+            gram = g if gram is None else gram + g
+        self.gram = gram
+
+    def rows(self, r0: int, r1: int) -> torch.Tensor:
+        parts = []
+        for s, m in zip(self.segs, self.maps, strict=True):
+            lo, hi = max(r0, s.start), min(r1, s.end)
+            if lo < hi:
+                parts.append(np.asarray(m[lo - s.start:hi - s.start]))
+        with warnings.catch_warnings():  # read-only memory map: the tensor is only ever read
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts))
+
+
+@dataclass
+class TopK:
+    """Per test triple: the ``k`` largest positive scores (proponents) and most negative (opponents), column
+    positions (-1 in unused slots) and values, with counts of positive and negative scores."""
+
+    pro_idx: torch.Tensor
+    pro_val: torch.Tensor
+    opp_idx: torch.Tensor
+    opp_val: torch.Tensor
+    n_positive: torch.Tensor
+    n_negative: torch.Tensor
+
+
+def _merge(vals: torch.Tensor, idx: torch.Tensor, new_vals: torch.Tensor, new_idx: torch.Tensor,
+           k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    v = torch.cat([vals, new_vals], 1)
+    order = torch.sort(v, dim=1, descending=True, stable=True).indices[:, :k]
+    return v.gather(1, order), torch.cat([idx, new_idx], 1).gather(1, order)
+
+
+def streaming_top_k(tiles: Iterator[tuple[int, torch.Tensor]], m: int, k: int) -> TopK:
+    """Running top-k over ``(first column, scores [m, t])`` tiles in column order."""
+    neg = float("-inf")
+    pv, pi = torch.full((m, k), neg), torch.full((m, k), -1, dtype=torch.long)
+    ov, oi = torch.full((m, k), neg), torch.full((m, k), -1, dtype=torch.long)
+    n_pos = torch.zeros(m, dtype=torch.long)
+    n_neg = torch.zeros(m, dtype=torch.long)
+    for c0, s in tiles:
+        s = s.float()
+        cols = torch.arange(c0, c0 + s.shape[1]).expand(m, -1)
+        pos, negm = s > 0, s < 0
+        n_pos += pos.sum(1)
+        n_neg += negm.sum(1)
+        if k:
+            pv, pi = _merge(pv, pi, s.masked_fill(~pos, neg), cols, k)
+            ov, oi = _merge(ov, oi, (-s).masked_fill(~negm, neg), cols, k)
+    return TopK(pi.masked_fill(torch.isinf(pv), -1), pv.masked_fill(torch.isinf(pv), 0.0),
+                oi.masked_fill(torch.isinf(ov), -1), (-ov).masked_fill(torch.isinf(ov), 0.0), n_pos, n_neg)
+
+
+def full_sort_top_k(scores: torch.Tensor, k: int) -> TopK:
+    """The reference of :func:`streaming_top_k`: a stable sort of each whole row."""
+    m = scores.shape[0]
+    pi, pv = torch.full((m, k), -1, dtype=torch.long), torch.zeros(m, k)
+    oi, ov = torch.full((m, k), -1, dtype=torch.long), torch.zeros(m, k)
+    for i, row in enumerate(scores.float()):
+        for sign, idx, val in ((1.0, pi, pv), (-1.0, oi, ov)):
+            sel = torch.nonzero(sign * row > 0).flatten()
+            order = sel[torch.argsort(sign * row[sel], descending=True, stable=True)][:k]
+            idx[i, :len(order)] = order
+            val[i, :len(order)] = row[order]
+    return TopK(pi, pv, oi, ov, (scores > 0).sum(1), (scores < 0).sum(1))
+
+
+class FeatureIndex:
+    """The stored features of ``train`` for ``checkpoints`` and one set of settings, opened for queries.
+
+    Raises :class:`NotFeaturized` when a checkpoint's rows are not all stored (featurize first).
+    """
+
+    def __init__(self, store: Any, bundle: Any, checkpoints: Any = "all", *, layers: str | Sequence[str] = "all",
+                 loss: str = "train", proj_dim: int = 256, seed: int = 0, train: torch.Tensor | None = None,
+                 batch_size: int = 256) -> None:
+        self.bundle = bundle
+        self.ckpts = resolve_checkpoints(bundle, checkpoints)
+        self.train = bundle.dataset.train if train is None else train
+        self.settings = settings_for(bundle, layers, loss, proj_dim, seed)
+        self.proj = GradientProjector(bundle.model, self.settings.layers, loss, proj_dim, seed, "cpu",
+                                      torch.float32, batch_size)
+        self.views: list[_Rows] = []
+        self.keys: list[str] = []
+        for ck in self.ckpts:
+            key = self.settings.key(bundle.model.config, weights_digest(ck))
+            segs, off = chain(store, key, self.train)
+            if off < len(self.train):
+                raise NotFeaturized(f"checkpoint {ck.name!r}: {len(self.train) - off} of {len(self.train)} training "
+                                    "triples have no stored features for these settings; run featurize first")
+            self.keys.append(key)
+            self.views.append(_Rows(store, key, segs))
+
+    def test_features(self, test: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for ck in self.ckpts:
+            self.proj.load(ck)
+            out.append(self.proj.features(test))
+        return out
+
+    def queries(self, test: torch.Tensor, estimator: str = "trak", damping: float = DEFAULT_DAMPING,
+                weights: Sequence[float] | None = None) -> list[torch.Tensor]:
+        """Per checkpoint the test-side ``Q_c`` ``[m, k]`` (module docstring)."""
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        phis = self.test_features(test)
+        if estimator == "trak":
+            return [trak_query(v.gram, damping, p) / len(phis) for v, p in zip(self.views, phis, strict=True)]
+        etas = [float(c.lr) for c in self.ckpts] if weights is None else [float(w) for w in weights]
+        if len(etas) != len(phis):
+            raise ValueError(f"{len(etas)} weights for {len(phis)} checkpoints")
+        return [eta * p for eta, p in zip(etas, phis, strict=True)]
+
+    def tiles(self, qs: list[torch.Tensor], tile_rows: int = TILE_ROWS) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(first row, Σ_c Q_c Φ_c[rows]ᵀ)`` over tiles of ``tile_rows`` training rows."""
+        n = len(self.train)
+        for r0 in range(0, n, tile_rows):
+            r1 = min(n, r0 + tile_rows)
+            s = None
+            for q, v in zip(qs, self.views, strict=True):
+                part = q @ v.rows(r0, r1).t()
+                s = part if s is None else s + part
+            yield r0, s
+
+    def scores(self, qs: list[torch.Tensor], tile_rows: int = TILE_ROWS) -> torch.Tensor:
+        """Every score ``[m, n]`` (for small sets and tests; queries use :meth:`top_k`)."""
+        return torch.cat([s for _, s in self.tiles(qs, tile_rows)], 1)
+
+    def top_k(self, qs: list[torch.Tensor], k: int, tile_rows: int = TILE_ROWS) -> TopK:
+        return streaming_top_k(self.tiles(qs, tile_rows), qs[0].shape[0], k)
