@@ -140,6 +140,46 @@ def test_key_changes_with_each_keyed_input(bundle):
     assert F.weights_digest(MemoryCheckpoint(ck.state_dict(), ck.lr)) == digest
 
 
+def test_stored_report_lists_the_direct_top_k_and_self_scores(bundle, store):
+    from models.explain.trak import self_scores
+
+    train = bundle.dataset.train
+    F.featurize(store, bundle, "all", **OPTS)
+    names = bundle.dataset.decode(bundle.dataset.test[:2])
+    result, rows = F.stored_report(store, bundle, names, estimator="trak", top_k=5, **OPTS)
+    direct = trak_scores(bundle, "all", bundle.dataset.test[:2], train, **OPTS)
+    ref = F.full_sort_top_k(direct, 5)
+    self_direct = self_scores(bundle, "all", train, **OPTS)
+    for i, entry in enumerate(result["results"]):
+        assert entry["n_candidates"] == len(train) and entry["test_triple"] == names[i]
+        got = [bundle.dataset.encode([p["train_triple"]])[0].tolist() for p in entry["proponents"]]
+        assert got == train[ref.pro_idx[i]].tolist()
+        for p, j in zip(entry["proponents"], ref.pro_idx[i].tolist(), strict=True):
+            assert p["influence"] == pytest.approx(float(direct[i, j]), rel=1e-4)
+            assert p["train_self_influence"] == pytest.approx(float(self_direct[j]), rel=1e-4)
+    assert len(rows) == sum(len(e["proponents"]) + len(e["opponents"]) for e in result["results"])
+    assert result["estimator"] == "trak" and result["approximate"] is True
+
+
+def test_stored_report_fails_on_a_non_finite_score(bundle, store, monkeypatch):
+    from models.common import NonFiniteError
+
+    train = bundle.dataset.train[:100]
+    F.featurize(store, bundle, "all", train=train, **OPTS)
+    real = F.FeatureIndex.queries
+
+    def poisoned(self, *a, **kw):
+        qs = real(self, *a, **kw)
+        qs[0][1, 0] = float("nan")
+        return qs
+
+    monkeypatch.setattr(F.FeatureIndex, "queries", poisoned)
+    names = bundle.dataset.decode(bundle.dataset.test[:2])
+    with pytest.raises(NonFiniteError, match="1 test triple") as exc:
+        F.stored_report(store, bundle, names, top_k=3, train=train, **OPTS)
+    assert exc.value.items == [names[1]]
+
+
 # ------------------------------------------------------------------------------------------------ the job kind
 ALICE = {"Authorization": "Bearer key-alice"}
 BOB = {"Authorization": "Bearer key-bob"}
@@ -188,6 +228,27 @@ def test_another_owners_model_is_refused(api):
     assert ok.json()["kind"] == "featurize"
 
 
+TRACIN = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "projection_dim": 16, "top_k": 3}
+
+
+@pytest.mark.parametrize(("patch", "loc"), [
+    ({"estimator": "trak", "mode": "self", "test_triples": None}, ["body", "mode"]),
+    ({"estimator": "trak", "filter": {"n_hops": 1}}, ["body", "filter"]),
+    ({"estimator": "trak", "top_k": None}, ["body", "top_k"]),
+    ({"estimator": "tracin_projected", "projection_dim": None}, ["body", "projection_dim"]),
+    ({"estimator": "tracin_projected", "damping": 0.1}, ["body", "damping"]),
+    ({"estimator": "trak", "precision": "bf16"}, ["body", "precision"]),
+    ({"estimator": "trak", "damping": 0}, ["body", "damping"]),
+    ({"seed": 3}, ["body", "seed"]),
+    ({"damping": 0.5}, ["body", "damping"]),
+    ({"estimator": "datamodels"}, ["body", "estimator"]),
+])
+def test_tracin_stored_estimator_validation_names_the_field(api, patch, loc):
+    r = api.client.post("/tracin", json={**TRACIN, **patch}, headers=BOB)
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]] == [loc]
+
+
 def test_kind_limit_matches_the_estimator():
     from core.kinds.featurize import MAX_PROJ_DIM
     from models.explain.trak import MAX_PROJ_DIM as ENGINE_MAX
@@ -216,3 +277,16 @@ def test_featurize_job_end_to_end(tmp_path, model_dir):
         assert [c["key"] for c in results[0]["checkpoints"]] == [c["key"] for c in results[1]["checkpoints"]]
         assert json.loads(svc.artifact(job["id"], "result.json"))["rows_computed"] == 0
         assert "/" not in json.dumps(results[1]["checkpoints"])  # keys and names only, never a server path
+        # POST /tracin scores against the stored features; other settings were never featurized
+        body = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "top_k": 4, "layers": "last",
+                "projection_dim": 16, "estimator": "trak"}
+        r = svc.client.post("/tracin", json=body)
+        job = svc.wait(r.json()["id"], timeout_s=180)
+        assert job["status"] == "succeeded", (job, svc.worker_logs())
+        result = svc.client.get(job["result_url"]).json()
+        entry = result["results"][0]
+        assert result["estimator"] == "trak" and entry["n_candidates"] == 1592
+        assert len(entry["proponents"]) == min(4, entry["n_positive"]) and entry["proponents"][0]["influence"] > 0
+        r = svc.client.post("/tracin", json={**body, "seed": 9})
+        job = svc.wait(r.json()["id"], timeout_s=180)
+        assert job["status"] == "failed" and job["error"]["code"] == "not_featurized", job

@@ -68,6 +68,14 @@ class TracInRequest(RequestModel):
         "interval); 'interval' = the sum of the epoch rates since the previous checkpoint")
     method: Literal["ghost", "vmap"] = Field("ghost", description="'vmap' materialises per-example gradients "
                                              "(the slow reference)")
+    estimator: Literal["exact", "tracin_projected", "trak"] = Field(
+        "exact", description="'exact': TracIn computed from the checkpoints; 'tracin_projected' (TracIn with "
+        "projected gradients, approximate) and 'trak' (projected gradients with a Gauss-Newton inverse) score "
+        "against the features stored by POST /featurize with the same checkpoints, layers, loss, projection_dim "
+        "and seed (mode 'test', no filter, top_k set)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="estimators over stored features: the projection seed")
+    damping: float = Field(0.01, gt=0, le=1e6, description="estimator 'trak': damping relative to the mean "
+                           "eigenvalue of the projected Gauss-Newton matrix")
     shard_size: ShardSize = shard_size_field("modes 'test' and 'self': candidate training triples")
     max_failed_fraction: float = max_failed_field("candidate training triples")
     shard_retries: int = shard_retries_field()
@@ -207,6 +215,31 @@ def _check_method(req: TracInRequest) -> None:
         raise FieldError(("body", "precision"), "method 'vmap' is the fp32 reference", value=req.precision)
 
 
+def _check_estimator(req: TracInRequest) -> None:
+    """Estimators over stored features answer mode 'test' over every training triple, top-k, from the stored
+    projection: the options they cannot honour are errors, not silently ignored."""
+    if req.estimator == "exact":
+        for name in ("seed", "damping"):
+            if name in req.model_fields_set:
+                raise FieldError(("body", name), f"{name} is used by the estimators over stored features only",
+                                 value=getattr(req, name))
+        return
+    if req.estimator != "trak" and "damping" in req.model_fields_set:
+        raise FieldError(("body", "damping"), "damping is used by estimator 'trak' only", value=req.damping)
+    checks = (("mode", req.mode != "test", "answers mode 'test' only"),
+              ("filter", req.filter is not None, "scores every training triple: no filter"),
+              ("top_k", req.top_k is None, "lists the top_k strongest: top_k must be set"),
+              ("method", req.method != "ghost", "uses stored projected gradients, not method 'vmap'"),
+              ("precision", req.precision not in ("auto", "fp32"), "runs in fp32"),
+              ("projection_dim", req.projection_dim is None, "needs projection_dim: the k the model was "
+               "featurized with"))
+    for name, bad, why in checks:
+        if bad:
+            value = getattr(req, name)
+            raise FieldError(("body", name), f"estimator {req.estimator!r} {why}",
+                             value=value.model_dump() if hasattr(value, "model_dump") else value)
+
+
 def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> None:
     vocab = model_vocab(settings, req.model)
     if req.test_triples_path is not None:
@@ -217,6 +250,7 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
     _check_layers(req)
     _check_sizes(req)
     _check_method(req)
+    _check_estimator(req)
 
 
 register(JobKind(

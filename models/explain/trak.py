@@ -314,12 +314,16 @@ def damping_of(gram: torch.Tensor, damping: float) -> float:
     return lam if lam > 0 else float(damping)
 
 
-def damped_inverse_apply(gram: torch.Tensor, damping: float, rhs: torch.Tensor) -> torch.Tensor:
-    """``(gram + λI)⁻¹ rhs`` by a Cholesky factorisation (``rhs`` ``[k, m]``)."""
+def damped_cholesky(gram: torch.Tensor, damping: float) -> torch.Tensor:
+    """The Cholesky factor of ``gram + λI``."""
     lam = damping_of(gram, damping)
-    mat = gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    chol = torch.linalg.cholesky(mat)
-    return torch.cholesky_solve(rhs, chol)
+    return torch.linalg.cholesky(gram + lam * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device))
+
+
+def damped_inverse_apply(gram: torch.Tensor, damping: float, rhs: torch.Tensor,
+                         chol: torch.Tensor | None = None) -> torch.Tensor:
+    """``(gram + λI)⁻¹ rhs`` by a Cholesky factorisation (``rhs`` ``[k, m]``; ``chol``: the factor, if known)."""
+    return torch.cholesky_solve(rhs, damped_cholesky(gram, damping) if chol is None else chol)
 
 
 def gram_of(phi: torch.Tensor) -> torch.Tensor:
@@ -328,10 +332,11 @@ def gram_of(phi: torch.Tensor) -> torch.Tensor:
     return p.t() @ p
 
 
-def trak_query(gram: torch.Tensor, damping: float, phi_test: torch.Tensor) -> torch.Tensor:
+def trak_query(gram: torch.Tensor, damping: float, phi_test: torch.Tensor,
+               chol: torch.Tensor | None = None) -> torch.Tensor:
     """``φ_test (gram + λI)⁻¹`` ``[m, k]``, solved in float64 and returned in ``phi_test``'s dtype: the test side of
-    a TRAK score, to be multiplied with the training features."""
-    solved = damped_inverse_apply(gram.double(), damping, phi_test.double().t().to(gram.device))
+    a TRAK score, to be multiplied with the training features (``chol``: ``damped_cholesky(gram, damping)``)."""
+    solved = damped_inverse_apply(gram.double(), damping, phi_test.double().t().to(gram.device), chol)
     return solved.t().to(dtype=phi_test.dtype, device=phi_test.device)
 
 
