@@ -46,8 +46,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.explain.tracin import resolve_layers
 from models.explain.trak import (
     DEFAULT_DAMPING,
+    LOSSES,
+    MAX_PROJ_DIM,
     GradientProjector,
     damped_cholesky,
     gram_of,
@@ -142,8 +145,11 @@ class FeatureSettings:
 
 def settings_for(bundle: Any, layers: str | Sequence[str], loss: str, proj_dim: int, seed: int) -> FeatureSettings:
     """Validated settings (the layers resolved against the model, as the projector does)."""
-    proj = GradientProjector(bundle.model, layers, loss, proj_dim, seed, "cpu")
-    return FeatureSettings(proj.names, loss, int(proj_dim), int(seed))
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if not 1 <= int(proj_dim) <= MAX_PROJ_DIM:
+        raise ValueError(f"proj_dim must be between 1 and {MAX_PROJ_DIM}, got {proj_dim}")
+    return FeatureSettings(resolve_layers(bundle.model, layers), loss, int(proj_dim), int(seed))
 
 
 @dataclass
