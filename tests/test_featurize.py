@@ -261,7 +261,7 @@ def test_featurize_job_end_to_end(tmp_path, model_dir):
     """A real worker stores the features; a second request computes nothing."""
     from tests.service import Service
 
-    with Service(tmp_path / "home", queues=("bulk",), start=False) as svc:
+    with Service(tmp_path / "home", queues=("explain,bulk",), start=False) as svc:
         registry.register_model(svc.settings, "conve-a", kind="conve", loader="models.kg.checkpoint:load",
                                 path=model_dir, owner="anonymous")  # the caller's name when auth is off
         svc.start()
