@@ -41,18 +41,18 @@ def store(tmp_path) -> Store:
 
 
 def test_featurized_scores_equal_direct_scores(bundle, store):
-    test, train = bundle.dataset.test[:4], bundle.dataset.train[:700]
+    test, train = bundle.dataset.test[:3], bundle.dataset.train[:400]
     rep = F.featurize(store, bundle, "all", train=train, **OPTS)
     assert rep["rows_computed"] == 2 * len(train)
     idx = F.FeatureIndex(store, bundle, "all", train=train, **OPTS)
     direct = trak_scores(bundle, "all", test, train, **OPTS)
-    stored = idx.scores(idx.queries(test, "trak"), tile_rows=300)        # several tiles, one partial
+    stored = idx.scores(idx.queries(test, "trak"), tile_rows=150)        # several tiles, one partial
     torch.testing.assert_close(stored, direct, rtol=1e-4, atol=1e-6 * float(direct.abs().max()))
     direct_t = tracin_projected_scores(bundle, "all", test, train, **OPTS)
-    stored_t = idx.scores(idx.queries(test, "tracin_projected"), tile_rows=300)
+    stored_t = idx.scores(idx.queries(test, "tracin_projected"), tile_rows=150)
     torch.testing.assert_close(stored_t, direct_t, rtol=1e-4, atol=1e-6 * float(direct_t.abs().max()))
     # the streaming top-k over the stored tiles is the full sort of the direct scores
-    top = idx.top_k(idx.queries(test, "trak"), 7, tile_rows=333)
+    top = idx.top_k(idx.queries(test, "trak"), 7, tile_rows=111)
     ref = F.full_sort_top_k(direct, 7)
     assert torch.equal(top.pro_idx, ref.pro_idx) and torch.equal(top.opp_idx, ref.opp_idx)
     assert torch.equal(top.n_positive, ref.n_positive) and torch.equal(top.n_negative, ref.n_negative)
@@ -143,10 +143,10 @@ def test_key_changes_with_each_keyed_input(bundle):
 def test_stored_report_lists_the_direct_top_k_and_self_scores(bundle, store):
     from models.explain.trak import self_scores
 
-    train = bundle.dataset.train
-    F.featurize(store, bundle, "all", **OPTS)
+    train = bundle.dataset.train[:400]
+    F.featurize(store, bundle, "all", train=train, **OPTS)
     names = bundle.dataset.decode(bundle.dataset.test[:2])
-    result, rows = F.stored_report(store, bundle, names, estimator="trak", top_k=5, **OPTS)
+    result, rows = F.stored_report(store, bundle, names, estimator="trak", top_k=5, train=train, **OPTS)
     direct = trak_scores(bundle, "all", bundle.dataset.test[:2], train, **OPTS)
     ref = F.full_sort_top_k(direct, 5)
     self_direct = self_scores(bundle, "all", train, **OPTS)
