@@ -242,6 +242,7 @@ TRACIN = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "proje
     ({"seed": 3}, ["body", "seed"]),
     ({"damping": 0.5}, ["body", "damping"]),
     ({"estimator": "datamodels"}, ["body", "estimator"]),
+    ({"estimator": "trak", "lr_weight": "interval"}, ["body", "lr_weight"]),
 ])
 def test_tracin_stored_estimator_validation_names_the_field(api, patch, loc):
     r = api.client.post("/tracin", json={**TRACIN, **patch}, headers=BOB)

@@ -226,6 +226,9 @@ def _check_estimator(req: TracInRequest) -> None:
         return
     if req.estimator != "trak" and "damping" in req.model_fields_set:
         raise FieldError(("body", "damping"), "damping is used by estimator 'trak' only", value=req.damping)
+    if req.estimator == "trak" and "lr_weight" in req.model_fields_set:
+        raise FieldError(("body", "lr_weight"), "estimator 'trak' weighs every checkpoint equally; lr_weight is "
+                         "for the TracIn estimators", value=req.lr_weight)
     checks = (("mode", req.mode != "test", "answers mode 'test' only"),
               ("filter", req.filter is not None, "scores every training triple: no filter"),
               ("top_k", req.top_k is None, "lists the top_k strongest: top_k must be set"),
