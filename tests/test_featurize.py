@@ -58,6 +58,19 @@ def test_featurized_scores_equal_direct_scores(bundle, store):
     assert torch.equal(top.n_positive, ref.n_positive) and torch.equal(top.n_negative, ref.n_negative)
 
 
+def test_segments_and_tiles_are_bounded_and_many_segments_answer_the_same(bundle, store, monkeypatch):
+    assert F.segment_rows(256) == 65_536 and F.segment_rows(8192) == 8192
+    assert F.tile_rows_for(1) == 65_536 and F.tile_rows_for(10_000) == 2**24 // 10_000
+    monkeypatch.setattr(F, "segment_rows", lambda k: 128)
+    train, test = bundle.dataset.train[:400], bundle.dataset.test[:2]
+    F.featurize(store, bundle, "all", train=train, **OPTS)
+    idx = F.FeatureIndex(store, bundle, "all", train=train, **OPTS)
+    assert [(s.start, s.end) for s in idx.views[0].segs] == [(0, 128), (128, 256), (256, 384), (384, 400)]
+    direct = trak_scores(bundle, "all", test, train, **OPTS)
+    torch.testing.assert_close(idx.scores(idx.queries(test), tile_rows=100), direct, rtol=1e-4,
+                               atol=1e-6 * float(direct.abs().max()))
+
+
 def test_tiled_top_k_equals_full_sort_with_ties_and_short_rows():
     g = torch.Generator().manual_seed(0)
     scores = torch.randint(-3, 4, (5, 61), generator=g).float()       # many ties and zeros

@@ -17,15 +17,16 @@ dtype and the store format. The segment digest is a SHA-256 of the segment's tri
 Which rows are new. For a training set ``T`` (``[n, 3]`` ids, in order) and one feature key, the stored
 segments are chained greedily from row 0: at each offset the longest stored segment whose digest equals that of
 the rows it would cover is taken. What the chain leaves uncovered (appended triples, or everything for a new
-checkpoint or new settings) is computed, in segments of at most ``SEGMENT_ROWS`` rows, and stored. So appending
+checkpoint or new settings) is computed, in segments of at most ``SEGMENT_ROWS`` rows (fewer for a large k:
+``segment_rows``), and stored. So appending
 triples featurizes only them, and a new checkpoint only its own rows; a triple changed in the middle recomputes
 from there on. Segments are never overwritten (a key that appeared meanwhile, written by another worker with the
 same content, is taken as it is).
 
 Scoring. With ``Q_c = φ_c(test)(G_c + λ_c I)⁻¹ / C`` for TRAK (``G_c`` the sum of the chain's Gram blocks, as
 :func:`models.explain.trak.trak_scores` computes it in one piece) or ``Q_c = η_c φ_c(test)`` for projected TracIn,
-a query's scores are ``Σ_c Q_c Φ_cᵀ``, computed over tiles of ``TILE_ROWS`` training rows (each checkpoint's rows
-read from its memory-mapped segments), each tile merged into a running top-k per test triple (a stable sort, so
+a query's scores are ``Σ_c Q_c Φ_cᵀ``, computed over tiles of ``TILE_ROWS`` training rows (fewer for many test
+triples: ``tile_rows_for``; each checkpoint's rows read from its memory-mapped segments), each tile merged into a running top-k per test triple (a stable sort, so
 ties keep training order exactly as a full sort of the row). Memory is the tile, never test × train.
 """
 
@@ -61,7 +62,19 @@ from models.explain.trak import (
 FORMAT = "explainq-grad-features-1"
 PREFIX = "features"
 SEGMENT_ROWS = 65_536      # rows per stored segment (a featurize pass writes each as soon as it is computed)
+SEGMENT_BYTES = 256 * 2**20  # ... and at most this many bytes of features in one (large k: fewer rows)
 TILE_ROWS = 65_536         # training rows per tile of a query
+TILE_SCORES = 2**24        # ... and at most this many scores in one tile (many test triples: fewer rows)
+
+
+def segment_rows(proj_dim: int) -> int:
+    """Rows per stored segment for projection dimension ``proj_dim`` (memory of one segment bounded)."""
+    return max(1024, min(SEGMENT_ROWS, SEGMENT_BYTES // (4 * int(proj_dim))))
+
+
+def tile_rows_for(n_test: int) -> int:
+    """Training rows per query tile for ``n_test`` test triples (the score tile bounded)."""
+    return max(1024, min(TILE_ROWS, TILE_SCORES // max(1, n_test)))
 ESTIMATORS = ("trak", "tracin_projected")
 ProgressFn = Callable[[int, int, str], None]
 
@@ -214,8 +227,9 @@ def featurize(store: Any, bundle: Any, checkpoints: Any = "all", *, layers: str 
         computed = len(train) - off
         if computed:
             proj.load(ck)
-        for s0 in range(off, len(train), SEGMENT_ROWS):
-            rows = train[s0:s0 + SEGMENT_ROWS]
+        seg = segment_rows(proj_dim)
+        for s0 in range(off, len(train), seg):
+            rows = train[s0:s0 + seg]
             phi = torch.empty(len(rows), proj.proj_dim, dtype=torch.float32)
             for b0 in range(0, len(rows), max(batch_size, 4096)):
                 part = rows[b0:b0 + max(batch_size, 4096)]
@@ -422,9 +436,11 @@ class FeatureIndex:
             parts = [eta * (p * p).sum(1) for eta, p in zip(self.weights(weights), phis, strict=True)]
         return torch.stack(parts).sum(0)
 
-    def tiles(self, qs: list[torch.Tensor], tile_rows: int = TILE_ROWS) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(first row, Σ_c Q_c Φ_c[rows]ᵀ)`` over tiles of ``tile_rows`` training rows."""
+    def tiles(self, qs: list[torch.Tensor], tile_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(first row, Σ_c Q_c Φ_c[rows]ᵀ)`` over tiles of ``tile_rows`` training rows (default
+        :func:`tile_rows_for` the number of test triples)."""
         n = len(self.train)
+        tile_rows = tile_rows_for(qs[0].shape[0]) if tile_rows is None else tile_rows
         for r0 in range(0, n, tile_rows):
             r1 = min(n, r0 + tile_rows)
             s = None
@@ -433,11 +449,11 @@ class FeatureIndex:
                 s = part if s is None else s + part
             yield r0, s
 
-    def scores(self, qs: list[torch.Tensor], tile_rows: int = TILE_ROWS) -> torch.Tensor:
+    def scores(self, qs: list[torch.Tensor], tile_rows: int | None = None) -> torch.Tensor:
         """Every score ``[m, n]`` (for small sets and tests; queries use :meth:`top_k`)."""
         return torch.cat([s for _, s in self.tiles(qs, tile_rows)], 1)
 
-    def top_k(self, qs: list[torch.Tensor], k: int, tile_rows: int = TILE_ROWS) -> TopK:
+    def top_k(self, qs: list[torch.Tensor], k: int, tile_rows: int | None = None) -> TopK:
         with _threads_for(qs[0].shape[0]):
             return streaming_top_k(self.tiles(qs, tile_rows), qs[0].shape[0], k)
 
@@ -446,7 +462,7 @@ def stored_report(store: Any, bundle: Any, test_triples: Sequence[Sequence[str]]
                   top_k: int = 10, checkpoints: Any = "all", layers: str | Sequence[str] = "all",
                   loss: str = "train", proj_dim: int = 256, seed: int = 0, damping: float = DEFAULT_DAMPING,
                   weights: Sequence[float] | None = None, train: torch.Tensor | None = None,
-                  tile_rows: int = TILE_ROWS, progress: Callable[[int, int, str], None] | None = None) -> tuple[dict, list[dict]]:
+                  tile_rows: int | None = None, progress: Callable[[int, int, str], None] | None = None) -> tuple[dict, list[dict]]:
     """A TracIn mode-``test`` report (same result shape, see :mod:`models.kg.influence`) scored against the stored
     features of every training triple (``train``, default the model's): ``estimator`` ``trak`` or ``tracin_projected`` (checkpoint weights
     ``weights``, default the stored learning rates). ``train_self_influence`` of a listed training triple is its
@@ -461,6 +477,7 @@ def stored_report(store: Any, bundle: Any, test_triples: Sequence[Sequence[str]]
                          train=train)
     qs = index.queries(test, estimator, damping, weights)
     names = ds.decode(test)
+    tile_rows = tile_rows_for(len(test)) if tile_rows is None else tile_rows
     n_tiles = max(1, -(-len(index.train) // tile_rows))
 
     def tiles() -> Iterator[tuple[int, torch.Tensor]]:
