@@ -42,7 +42,10 @@ matrix larger than the parameter's own row count times k₁ (or k₂) exists. :f
 explicit ``P`` for a tiny model: the dense reference (:func:`reference_trak_scores`) multiplies it with full
 per-example gradients from ``torch.func`` and inverts the matrix explicitly.
 
-Inverse: a Cholesky factorisation of ``ΦᵀΦ + λI`` (``k × k``) per checkpoint, solved against the test features.
+Inverse: ``ΦᵀΦ`` is accumulated in float64 and ``ΦᵀΦ + λI`` (``k × k``) factorised by Cholesky per checkpoint, then
+solved against the test features (float64; the product with the training features in ``dtype``). The loss gradient
+∂ℓ/∂s is taken in closed form, ``(σ(s) − y)/N`` for the 1-N loss and ``σ(s_t) − 1`` at the one score ``score_bce``
+touches (so that loss never multiplies by the whole entity table); the rest of the backward pass is autograd's.
 """
 
 from __future__ import annotations
