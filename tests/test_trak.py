@@ -143,3 +143,27 @@ def test_bad_shapes_raise(bundle):
         trak_scores(bundle, "all", t[:, :2], t)
     with pytest.raises(ValueError, match="train must be"):
         self_scores(bundle, "all", t[0])
+
+
+def test_non_reciprocal_model_and_memory_checkpoints_equal_the_reference(bundle):
+    """One query per triple (no inverse relations), with BatchNorm statistics away from their defaults."""
+    from models.explain.tracin import MemoryCheckpoint
+    from models.kg.conve import ConvE, ConvEConfig
+
+    torch.manual_seed(3)
+    ds = bundle.dataset
+    model = ConvE(ConvEConfig(len(ds.entities), len(ds.relations), 8, 2, 2, reciprocal=False)).eval()
+    states = []
+    for s in range(2):
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        for k in state:
+            if k.endswith("running_var"):
+                state[k] = state[k] + 0.5 * (s + 1)
+            elif k.endswith("running_mean"):
+                state[k] = state[k] + 0.1 * (s + 1)
+        states.append(MemoryCheckpoint(state, lr=0.01, label=f"c{s}"))
+    b = KGBundle(model, ds, states, bundle.path)
+    test, train = ds.test[:2], ds.train[:12]
+    fast = trak_scores(b, "all", test, train, proj_dim=8, seed=1, dtype=torch.float64)
+    ref = reference_trak_scores(b, "all", test, train, proj_dim=8, seed=1)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-12 * float(ref.abs().max()))
