@@ -98,6 +98,17 @@ class TracInRequest(JobRequest):
         "ghost", title="Gradient method", json_schema_extra=ADVANCED,
         description=("'ghost' computes the dot products in factored form (fast); 'vmap' materialises per-example "
                      "gradients (the slow reference)"))
+    estimator: Literal["exact", "tracin_projected", "trak"] = Field(
+        "exact", title="Estimator", json_schema_extra=ADVANCED,
+        description=("'exact': TracIn computed from the checkpoints; 'tracin_projected' (TracIn with projected "
+                     "gradients, approximate) and 'trak' (projected gradients with a Gauss-Newton inverse) score "
+                     "against the features stored by a featurize job with the same checkpoints, layers, loss, "
+                     "projection size and seed (mode 'test', no filter, a number of triples listed)"))
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
+                      description="For the stored-feature estimators: the seed of the random projection")
+    damping: float = Field(0.01, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
+                           description=("For 'trak': damping relative to the mean eigenvalue of the projected "
+                                        "Gauss-Newton matrix"))
     shard_size: ShardSize = shard_size_field("modes 'test' and 'self': candidate training triples")
     max_failed_fraction: float = max_failed_field("candidate training triples")
     shard_retries: int = shard_retries_field()
@@ -237,6 +248,34 @@ def _check_method(req: TracInRequest) -> None:
         raise FieldError(("body", "precision"), "method 'vmap' is the fp32 reference", value=req.precision)
 
 
+def _check_estimator(req: TracInRequest) -> None:
+    """Estimators over stored features answer mode 'test' over every training triple, top-k, from the stored
+    projection: the options they cannot honour are errors, not silently ignored."""
+    if req.estimator == "exact":
+        for name in ("seed", "damping"):
+            if name in req.model_fields_set:
+                raise FieldError(("body", name), f"{name} is used by the estimators over stored features only",
+                                 value=getattr(req, name))
+        return
+    if req.estimator != "trak" and "damping" in req.model_fields_set:
+        raise FieldError(("body", "damping"), "damping is used by estimator 'trak' only", value=req.damping)
+    if req.estimator == "trak" and "lr_weight" in req.model_fields_set:
+        raise FieldError(("body", "lr_weight"), "estimator 'trak' weighs every checkpoint equally; lr_weight is "
+                         "for the TracIn estimators", value=req.lr_weight)
+    checks = (("mode", req.mode != "test", "answers mode 'test' only"),
+              ("filter", req.filter is not None, "scores every training triple: no filter"),
+              ("top_k", req.top_k is None, "lists the top_k strongest: top_k must be set"),
+              ("method", req.method != "ghost", "uses stored projected gradients, not method 'vmap'"),
+              ("precision", req.precision not in ("auto", "fp32"), "runs in fp32"),
+              ("projection_dim", req.projection_dim is None, "needs projection_dim: the k the model was "
+               "featurized with"))
+    for name, bad, why in checks:
+        if bad:
+            value = getattr(req, name)
+            raise FieldError(("body", name), f"estimator {req.estimator!r} {why}",
+                             value=value.model_dump() if hasattr(value, "model_dump") else value)
+
+
 def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> None:
     vocab = model_vocab(settings, req.model)
     if req.test_triples_path is not None:
@@ -247,6 +286,7 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
     _check_layers(req)
     _check_sizes(req)
     _check_method(req)
+    _check_estimator(req)
 
 
 register(JobKind(

@@ -110,6 +110,8 @@ def run(payload: dict, ctx: JobContext) -> dict:
 
     _drop_test_factors()  # a whole request: another parent's factors are not worth their memory now
     bundle = _bundle(ctx, payload["model"])
+    if payload.get("estimator", "exact") != "exact":
+        return _run_stored(payload, ctx, bundle)
     p = _plan(payload, bundle, ctx)
     if payload["mode"] in ("test", "self"):
         shard_size = _shard_size(payload, ctx, len(p.test_ids), len(p.engine.checkpoints))
@@ -135,6 +137,36 @@ def run(payload: dict, ctx: JobContext) -> dict:
             write_candidates(bundle.dataset, p.train, p.union, ctx.artifact_path("candidates.tsv"))
     ctx.artifact_path("result.json").write_text(json.dumps(_clean(result)))
     return {"model": payload["model"], **result, "artifacts": ctx.artifacts()}
+
+
+def _run_stored(payload: dict[str, Any], ctx: JobContext, bundle: Any) -> dict[str, Any]:
+    """Estimators ``tracin_projected`` and ``trak``: one tiled pass over the features stored by ``POST /featurize``
+    (no fan-out: the pass is one matrix product per tile, in bounded memory)."""
+    from models.common import NonFiniteError
+    from models.explain.features import NotFeaturized, stored_report
+    from models.kg.influence import checkpoint_weights, write_csv
+
+    try:
+        ckpts = bundle.checkpoints if payload["checkpoints"] == "all" else \
+            [bundle.checkpoint(str(c)) for c in payload["checkpoints"]]
+        weights = checkpoint_weights(bundle, ckpts, payload.get("lr_weight", "last"))
+        result, rows = stored_report(
+            get_store(ctx.settings), bundle, payload["test_triples"], estimator=payload["estimator"],
+            top_k=payload["top_k"], checkpoints=ckpts, layers=payload["layers"], loss=payload["loss"],
+            proj_dim=payload["projection_dim"], seed=payload.get("seed", 0), damping=payload.get("damping", 0.01),
+            weights=weights, progress=_progress(ctx))
+    except NotFeaturized as exc:
+        raise JobError("not_featurized", f"{exc.args[0]} (POST /featurize with the same checkpoints, layers, loss, "
+                       "projection_dim and seed)") from None
+    except NonFiniteError as exc:
+        raise JobError("non_finite_scores", str(exc)) from None
+    except (KeyError, ValueError) as exc:
+        raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None
+    result["lr_weight"] = payload.get("lr_weight", "last")
+    write_csv(rows, ctx.artifact_path("influence.csv"))
+    write_jsonl(ctx.artifact_path("results.jsonl"), result["results"])
+    ctx.artifact_path("result.json").write_text(json.dumps(_clean(result)))
+    return {"model": payload["model"], **_clean(result), "artifacts": ctx.artifacts()}
 
 
 # ------------------------------------------------------------------------------------------------ fan-out

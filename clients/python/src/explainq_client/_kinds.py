@@ -148,6 +148,9 @@ class KindMethods(Generic[R]):
         method: Literal["ghost", "vmap"] | NotGiven = NOT_GIVEN,
         lr_weight: Literal["last", "interval"] | NotGiven = NOT_GIVEN,
         test_triples_path: str | None | NotGiven = NOT_GIVEN,
+        estimator: Literal["exact", "tracin_projected", "trak"] | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        damping: float | NotGiven = NOT_GIVEN,
         shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         max_failed_fraction: float | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
@@ -167,6 +170,9 @@ class KindMethods(Generic[R]):
         the epoch rates since the previous one (``"interval"``). Modes ``test`` and ``self`` fan out over the
         workers in shards of ``shard_size`` candidate triples (``"auto"``), failing when more than
         ``max_failed_fraction`` fail, retrying a failed shard ``shard_retries`` times.
+        ``estimator="trak"`` or ``"tracin_projected"`` (approximate) answers mode ``test`` from the features
+        :meth:`featurize` stored with the same checkpoints, layers, loss, ``projection_dim`` and ``seed``
+        (``damping``, default 0.01, for ``trak``); ``"exact"`` (default) is exact TracIn.
         """
         return self._submit("/tracin", _body(dict(locals())), idempotency_key)
 
@@ -212,6 +218,24 @@ class KindMethods(Generic[R]):
         inspecting 10% and 20% of the data, the recall curve, and the corrupted triples (``corrupted.tsv``).
         """
         return self._submit("/evaluate/mislabel", _body(dict(locals())), idempotency_key)
+
+    def featurize(
+        self, *, model: str,
+        checkpoints: Literal["all"] | Sequence[str] | NotGiven = NOT_GIVEN,
+        layers: Literal["all", "last"] | Sequence[str] | NotGiven = NOT_GIVEN,
+        loss: Literal["train", "score_bce"] | NotGiven = NOT_GIVEN,
+        proj_dim: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Store the projected gradient features of a ConvE model's training triples (queue ``bulk``; your own
+        model only), so that :meth:`tracin` with ``estimator="trak"`` or ``"tracin_projected"`` scores against
+        them. Only rows not stored yet are computed. Server defaults: ``checkpoints="all"``, ``layers="all"``,
+        ``loss="train"``, ``proj_dim=256``, ``seed=0``.
+        """
+        return self._submit("/featurize", _body(dict(locals())), idempotency_key)
 
     def train_bdh(
         self, *,

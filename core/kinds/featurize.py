@@ -1,0 +1,60 @@
+"""``POST /featurize``: store each training triple's projected gradient features of a ConvE model (no torch here).
+
+The features (:mod:`models.explain.features`) are kept in the file store under ``features/``, content-addressed by
+the checkpoint weights and the settings, so a repeated request computes nothing and appended training triples or a
+new checkpoint compute only what is new. Later TRAK and projected-TracIn queries of the model score against them.
+
+Only the model's owner may featurize it (the features are stored for as long as the model is used): another owner's
+model is a 409 on ``model``, as for every name an owner holds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from core import limits, registry
+from core.kinds.base import FieldConflict, JobKind, RequestModel, register
+from core.kinds.tracin import _check_checkpoints, _check_layers, model_vocab
+from core.settings import Settings
+
+MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: one k x k Gauss-Newton matrix per checkpoint
+MAX_SEED = 2**31 - 1
+Name = Annotated[str, StringConstraints(min_length=1, max_length=limits.MAX_TRIPLE_NAME_LENGTH)]
+
+
+class FeaturizeRequest(RequestModel):
+    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH,
+                       description="a ConvE model of the caller's")
+    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = "all"
+    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = "all"
+    loss: Literal["train", "score_bce"] = "train"
+    proj_dim: int = Field(256, ge=1, le=MAX_PROJ_DIM, description="projection dimension k of the gradients")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random projection")
+    batch_size: int = Field(256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE)
+
+
+def validate(req: FeaturizeRequest, settings: Settings, owner: str = "system") -> None:
+    vocab = model_vocab(settings, req.model)  # a ConvE model with files (422 on model otherwise)
+    entry = registry.get_model(settings, req.model) or {}
+    if entry.get("owner", registry.SYSTEM) != owner:
+        raise FieldConflict(("body", "model"), f"model {req.model!r} belongs to another owner; only its owner may "
+                            "featurize it", value=req.model)
+    _check_checkpoints(req, vocab)
+    _check_layers(req)
+
+
+register(JobKind(
+    name="featurize",
+    route="/featurize",
+    request=FeaturizeRequest,
+    queue="bulk",
+    func="workers.jobs.featurize:run",
+    timeout_s=4 * 3600,
+    result_ttl_s=7 * 24 * 3600,
+    summary="Store the projected gradient features of a ConvE model's training triples",
+    title="Gradient features",
+    pickers={"model": ("models", "conve")},
+    validate=validate,
+))

@@ -1,0 +1,306 @@
+"""Gradient feature store: stored scores equal direct scores, streaming top-k equals a full sort, only new rows are
+computed, the key follows every input, and ``POST /featurize`` validates, refuses another owner's model and runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from core import registry
+from core.filestore import Store
+from models.explain import features as F
+from models.explain.tracin import MemoryCheckpoint
+from models.explain.trak import tracin_projected_scores, trak_scores
+from models.kg.checkpoint import KGBundle, load
+from models.kg.train import TrainConfig, train_conve
+from models.kg.triples import load_nations
+
+TINY = {"epochs": 2, "batch_size": 256, "lr": 0.01, "embedding_dim": 8, "embedding_height": 2, "num_filters": 2,
+        "checkpoint_every": 1, "seed": 1}
+OPTS = {"layers": "all", "proj_dim": 16, "seed": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("conve")
+    train_conve(load_nations(), TrainConfig(**TINY), out, device="cpu")
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(model_dir) -> KGBundle:
+    return load(model_dir, "cpu")
+
+
+@pytest.fixture
+def store(tmp_path) -> Store:
+    return Store(str(tmp_path / "store"), tmp_path / "cache")
+
+
+def test_featurized_scores_equal_direct_scores(bundle, store):
+    test, train = bundle.dataset.test[:3], bundle.dataset.train[:400]
+    rep = F.featurize(store, bundle, "all", train=train, **OPTS)
+    assert rep["rows_computed"] == 2 * len(train)
+    idx = F.FeatureIndex(store, bundle, "all", train=train, **OPTS)
+    direct = trak_scores(bundle, "all", test, train, **OPTS)
+    stored = idx.scores(idx.queries(test, "trak"), tile_rows=150)        # several tiles, one partial
+    torch.testing.assert_close(stored, direct, rtol=1e-4, atol=1e-6 * float(direct.abs().max()))
+    direct_t = tracin_projected_scores(bundle, "all", test, train, **OPTS)
+    stored_t = idx.scores(idx.queries(test, "tracin_projected"), tile_rows=150)
+    torch.testing.assert_close(stored_t, direct_t, rtol=1e-4, atol=1e-6 * float(direct_t.abs().max()))
+    # the streaming top-k over the stored tiles is the full sort of the direct scores
+    top = idx.top_k(idx.queries(test, "trak"), 7, tile_rows=111)
+    ref = F.full_sort_top_k(direct, 7)
+    assert torch.equal(top.pro_idx, ref.pro_idx) and torch.equal(top.opp_idx, ref.opp_idx)
+    assert torch.equal(top.n_positive, ref.n_positive) and torch.equal(top.n_negative, ref.n_negative)
+
+
+def test_segments_and_tiles_are_bounded_and_many_segments_answer_the_same(bundle, store, monkeypatch):
+    assert F.segment_rows(256) == 65_536 and F.segment_rows(8192) == 8192
+    assert F.tile_rows_for(1) == 65_536 and F.tile_rows_for(10_000) == 2**24 // 10_000
+    monkeypatch.setattr(F, "segment_rows", lambda k: 128)
+    train, test = bundle.dataset.train[:400], bundle.dataset.test[:2]
+    F.featurize(store, bundle, "all", train=train, **OPTS)
+    idx = F.FeatureIndex(store, bundle, "all", train=train, **OPTS)
+    assert [(s.start, s.end) for s in idx.views[0].segs] == [(0, 128), (128, 256), (256, 384), (384, 400)]
+    direct = trak_scores(bundle, "all", test, train, **OPTS)
+    torch.testing.assert_close(idx.scores(idx.queries(test), tile_rows=100), direct, rtol=1e-4,
+                               atol=1e-6 * float(direct.abs().max()))
+
+
+def test_tiled_top_k_equals_full_sort_with_ties_and_short_rows():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(-3, 4, (5, 61), generator=g).float()       # many ties and zeros
+    scores[4] = -1.0                                                   # no positive score at all
+    for k in (0, 1, 4, 40):
+        for tile in (1, 7, 61, 100):
+            tiles = ((c, scores[:, c:c + tile]) for c in range(0, 61, tile))
+            got, ref = F.streaming_top_k(tiles, 5, k), F.full_sort_top_k(scores, k)
+            for name in ("pro_idx", "pro_val", "opp_idx", "opp_val", "n_positive", "n_negative"):
+                assert torch.equal(getattr(got, name), getattr(ref, name)), (k, tile, name)
+    assert bool((F.full_sort_top_k(scores, 4).pro_idx[4] == -1).all())
+
+
+def test_appended_rows_and_a_new_checkpoint_compute_only_what_is_new(bundle, store, monkeypatch):
+    train = bundle.dataset.train
+    counted = []
+    real = F.GradientProjector.features
+
+    def counting(self, triples):
+        counted.append(len(triples))
+        return real(self, triples)
+
+    monkeypatch.setattr(F.GradientProjector, "features", counting)
+    first = bundle.checkpoints[:1]
+    rep = F.featurize(store, bundle, first, train=train[:300], **OPTS)
+    assert sum(counted) == 300 and rep["checkpoints"][0]["computed"] == 300
+    counted.clear()
+    rep = F.featurize(store, bundle, first, train=train[:300], **OPTS)          # nothing new
+    assert sum(counted) == 0 and rep["rows_computed"] == 0
+    rep = F.featurize(store, bundle, first, train=train[:420], **OPTS)          # 120 appended triples
+    assert sum(counted) == 120 and rep["checkpoints"][0] == {**rep["checkpoints"][0], "reused": 300,
+                                                             "computed": 120}
+    counted.clear()
+    rep = F.featurize(store, bundle, "all", train=train[:420], **OPTS)          # the second checkpoint is new
+    assert sum(counted) == 420 and [c["computed"] for c in rep["checkpoints"]] == [0, 420]
+    # and the appended store answers exactly as one featurized in one go
+    monkeypatch.undo()
+    idx = F.FeatureIndex(store, bundle, "all", train=train[:420], **OPTS)
+    test = bundle.dataset.test[:2]
+    direct = trak_scores(bundle, "all", test, train[:420], **OPTS)
+    torch.testing.assert_close(idx.scores(idx.queries(test)), direct, rtol=1e-4,
+                               atol=1e-6 * float(direct.abs().max()))
+
+
+def test_a_changed_row_recomputes_from_there_and_missing_rows_are_refused(bundle, store):
+    train = bundle.dataset.train[:200].clone()
+    ck = bundle.checkpoints[:1]
+    F.featurize(store, bundle, ck, train=train, **OPTS)
+    with pytest.raises(F.NotFeaturized, match="50 of 250"):
+        F.FeatureIndex(store, bundle, ck, train=bundle.dataset.train[:250], **OPTS)
+    with pytest.raises(F.NotFeaturized):
+        F.FeatureIndex(store, bundle, ck, train=train, **{**OPTS, "seed": 5})
+    changed = train.clone()
+    changed[150] = bundle.dataset.train[500]
+    rep = F.featurize(store, bundle, ck, train=changed, **OPTS)
+    assert rep["checkpoints"][0]["reused"] == 0 and rep["checkpoints"][0]["computed"] == 200
+
+
+def test_key_changes_with_each_keyed_input(bundle):
+    ck = bundle.checkpoints[0]
+    digest = F.weights_digest(ck)
+    base = F.settings_for(bundle, "all", "train", 16, 0)
+    k0 = base.key(bundle.model.config, digest)
+    assert k0 == F.settings_for(bundle, "all", "train", 16, 0).key(bundle.model.config, digest)
+    others = [
+        F.settings_for(bundle, "last", "train", 16, 0).key(bundle.model.config, digest),
+        F.settings_for(bundle, "all", "score_bce", 16, 0).key(bundle.model.config, digest),
+        F.settings_for(bundle, "all", "train", 17, 0).key(bundle.model.config, digest),
+        F.settings_for(bundle, "all", "train", 16, 1).key(bundle.model.config, digest),
+        base.key(bundle.model.config, F.weights_digest(bundle.checkpoints[1])),
+    ]
+    cfg = copy.deepcopy(bundle.model.config)
+    cfg.label_smoothing = 0.2
+    others.append(base.key(cfg, digest))
+    state = ck.state_dict()
+    state["bn2.running_var"] = state["bn2.running_var"] + 1e-3          # a buffer, not a parameter
+    others.append(base.key(bundle.model.config, F.weights_digest(MemoryCheckpoint(state, ck.lr))))
+    assert len({k0, *others}) == len(others) + 1
+    # the same weights in memory give the same digest as the file
+    assert F.weights_digest(MemoryCheckpoint(ck.state_dict(), ck.lr)) == digest
+
+
+def test_stored_report_lists_the_direct_top_k_and_self_scores(bundle, store):
+    from models.explain.trak import self_scores
+
+    train = bundle.dataset.train[:400]
+    F.featurize(store, bundle, "all", train=train, **OPTS)
+    names = bundle.dataset.decode(bundle.dataset.test[:2])
+    result, rows = F.stored_report(store, bundle, names, estimator="trak", top_k=5, train=train, **OPTS)
+    direct = trak_scores(bundle, "all", bundle.dataset.test[:2], train, **OPTS)
+    ref = F.full_sort_top_k(direct, 5)
+    self_direct = self_scores(bundle, "all", train, **OPTS)
+    for i, entry in enumerate(result["results"]):
+        assert entry["n_candidates"] == len(train) and entry["test_triple"] == names[i]
+        got = [bundle.dataset.encode([p["train_triple"]])[0].tolist() for p in entry["proponents"]]
+        assert got == train[ref.pro_idx[i]].tolist()
+        for p, j in zip(entry["proponents"], ref.pro_idx[i].tolist(), strict=True):
+            assert p["influence"] == pytest.approx(float(direct[i, j]), rel=1e-4)
+            assert p["train_self_influence"] == pytest.approx(float(self_direct[j]), rel=1e-4)
+    assert len(rows) == sum(len(e["proponents"]) + len(e["opponents"]) for e in result["results"])
+    assert result["estimator"] == "trak" and result["approximate"] is True
+
+
+def test_stored_report_fails_on_a_non_finite_score(bundle, store, monkeypatch):
+    from models.common import NonFiniteError
+
+    train = bundle.dataset.train[:100]
+    F.featurize(store, bundle, "all", train=train, **OPTS)
+    real = F.FeatureIndex.queries
+
+    def poisoned(self, *a, **kw):
+        qs = real(self, *a, **kw)
+        qs[0][1, 0] = float("nan")
+        return qs
+
+    monkeypatch.setattr(F.FeatureIndex, "queries", poisoned)
+    names = bundle.dataset.decode(bundle.dataset.test[:2])
+    with pytest.raises(NonFiniteError, match="1 test triple") as exc:
+        F.stored_report(store, bundle, names, top_k=3, train=train, **OPTS)
+    assert exc.value.items == [names[1]]
+
+
+# ------------------------------------------------------------------------------------------------ the job kind
+ALICE = {"Authorization": "Bearer key-alice"}
+BOB = {"Authorization": "Bearer key-bob"}
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory, model_dir):
+    """The app over a private Redis (no workers): alice owns ``conve-a``."""
+    from tests.service import Service
+
+    svc = Service(tmp_path_factory.mktemp("feathome"), queues=(), api_keys="alice:key-alice,bob:key-bob",
+                  start=False)
+    registry.register_model(svc.settings, "conve-a", kind="conve", loader="models.kg.checkpoint:load",
+                            path=model_dir, owner="alice")
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize(("patch", "loc", "status"), [
+    ({"model": "nope"}, ["body", "model"], 422),
+    ({"checkpoints": ["epoch_9"]}, ["body", "checkpoints", 0], 422),
+    ({"layers": ["fc", "nope"]}, ["body", "layers", 1], 422),
+    ({"layers": ["ent.weight", "ent.weight:output"]}, ["body", "layers"], 422),
+    ({"proj_dim": 0}, ["body", "proj_dim"], 422),
+    ({"proj_dim": 8193}, ["body", "proj_dim"], 422),
+    ({"seed": -1}, ["body", "seed"], 422),
+    ({"loss": "mse"}, ["body", "loss"], 422),
+    ({"batch_size": 0}, ["body", "batch_size"], 422),
+    ({"estimator": "trak"}, ["body", "estimator"], 422),
+])
+def test_featurize_validation_names_the_field(api, patch, loc, status):
+    r = api.client.post("/featurize", json={"model": "conve-a", **patch}, headers=ALICE)
+    assert r.status_code == status, r.text
+    assert [d["loc"] for d in r.json()["detail"]] == [loc]
+
+
+def test_another_owners_model_is_refused(api):
+    r = api.client.post("/featurize", json={"model": "conve-a"}, headers=BOB)
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"]["loc"] == ["body", "model"]
+    ok = api.client.post("/featurize", json={"model": "conve-a", "proj_dim": 32}, headers=ALICE)
+    assert ok.status_code == 202, ok.text
+    assert ok.json()["kind"] == "featurize"
+
+
+TRACIN = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "projection_dim": 16, "top_k": 3}
+
+
+@pytest.mark.parametrize(("patch", "loc"), [
+    ({"estimator": "trak", "mode": "self", "test_triples": None}, ["body", "mode"]),
+    ({"estimator": "trak", "filter": {"n_hops": 1}}, ["body", "filter"]),
+    ({"estimator": "trak", "top_k": None}, ["body", "top_k"]),
+    ({"estimator": "tracin_projected", "projection_dim": None}, ["body", "projection_dim"]),
+    ({"estimator": "tracin_projected", "damping": 0.1}, ["body", "damping"]),
+    ({"estimator": "trak", "precision": "bf16"}, ["body", "precision"]),
+    ({"estimator": "trak", "damping": 0}, ["body", "damping"]),
+    ({"seed": 3}, ["body", "seed"]),
+    ({"damping": 0.5}, ["body", "damping"]),
+    ({"estimator": "datamodels"}, ["body", "estimator"]),
+    ({"estimator": "trak", "lr_weight": "interval"}, ["body", "lr_weight"]),
+])
+def test_tracin_stored_estimator_validation_names_the_field(api, patch, loc):
+    r = api.client.post("/tracin", json={**TRACIN, **patch}, headers=BOB)
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]] == [loc]
+
+
+def test_kind_limit_matches_the_estimator():
+    from core.kinds.featurize import MAX_PROJ_DIM
+    from models.explain.trak import MAX_PROJ_DIM as ENGINE_MAX
+
+    assert MAX_PROJ_DIM == ENGINE_MAX
+
+
+@pytest.mark.slow
+def test_featurize_job_end_to_end(tmp_path, model_dir):
+    """A real worker stores the features; a second request computes nothing."""
+    from tests.service import Service
+
+    with Service(tmp_path / "home", queues=("explain,bulk",), start=False) as svc:
+        registry.register_model(svc.settings, "conve-a", kind="conve", loader="models.kg.checkpoint:load",
+                                path=model_dir, owner="anonymous")  # the caller's name when auth is off
+        svc.start()
+        results = []
+        for _ in range(2):
+            r = svc.client.post("/featurize", json={"model": "conve-a", "proj_dim": 16, "layers": "last"})
+            assert r.status_code == 202, r.text
+            job = svc.wait(r.json()["id"], timeout_s=180)
+            assert job["status"] == "succeeded", (job, svc.worker_logs())
+            results.append(svc.client.get(job["result_url"]).json())
+        assert results[0]["rows_computed"] == 2 * results[0]["n_train"] == 2 * 1592
+        assert results[1]["rows_computed"] == 0
+        assert [c["key"] for c in results[0]["checkpoints"]] == [c["key"] for c in results[1]["checkpoints"]]
+        assert json.loads(svc.artifact(job["id"], "result.json"))["rows_computed"] == 0
+        assert "/" not in json.dumps(results[1]["checkpoints"])  # keys and names only, never a server path
+        # POST /tracin scores against the stored features; other settings were never featurized
+        body = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "top_k": 4, "layers": "last",
+                "projection_dim": 16, "estimator": "trak"}
+        r = svc.client.post("/tracin", json=body)
+        job = svc.wait(r.json()["id"], timeout_s=180)
+        assert job["status"] == "succeeded", (job, svc.worker_logs())
+        result = svc.client.get(job["result_url"]).json()
+        entry = result["results"][0]
+        assert result["estimator"] == "trak" and entry["n_candidates"] == 1592
+        assert len(entry["proponents"]) == min(4, entry["n_positive"]) and entry["proponents"][0]["influence"] > 0
+        r = svc.client.post("/tracin", json={**body, "seed": 9})
+        job = svc.wait(r.json()["id"], timeout_s=180)
+        assert job["status"] == "failed" and job["error"]["code"] == "not_featurized", job
