@@ -99,7 +99,7 @@ class TracInRequest(JobRequest):
         description=("'ghost' computes the dot products in factored form (fast); 'vmap' materialises per-example "
                      "gradients (the slow reference)"))
     estimator: Literal["exact", "tracin_projected", "trak"] = Field(
-        "exact", title="Estimator", json_schema_extra=ADVANCED,
+        "exact", title="Influence estimator", json_schema_extra=ADVANCED,
         description=("'exact': TracIn computed from the checkpoints; 'tracin_projected' (TracIn with projected "
                      "gradients, approximate) and 'trak' (projected gradients with a Gauss-Newton inverse) score "
                      "against the features stored by a featurize job with the same checkpoints, layers, loss, "
