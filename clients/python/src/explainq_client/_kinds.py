@@ -186,6 +186,8 @@ class KindMethods(Generic[R]):
         n_test: int | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -209,6 +211,8 @@ class KindMethods(Generic[R]):
         estimators: Sequence[str] | NotGiven = NOT_GIVEN,
         fraction: float | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -227,6 +231,8 @@ class KindMethods(Generic[R]):
         proj_dim: int | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         batch_size: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
