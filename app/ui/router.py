@@ -410,8 +410,27 @@ async def tracin_csv(request: Request, job_id: str, user: Session = Depends(curr
 async def models_page(request: Request, user: Session = Depends(current)) -> Response:
     async with Api(request, user) as api:
         data = await api.models()
-    return _page(request, "models.html", {"models": data.get("models", []), "datasets": data.get("datasets", [])},
-                 user=user)
+    models = data.get("models", [])
+    return _page(request, "models.html", {
+        "models": [m for m in models if m.get("status", "ready") == "ready"],
+        "preparing": [m for m in models if m.get("status") == "preparing"],
+        "datasets": data.get("datasets", [])}, user=user)
+
+
+# ------------------------------------------------------------------------------------------ system status
+@router.get("/status", response_class=HTMLResponse)
+async def status_strip(request: Request, user: Session = Depends(current)) -> Response:
+    """The status strip every page loads (``_status_strip.html``), from ``GET /status``."""
+    async with Api(request, user) as api:
+        st = await api.status()
+    return _page(request, "_status_strip.html", {"st": st}, user=user)
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers_page(request: Request, user: Session = Depends(current)) -> Response:
+    async with Api(request, user) as api:
+        st = await api.status()
+    return _page(request, "workers.html", {"st": st}, user=user)
 
 
 @router.get("/new", response_class=HTMLResponse)

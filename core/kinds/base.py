@@ -121,6 +121,19 @@ class FieldConflict(FieldError):
     code = "owned_by_other"
 
 
+class FieldUnavailable(FieldError):
+    """A field naming something that is being prepared (a demo model not registered yet): 503 with
+    ``Retry-After``, the seconds until it should be ready."""
+
+    status_code = 503
+    code = "preparing"
+
+    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None,
+                 retry_after_s: int = 30):
+        super().__init__(loc, message, value=value)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True)
 class JobKind:
     name: str
@@ -278,6 +291,13 @@ def require_model(settings: Settings, name: str, kind: str, field: str = "model"
 
     entry = registry.get_model(settings, name)
     if entry is None:
+        from core import demo_status
+
+        coming = demo_status.preparing(registry.connection(settings), "models", name)
+        if coming is not None:
+            raise FieldUnavailable(("body", field), f"{field}: model {name!r} is being prepared (demo step "
+                                   f"{coming['step']!r}, {coming['state']}); retry in about "
+                                   f"{coming['retry_after_s']} s", value=name, retry_after_s=coming["retry_after_s"])
         raise FieldError(("body", field), f"unknown model {name!r}", value=name)
     if entry.get("kind") != kind:
         raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not "

@@ -142,8 +142,25 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return _clean(report)
 
 
-def prepare_demo(settings: Any, progress: bool = True) -> None:
-    """Generate the synthetic datasets and train the demo models (idempotent: existing ones are kept)."""
+# Measured seconds of each demo model's preparation on 2 free cores (torch CPU); the demo's order uses them.
+DEMO_COSTS = {"nrms-minilm-demo": 60.0, "nrms-minilm-poisoned-demo": 60.0, "nrms-word-demo": 40.0,
+              "naml-demo": 60.0}
+
+
+def demo_steps() -> list[Any]:
+    """One step per news demo model (each makes the synthetic datasets first when they are missing)."""
+    from workers.demo import DemoStep
+
+    names = ("nrms-minilm-demo", "nrms-minilm-poisoned-demo", "nrms-word-demo", "naml-demo")
+    return [DemoStep(name, lambda settings, progress, name=name: prepare_demo(settings, progress, only=(name,)),
+                     models=(name,), datasets=("news-synthetic", "news-synthetic-poisoned"),
+                     kinds=("attributions", "train_news"), explains=True, cost_s=DEMO_COSTS[name])
+            for name in names]
+
+
+def prepare_demo(settings: Any, progress: bool = True, only: tuple[str, ...] | None = None) -> None:
+    """Generate the synthetic datasets and train the demo models (``only`` those named), idempotent: existing
+    ones are kept."""
     from tqdm.auto import tqdm
 
     from core import registry
@@ -159,6 +176,8 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     device = default_device()
     store = registry.store(settings)
     for spec in DEMOS:
+        if only is not None and spec.name not in only:
+            continue
         out_dir = settings.work_dir / "demo-models" / spec.name
         entry = registry.get_model(settings, spec.name)
         if entry is not None and entry.get("location") and store.exists(f"{entry['location']}/config.json"):
