@@ -90,19 +90,9 @@ def _show_jobs(redis: Any, workers: list[dict[str, Any]], caller: str | None) ->
             w["current_job"] = owned.get(w["name"], {"id": None, "kind": None, "yours": False})
 
 
-def live_worker_count(redis: Any, queue: str) -> int:
-    """How many workers listening on ``queue`` are alive (their RQ key has not expired)."""
-    members = sorted(redis.smembers(WORKERS_BY_QUEUE_KEY % queue))
-    if not members:
-        return 0
-    with redis.pipeline(transaction=False) as pipe:
-        for key in members:
-            pipe.hmget(key, "queues", "death")
-        return sum(1 for queues, death in pipe.execute() if queues is not None and death is None)
-
-
 async def alive_worker_count(aredis: Any, queue: str) -> int:
-    """``live_worker_count`` on the async client."""
+    """How many workers listening on ``queue`` are alive: registered with RQ, their key not expired, no death
+    recorded."""
     members = sorted(await aredis.smembers(WORKERS_BY_QUEUE_KEY % queue))
     if not members:
         return 0
