@@ -87,7 +87,8 @@ def main() -> None:
                     else:
                         time.sleep(0.25)
                         continue
-                models = call(base, "GET", "/models")[1].get("models", [])
+                models = [m for m in call(base, "GET", "/models")[1].get("models", [])
+                          if m.get("status", "ready") == "ready"]  # not the ones still being prepared
                 registered = {m["name"]: m for m in models}
                 if first_model is None:
                     demo = [m for m in models if m["name"] in DEMO_MODELS]

@@ -32,7 +32,7 @@ class DemoStep:
     datasets: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()  # the job kinds this step makes usable
     explains: bool = False  # those kinds explain a model (rather than train one)
-    cost_s: float = UNKNOWN_COST_S  # measured seconds on 2 free cores
+    cost_s: float = UNKNOWN_COST_S  # estimated seconds on 2 free cores
     module: str = ""
 
 

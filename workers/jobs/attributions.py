@@ -142,9 +142,11 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return _clean(report)
 
 
-# Measured seconds of each demo model's preparation on 2 free cores (torch CPU); the demo's order uses them.
-DEMO_COSTS = {"nrms-minilm-demo": 60.0, "nrms-minilm-poisoned-demo": 60.0, "nrms-word-demo": 40.0,
-              "naml-demo": 60.0}
+# Estimated seconds of each demo model's preparation on 2 free cores (the whole demo measured about 574 CPU-s,
+# docs/attributions.md; the frozen-MiniLM pair costs most): they order the demo and make its ETA. The clean MiniLM
+# model and its poisoned twin (the comparison's pair) come before NAML.
+DEMO_COSTS = {"nrms-word-demo": 40.0, "nrms-minilm-demo": 90.0, "nrms-minilm-poisoned-demo": 90.0,
+              "naml-demo": 100.0}
 
 
 def demo_steps() -> list[Any]:

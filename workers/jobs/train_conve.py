@@ -71,7 +71,7 @@ def run(payload: dict, ctx: JobContext) -> dict:
         raise JobError("invalid_request", str(exc)) from None
 
 
-DEMO_COST_S = 15.0  # measured seconds on 2 free cores (one torch thread), model and dataset registration included
+DEMO_COST_S = 15.0  # estimated seconds on 2 free cores (one torch thread; 24 to 33 s measured at load average 14)
 
 
 def demo_steps() -> list[Any]:
