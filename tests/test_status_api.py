@@ -126,6 +126,12 @@ def test_a_model_being_prepared_is_listed_preparing_and_a_request_naming_it_is_5
     assert r.status_code == 422 and "unknown model 'conve-nations-demo'" in r.text, r.text
     assert all(m["status"] == "ready" for m in api.get("/models").json()["models"])
     assert [s["state"] for s in api.get("/status").json()["demo"]["steps"]] == ["ready", "interrupted", "interrupted"]
+    with _demo(redis, "preparing"):  # a dataset still to come, as well
+        r = api.post("/ablations", json={"dataset": "lora-demo"})
+        assert r.status_code == 503 and r.json()["detail"]["loc"] == ["body", "dataset"], r.text
+        assert "dataset: dataset 'lora-demo' is being prepared" in r.json()["detail"]["message"]
+        assert int(r.headers["Retry-After"]) >= 5
+    assert api.post("/ablations", json={"dataset": "lora-demo"}).status_code == 422
 
 
 def test_the_strip_and_the_workers_page_say_when_no_worker_runs(api, redis) -> None:
