@@ -117,6 +117,9 @@ def test_a_model_being_prepared_is_listed_preparing_and_a_request_naming_it_is_5
         assert preparing["conve-nations-demo"]["preparation"]["state"] == "preparing"
         assert preparing["nrms-word-demo"]["preparation"]["state"] == "pending"
         assert {d["name"] for d in listed["datasets"] if d["status"] == "preparing"} == {"nations"}
+        from explainq_client.jobs import ModelList
+
+        assert {m.name for m in ModelList.from_json(listed).models if m.status == "preparing"} == set(preparing)
         status = api.get("/status").json()["demo"]
         assert status["active"] and [s["state"] for s in status["steps"]] == ["ready", "preparing", "pending"]
         page = api.get("/ui/models").text

@@ -204,9 +204,9 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
         _print_json({"models": [m.__dict__ for m in listing.models],
                      "datasets": [d.__dict__ for d in listing.datasets]})
         return EXIT_OK
-    _table(["model", "kind", "owner", "parameters", "devices", "loaded on"],
+    _table(["model", "kind", "owner", "parameters", "devices", "loaded on", "status"],
            [[m.name, m.kind, m.owner, m.parameters, ",".join(m.devices),
-             ",".join(str(w.get("worker")) for w in m.loaded_on)] for m in listing.models])
+             ",".join(str(w.get("worker")) for w in m.loaded_on), m.status] for m in listing.models])
     if listing.datasets:
         print()
         _table(["dataset", "kind", "owner"], [[d.name, d.kind, d.owner] for d in listing.datasets])

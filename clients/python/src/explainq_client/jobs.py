@@ -35,7 +35,9 @@ class Artifact:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """A registered model (``GET /models``): where it is loaded, who owns it."""
+    """A model of ``GET /models``: where it is loaded, who owns it; ``status`` is ``ready`` once registered,
+    ``preparing`` while the demo preparation has yet to register it (a request naming it is retried after its
+    ``Retry-After``)."""
 
     name: str
     kind: str | None
@@ -45,12 +47,13 @@ class ModelInfo:
     devices: list[str] = field(default_factory=list)
     loaded_on: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    status: str = "ready"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelInfo:
         return cls(str(data["name"]), data.get("kind"), data.get("parameters"), data.get("created_at"),
                    data.get("owner"), list(data.get("devices") or []), list(data.get("loaded_on") or []),
-                   dict(data.get("meta") or {}))
+                   dict(data.get("meta") or {}), str(data.get("status") or "ready"))
 
 
 @dataclass(frozen=True)
