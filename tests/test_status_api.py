@@ -50,6 +50,23 @@ def test_the_demo_plan_serves_an_explainable_model_first_and_every_explanation_k
     assert {"attributions", "tracin", "ablations"} <= served
 
 
+def _sdk_preparing(listed: dict) -> set[str]:
+    """The names the SDK (this checkout's, in a child process) reads as ``preparing`` from a GET /models answer."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "clients" / "python" / "src"
+    code = ("import json, sys\nfrom explainq_client.jobs import ModelList\n"
+            "print(json.dumps([m.name for m in ModelList.from_json(json.load(sys.stdin)).models "
+            "if m.status == 'preparing']))")
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(listed), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(src)}, check=True).stdout
+    return set(json.loads(out))
+
+
 # ------------------------------------------------------------------------------------------------ the API
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
@@ -117,9 +134,7 @@ def test_a_model_being_prepared_is_listed_preparing_and_a_request_naming_it_is_5
         assert preparing["conve-nations-demo"]["preparation"]["state"] == "preparing"
         assert preparing["nrms-word-demo"]["preparation"]["state"] == "pending"
         assert {d["name"] for d in listed["datasets"] if d["status"] == "preparing"} == {"nations"}
-        from explainq_client.jobs import ModelList
-
-        assert {m.name for m in ModelList.from_json(listed).models if m.status == "preparing"} == set(preparing)
+        assert _sdk_preparing(listed) == set(preparing)
         status = api.get("/status").json()["demo"]
         assert status["active"] and [s["state"] for s in status["steps"]] == ["ready", "preparing", "pending"]
         page = api.get("/ui/models").text
