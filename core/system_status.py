@@ -90,16 +90,20 @@ def _show_jobs(redis: Any, workers: list[dict[str, Any]], caller: str | None) ->
             w["current_job"] = owned.get(w["name"], {"id": None, "kind": None, "yours": False})
 
 
-async def alive_worker_count(aredis: Any, queue: str) -> int:
-    """How many workers listening on ``queue`` are alive: registered with RQ, their key not expired, no death
-    recorded."""
-    members = sorted(await aredis.smembers(WORKERS_BY_QUEUE_KEY % queue))
-    if not members:
-        return 0
-    async with aredis.pipeline(transaction=False) as pipe:
-        for key in members:
-            pipe.hmget(key, "queues", "death")
-        return sum(1 for queues, death in await pipe.execute() if queues is not None and death is None)
+# How many workers listening on a queue are alive: registered with RQ (KEYS[1], ``rq:workers:<queue>``), their
+# hash not expired, no death recorded. One round trip; the worker hashes are named by the set (a single Redis).
+LIVE_WORKERS_SCRIPT = """
+local n = 0
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local v = redis.call('HMGET', key, 'queues', 'death')
+  if v[1] and not v[2] then n = n + 1 end
+end
+return n
+"""
+
+
+def live_workers_keys(queue: str) -> list[str]:
+    return [WORKERS_BY_QUEUE_KEY % queue]
 
 
 def waiting_reason(queue: str | None, live: int, demo: dict[str, Any] | None) -> str | None:

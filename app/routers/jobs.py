@@ -36,6 +36,7 @@ router = APIRouter(tags=["jobs"])
 def register_scripts(app: Any) -> None:
     """The job view script (fields and queue position in one round trip) on the app's async Redis client."""
     app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
+    app.state.live_workers_script = app.state.aredis.register_script(system_status.LIVE_WORKERS_SCRIPT)
 
 JOB_EXAMPLE = {
     "id": "3f0c...", "kind": "attributions", "status": "running", "queue": "explain", "position": None,
@@ -117,12 +118,13 @@ async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position
 
 async def _waiting_reason(request: Request, view: dict[str, Any]) -> str | None:
     """Why a queued job does not start (core/system_status.py); None while a live worker listens on its queue.
-    One extra round trip for a queued job, two when no worker is there; none for any other job."""
+    One extra round trip for a queued job (one script), two when no worker is there; none for any other job."""
     aredis = request.app.state.aredis
     queue = view.get("queue")
     if not queue:
         return None
-    live = await system_status.alive_worker_count(aredis, queue)
+    live = await run_script(aredis, request.app.state.live_workers_script,
+                            system_status.live_workers_keys(queue), [])
     if live:
         return None
     return system_status.waiting_reason(queue, live, await demo_status.aread(aredis))
