@@ -172,6 +172,7 @@ def banner(host: str, port: int, listening: bool = True) -> str:
 
 
 DEMO_POLL_S = 0.5  # how often ``explainq up`` looks whether the demo's first model is ready
+WORKERS_AT_LATEST_S = 180.0  # the workers start by then even when no demo model is ready (a slow or stuck step)
 
 
 def first_model_ready(plan: dict | None) -> bool:
@@ -206,6 +207,7 @@ class Supervisor:
         self.backoff = (backoff_s, backoff_cap_s, healthy_s)
         self.stopping = False
         self.demo: subprocess.Popen | None = None
+        self.demo_started_at = 0.0
         self.workers_started = False
         self._demo_redis = None
         self._next_demo_poll = 0.0
@@ -245,6 +247,7 @@ class Supervisor:
         log.info("preparing demo models and data in the background (first start only; cached under %s); the "
                  "workers start when the first model is ready", self.settings.home)
         self.demo = self._start_demo()
+        self.demo_started_at = time.monotonic()
 
     def _start_demo(self) -> subprocess.Popen:
         """``explainq demo`` at the training workers' priority, so that interactive jobs come first."""
@@ -286,9 +289,13 @@ class Supervisor:
             if time.monotonic() < self._next_demo_poll:
                 return
             self._next_demo_poll = time.monotonic() + DEMO_POLL_S
-            if not first_model_ready(self._demo_plan()):
+            if first_model_ready(self._demo_plan()):
+                log.info("the first demo model is ready; starting the workers (the rest of the demo goes on)")
+            elif time.monotonic() - self.demo_started_at >= WORKERS_AT_LATEST_S:
+                log.warning("no demo model is ready after %.0f s; starting the workers anyway (the demo goes on)",
+                            WORKERS_AT_LATEST_S)
+            else:
                 return
-            log.info("the first demo model is ready; starting the workers (the rest of the demo goes on)")
         self.start_workers()
         if ended:
             self._demo_ended()

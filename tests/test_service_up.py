@@ -143,4 +143,15 @@ def test_up_prints_the_dashboard_url_first_and_starts_workers_once_the_first_dem
     sup._next_demo_poll = 0.0
     sup.check_demo()
     assert spawned[0] == "api" and len(spawned) > 1  # the first model is ready: the workers start
+    # a demo step that never ends holds the workers back for WORKERS_AT_LATEST_S at most
+    late = cli.Supervisor(args)
+    late_spawned: list[str] = []
+    monkeypatch.setattr(late, "_spawn", late_spawned.append)
+    monkeypatch.setattr(late, "_demo_plan", lambda: {"steps": [{"name": "m", "models": ["m"], "state": "preparing"}]})
+    late.demo, late.demo_started_at = Running(), time.monotonic()
+    late.check_demo()
+    assert late_spawned == []
+    late.demo_started_at, late._next_demo_poll = time.monotonic() - cli.WORKERS_AT_LATEST_S, 0.0
+    late.check_demo()
+    assert late_spawned and all(name.startswith("worker:") for name in late_spawned)
     assert cli.banner("::", 8000).split()[4] == "http://[::]:8000/ui"
