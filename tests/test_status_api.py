@@ -50,8 +50,8 @@ def test_the_demo_plan_serves_an_explainable_model_first_and_every_explanation_k
     assert {"attributions", "tracin", "ablations"} <= served
 
 
-def _sdk_preparing(listed: dict) -> set[str]:
-    """The names the SDK (this checkout's, in a child process) reads as ``preparing`` from a GET /models answer."""
+def _sdk(code: str, data: dict) -> str:
+    """``code`` run with this checkout's SDK in a child process, ``data`` as JSON on its stdin; its stdout."""
     import json
     import os
     import subprocess
@@ -59,12 +59,17 @@ def _sdk_preparing(listed: dict) -> set[str]:
     from pathlib import Path
 
     src = Path(__file__).resolve().parent.parent / "clients" / "python" / "src"
-    code = ("import json, sys\nfrom explainq_client.jobs import ModelList\n"
-            "print(json.dumps([m.name for m in ModelList.from_json(json.load(sys.stdin)).models "
-            "if m.status == 'preparing']))")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(listed), capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(src)}, check=True).stdout
-    return set(json.loads(out))
+    return subprocess.run([sys.executable, "-c", code], input=json.dumps(data), capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(src)}, check=True).stdout
+
+
+def _sdk_preparing(listed: dict) -> set[str]:
+    """The names the SDK reads as ``preparing`` from a GET /models answer."""
+    import json
+
+    return set(json.loads(_sdk("import json, sys\nfrom explainq_client.jobs import ModelList\n"
+                               "print(json.dumps([m.name for m in ModelList.from_json(json.load(sys.stdin)).models "
+                               "if m.status == 'preparing']))", listed)))
 
 
 # ------------------------------------------------------------------------------------------------ the API
@@ -114,6 +119,13 @@ def test_a_queued_job_with_no_worker_on_its_queue_says_why(api, redis) -> None:
     assert api.get(f"/jobs/{job_id}").json()["waiting_reason"] is None
     redis.hset("rq:worker:fake.1", "death", "2026-01-01T00:00:00.000000Z")  # a dead one counts for nothing
     assert api.get(f"/jobs/{job_id}").json()["waiting_reason"] is not None
+    # the SDK and its CLI's progress line say it too
+    waiting = api.get(f"/jobs/{job_id}").json()
+    line = _sdk("import io, json, sys\nfrom explainq_client.cli import ProgressBar\n"
+                "from explainq_client.jobs import JobBase\nout = io.StringIO()\n"
+                "job = JobBase(json.load(sys.stdin))\nProgressBar(out).update(job)\n"
+                "print(job.waiting_reason)\nprint(out.getvalue().strip())", waiting).splitlines()
+    assert line[0] == waiting["waiting_reason"] and line[1].startswith("queued") and waiting["waiting_reason"] in line[1]
     api.delete(f"/jobs/{job_id}")
 
 

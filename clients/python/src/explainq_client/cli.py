@@ -54,6 +54,8 @@ class ProgressBar:
             bar = ""
         eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None and not job.done else ""
         message = f"  {p['message']}" if p.get("message") else ""
+        if job.status == "queued" and job.waiting_reason:
+            message = f"  {job.waiting_reason}"
         where = f" (position {job.position} in {job.queue})" if job.status == "queued" and job.position is not None \
             else ""
         line = f"{job.status:<9}{where} {bar}{eta}{message}".rstrip()

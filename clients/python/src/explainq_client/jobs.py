@@ -175,6 +175,11 @@ class JobBase:
         return self._view.get("position")
 
     @property
+    def waiting_reason(self) -> str | None:
+        """Why a queued job does not start (no live worker on its queue yet), when the server says; else None."""
+        return self._view.get("waiting_reason")
+
+    @property
     def created_at(self) -> str | None:
         """ISO 8601, UTC."""
         return self._view.get("created_at")
