@@ -104,6 +104,8 @@ def cmd_gc(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     if args.nice:
         os.nice(args.nice)
+    # Stopped by `explainq up` (SIGTERM): unwind, so that its record in Redis says at once that it no longer runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     from workers.demo import prepare_all
 
     prepare_all(Settings(), progress=True, only=args.only)
@@ -177,7 +179,7 @@ WORKERS_AT_LATEST_S = 180.0  # the workers start by then even when no demo model
 
 def first_model_ready(plan: dict | None) -> bool:
     """Whether the demo (``core.demo_status.read``) has registered a model, or registers none at all, so that the
-    workers can start: the plan's first step with models is ``ready`` (a ``failed`` one does not count)."""
+    workers can start: a step with models is ``ready`` (a ``failed`` one does not count)."""
     if not plan or not plan.get("steps"):
         return False
     with_models = [s for s in plan["steps"] if s.get("models")]

@@ -231,3 +231,36 @@ def test_workers_lists_a_live_worker_with_its_loaded_model_and_no_server_path(sv
     assert "No worker is running" not in strip and "counter" in strip
     svc.client.cookies.clear()
     svc.client.delete(f"/jobs/{job_id}", headers=alice)
+
+
+@pytest.mark.slow
+def test_a_stopped_demo_says_at_once_that_it_no_longer_runs(redis_settings) -> None:
+    """``explainq up`` stops the demo with SIGTERM: its record is closed then, not 30 s later when the key expires."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import redis as redis_lib
+
+    r = redis_lib.Redis.from_url(redis_settings.redis_url)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "EXPLAINQ_HOME": str(redis_settings.home), "REDIS_URL": redis_settings.redis_url,
+           "PYTHONPATH": str(root)}
+    proc = subprocess.Popen([sys.executable, "-m", "explainq.cli", "demo", "--only", "conve-nations-demo"], env=env,
+                            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while demo_status.read(r)["counts"]["preparing"] != 1:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    status = demo_status.read(r)
+    assert not status["active"] and r.ttl(keys.DEMO_ALIVE) == -2
+    assert [s["state"] for s in status["steps"]] == ["interrupted"]
