@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import security
-from app.routers import artifacts, estimates, health, imports, jobs, models, submit
+from app.routers import artifacts, estimates, health, imports, jobs, models, status, submit
 from app.routers import metrics as metrics_router
 from app.ui import router as ui
 from core import kinds as kinds_pkg
@@ -212,7 +212,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(FieldError)
     async def field_error(_: Request, exc: FieldError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code, content=finite_json(exc.body()))
+        retry = getattr(exc, "retry_after_s", None)
+        return JSONResponse(status_code=exc.status_code, content=finite_json(exc.body()),
+                            headers={"Retry-After": str(retry)} if retry is not None else None)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
@@ -248,6 +250,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     metrics_router.install(app)
     app.include_router(models.router)
+    app.include_router(status.router)
     app.include_router(artifacts.router)
     app.include_router(imports.router)
     app.include_router(ui.router)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from core import registry
-from core.kinds.base import FieldConflict, FieldError
+from core.kinds.base import FieldConflict, FieldError, refuse_if_preparing
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 
@@ -72,6 +72,7 @@ def resolve(settings: Settings, value: str, owner: str, kind: str, field: str = 
         return DatasetRef(path=directory)
     if entry is not None:
         return DatasetRef(entry=_of_kind(entry, value, kind, loc, kind_label))
+    refuse_if_preparing(settings, "datasets", value, loc)
     raise FieldError(loc, f"unknown dataset {value!r}: neither a registered dataset nor a directory under the data "
                      "roots", value=value)
 

@@ -37,6 +37,8 @@ METRICS_FINISHED = "explainq:metrics:finished"
 METRICS_DURATION = "explainq:metrics:duration"
 METRICS_MODEL_LOADS = "explainq:metrics:model_loads"
 ALIVE_PREFIX = "explainq:alive:"
+DEMO_PLAN = "explainq:demo:plan"
+DEMO_ALIVE = "explainq:demo:alive"
 
 
 def owner_jobs(owner: str) -> str:
@@ -148,5 +150,7 @@ KEYS: dict[str, str] = {
     METRICS_MODEL_LOADS: "model loads and their time, by model",
     "explainq:rate:<kind>:<model>": "measured throughput (moving average) that sizes shards",
     UI_SECRET: "the dashboard's cookie-signing secret, generated once",
+    DEMO_PLAN: "the demo preparation's plan: its steps in order, the models and datasets each registers, their state",
+    DEMO_ALIVE: "set while the demo preparation runs, TTL 30 s (a step left unfinished by a dead one is not coming)",
     "explainq:ui:session:<sha256>": "a dashboard session: its API key's fingerprint and CSRF token, TTL = its lifetime",
 }

@@ -102,6 +102,10 @@ def cmd_gc(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    if args.nice:
+        os.nice(args.nice)
+    # Stopped by `explainq up` (SIGTERM): unwind, so that its record in Redis says at once that it no longer runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     from workers.demo import prepare_all
 
     prepare_all(Settings(), progress=True, only=args.only)
@@ -161,7 +165,7 @@ class Restarts:
 
 
 def banner(host: str, port: int, listening: bool = True) -> str:
-    """The line ``explainq up`` prints once the API listens (before demo preparation and the workers): the
+    """The line ``explainq up`` prints once the API listens (before the demo preparation and the workers): the
     dashboard's address."""
     if ":" in host:
         host = f"[{host}]"
@@ -169,9 +173,25 @@ def banner(host: str, port: int, listening: bool = True) -> str:
     return f"explainq {state}: dashboard http://{host}:{port}/ui  (API docs at /docs; Ctrl-C stops)"
 
 
+DEMO_POLL_S = 0.5  # how often ``explainq up`` looks whether the demo's first model is ready
+WORKERS_AT_LATEST_S = 180.0  # the workers start by then even when no demo model is ready (a slow or stuck step)
+
+
+def first_model_ready(plan: dict | None) -> bool:
+    """Whether the demo (``core.demo_status.read``) has registered a model, or registers none at all, so that the
+    workers can start: a step with models is ``ready`` (a ``failed`` one does not count)."""
+    if not plan or not plan.get("steps"):
+        return False
+    with_models = [s for s in plan["steps"] if s.get("models")]
+    if not with_models:
+        return True
+    return any(s["state"] == "ready" for s in with_models)
+
+
 class Supervisor:
-    """Redis (embedded unless REDIS_URL is set), the API, and one worker per queue; restarts what dies, with
-    exponential backoff for a process that keeps crashing."""
+    """Redis (embedded unless REDIS_URL is set), the API, the demo preparation in the background, and the workers
+    (started as soon as the demo's first model is ready); restarts what dies, with exponential backoff for a
+    process that keeps crashing."""
 
     def __init__(self, args: argparse.Namespace, backoff_s: float = 1.0, backoff_cap_s: float = 60.0,
                  healthy_s: float = 60.0):
@@ -188,6 +208,11 @@ class Supervisor:
         self.restarts: dict[str, Restarts] = {}
         self.backoff = (backoff_s, backoff_cap_s, healthy_s)
         self.stopping = False
+        self.demo: subprocess.Popen | None = None
+        self.demo_started_at = 0.0
+        self.workers_started = False
+        self._demo_redis = None
+        self._next_demo_poll = 0.0
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.plan = split_threads(worker_specs(args), cores)
 
@@ -218,16 +243,74 @@ class Supervisor:
         self._spawn("api")
         listening = self.wait_for_api()
         print(banner(self.args.host, self.args.port, listening), flush=True)
-        if not self.args.no_demo:
-            log.info("preparing demo models and data (first start only; cached under %s)", self.settings.home)
-            demo = subprocess.run([sys.executable, "-m", "explainq.cli", "demo"], env=self.env)
-            if demo.returncode != 0:
-                log.error("demo preparation failed (exit %s); the service runs without the missing demos",
-                          demo.returncode)
+        if self.args.no_demo:
+            self.start_workers()
+            return
+        log.info("preparing demo models and data in the background (first start only; cached under %s); the "
+                 "workers start when the first model is ready", self.settings.home)
+        self.demo = self._start_demo()
+        self.demo_started_at = time.monotonic()
+
+    def _start_demo(self) -> subprocess.Popen:
+        """``explainq demo`` at the training workers' priority, so that interactive jobs come first."""
+        return subprocess.Popen([sys.executable, "-m", "explainq.cli", "demo", "--nice", str(TRAIN_NICE)],
+                                env=self.env)
+
+    def start_workers(self) -> None:
+        if self.workers_started:
+            return
+        self.workers_started = True
         for queue, (threads, nice) in self.plan.items():
             log.info("worker %s: %d cpu thread(s), nice %d", queue, threads, nice)
             self._spawn(f"worker:{queue}")
         log.info("workers started; the service is ready")
+
+    def _demo_plan(self) -> dict | None:
+        """The demo's plan and progress as recorded in Redis; None while Redis cannot tell."""
+        from core import demo_status
+        from core.redis_server import redis_client
+
+        url = self.env.get("REDIS_URL") or self.settings.redis_url
+        if not url:
+            return None
+        try:
+            if self._demo_redis is None:
+                self._demo_redis = redis_client(url, self.settings.redis_timeout_s)
+            return demo_status.read(self._demo_redis)
+        except Exception:  # Redis restarting: look again at the next poll
+            return None
+
+    def check_demo(self) -> None:
+        """Start the workers once the demo's first model is ready, or once the demo process has ended."""
+        if self.demo is None or self.workers_started:
+            if self.demo is not None and self.demo.poll() is not None:
+                self._demo_ended()
+            return
+        ended = self.demo.poll() is not None
+        if not ended:
+            if time.monotonic() < self._next_demo_poll:
+                return
+            self._next_demo_poll = time.monotonic() + DEMO_POLL_S
+            if first_model_ready(self._demo_plan()):
+                log.info("the first demo model is ready; starting the workers (the rest of the demo goes on)")
+            elif time.monotonic() - self.demo_started_at >= WORKERS_AT_LATEST_S:
+                log.warning("no demo model is ready after %.0f s; starting the workers anyway (the demo goes on)",
+                            WORKERS_AT_LATEST_S)
+            else:
+                return
+        self.start_workers()
+        if ended:
+            self._demo_ended()
+
+    def _demo_ended(self) -> None:
+        if self.demo is None:
+            return
+        if self.demo.returncode != 0:
+            log.error("demo preparation failed (%s); the service runs without the missing demos",
+                      exit_reason(self.demo.returncode))
+        else:
+            log.info("demo preparation finished")
+        self.demo = None
 
     def wait_for_api(self, timeout_s: float = 60.0) -> bool:
         """Wait until the API accepts connections on its port; False when it exits or ``timeout_s`` passes first."""
@@ -279,6 +362,7 @@ class Supervisor:
         self.gc_proc: subprocess.Popen | None = None
         while not self.stopping:
             self._maybe_gc()
+            self.check_demo()
             self.check()
             time.sleep(0.2)
 
@@ -287,11 +371,14 @@ class Supervisor:
 
     def shutdown(self) -> None:
         log.info("stopping: workers finish or requeue their jobs, then the API and Redis stop")
-        for proc in self.procs.values():
+        procs = dict(self.procs)
+        if self.demo is not None and self.demo.poll() is None:
+            procs["demo"] = self.demo  # idempotent steps: the next start finishes what it left
+        for proc in procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.args.grace_s
-        for name, proc in self.procs.items():
+        for name, proc in procs.items():
             try:
                 proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
@@ -365,7 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=cmd_gc)
 
     demo = sub.add_parser("demo", help="prepare the demo models and data (idempotent)")
-    demo.add_argument("--only", default=None, help="comma-separated job modules, e.g. tracin,attributions")
+    demo.add_argument("--only", default=None,
+                      help="comma-separated job modules or step names, e.g. train_conve,nrms-minilm-demo")
+    demo.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much")
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -98,7 +98,7 @@ def test_api_refuses_public_bind_without_keys(tmp_path):
         assert r.returncode != 0 and "refusing to listen" in r.stderr
 
 
-def test_up_prints_the_dashboard_url_as_soon_as_the_api_listens_before_the_demos(tmp_path, monkeypatch, capsys):
+def test_up_prints_the_dashboard_url_first_and_starts_workers_once_the_first_demo_model_is_ready(tmp_path, monkeypatch, capsys):
     import socket
 
     from explainq import cli
@@ -121,17 +121,37 @@ def test_up_prints_the_dashboard_url_as_soon_as_the_api_listens_before_the_demos
 
     printed_before_demo: list[str] = []
 
-    def demo(*_a, **_k):
+    def demo():
         printed_before_demo.append(capsys.readouterr().out)
-        return subprocess.CompletedProcess([], 0)
+        return Running()
 
     monkeypatch.setattr(sup, "_spawn", spawn)
-    monkeypatch.setattr(cli.subprocess, "run", demo)
+    monkeypatch.setattr(sup, "_start_demo", demo)
     try:
         sup.start()
     finally:
         listener.close()
     assert f"http://127.0.0.1:{port}/ui" in printed_before_demo[0]
     assert "explainq is up" in printed_before_demo[0]
-    assert spawned[0] == "api" and len(spawned) > 1  # the workers start after the demos
+    assert spawned == ["api"]  # the demo runs in the background; the workers wait for its first model
+    plan = {"steps": [{"name": "lora-demo", "models": [], "state": "ready"},
+                      {"name": "m", "models": ["m"], "state": "preparing"}]}
+    monkeypatch.setattr(sup, "_demo_plan", lambda: plan)
+    sup.check_demo()
+    assert spawned == ["api"]
+    plan["steps"][1]["state"] = "ready"
+    sup._next_demo_poll = 0.0
+    sup.check_demo()
+    assert spawned[0] == "api" and len(spawned) > 1  # the first model is ready: the workers start
+    # a demo step that never ends holds the workers back for WORKERS_AT_LATEST_S at most
+    late = cli.Supervisor(args)
+    late_spawned: list[str] = []
+    monkeypatch.setattr(late, "_spawn", late_spawned.append)
+    monkeypatch.setattr(late, "_demo_plan", lambda: {"steps": [{"name": "m", "models": ["m"], "state": "preparing"}]})
+    late.demo, late.demo_started_at = Running(), time.monotonic()
+    late.check_demo()
+    assert late_spawned == []
+    late.demo_started_at, late._next_demo_poll = time.monotonic() - cli.WORKERS_AT_LATEST_S, 0.0
+    late.check_demo()
+    assert late_spawned and all(name.startswith("worker:") for name in late_spawned)
     assert cli.banner("::", 8000).split()[4] == "http://[::]:8000/ui"

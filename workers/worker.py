@@ -288,7 +288,7 @@ class ExplainqWorker(SimpleWorker):
         if self.models is None:
             return
         info = {"worker": self.name, "queues": self.queue_names(), "pid": os.getpid(),
-                "models": self.models.describe()}
+                "models": self.models.describe(), "device": str(self.models.device), "rss_bytes": rss_bytes()}
         ttl = int(self.worker_ttl) + 30
         with self.connection.pipeline() as pipe:
             pipe.set(keys.worker_models(self.name), json.dumps(info), ex=ttl)
@@ -333,6 +333,22 @@ class ExplainqWorker(SimpleWorker):
             log.warning("could not unregister (redis unreachable): %s", exc)
             return
         super().register_death()
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (Linux ``/proc``), else its peak (``getrusage``), else None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) * (1 if sys.platform == "darwin" else 1024)
+    except (ImportError, OSError):
+        return None
 
 
 def apply_thread_budget(threads: int | None) -> None:

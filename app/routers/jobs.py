@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.deps import caller
-from core import fanout, limits
+from core import demo_status, fanout, limits, system_status
 from core.jobstore import aresolve_prefix, decode_cursor, is_id_prefix, run_script
 from core.jobview import (
     STATUSES,
@@ -38,13 +38,14 @@ router = APIRouter(tags=["jobs"])
 def register_scripts(app: Any) -> None:
     """The job view script (fields and queue position in one round trip) on the app's async Redis client."""
     app.state.view_script = app.state.aredis.register_script(VIEW_SCRIPT)
+    app.state.live_workers_script = app.state.aredis.register_script(system_status.LIVE_WORKERS_SCRIPT)
 
 JOB_EXAMPLE = {
     "id": "3f0c...", "kind": "attributions", "label": "baseline run", "tags": ["nrms"], "model": "nrms-demo",
     "input": "1 sample: “Lakers win”", "status": "running", "queue": "explain", "position": None,
     "created_at": "2026-01-01T12:00:00.000000Z", "started_at": "2026-01-01T12:00:01.000000Z", "finished_at": None,
     "progress": {"done": 120, "total": 400, "unit": "samples", "message": "...", "eta_s": 31.5},
-    "metrics": None, "error": None, "result_url": None,
+    "metrics": None, "error": None, "result_url": None, "waiting_reason": None,
     "links": {"self": "/jobs/3f0c...", "cancel": "/jobs/3f0c...", "events": "/jobs/3f0c.../events"},
 }
 
@@ -114,7 +115,22 @@ async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position
     view = job_view(job_id, raw, position=position, meta=meta)
     if b'"fanout"' in raw.get(b"meta", b""):
         view = await run_in_threadpool(fanout.apply, request.app.state.redis, job_id, view, raw)
+    view["waiting_reason"] = await _waiting_reason(request, view) if view["status"] == "queued" else None
     return view
+
+
+async def _waiting_reason(request: Request, view: dict[str, Any]) -> str | None:
+    """Why a queued job does not start (core/system_status.py); None while a live worker listens on its queue.
+    One extra round trip for a queued job (one script), two when no worker is there; none for any other job."""
+    aredis = request.app.state.aredis
+    queue = view.get("queue")
+    if not queue:
+        return None
+    live = await run_script(aredis, request.app.state.live_workers_script,
+                            system_status.live_workers_keys(queue), [])
+    if live:
+        return None
+    return system_status.waiting_reason(queue, live, await demo_status.aread(aredis))
 
 
 # The path parameter as FastAPI documents a ``job_id: str`` argument.

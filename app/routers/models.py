@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
-from core import keys, limits, registry
+from core import demo_status, keys, limits, registry
 from core.kinds.base import FieldError
 from core.kinds.tracin import model_vocab
 
@@ -17,7 +17,9 @@ router = APIRouter(tags=["models"])
 
 
 
-@router.get("/models", summary="Registered models: name, kind, parameters, and the workers that hold them")
+@router.get("/models", summary="Registered models: name, kind, parameters, and the workers that hold them",
+            description="Each model and dataset has a `status`: `ready` when registered, `preparing` while the demo "
+            "preparation has yet to register it (a request naming it is then a 503 with `Retry-After`).")
 def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, Any]:
     settings = request.app.state.settings
     redis = request.app.state.redis
@@ -41,6 +43,7 @@ def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, An
         out.append(
             {
                 "name": name,
+                "status": "ready",
                 "kind": entry.get("kind"),
                 "owner": entry.get("owner"),
                 "preload": bool(entry.get("preload")),
@@ -52,11 +55,21 @@ def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, An
             }
         )
     datasets = [
-        {"name": name, "kind": entry.get("kind"), "owner": entry.get("owner"), "created_at": entry.get("created_at"),
-         "meta": entry.get("meta", {})}
+        {"name": name, "status": "ready", "kind": entry.get("kind"), "owner": entry.get("owner"),
+         "created_at": entry.get("created_at"), "meta": entry.get("meta", {})}
         for name, entry in sorted(registry.list_datasets(settings).items())
     ]
+    demo = demo_status.read(redis)
+    out.extend(_preparing(demo, "models", {m["name"] for m in out}))
+    datasets.extend(_preparing(demo, "datasets", {d["name"] for d in datasets}))
     return {"models": out, "datasets": datasets}
+
+
+def _preparing(demo: dict[str, Any], section: str, registered: set[str]) -> list[dict[str, Any]]:
+    """The demo's models or datasets that are not registered yet, as ``preparing`` entries."""
+    return [{"name": name, "status": "preparing", "kind": None, "owner": None,
+             "preparation": {"step": info["step"], "state": info["state"], "retry_after_s": info["retry_after_s"]}}
+            for name, info in sorted(demo_status.coming(demo, section).items()) if name not in registered]
 
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"

@@ -85,6 +85,9 @@ class Api:
     async def models(self) -> dict[str, Any]:
         return await self.get("/models")
 
+    async def status(self) -> dict[str, Any]:
+        return await self.get("/status")
+
     async def openapi(self) -> dict[str, Any]:
         return await self.get("/openapi.json")
 

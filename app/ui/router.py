@@ -540,14 +540,32 @@ async def models_page(request: Request, deleted: str | None = Query(None, max_le
     async with Api(request, user) as api:
         data = await api.models()
         kinds = (await api.get("/kinds")).get("kinds") or []
+    listed = data.get("models", [])
     models = [{**m, "actions": explain_actions(kinds, m.get("kind")),
                "job_id": (m.get("meta") or {}).get("job_id") if isinstance(m.get("meta"), dict) else None,
                "mine": m.get("owner") == user.owner}
-              for m in data.get("models", [])]
+              for m in listed if m.get("status", "ready") == "ready"]
     names = {m["name"] for m in models}
     return _page(request, "models.html", {"models": models, "datasets": data.get("datasets", []),
+                                          "preparing": [m for m in listed if m.get("status") == "preparing"],
                                           "deleted": deleted if deleted and deleted not in names else None},
                  user=user)
+
+
+# ------------------------------------------------------------------------------------------ system status
+@router.get("/status", response_class=HTMLResponse)
+async def status_strip(request: Request, user: Session = Depends(current)) -> Response:
+    """The status strip every page loads (``_status_strip.html``), from ``GET /status``."""
+    async with Api(request, user) as api:
+        st = await api.status()
+    return _page(request, "_status_strip.html", {"st": st}, user=user)
+
+
+@router.get("/workers", response_class=HTMLResponse)
+async def workers_page(request: Request, user: Session = Depends(current)) -> Response:
+    async with Api(request, user) as api:
+        st = await api.status()
+    return _page(request, "workers.html", {"st": st}, user=user)
 
 
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"

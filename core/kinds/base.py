@@ -262,6 +262,19 @@ class FieldConflict(FieldError):
     code = "owned_by_other"
 
 
+class FieldUnavailable(FieldError):
+    """A field naming something that is being prepared (a demo model not registered yet): 503 with
+    ``Retry-After``, the seconds until it should be ready."""
+
+    status_code = 503
+    code = "preparing"
+
+    def __init__(self, loc: tuple[str | int, ...] | list[str | int], message: str, value: Any = None,
+                 retry_after_s: int = 30):
+        super().__init__(loc, message, value=value)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True)
 class JobKind:
     name: str
@@ -432,6 +445,19 @@ def require_new_name(settings: Settings, name: str, owner: str, kind: str, overw
                          f"{kind} models only", value=name)
 
 
+def refuse_if_preparing(settings: Settings, section: str, name: str, loc: tuple[str | int, ...]) -> None:
+    """A ``FieldUnavailable`` (503, ``Retry-After``) when the live demo preparation has yet to register ``name`` in
+    ``section`` (``models`` or ``datasets``); nothing otherwise (core/demo_status.py)."""
+    from core import demo_status, registry
+
+    coming = demo_status.preparing(registry.connection(settings), section, name)
+    if coming is not None:
+        field = ".".join(str(p) for p in loc[1:])
+        raise FieldUnavailable(loc, f"{field}: {section[:-1]} {name!r} is being prepared (demo step "
+                               f"{coming['step']!r}, {coming['state']}); retry in about {coming['retry_after_s']} s",
+                               value=name, retry_after_s=coming["retry_after_s"])
+
+
 def require_model(settings: Settings, name: str, kind: str, field: str = "model",
                   kind_label: str | None = None) -> dict[str, Any]:
     """The registry entry of model ``name``, which must be of ``kind``; a FieldError on ``field`` otherwise."""
@@ -439,6 +465,7 @@ def require_model(settings: Settings, name: str, kind: str, field: str = "model"
 
     entry = registry.get_model(settings, name)
     if entry is None:
+        refuse_if_preparing(settings, "models", name, ("body", field))
         raise FieldError(("body", field), f"unknown model {name!r}", value=name)
     if entry.get("kind") != kind:
         raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not "

@@ -103,6 +103,13 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return {**_summary(result), "table": table, "artifacts": ctx.artifacts()}
 
 
+def demo_steps() -> list[Any]:
+    from workers.demo import DemoStep
+
+    return [DemoStep(DEMO_NAME, prepare_demo, datasets=(DEMO_NAME,), kinds=("ablations",), explains=True,
+                     cost_s=3.0)]
+
+
 def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Generate (once) and register the small synthetic demo dataset ``lora-demo``."""
     from models.lora.synthetic import generate_dataset

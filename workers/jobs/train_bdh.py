@@ -173,6 +173,12 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     }
 
 
+def demo_steps() -> list[Any]:
+    from workers.demo import DemoStep
+
+    return [DemoStep("vision-datasets", prepare_demo, datasets=("digits",), kinds=("train_bdh",), cost_s=2.0)]
+
+
 def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Register the datasets ``POST /train/bdh`` can use here: digits (bundled) and CIFAR when extracted.
 

@@ -88,6 +88,16 @@ def run(payload: dict, ctx: JobContext) -> dict:
         raise JobError("invalid_request", str(exc)) from None
 
 
+DEMO_COST_S = 15.0  # estimated seconds on 2 free cores (one torch thread; 24 to 33 s measured at load average 14)
+
+
+def demo_steps() -> list[Any]:
+    from workers.demo import DemoStep
+
+    return [DemoStep(DEMO_NAME, prepare_demo, models=(DEMO_NAME,), datasets=("nations",),
+                     kinds=("tracin", "train_conve"), explains=True, cost_s=DEMO_COST_S)]
+
+
 def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Train and register ``conve-nations-demo`` unless it is already registered with its files present."""
     entry = registry.get_model(settings, DEMO_NAME)

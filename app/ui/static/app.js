@@ -145,6 +145,8 @@
     });
     var msg = document.getElementById("job-message");
     if (msg && p && p.message) msg.textContent = p.message;
+    var waiting = document.getElementById("job-waiting");
+    if (waiting) { waiting.textContent = view.waiting_reason || ""; waiting.hidden = !view.waiting_reason; }
     updateCurves(view);
   }
 

@@ -54,6 +54,8 @@ class ProgressBar:
             bar = ""
         eta = f" eta {p['eta_s']:.0f}s" if p.get("eta_s") is not None and not job.done else ""
         message = f"  {p['message']}" if p.get("message") else ""
+        if job.status == "queued" and job.waiting_reason:
+            message = f"  {job.waiting_reason}"
         where = f" (position {job.position} in {job.queue})" if job.status == "queued" and job.position is not None \
             else ""
         line = f"{job.status:<9}{where} {bar}{eta}{message}".rstrip()
@@ -209,9 +211,9 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
         _print_json({"models": [m.__dict__ for m in listing.models],
                      "datasets": [d.__dict__ for d in listing.datasets]})
         return EXIT_OK
-    _table(["model", "kind", "owner", "parameters", "devices", "loaded on"],
+    _table(["model", "kind", "owner", "parameters", "devices", "loaded on", "status"],
            [[m.name, m.kind, m.owner, m.parameters, ",".join(m.devices),
-             ",".join(str(w.get("worker")) for w in m.loaded_on)] for m in listing.models])
+             ",".join(str(w.get("worker")) for w in m.loaded_on), m.status] for m in listing.models])
     if listing.datasets:
         print()
         _table(["dataset", "kind", "owner"], [[d.name, d.kind, d.owner] for d in listing.datasets])

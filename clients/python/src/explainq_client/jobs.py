@@ -35,7 +35,9 @@ class Artifact:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """A registered model (``GET /models``): where it is loaded, who owns it."""
+    """A model of ``GET /models``: where it is loaded, who owns it; ``status`` is ``ready`` once registered,
+    ``preparing`` while the demo preparation has yet to register it (a request naming it is retried after its
+    ``Retry-After``)."""
 
     name: str
     kind: str | None
@@ -45,12 +47,13 @@ class ModelInfo:
     devices: list[str] = field(default_factory=list)
     loaded_on: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    status: str = "ready"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelInfo:
         return cls(str(data["name"]), data.get("kind"), data.get("parameters"), data.get("created_at"),
                    data.get("owner"), list(data.get("devices") or []), list(data.get("loaded_on") or []),
-                   dict(data.get("meta") or {}))
+                   dict(data.get("meta") or {}), str(data.get("status") or "ready"))
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,11 @@ class JobBase:
     def position(self) -> int | None:
         """The place in its queue while queued (0: next), when the server reports it."""
         return self._view.get("position")
+
+    @property
+    def waiting_reason(self) -> str | None:
+        """Why a queued job does not start (no live worker on its queue yet), when the server says; else None."""
+        return self._view.get("waiting_reason")
 
     @property
     def created_at(self) -> str | None:
