@@ -74,7 +74,14 @@ class AttributionsRequest(RequestModel):
     top_k: int = Field(10, ge=0, le=limits.MAX_ATTRIBUTION_TOP_K)
     optimized: bool = True
     compare_with: str | None = Field(None, min_length=1, max_length=limits.MAX_NAME_LENGTH)
-    compare_threshold: float = Field(0.1, ge=0)
+    compare_threshold: float = Field(0.1, ge=0, description="the comparison table lists words whose mean "
+                                     "attribution moved by more than this")
+    compare_min_count: int = Field(3, ge=1, le=limits.MAX_COMPARE_MIN_COUNT, description="the comparison table "
+                                   "lists words seen at least this many times under both models")
+    compare_top_n: int = Field(3, ge=1, le=limits.MAX_COMPARE_TOP_N, description="per sample, the words whose "
+                               "attribution changed most between the two models (by absolute change) are marked")
+    warn_relative_delta: float = Field(0.05, gt=0, description="a sample whose relative "
+                                       "completeness error exceeds this is flagged (in warnings and on its page)")
     max_history: int = Field(50, ge=1, le=limits.MAX_HISTORY)
     shard_size: ShardSize = shard_size_field("samples")
     max_failed_fraction: float = max_failed_field("samples")
