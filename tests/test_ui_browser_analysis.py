@@ -209,7 +209,7 @@ def test_tracin_prediction_badge_and_range_scaled_bars(show) -> None:
     full = first.locator("table").first.locator(".bar.range").first.bounding_box()["width"]
     # 0.0148, 0.0143, 0.0138: over the shown range, the largest fills the bar and the smallest nearly nothing
     assert widths[0] == pytest.approx(full, abs=1.5) and widths[2] < 0.05 * full and 0.3 * full < widths[1] < 0.7 * full
-    expect(first.locator("caption").first).to_contain_text("+0.0138 … +0.0148")
+    expect(first.locator("th.range-note").first).to_have_text("bars: +0.0138 … +0.0148")
     values = first.locator("table").first.locator("tbody td.num:nth-child(3)").all_inner_texts()
     assert values == ["+0.0148", "+0.0143", "+0.0138"]
 
