@@ -171,3 +171,24 @@ def test_compare_reports_per_sample_follows_the_request_top_n() -> None:
             x for x in rb["samples"] if x["id"] == r["id"])["word_attributions"], strict=True)), reverse=True)
         assert [abs(c["change"]) for c in p["changed"]] == pytest.approx(changes[:2])
         assert all(math.isfinite(c["change"]) for c in p["changed"])
+
+
+def test_a_comparison_reports_progress_in_samples_not_in_passes() -> None:
+    """12 samples under two models end at 12 / 12 samples (not 24), half way at 6, each message naming its pass."""
+    from workers.jobs.attributions import _pass_progress
+
+    calls = []
+
+    class Ctx:
+        def progress(self, done, total, unit, message=None):
+            calls.append((done, total, unit, message))
+
+    progress_for = _pass_progress(Ctx(), 2, 12)
+    progress_for(0)(12, 12, "title: 12/12 samples")
+    progress_for(1)(6, 12, "title: 6/12 samples")
+    progress_for(1)(12, 12, "title: 12/12 samples")
+    assert [c[:3] for c in calls] == [(6, 12, "samples"), (9, 12, "samples"), (12, 12, "samples")]
+    assert calls[1][3].startswith("model 2 of 2: ")
+    one = _pass_progress(Ctx(), 1, 3)
+    one(0)(3, 3, "title: 3/3 samples")
+    assert calls[-1] == (3, 3, "samples", "title: 3/3 samples")
