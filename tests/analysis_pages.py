@@ -11,6 +11,7 @@ from app.ui import analysis, router
 STATIC = Path(router.HERE) / "static"
 MODEL_A, MODEL_B = "nrms-a", "nrms-b"
 JOB_ID = "0123456789abcdef0123456789abcdef"
+LONG_WORD = "Supercalifragilisticexpialidocious" * 2  # one word wider than a phone
 
 
 def record(sid: str, display: list[str], values: list[float], rel: float = 1e-4, label: str | None = "fake",
@@ -32,11 +33,13 @@ def record(sid: str, display: list[str], values: list[float], rel: float = 1e-4,
 
 def attribution_result(n: int = 12, compare: bool = False) -> dict[str, Any]:
     """``n`` samples; sample s1 is "SHOCKING: Fans can't believe it" with the page's largest |attribution| (2.6);
-    s2's completeness error is 0.42; with ``compare`` a second model's records and per-sample changes."""
+    s2's completeness error is 0.42; the others end with a word wider than a phone; with ``compare`` a second
+    model's records and per-sample changes."""
     samples = [record("s1", ["SHOCKING", ":", "Fans", "can't", "believe", "it"], [2.6, 0.1, -0.4, 0.3, 1.2, -0.05]),
                record("s2", ["Senate", "passes", "budget"], [1.4, -0.7, 0.2], rel=0.42, label="real")]
     for i in range(3, n + 1):
-        samples.append(record(f"s{i}", ["Lakers", "beat", "Celtics"], [0.1 * i / n, -0.2, 0.05], label="real"))
+        samples.append(record(f"s{i}", ["Lakers", "beat", "Celtics", "at", LONG_WORD], [0.1 * i / n, -0.2, 0.05, 0.0, 0.01],
+                              label="real"))
     result: dict[str, Any] = {
         "model": MODEL_A, "samples": samples, "errors": [], "warn_relative_delta": 0.05,
         "warnings": ["sample 's2': relative completeness error 0.42 (title) exceeds 0.05: its attributions do not "

@@ -173,9 +173,11 @@ def test_comparison_heatmaps_one_above_the_other_with_top_n_marked_and_true_coun
     # s1: SHOCKING and believe flip sign (the two largest changes); the others are unmarked
     assert pg.locator("[data-sample-id=s1] .heat").nth(0).locator(".w.changed").evaluate_all(
         "els => els.map(e => e.dataset.display)") == ["SHOCKING", "believe"]
-    # the page stays short: ten samples, details folded
-    height = pg.evaluate("document.documentElement.scrollHeight")
-    assert height < 4000, height
+    # the page stays short: ten samples of two headlines each, their numbers and history folded
+    assert pg.locator("article.sample details[open]").count() == 0
+    heights = pg.locator("article.sample").evaluate_all("els => els.map(e => e.getBoundingClientRect().height)")
+    assert len(heights) == 10 and max(heights) < 360, heights
+    assert pg.evaluate("document.documentElement.scrollHeight") < 5000
 
 
 def test_comparison_table_keeps_words_seen_k_times_and_sorts(show) -> None:
