@@ -95,6 +95,9 @@ class KindMethods(Generic[R]):
         optimized: bool | NotGiven = NOT_GIVEN,
         compare_with: str | None | NotGiven = NOT_GIVEN,
         compare_threshold: float | NotGiven = NOT_GIVEN,
+        compare_min_count: int | NotGiven = NOT_GIVEN,
+        compare_top_n: int | NotGiven = NOT_GIVEN,
+        warn_relative_delta: float | NotGiven = NOT_GIVEN,
         max_history: int | NotGiven = NOT_GIVEN,
         shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         max_failed_fraction: float | NotGiven = NOT_GIVEN,
@@ -108,7 +111,10 @@ class KindMethods(Generic[R]):
         "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced", "seed"}``).
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
-        poisoned twin) whose word statistics are compared.
+        poisoned twin) whose word statistics are compared: per sample the ``compare_top_n`` (3) most changed words,
+        and a table of the words seen at least ``compare_min_count`` (3) times whose mean moved by more than
+        ``compare_threshold`` (0.1). A sample whose relative completeness error exceeds ``warn_relative_delta``
+        (0.05) is named in the result's ``warnings``.
 
         A large request fans out over the workers in shards of ``shard_size`` samples (``"auto"``: about two
         minutes each, from the model's measured throughput); it fails when more than ``max_failed_fraction``
