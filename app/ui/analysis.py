@@ -124,7 +124,8 @@ def attribution_context(result: dict[str, Any], page: int, per_page: int, scale_
         s = max(abs(c.get("mean_before") or 0.0), abs(c.get("mean_after") or 0.0)) or 1.0
         table.append({**c, "before_style": views.attr_style(c.get("mean_before"), s),
                       "after_style": views.attr_style(c.get("mean_after"), s)})
-    return {"samples": shown, "pages": pages, "page": page, "n_samples": len(samples),
+    n_samples = len(samples) if samples else result.get("n_samples") if isinstance(result.get("n_samples"), int) else 0
+    return {"samples": shown, "pages": pages, "page": page, "n_samples": n_samples,
             "n_compared": len(other_samples), "scale": scale, "scale_mode": scale_mode, "page_bar": colour_bar(scale),
             "show_values": show_values, "view": view, "threshold": threshold,
             "warnings": [w for w in result.get("warnings") or [] if isinstance(w, str)],
