@@ -59,6 +59,13 @@ def test_word_spans_map_lower_cased_matches_back_to_the_text_as_given() -> None:
     assert text[spans[0][0]:spans[0][1]] == "SHOCKING"
 
 
+@pytest.mark.parametrize("text", ["SHOCKING: Fans can't believe it", "İstanbul İİ ÆON ǅemal ﬁnal 2x",
+                                  "ΣΊΣΥΦΟΣ's ΌΡΟΣ", "", "  ...  ", "Straße STRASSE ẞ"])
+def test_word_spans_fast_path_equals_the_character_map(text: str) -> None:
+    assert WordTokenizer.word_spans(text) == WordTokenizer.word_spans_reference(text)
+    assert len(WordTokenizer.word_spans(text)) == len(WordTokenizer.words(text))
+
+
 def test_report_keeps_the_original_casing_spans_and_the_history() -> None:
     model = _word_model()
     report = explain(model, [_sample(history=[f"old title {i}" for i in range(5)] + HISTORY)],

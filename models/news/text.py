@@ -139,8 +139,17 @@ class WordTokenizer(NewsTokenizer):
     @staticmethod
     def word_spans(text: str) -> list[tuple[int, int]]:
         """The character span in ``text`` (as given, not lower-cased) of each of :meth:`words`. Lower-casing
-        can change a string's length (``"İ"`` becomes two characters), so the match positions in the lower-cased
-        text are mapped back character by character."""
+        can change a string's length (``"İ"`` becomes two characters); when it does not, every character maps to
+        one and the match positions are the text's own (the common case, one regex pass); otherwise they are mapped
+        back character by character (:meth:`word_spans_reference`, which gives the same spans for any text)."""
+        low = text.lower()
+        if len(low) == len(text):  # lower() never removes a character: equal lengths map each to exactly one
+            return [m.span() for m in WORD_RE.finditer(low)]
+        return WordTokenizer.word_spans_reference(text)
+
+    @staticmethod
+    def word_spans_reference(text: str) -> list[tuple[int, int]]:
+        """:meth:`word_spans` by mapping every lower-cased character back to the character it came from."""
         lowered, origin = [], []
         for i, ch in enumerate(text):
             low = ch.lower()
