@@ -10,7 +10,10 @@ prediction, in-training badge and range-scaled bars; and no horizontal scrolling
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +27,19 @@ from tests.analysis_pages import (
     job_page,
     tracin_result,
 )
-from tests.test_ui_browser import CHROMIUM, pytestmark  # noqa: F401  (the same skips: no Playwright or Chromium)
 
+CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),
+                             shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
 try:
     from playwright.sync_api import expect, sync_playwright
 except ImportError:  # pragma: no cover - pytestmark skips
     sync_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
+    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
+                       "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
+]
 
 BASE = "http://explainq.test"
 TYPES = {".css": "text/css", ".js": "text/javascript"}
