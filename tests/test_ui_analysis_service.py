@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import html as htmlmod
 import io
+import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,14 +106,22 @@ def test_words_csv_artifact_is_what_the_result_and_page_say(svc, comparison) -> 
         assert re.search(rf'data-sample-id="{sid}" data-warned="1"', page)
 
 
-def test_tracin_card_csv_is_the_artifact_and_a_training_triple_is_badged(svc) -> None:
+@pytest.fixture(scope="module")
+def tracin(svc):
     from models.kg.triples import load_nations
 
     ds = load_nations()
     train_triple = ds.decode(ds.train[:1])[0]
-    job, result = _run(svc, "/tracin", {"model": "conve-tiny", "test_triples": [train_triple], "top_k": 3,
-                                        "layers": "last", "filter": {"n_hops": 1}})
-    (entry,) = result["results"]
+    return _run(svc, "/tracin", {"model": "conve-tiny", "test_triples": [train_triple, ds.decode(ds.test[:1])[0]],
+                                 "top_k": 5, "layers": "last", "filter": {"n_hops": 1}})
+
+
+def test_tracin_card_csv_is_the_artifact_and_a_training_triple_is_badged(svc, tracin) -> None:
+    from models.kg.triples import load_nations
+
+    ds = load_nations()
+    job, result = tracin
+    entry = result["results"][0]
     assert entry["in_train"] is True and entry["prediction"]["n_entities"] == len(ds.entities)
     card = svc.client.get(f"/ui/jobs/{job['id']}/influence.csv")
     assert card.status_code == 200 and card.content == svc.artifact(job["id"], "influence.csv")
@@ -119,7 +129,7 @@ def test_tracin_card_csv_is_the_artifact_and_a_training_triple_is_badged(svc) ->
     assert "in the training set" in page and "filtered rank of the tail" in page
 
 
-def test_the_real_page_has_no_horizontal_overflow_at_390_px(svc, comparison) -> None:
+def test_the_real_pages_have_no_horizontal_overflow_at_390_px(svc, comparison, tracin) -> None:
     from tests.http_server import HttpServer
     from tests.test_ui_browser_analysis import CHROMIUM
 
@@ -128,6 +138,8 @@ def test_the_real_page_has_no_horizontal_overflow_at_390_px(svc, comparison) -> 
     from playwright.sync_api import sync_playwright
 
     job, _ = comparison
+    tracin_job, _ = tracin
+    shots = os.environ.get("EXPLAINQ_UI_SCREENSHOTS")
     with HttpServer(svc.settings) as http, sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
@@ -136,5 +148,16 @@ def test_the_real_page_has_no_horizontal_overflow_at_390_px(svc, comparison) -> 
                 pg.goto(f"{http.url}/ui/jobs/{job['id']}{options}")
                 pg.locator("article.sample").first.wait_for()
                 assert pg.evaluate("document.documentElement.scrollWidth") <= 391, options
+            if shots:
+                pg.goto(f"{http.url}/ui/jobs/{job['id']}?values=1")
+                pg.locator("article.sample").first.scroll_into_view_if_needed()
+                pg.screenshot(path=str(Path(shots) / "dashboard-comparison-phone.png"))
+            pg.goto(f"{http.url}/ui/jobs/{tracin_job['id']}")
+            pg.locator("article.test-triple").first.wait_for()
+            assert pg.evaluate("document.documentElement.scrollWidth") <= 391, "tracin"
+            if shots:
+                pg.set_viewport_size({"width": 1280, "height": 900})
+                pg.locator("article.test-triple").first.scroll_into_view_if_needed()
+                pg.screenshot(path=str(Path(shots) / "dashboard-tracin.png"))
         finally:
             b.close()
