@@ -164,6 +164,12 @@ MAX_IG_ROWS_PER_PASS = _limit(
     "'auto' sizes passes from the model's measured memory per row instead")
 MAX_ATTRIBUTION_TOP_K = _limit(
     "MAX_ATTRIBUTION_TOP_K", 200, ("attributions.top_k",), "words listed per sample (a title has tens)")
+MAX_COMPARE_TOP_N = _limit(
+    "MAX_COMPARE_TOP_N", 200, ("attributions.compare_top_n",), "changed words marked per sample in a comparison "
+    "(a title has tens)")
+MAX_COMPARE_MIN_COUNT = _limit(
+    "MAX_COMPARE_MIN_COUNT", 1_000_000, ("attributions.compare_min_count",),
+    "occurrences a word needs to enter a comparison's table (at most the words of the samples)")
 
 # ------------------------------------------------------------------------------------------------------ training
 

@@ -3,6 +3,8 @@ surviving a killed shard, and never holding back an interactive request for more
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import signal
@@ -105,7 +107,12 @@ def test_a_dataset_run_fans_out_over_two_workers_and_equals_one_job(svc):
     assert summary["relative_delta"] == {"median": float(np.median(rel)), "p95": float(np.quantile(rel, 0.95)),
                                          "max": float(rel.max())}
     names = {a["name"] for a in svc.client.get(f"/jobs/{fanned}/artifacts").json()["items"]}
-    assert {"samples.jsonl", "summary.json", "word_stats.json"} <= names
+    assert {"samples.jsonl", "summary.json", "word_stats.json", "words.csv"} <= names
+    # the words' CSV of the merged shards is the single job's, row by row
+    rows = [list(csv.reader(io.StringIO(svc.artifact(j, "words.csv").decode()))) for j in (fanned, single)]
+    assert [r[:7] for r in rows[0]] == [r[:7] for r in rows[1]] and len(rows[0]) > N
+    np.testing.assert_allclose([float(r[7]) for r in rows[0][1:]], [float(r[7]) for r in rows[1][1:]],
+                               rtol=1e-4, atol=1e-6)
 
 
 def _assert_same(got, want, where: str, rtol: float) -> None:

@@ -88,7 +88,7 @@ def test_dataset_comparison_and_npz_artifact(svc) -> None:
     assert result["comparison"]["model"] == f"{MODEL}-twin"
     assert result["comparison"]["changed"] == []  # the same weights under two names
     names = [a["name"] for a in result["artifacts"]]
-    assert names == ["attributions.npz"]
+    assert names == ["attributions.npz", "words.csv"]
     import numpy as np
 
     with np.load(io.BytesIO(svc.artifact(job["id"], "attributions.npz"))) as npz:

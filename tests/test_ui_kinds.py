@@ -69,9 +69,10 @@ def test_tracin_page_tables_filter_and_csv(svc) -> None:
         assert max(widths) == 100.0 and widths == sorted(widths, reverse=True)
     download = svc.client.get(f"/ui/jobs/{job_id}/influence.csv")
     assert download.headers["content-type"].startswith("text/csv")
+    assert download.content == svc.artifact(job_id, "influence.csv")  # one CSV: the card's is the artifact
     rows = list(csv.DictReader(io.StringIO(download.text)))
     assert len(rows) == len(r["proponents"]) + len(r["opponents"])
-    assert float(rows[0]["influence"]) == r["proponents"][0]["influence"]
+    assert float(rows[0]["TracInScore"]) == r["proponents"][0]["influence"]
     assert "influence.csv" in page  # the job's own artifact is listed too
 
     job_id, result = _run(svc, "/tracin", {"model": "conve-tiny", "mode": "self", "top_k": 5, "layers": "last"})

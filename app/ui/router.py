@@ -7,8 +7,6 @@ key (``app.ui.api.Api``); nothing here reads Redis or the registry.
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
 import json
 import uuid
 from collections.abc import Callable, Coroutine
@@ -24,7 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.datastructures import FormData
 
-from app.ui import forms, session, views
+from app.ui import analysis, forms, session, views
 from app.ui.api import Api, ApiError
 from app.ui.evaluation import evaluation_view
 from app.ui.session import Session
@@ -353,7 +351,7 @@ async def cancel(request: Request, job_id: str, sent: tuple[Session, FormData] =
     return RedirectResponse(_safe_next(str(form.get("next") or ""), f"/ui/jobs/{quote(job_id)}"), status_code=303)
 
 
-async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
+async def _job_context(api: Api, job_id: str, page: int, options: dict[str, str] | None = None) -> dict[str, Any]:
     job = await api.job(job_id)
     r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/request", ok=(200, 404))
     if r.status_code == 200:
@@ -368,9 +366,9 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     ctx["resume_field"] = described.get("resume_field")
     ctx["clonable"] = bool(described.get("route"))  # a kind with a form (not a fan-out's shard or reduce step)
     if renderer == "attributions" and isinstance(result, dict):
-        ctx.update(_attribution_context(result, page))
+        ctx.update(_attribution_context(result, page, options or {}))
     elif renderer == "influence" and isinstance(result, dict):
-        ctx["tracin"] = _tracin_context(result)
+        ctx["tracin"] = analysis.tracin_context(result, await _tracin_entries(api, job_id, result))
     elif renderer == "ablation" and isinstance(result, dict):
         ctx["ablation"] = views.ablation_view(result)
     elif renderer == "evaluation" and isinstance(result, dict):
@@ -380,37 +378,40 @@ async def _job_context(api: Api, job_id: str, page: int) -> dict[str, Any]:
     return ctx
 
 
-def _attribution_context(result: dict[str, Any], page: int) -> dict[str, Any]:
-    samples = result.get("samples") or []
-    pages = max(1, -(-len(samples) // SAMPLES_PER_PAGE))
-    page = min(max(page, 1), pages)
-    comparison = result.get("comparison")
-    marked = {c["word"].lower() for c in (comparison or {}).get("changed", [])}
-    shown = []
-    for s in samples[(page - 1) * SAMPLES_PER_PAGE: page * SAMPLES_PER_PAGE]:
-        views_ = [{"name": "title", "cells": views.word_cells(s.get("words", []), s.get("word_attributions", []),
-                                                              marked=marked)}]
-        for name, v in (s.get("views") or {}).items():
-            views_.append({"name": name, "cells": views.word_cells(v.get("words", []),
-                                                                   v.get("word_attributions", []), marked=marked)})
-        shown.append({**s, "views_": views_})
-    changed = []
-    for c in (comparison or {}).get("changed", []):
-        scale = max(abs(c["mean_before"]), abs(c["mean_after"])) or 1.0
-        changed.append({**c, "before_style": views.attr_style(c["mean_before"], scale),
-                        "after_style": views.attr_style(c["mean_after"], scale)})
-    return {"samples": shown, "pages": pages, "page": page, "n_samples": len(samples),
-            "word_bars": views.word_stat_bars(result.get("word_stats") or {}),
-            "comparison": comparison, "changed": changed}
+def _attribution_context(result: dict[str, Any], page: int, options: dict[str, str]) -> dict[str, Any]:
+    """The attribution page (``app.ui.analysis``) with its reading options: ``scale`` (global or sample),
+    ``values`` (1: numbers under the words) and ``view`` (heatmap or table); pager links keep them."""
+    scale = options.get("scale") if options.get("scale") in analysis.SCALES else "global"
+    show_values = options.get("values") == "1"
+    view = options.get("view") if options.get("view") in analysis.VIEWS else "heatmap"
+    ctx = analysis.attribution_context(result, page, SAMPLES_PER_PAGE, scale, show_values, view)
+    kept = {k: v for k, v in (("values", "1" if show_values else None), ("view", view if view != "heatmap" else None),
+                              ("scale", scale if scale != "global" else None)) if v}
+    ctx["page_query"] = lambda n: urlencode({"page": n, **kept})
+    return ctx
 
 
-def _tracin_context(result: dict[str, Any]) -> dict[str, Any]:
-    per_test = []
-    for r in result.get("results") or []:
-        per_test.append({**r, "proponents": views.influence_rows(r.get("proponents") or [], "influence"),
-                         "opponents": views.influence_rows(r.get("opponents") or [], "influence"),
-                         "pairs": views.influence_rows(r.get("pairs") or [], "influence")})
-    return {"per_test": per_test, "ranking": views.influence_rows(result.get("ranking") or [], "self_influence")}
+TRACIN_SHOWN_TEST_TRIPLES = 200  # a fanned-out result's test triples read back from results.jsonl for the page
+
+
+async def _tracin_entries(api: Api, job_id: str, result: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A fanned-out TracIn result lists its test triples in ``results.jsonl`` (``results: {"artifact"}``): the
+    first ``TRACIN_SHOWN_TEST_TRIPLES`` are read back for the page; a single job's are in the result."""
+    listed = result.get("results")
+    if not isinstance(listed, dict) or listed.get("artifact") != "results.jsonl":
+        return None
+    r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/results.jsonl", ok=(200, 404))
+    if r.status_code != 200:
+        return []
+    out = []
+    for line in r.text.splitlines()[:TRACIN_SHOWN_TEST_TRIPLES]:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            break
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
 
 
 def _curves(described: dict[str, Any], job: dict[str, Any], result: Any) -> dict[str, Any]:
@@ -481,11 +482,16 @@ async def runs_page(request: Request, kind: str | None = Query(None, max_length=
     }, user=user)
 
 
+def _view_options(request: Request) -> dict[str, str]:
+    """The attribution page's reading options from the query (unknown values fall back to the defaults)."""
+    return {k: request.query_params.get(k, "")[:16] for k in ("scale", "values", "view")}
+
+
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(request: Request, job_id: str, page: int = Query(1, ge=1, le=1_000_000),
                    user: Session = Depends(current)) -> Response:
     async with Api(request, user) as api:
-        ctx = await _job_context(api, job_id, page)
+        ctx = await _job_context(api, job_id, page, _view_options(request))
     return _page(request, "job.html", ctx, user=user)
 
 
@@ -494,31 +500,17 @@ async def job_body(request: Request, job_id: str, page: int = Query(1, ge=1, le=
                    user: Session = Depends(current)) -> Response:
     """The part of a job's page that changes when it ends (fetched by htmx on the stream's ``end``)."""
     async with Api(request, user) as api:
-        ctx = await _job_context(api, job_id, page)
+        ctx = await _job_context(api, job_id, page, _view_options(request))
     return _page(request, "_job_body.html", ctx, user=user)
 
 
 @router.get("/jobs/{job_id}/influence.csv")
 async def tracin_csv(request: Request, job_id: str, user: Session = Depends(current)) -> Response:
-    """The TracIn tables of a finished job as CSV, from its public result."""
+    """The TracIn card's CSV: the job's own ``influence.csv`` artifact, byte for byte (one CSV, whichever link)."""
     async with Api(request, user) as api:
-        result = await api.result(job_id)
-    out = io.StringIO()
-    w = csv.writer(out)
-    if result.get("ranking") is not None:
-        w.writerow(["rank", "head", "relation", "tail", "self_influence"])
-        for i, r in enumerate(result["ranking"], 1):
-            w.writerow([i, *r["train_triple"], r["self_influence"]])
-    else:
-        w.writerow(["test_head", "test_relation", "test_tail", "role", "rank", "train_head", "train_relation",
-                    "train_tail", "influence", "train_self_influence"])
-        for r in result.get("results") or []:
-            for role in ("proponents", "opponents", "pairs"):
-                for i, p in enumerate(r.get(role) or [], 1):
-                    w.writerow([*r["test_triple"], role.rstrip("s"), i, *p["train_triple"], p["influence"],
-                                p.get("train_self_influence")])
-    return Response(out.getvalue(), media_type="text/csv", headers={
-        "Content-Disposition": f'attachment; filename="tracin-{job_id}.csv"'})
+        r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/influence.csv")
+    return Response(r.content, media_type="text/csv", headers={
+        "Content-Disposition": f'attachment; filename="tracin-{quote(job_id, safe="")}.csv"'})
 
 
 # ----------------------------------------------------------------------------------------- models, new job

@@ -107,7 +107,17 @@ class AttributionsRequest(JobRequest):
         description="A second news recommender (a poisoned twin, say) whose attributions are compared word by word")
     compare_threshold: float = Field(
         0.1, ge=0, title="Change threshold", json_schema_extra=ADVANCED,
-        description="Smallest change of a word's mean attribution that the comparison marks as changed")
+        description="The comparison table lists words whose mean attribution moved by more than this")
+    compare_min_count: int = Field(
+        3, ge=1, le=limits.MAX_COMPARE_MIN_COUNT, title="Fewest sightings of a compared word", json_schema_extra=ADVANCED,
+        description="The comparison table lists only words seen at least this many times under both models")
+    compare_top_n: int = Field(
+        3, ge=1, le=limits.MAX_COMPARE_TOP_N, title="Changed words marked per sample",
+        description="Per sample, the words whose attribution changed most between the two models are marked")
+    warn_relative_delta: float = Field(
+        0.05, gt=0, title="Completeness warning above", json_schema_extra=ADVANCED,
+        description=("A sample whose attributions miss the score difference by more than this relative error is "
+                     "flagged, in the warnings and on its page"))
     max_history: int = Field(
         50, ge=1, le=limits.MAX_HISTORY, title="History titles read", json_schema_extra=ADVANCED,
         description="How many of the most recent history titles the model reads")

@@ -22,6 +22,7 @@ A NaN or infinite score fails the report (``NonFiniteError`` naming the triples)
 from __future__ import annotations
 
 import csv
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,6 +166,65 @@ class GlobalTop:
         return {key: [{"test_triple": tt, "train_triple": e["train_triple"], "influence": e["influence"],
                        "train_self_influence": e["train_self_influence"]} for *_, tt, e in rows]
                 for key, rows in self.rows.items()}
+
+
+def _triple_keys(triples: torch.Tensor, n_rel: int, n_ent: int) -> torch.Tensor:
+    return (triples[:, 0] * n_rel + triples[:, 1]) * n_ent + triples[:, 2]
+
+
+@torch.no_grad()
+def predictions(bundle: KGBundle, test_ids: torch.Tensor, batch_size: int = 256) -> list[dict]:
+    """The model's own prediction for each test triple (h, r, t), and where the triple is known.
+
+    ``score``: the final model's logit of t for the query (h, r); ``rank``: the filtered rank of t among every
+    entity (every other known tail of (h, r) in any split is left out; ties count half, as in training's
+    metrics: :func:`models.kg.train.ranks_from_scores`); ``splits``: the dataset's splits holding the triple
+    (``train`` among them: the triple is a training triple, and so one of its own candidates).
+    """
+    from models.kg.train import ranks_from_scores
+
+    ds = bundle.dataset
+    model = bundle.model
+    model.eval()
+    n_ent, n_rel = len(ds.entities), len(ds.relations)
+    known = ds.all_known()
+    hr = known[:, 0] * n_rel + known[:, 1]
+    order = torch.argsort(hr, stable=True)
+    sorted_hr, tails = hr[order], known[order, 2]
+    split_keys = {name: _triple_keys(t, n_rel, n_ent) for name, t in ds.splits.items() if len(t)}
+    device = next(model.parameters()).device
+    out: list[dict] = []
+    for i in range(0, len(test_ids), batch_size):
+        b = test_ids[i:i + batch_size]
+        scores = model(b[:, 0].to(device), b[:, 1].to(device)).float().cpu()
+        q = b[:, 0] * n_rel + b[:, 1]
+        lo = torch.searchsorted(sorted_hr, q, right=False)
+        hi = torch.searchsorted(sorted_hr, q, right=True)
+        mask = torch.zeros(len(b), n_ent, dtype=torch.bool)
+        for row, (a, z) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+            mask[row, tails[a:z]] = True
+        ranks = ranks_from_scores(scores, b[:, 2], mask)
+        keys = _triple_keys(b, n_rel, n_ent)
+        held = {name: torch.isin(keys, k) for name, k in split_keys.items()}
+        for row in range(len(b)):
+            out.append({"score": float(scores[row, b[row, 2]]), "rank": float(ranks[row]), "n_entities": n_ent,
+                        "splits": [name for name in ds.splits if name in held and bool(held[name][row])]})
+    bad = [j for j, p in enumerate(out) if not math.isfinite(p["score"])]
+    if bad:
+        _raise_non_finite(ds, test_ids[bad], "model score")
+    return out
+
+
+def add_predictions(entries: list[dict], preds: Sequence[dict]) -> None:
+    """Set each test triple's ``prediction`` and ``in_train`` (in place), and mark a listed training triple that
+    is the test triple itself (``is_test_triple``)."""
+    for e, p in zip(entries, preds, strict=True):
+        e["prediction"] = p
+        e["in_train"] = "train" in p["splits"]
+        for key in ("proponents", "opponents", "pairs"):
+            for row in e.get(key) or []:
+                if list(row["train_triple"]) == list(e["test_triple"]):
+                    row["is_test_triple"] = True
 
 
 GLOBAL_TOP = 100        # pairs in the global lists when top_k is null
@@ -356,6 +416,7 @@ def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | N
                      for q in pairs]
             per_test.append({"test_triple": te, "self_influence": float(test_self[i]), "pairs": pairs,
                              "n_candidates": len(tr_ids)})
+        add_predictions(per_test, predictions(bundle, test_ids))
         return {**p.settings, "results": per_test, "seconds": time.perf_counter() - t0}, rows
 
     # mode == "test": every test triple against its candidates, streamed
@@ -381,6 +442,7 @@ def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | N
         best.add(t, e)
     result.update(best.result())
     per_test = [finish_entry(e, top_k) for e in entries]
+    add_predictions(per_test, predictions(bundle, test_ids))
     for e in per_test:
         rows += entry_csv_rows(ds, e)
     result["results"] = per_test

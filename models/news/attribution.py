@@ -51,7 +51,7 @@ from models.explain.occlusion import occlusion
 from models.explain.rules import NEEDS_TWO, default_method
 from models.news.data import Sample, recent_history
 from models.news.modules import NewsRecommender, pack_rows
-from models.news.summary import ReportAccumulator, compare
+from models.news.summary import ReportAccumulator, compare, compare_sample
 
 ProgressFn = Callable[[int, int, str], None]
 ADAPTIVE_START_STEPS = 16
@@ -105,6 +105,8 @@ class _Prepared:
     user: torch.Tensor  # (D,)
     enc: dict[str, tuple[torch.Tensor, torch.Tensor]]  # view -> (ids (L,), mask (L,)), unpadded
     word_ids: dict[str, list[int | None] | None] | None = None  # view -> the tokenizer's word id per token
+    offsets: dict[str, list[tuple[int, int] | None] | None] | None = None  # view -> each token's span in the text
+    texts: dict[str, str] | None = None  # view -> the text as given (title, body)
 
 
 # ------------------------------------------------------------------------------------------------ preparation
@@ -168,7 +170,9 @@ def _prepare(model: NewsRecommender, samples: Sequence[Sample], max_history: int
         if not torch.isfinite(u).all():
             errors.append({"id": s.id, "error": "user vector is not finite"})
             continue
-        prepared.append(_Prepared(s, u, views, {v: e.word_ids[0] if e.word_ids else None for v, e in enc.items()}))
+        prepared.append(_Prepared(s, u, views, {v: e.word_ids[0] if e.word_ids else None for v, e in enc.items()},
+                                  {v: e.offsets[0] if e.offsets else None for v, e in enc.items()},
+                                  {"title": s.candidate, "body": s.candidate_body or ""}))
     return prepared
 
 
@@ -560,12 +564,18 @@ def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int
     attr = run.token_attr[sid]
     words = model.tokenizer.group_words(tokens, ids, (p.word_ids or {}).get(run.view))
     word_attr = [float(sum(attr[i] for i in pos)) for _, pos in words]
+    spans = word_spans(words, (p.offsets or {}).get(run.view))
+    text = (p.texts or {}).get(run.view, "")
     ranked = sorted(zip([w for w, _ in words], word_attr, strict=True), key=lambda t: -t[1])
     diff = run.scores[sid] - run.baseline_scores[sid]
     return {
         "tokens": tokens,
         "token_attributions": [float(a) for a in attr],
         "words": [w for w, _ in words],
+        # each word as the text has it (original casing), and its [start, end) characters there (None: unknown)
+        "display_words": [(text[sp[0]:sp[1]] if sp is not None else "") or w
+                          for (w, _), sp in zip(words, spans, strict=True)],
+        "spans": [list(sp) if sp is not None else None for sp in spans],
         "word_attributions": word_attr,
         "score": run.scores[sid],
         "baseline_score": run.baseline_scores[sid],
@@ -577,6 +587,17 @@ def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int
     }
 
 
+def word_spans(words: Sequence[tuple[str, list[int]]], offsets: Sequence[tuple[int, int] | None] | None
+               ) -> list[tuple[int, int] | None]:
+    """Each word's character span in the text: from its first token's start to its last token's end (None when
+    the tokenizer gave no offsets for its tokens)."""
+    out: list[tuple[int, int] | None] = []
+    for _, positions in words:
+        spans = [offsets[i] for i in positions if offsets is not None and i < len(offsets) and offsets[i] is not None]
+        out.append((min(a for a, _ in spans), max(b for _, b in spans)) if spans else None)
+    return out
+
+
 def word_stats(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per label (real/fake/unlabelled): for every word, the mean and std of its attribution, its number of
     occurrences and the fraction of that label's samples it appears in; sorted by mean, highest first.
@@ -585,12 +606,19 @@ def word_stats(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, An
 
 
 def compare_reports(base: dict[str, Any], other: dict[str, Any], threshold: float = 0.1,
-                    min_count: int = 3) -> dict[str, Any]:
+                    min_count: int = 3, changed_min_count: int = 1, top_n: int | None = None) -> dict[str, Any]:
     """Words whose mean attribution (over all samples) moved by more than ``threshold`` from ``base`` to
-    ``other``, and the words new to ``other``'s top-positive lists (in at least ``min_count`` samples there and
-    in none under ``base``)."""
-    return compare(ReportAccumulator().extend(base["samples"]), ReportAccumulator().extend(other["samples"]),
-                   threshold, min_count)
+    ``other`` (among words seen at least ``changed_min_count`` times), and the words new to ``other``'s
+    top-positive lists (in at least ``min_count`` samples there and in none under ``base``). With ``top_n``,
+    ``per_sample`` holds per sample attributed by both the ``top_n`` words whose attribution changed most
+    (:func:`models.news.summary.compare_sample`), in ``base``'s sample order."""
+    out = compare(ReportAccumulator().extend(base["samples"]), ReportAccumulator().extend(other["samples"]),
+                  threshold, min_count, changed_min_count)
+    if top_n is not None:
+        by_id = {r["id"]: r for r in other["samples"]}
+        out["top_n"] = top_n
+        out["per_sample"] = [compare_sample(r, by_id[r["id"]], top_n) for r in base["samples"] if r["id"] in by_id]
+    return out
 
 
 # ------------------------------------------------------------------ explain: the paths, the views, the report
@@ -674,7 +702,8 @@ def _sample_record(model: NewsRecommender, p: _Prepared, runs: Sequence[_ViewRun
                    ) -> dict[str, Any]:
     """One sample's report: the first view's at the top level, the others (NAML's body) under ``views``."""
     main = _view_report(model, p, runs[0], opts.top_k)
-    rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main}
+    history, _ = recent_history(p.sample.history, None, opts.max_history)
+    rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main, "history": history}
     if _is_adaptive(opts):
         rec["n_steps"] = {r.view: r.steps[p.sample.id] for r in runs}
         rec["tolerance_met"] = all(r.converged[p.sample.id] for r in runs)

@@ -14,6 +14,7 @@ per-word means over all samples and how many samples list a word among their top
 
 from __future__ import annotations
 
+import csv
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -130,16 +131,119 @@ class ReportAccumulator:
 
 
 def compare(base: ReportAccumulator, other: ReportAccumulator, threshold: float = 0.1,
-            min_count: int = 3) -> dict[str, Any]:
-    """Words whose mean attribution moved by more than ``threshold`` from ``base`` to ``other``, and the words new
-    to ``other``'s top-positive lists (in at least ``min_count`` samples there and in none under ``base``)."""
+            min_count: int = 3, changed_min_count: int = 1) -> dict[str, Any]:
+    """Words whose mean attribution moved by more than ``threshold`` from ``base`` to ``other`` among the words
+    seen at least ``changed_min_count`` times under both (a word seen once has a mean of one value: noise), sorted
+    by the size of the change, and the words new to ``other``'s top-positive lists (in at least ``min_count``
+    samples there and in none under ``base``)."""
     ma, mb = base.word_means(), other.word_means()
     changed = [{
         "word": w, "mean_before": ma[w][0], "mean_after": mb[w][0], "change": mb[w][0] - ma[w][0],
         "count": mb[w][1],
-    } for w in sorted(set(ma) & set(mb)) if abs(mb[w][0] - ma[w][0]) > threshold]
+    } for w in sorted(set(ma) & set(mb))
+        if abs(mb[w][0] - ma[w][0]) > threshold and min(ma[w][1], mb[w][1]) >= changed_min_count]
     changed.sort(key=lambda r: -abs(r["change"]))
     ta, tb = base.top_positive_counts(), other.top_positive_counts()
     new = sorted(({"word": w, "count": c} for w, c in tb.items() if c >= min_count and ta.get(w, 0) == 0),
                  key=lambda r: (-r["count"], r["word"]))
-    return {"threshold": threshold, "min_count": min_count, "changed": changed, "new_top_words": new}
+    return {"threshold": threshold, "min_count": min_count, "changed_min_count": changed_min_count,
+            "changed": changed, "new_top_words": new}
+
+
+# ------------------------------------------------------------------------------------- per-sample checks
+DEFAULT_WARN_RELATIVE_DELTA = 0.05  # a sample whose attributions miss score - baseline score by more is flagged
+WARNED_SAMPLES_LISTED = 10  # completeness warnings name at most this many samples one by one
+
+
+def completeness_excess(rec: dict[str, Any], threshold: float, main_view: str = "title") -> list[tuple[str, float]]:
+    """The views of a sample record whose relative completeness error (``relative_delta``, see
+    :func:`models.explain.ig.relative_delta`) exceeds ``threshold``, or is not finite, with that error."""
+    out = []
+    for view, part in [(main_view, rec)] + list((rec.get("views") or {}).items()):
+        rel = part.get("relative_delta")
+        if rel is None:
+            continue
+        if not math.isfinite(rel) or rel > threshold:
+            out.append((view, float(rel)))
+    return out
+
+
+class CompletenessWarnings:
+    """Streaming: the samples whose completeness error exceeds ``threshold`` (``add`` each record), as the
+    result's ``warnings`` lines: one per sample up to ``WARNED_SAMPLES_LISTED``, then one line counting the rest.
+    ``prefix`` names the model in a comparison."""
+
+    def __init__(self, threshold: float, main_view: str = "title", prefix: str = "") -> None:
+        self.threshold = threshold
+        self.main_view = main_view
+        self.prefix = prefix
+        self.listed: list[tuple[str, list[tuple[str, float]]]] = []
+        self.n = 0
+        self.more: list[str] = []
+
+    def add(self, rec: dict[str, Any]) -> None:
+        excess = completeness_excess(rec, self.threshold, self.main_view)
+        if not excess:
+            return
+        self.n += 1
+        if len(self.listed) < WARNED_SAMPLES_LISTED:
+            self.listed.append((str(rec.get("id")), excess))
+        elif len(self.more) < 5:
+            self.more.append(str(rec.get("id")))
+
+    def extend(self, records: Iterable[dict[str, Any]]) -> CompletenessWarnings:
+        for rec in records:
+            self.add(rec)
+        return self
+
+    def warnings(self) -> list[str]:
+        out = []
+        for sid, excess in self.listed:
+            errs = ", ".join(f"{rel:.3g} ({view})" for view, rel in excess)
+            out.append(f"{self.prefix}sample {sid!r}: relative completeness error {errs} exceeds "
+                       f"{self.threshold:g}: its attributions do not add up to score − baseline score; raise "
+                       "n_steps or set a tolerance")
+        if self.n > len(self.listed):
+            out.append(f"{self.prefix}{self.n - len(self.listed)} more samples exceed the relative completeness "
+                       f"error {self.threshold:g} (e.g. {self.more})")
+        return out
+
+
+def compare_sample(base: dict[str, Any], other: dict[str, Any], top_n: int) -> dict[str, Any]:
+    """One sample under two models: its words aligned by their character span in the text (both models read the
+    same headline, possibly with different tokenizers), the change ``other - base`` of each aligned word's
+    attribution, and the ``top_n`` largest changes by absolute size (ties: text order), each with the word's
+    index in both records. Without spans (an old record) words align by position when both word lists agree."""
+    spans_a, spans_b = base.get("spans"), other.get("spans")
+    pairs: list[tuple[int, int]] = []
+    if spans_a is not None and spans_b is not None:
+        where = {tuple(sp): j for j, sp in enumerate(spans_b) if sp is not None}
+        pairs = [(i, where[tuple(sp)]) for i, sp in enumerate(spans_a) if sp is not None and tuple(sp) in where]
+    elif [w.lower() for w in base["words"]] == [w.lower() for w in other["words"]]:
+        pairs = [(i, i) for i in range(len(base["words"]))]
+    display = base.get("display_words") or base["words"]
+    rows = [{"word": display[i], "index_a": i, "index_b": j, "before": float(base["word_attributions"][i]),
+             "after": float(other["word_attributions"][j]),
+             "change": float(other["word_attributions"][j]) - float(base["word_attributions"][i])}
+            for i, j in pairs]
+    ranked = sorted((r for r in rows if r["change"] != 0), key=lambda r: (-abs(r["change"]), r["index_a"]))
+    return {"id": base.get("id"), "aligned": len(pairs), "words_a": len(base["words"]),
+            "words_b": len(other["words"]), "changed": ranked[:top_n]}
+
+
+WORDS_CSV_COLUMNS = ["model", "sample_id", "label", "view", "position", "word", "display_word", "attribution"]
+
+
+class WordsCsv:
+    """``words.csv``: one row per word of every view of every sample (``position`` is the word's index in its
+    view, ``word`` the model's token text, ``display_word`` the text as given), the numbers the page shows."""
+
+    def __init__(self, fh: Any) -> None:
+        self.writer = csv.writer(fh, lineterminator="\n")
+        self.writer.writerow(WORDS_CSV_COLUMNS)
+
+    def add(self, model: str, rec: dict[str, Any], main_view: str = "title") -> None:
+        for view, part in [(main_view, rec)] + list((rec.get("views") or {}).items()):
+            display = part.get("display_words") or part["words"]
+            for i, (w, d, a) in enumerate(zip(part["words"], display, part["word_attributions"], strict=True)):
+                self.writer.writerow([model, rec.get("id"), rec.get("label") or "", view, i, w, d, repr(float(a))])

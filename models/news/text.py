@@ -39,6 +39,8 @@ class Encoded:
     ids: torch.Tensor
     mask: torch.Tensor
     word_ids: list[list[int | None]] | None = None  # per row: the word index of each token (None: structural)
+    # per row: each token's character span ``(start, end)`` in the text as given (None: structural or padding)
+    offsets: list[list[tuple[int, int] | None]] | None = None
 
 
 class NewsTokenizer:
@@ -102,8 +104,12 @@ class BertNewsTokenizer(NewsTokenizer):
         self.special_ids = structural_ids(self.hf)
 
     def encode(self, texts: Sequence[str], max_len: int) -> Encoded:
-        enc = self.hf(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-        return Encoded(enc["input_ids"], enc["attention_mask"], [enc.word_ids(i) for i in range(len(texts))])
+        enc = self.hf(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt",
+                      return_offsets_mapping=True)
+        word_ids = [enc.word_ids(i) for i in range(len(texts))]
+        offsets = [[(int(a), int(b)) if w is not None else None for (a, b), w in zip(row.tolist(), wids, strict=True)]
+                   for row, wids in zip(enc["offset_mapping"], word_ids, strict=True)]
+        return Encoded(enc["input_ids"], enc["attention_mask"], word_ids, offsets)
 
     def join_pieces(self, pieces: Sequence[str]) -> str:
         return self.hf.convert_tokens_to_string(list(pieces))
@@ -130,6 +136,27 @@ class WordTokenizer(NewsTokenizer):
     def words(text: str) -> list[str]:
         return WORD_RE.findall(text.lower())
 
+    @staticmethod
+    def word_spans(text: str) -> list[tuple[int, int]]:
+        """The character span in ``text`` (as given, not lower-cased) of each of :meth:`words`. Lower-casing
+        can change a string's length (``"İ"`` becomes two characters); when it does not, every character maps to
+        one and the match positions are the text's own (the common case, one regex pass); otherwise they are mapped
+        back character by character (:meth:`word_spans_reference`, which gives the same spans for any text)."""
+        low = text.lower()
+        if len(low) == len(text):  # lower() never removes a character: equal lengths map each to exactly one
+            return [m.span() for m in WORD_RE.finditer(low)]
+        return WordTokenizer.word_spans_reference(text)
+
+    @staticmethod
+    def word_spans_reference(text: str) -> list[tuple[int, int]]:
+        """:meth:`word_spans` by mapping every lower-cased character back to the character it came from."""
+        lowered, origin = [], []
+        for i, ch in enumerate(text):
+            low = ch.lower()
+            lowered.append(low)
+            origin.extend([i] * len(low))
+        return [(origin[m.start()], origin[m.end() - 1] + 1) for m in WORD_RE.finditer("".join(lowered))]
+
     @classmethod
     def build(cls, texts: Iterable[str], min_count: int = 1, max_size: int | None = None) -> WordTokenizer:
         counts = Counter(w for t in texts for w in cls.words(t))
@@ -146,7 +173,11 @@ class WordTokenizer(NewsTokenizer):
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
             mask[i, : len(s)] = 1
-        return Encoded(ids, mask, [list(range(len(s))) + [None] * (length - len(s)) for s in seqs])
+        offsets: list[list[tuple[int, int] | None]] = []
+        for t in texts:
+            spans: list[tuple[int, int] | None] = list(self.word_spans(t)[:max_len])
+            offsets.append(spans + [None] * (length - len(spans)))
+        return Encoded(ids, mask, [list(range(len(s))) + [None] * (length - len(s)) for s in seqs], offsets)
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.itos[int(i)] for i in ids]

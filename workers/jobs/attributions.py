@@ -25,6 +25,7 @@ from workers.fanout import (
 from workers.fanout import run_shard as run_shard_once
 
 NPZ_MIN_SAMPLES = 32  # runs with at least this many samples also write an npz artifact
+DEFAULT_WARN_RELATIVE_DELTA = 0.05  # the request's default (core.kinds.attributions)
 
 
 def _samples(payload: dict[str, Any], ctx: JobContext, with_bodies: bool) -> list:
@@ -87,14 +88,37 @@ def _without_faithfulness(opts: Any) -> Any:
     return dataclasses.replace(opts, faithfulness=False)
 
 
-def _pass_progress(ctx: JobContext, passes: int) -> Any:
-    """``progress_for(k)``: the progress callback of pass ``k`` of ``passes`` (the model, then ``compare_with``),
-    reported as samples done over all passes."""
+def _pass_progress(ctx: JobContext, passes: int, n_samples: int) -> Any:
+    """``progress_for(k)``: the progress callback of pass ``k`` of ``passes`` (the model, then ``compare_with``).
+    The total is the request's ``n_samples`` whatever the passes and views: the work done so far (pass ``k``'s
+    share plus the earlier passes) is reported as that fraction of the samples, and the message names the
+    pass."""
     def progress_for(k: int):
         def progress(done: int, total: int, message: str) -> None:
-            ctx.progress(k * total + done, passes * total, "samples", message=message)
+            fraction = (k + (done / total if total else 1.0)) / passes
+            label = f"model {k + 1} of {passes}: " if passes > 1 else ""
+            ctx.progress(min(n_samples, int(fraction * n_samples)), n_samples, "samples", message=label + message)
         return progress
     return progress_for
+
+
+def _compare_options(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"threshold": payload.get("compare_threshold", 0.1),
+            "changed_min_count": payload.get("compare_min_count", 3)}
+
+
+def _warn_threshold(payload: dict[str, Any]) -> float:
+    return float(payload.get("warn_relative_delta", DEFAULT_WARN_RELATIVE_DELTA))
+
+
+def _write_words_csv(path: Any, parts: list[tuple[str, list[dict[str, Any]]]], main_view: str) -> None:
+    from models.news.summary import WordsCsv
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = WordsCsv(fh)
+        for model, records in parts:
+            for rec in records:
+                out.add(model, rec, main_view)
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -105,6 +129,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         explain,
         samples_to_arrays,
     )
+    from models.news.summary import CompletenessWarnings
 
     bundle = ctx.model(payload["model"])
     model = bundle.model
@@ -116,7 +141,9 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         return _fan_out(payload, ctx, len(samples), shard_size)
     opts = _options(payload)
     compare = payload.get("compare_with")
-    progress_for = _pass_progress(ctx, 2 if compare else 1)
+    progress_for = _pass_progress(ctx, 2 if compare else 1, len(samples))
+    threshold = _warn_threshold(payload)
+    main_view = model.views[0]
 
     try:
         report = explain(model, samples, opts, progress_for(0))
@@ -128,7 +155,10 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         detail = "; ".join(f"{e['id']}: {e['error']}" for e in report["errors"][:10])
         raise JobError("all_samples_failed", f"no sample could be attributed ({detail})")
     report["model"] = payload["model"]
-    report["warnings"] = input_warnings(samples, model.views)
+    report["warn_relative_delta"] = threshold
+    report["warnings"] = input_warnings(samples, model.views) + CompletenessWarnings(
+        threshold, main_view).extend(report["samples"]).warnings()
+    csv_parts = [(payload["model"], report["samples"])]
     if compare:
         other = ctx.model(compare)
         try:
@@ -139,11 +169,17 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             raise JobError("attribution_failed", f"compare_with {compare!r}: {exc}") from exc
         report["comparison"] = {
             "model": compare,
-            **compare_reports(report, report_b, payload["compare_threshold"]),
+            **compare_reports(report, report_b, top_n=payload.get("compare_top_n", 3), **_compare_options(payload)),
             "summary": report_b["summary"],
             "errors": report_b["errors"],
             "word_stats": report_b["word_stats"],
+            "n_samples": len(report_b["samples"]),
+            "samples": report_b["samples"],
         }
+        report["warnings"] += CompletenessWarnings(threshold, other.model.views[0], f"compare_with {compare!r}: "
+                                                   ).extend(report_b["samples"]).warnings()
+        csv_parts.append((compare, report_b["samples"]))
+    _write_words_csv(ctx.artifact_path("words.csv"), csv_parts, main_view)
     if len(report["samples"]) >= NPZ_MIN_SAMPLES:
         np.savez_compressed(ctx.artifact_path("attributions.npz"), **samples_to_arrays(report))
     report["artifacts"] = ctx.artifacts()
@@ -255,7 +291,7 @@ def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         opts = _options(request)
         compare = request.get("compare_with")
         passes = 2 if compare else 1
-        progress_for = _pass_progress(ctx, passes)
+        progress_for = _pass_progress(ctx, passes, len(samples))
         t0 = time.perf_counter()
         try:
             report = explain(model, samples, opts, progress_for(0))
@@ -284,7 +320,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     """Merge the shards in sample order: ``samples.jsonl`` for the parent, and a compact summary as the result."""
     import json
 
-    from models.news.summary import ReportAccumulator, compare
+    from models.news.summary import CompletenessWarnings, ReportAccumulator, WordsCsv, compare
 
     parent, n_shards, request = payload["parent"], payload["shards"], payload["request"]
     store = get_store(ctx.settings)
@@ -299,9 +335,15 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     faithful: list[dict[str, Any]] = []  # each merged record's faithfulness (when asked for)
     faithful_seconds = 0.0
     n_total = 0
+    threshold = _warn_threshold(request)
+    model_b = request.get("compare_with")
     try:
         with open(out_dir / "samples.jsonl", "w", encoding="utf-8") as merged, \
-                open(out_dir / "compare.jsonl", "w", encoding="utf-8") as merged_b:
+                open(out_dir / "compare.jsonl", "w", encoding="utf-8") as merged_b, \
+                open(out_dir / "words.csv", "w", newline="", encoding="utf-8") as words_fh:
+            words_csv = WordsCsv(words_fh)
+            warn, warn_b = CompletenessWarnings(threshold), CompletenessWarnings(
+                threshold, prefix=f"compare_with {model_b!r}: ")
             for i in range(n_shards):
                 ctx.progress(i, n_shards, "shards", message=f"merging shard {i + 1}/{n_shards}")
                 done = shard_done(ctx, parent, i)
@@ -312,6 +354,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                 errors.extend(done["errors"])
                 if not shard_summaries and done["summary"].get("views"):  # the view records hold at top level
                     acc.main_view = done["summary"]["views"][0]
+                    warn.main_view = warn_b.main_view = acc.main_view
                     if acc_b is not None:
                         acc_b.main_view = acc.main_view
                 shard_summaries.append(done["summary"])
@@ -323,11 +366,20 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                     acc.add(rec)
                     if rec.get("faithfulness"):
                         faithful.append(rec["faithfulness"])
+                    warn.add(rec)
+                    words_csv.add(request["model"], rec, acc.main_view)
                     merged.write(json.dumps(rec) + "\n")
                 if acc_b is not None:
                     for rec in shard_records(ctx, parent, i, "compare.jsonl"):
                         acc_b.add(rec)
+                        warn_b.add(rec)
                         merged_b.write(json.dumps(rec) + "\n")
+            if acc_b is not None:  # the second model's words after the first's, read back from the merged file
+                merged_b.flush()
+                with open(out_dir / "compare.jsonl", encoding="utf-8") as again:
+                    for line in again:
+                        words_csv.add(model_b, json.loads(line), acc.main_view)
+            warnings += warn.warnings() + (warn_b.warnings() if acc_b is not None else [])
         if failed_shards:  # name every sample of a shard that failed for good
             ids = _parent_sample_ids(request, ctx)
             ranges = (ctx.job.connection and parent_ranges(ctx, parent)) or []
@@ -358,6 +410,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             "summary": _merge_summaries(shard_summaries, acc, len(errors)),
             "shards": {"total": n_shards, "failed": failed_shards},
             "warnings": warnings,
+            "warn_relative_delta": threshold,
         }
         if request.get("faithfulness"):
             from models.news.faithfulness import merged_section
@@ -366,7 +419,7 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                                                     faithful_seconds,
                                                     result["summary"].get("seconds") or 0.0)
         if acc_b is not None:
-            cmp = compare(acc, acc_b, request.get("compare_threshold", 0.1))
+            cmp = compare(acc, acc_b, **_compare_options(request))
             (out_dir / "comparison.json").write_text(json.dumps(cmp))
             result["comparison"] = {"model": request["compare_with"], **cmp,
                                     "changed": cmp["changed"][:SUMMARY_TOP_WORDS],

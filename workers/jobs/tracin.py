@@ -347,10 +347,12 @@ def _reduce_test(ctx: JobContext, parent: str, request: dict[str, Any], bundle: 
         GLOBAL_TOP,
         LIST_ALL_MAX_PAIRS,
         GlobalTop,
+        add_predictions,
         entry_csv_rows,
         finish_entry,
         merge_entries,
         pair_count,
+        predictions,
         write_candidates,
     )
 
@@ -361,6 +363,7 @@ def _reduce_test(ctx: JobContext, parent: str, request: dict[str, Any], bundle: 
     iters = [shard_records(ctx, parent, i, "entries.jsonl") for i in live]
     n_test = len(p.test_ids)
     best = GlobalTop(k_global)
+    preds = predictions(bundle, p.test_ids)
     with open(out_dir / "results.jsonl", "w", encoding="utf-8") as res_fh, \
             open(out_dir / "influence.csv", "w", newline="", encoding="utf-8") as csv_fh:
         writer = csv.DictWriter(csv_fh, fieldnames=CSV_COLUMNS)
@@ -374,6 +377,7 @@ def _reduce_test(ctx: JobContext, parent: str, request: dict[str, Any], bundle: 
                 "n_positive": 0, "n_negative": 0}
             best.add(t, merged)
             public = finish_entry(merged, top_k)
+            add_predictions([public], preds[t:t + 1])
             res_fh.write(json.dumps(_clean(public)) + "\n")
             writer.writerows(entry_csv_rows(ds, public))
     result: dict[str, Any] = {**p.settings, "n_test": n_test, "n_candidates_scored": len(p.union)}

@@ -168,6 +168,83 @@
     });
   }
 
+  // Attribution pages: the values and table toggles apply at once (the URL keeps them, and so do the pager's
+  // links); another colour scale is drawn by the server, so that choice reloads the page.
+  function keepParams(form) {
+    var params = new URLSearchParams(window.location.search);
+    var values = form.querySelector("[data-attr-toggle]");
+    var table = form.querySelector("[data-attr-view][value=table]");
+    if (values && values.checked) params.set("values", "1"); else params.delete("values");
+    if (table && table.checked) params.set("view", "table"); else params.delete("view");
+    window.history.replaceState(null, "", window.location.pathname + (params.toString() ? "?" + params : ""));
+    document.querySelectorAll(".attr .pager a").forEach(function (a) {
+      var url = new URL(a.href, window.location.href);
+      ["values", "view"].forEach(function (k) {
+        if (params.has(k)) url.searchParams.set(k, params.get(k)); else url.searchParams.delete(k);
+      });
+      a.href = url.pathname + url.search;
+    });
+  }
+
+  function initAttr(root) {
+    root.querySelectorAll("form.attr-controls").forEach(function (form) {
+      if (wired.has(form)) return;
+      wired.add(form);
+      var section = form.closest(".attr");
+      form.classList.add("js");
+      form.querySelectorAll("[data-attr-toggle]").forEach(function (box) {
+        box.addEventListener("change", function () {
+          section.classList.toggle(box.dataset.attrToggle, box.checked);
+          keepParams(form);
+        });
+      });
+      form.querySelectorAll("[data-attr-view]").forEach(function (radio) {
+        radio.addEventListener("change", function () {
+          section.classList.toggle("view-table", radio.value === "table" && radio.checked);
+          keepParams(form);
+        });
+      });
+      form.querySelectorAll("[data-attr-scale]").forEach(function (radio) {
+        radio.addEventListener("change", function () { form.submit(); });
+      });
+    });
+  }
+
+  // Sortable tables: a heading's button sorts the rows by that column's data-value (numbers, or text with
+  // data-kind="text"; data-abs sorts by size); a second press reverses the order.
+  function initSortable(root) {
+    root.querySelectorAll("table[data-sortable]").forEach(function (table) {
+      if (wired.has(table)) return;
+      wired.add(table);
+      var heads = Array.prototype.slice.call(table.querySelectorAll("thead th"));
+      heads.forEach(function (th, col) {
+        var button = th.querySelector("button.sort");
+        if (!button) return;
+        button.addEventListener("click", function () {
+          var text = button.dataset.kind === "text";
+          var dir = th.getAttribute("aria-sort") === "descending" ? "ascending" : "descending";
+          if (text && th.getAttribute("aria-sort") === "none") dir = "ascending";
+          heads.forEach(function (h) { if (h.hasAttribute("aria-sort")) h.setAttribute("aria-sort", "none"); });
+          th.setAttribute("aria-sort", dir);
+          var body = table.tBodies[0];
+          var rows = Array.prototype.slice.call(body.rows);
+          var key = function (row) {
+            var v = row.cells[col].dataset.value;
+            if (text) return v;
+            var n = parseFloat(v);
+            return button.dataset.abs ? Math.abs(n) : n;
+          };
+          rows.sort(function (a, b) {
+            var x = key(a), y = key(b);
+            var c = text ? String(x).localeCompare(String(y)) : x - y;
+            return dir === "ascending" ? c : -c;
+          });
+          rows.forEach(function (r) { body.appendChild(r); });
+        });
+      });
+    });
+  }
+
   window.addEventListener("resize", function () {
     document.querySelectorAll("figure.chart").forEach(function (fig) {
       var plot = plots.get(fig);
@@ -178,6 +255,8 @@
   htmx.onLoad(function (root) {
     initCharts(root);
     initToggles(root);
+    initAttr(root);
+    initSortable(root);
   });
 })();
 

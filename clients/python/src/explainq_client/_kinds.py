@@ -103,6 +103,9 @@ class KindMethods(Generic[R]):
         optimized: bool | NotGiven = NOT_GIVEN,
         compare_with: str | None | NotGiven = NOT_GIVEN,
         compare_threshold: float | NotGiven = NOT_GIVEN,
+        compare_min_count: int | NotGiven = NOT_GIVEN,
+        compare_top_n: int | NotGiven = NOT_GIVEN,
+        warn_relative_delta: float | NotGiven = NOT_GIVEN,
         max_history: int | NotGiven = NOT_GIVEN,
         faithfulness: bool | NotGiven = NOT_GIVEN,
         faithfulness_seed: int | NotGiven = NOT_GIVEN,
@@ -120,7 +123,10 @@ class KindMethods(Generic[R]):
         "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced", "seed"}``).
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
-        poisoned twin) whose word statistics are compared.
+        poisoned twin) whose word statistics are compared: per sample the ``compare_top_n`` (3) most changed words,
+        and a table of the words seen at least ``compare_min_count`` (3) times whose mean moved by more than
+        ``compare_threshold`` (0.1). A sample whose relative completeness error exceeds ``warn_relative_delta``
+        (0.05) is named in the result's ``warnings``.
 
         ``faithfulness=True`` adds, per sample and over the run, comprehensiveness and sufficiency at 10/20/50% of
         the words and deletion/insertion curves for IG's ranking, a random one (``faithfulness_seed``) and

@@ -119,37 +119,62 @@ def _more(shown: int, total: int, what: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ attributions
-def words_html(words: Sequence[str], attributions: Sequence[float]) -> str:
-    """Words as spans coloured by attribution (scale: the largest magnitude), the signed value on hover."""
-    scale = max((abs(a) for a in attributions if math.isfinite(a)), default=0.0)
+def words_html(words: Sequence[str], attributions: Sequence[float], scale: float | None = None,
+               values: bool = False) -> str:
+    """Words as spans coloured by attribution on ``scale`` (default: their largest magnitude), the signed value
+    on hover, and with ``values`` printed under each word."""
+    if scale is None:
+        scale = max((abs(a) for a in attributions if math.isfinite(a)), default=0.0)
     spans = []
     for word, value in zip(words, attributions, strict=True):
+        under = (f"<br><small style='font-size:10px'>{escape(_signed(value))}</small>" if values else "")
         spans.append(
             f"<span title='{escape(_signed(value))}' data-attribution='{value!r}' style='background:"
             f"{diverging_color(value, scale)};color:{_text_on(value, scale)};padding:1px 3px;margin:1px;"
-            f"border-radius:3px;display:inline-block'>{escape(word)}</span>")
+            f"border-radius:3px;display:inline-block;text-align:center;vertical-align:top'>{escape(word)}"
+            f"{under}</span>")
     return "<span style='line-height:1.9'>" + " ".join(spans) + "</span>"
 
 
-def _legend() -> str:
+def _legend(scale: float | None = None) -> str:
     stops = ", ".join(diverging_color(v, 1.0) for v in (-1, -0.5, 0, 0.5, 1))
-    return ("<div style='font-size:12px;margin:4px 0'>negative "
+    if scale is None:
+        return ("<div style='font-size:12px;margin:4px 0'>negative "
+                f"<span style='display:inline-block;width:120px;height:10px;background:linear-gradient(to right, "
+                f"{stops})'></span> positive (hover a word for its attribution)</div>")
+    return (f"<div style='font-size:12px;margin:4px 0'>{escape(_signed(-scale))} "
             f"<span style='display:inline-block;width:120px;height:10px;background:linear-gradient(to right, "
-            f"{stops})'></span> positive (hover a word for its attribution)</div>")
+            f"{stops})'></span> {escape(_signed(scale))} (one scale for every sample; the value of each word is "
+            "under it)</div>")
+
+
+def _max_abs(records: Iterable[Mapping[str, Any]]) -> float:
+    """The largest finite |attribution| of every view of ``records``."""
+    out = 0.0
+    for s in records:
+        for v in [s, *((s.get("views") or {}).values())]:
+            if isinstance(v, Mapping):
+                out = max([out, *(abs(a) for a in v.get("word_attributions") or [] if math.isfinite(a))])
+    return out
 
 
 def attribution_html(result: Mapping[str, Any]) -> str:
     """Each sample's candidate (and body, when attributed) as coloured words, its score, baseline score and
     completeness delta; the comparison's changed words; per-label word statistics."""
     samples = list(result.get("samples") or [])
+    scale = _max_abs(samples)
     parts = [f"<div><b>attributions</b> of model <code>{escape(str(result.get('model', '')))}</code>",
-             _legend()]
+             _legend(scale)]
+    warnings = [w for w in result.get("warnings") or [] if isinstance(w, str)]
+    if warnings:
+        parts.append("<ul style='color:#8a4b00'>" + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul>")
     rows = []
     for s in samples[:MAX_SAMPLES_SHOWN]:
         views = [("title", s), *((name, v) for name, v in (s.get("views") or {}).items() if isinstance(v, Mapping))]
         cells = "<br>".join(
             (f"<small>{escape(name)}</small> " if len(views) > 1 else "")
-            + words_html(v.get("words") or [], v.get("word_attributions") or [])
+            + words_html(v.get("display_words") or v.get("words") or [], v.get("word_attributions") or [], scale,
+                         values=True)
             for name, v in views)
         rows.append([escape(str(s.get("id", ""))), escape(str(s.get("label") or "")), cells,
                      _num(s.get("score")), _num(s.get("baseline_score")), _num(s.get("delta"), 2)])
@@ -278,8 +303,13 @@ def tracin_html(result: Mapping[str, Any]) -> str:
     if result.get("filter"):
         parts.append(f", filter <code>{escape(str(result['filter']))}</code>")
     for entry in result.get("results") or []:
+        pred = entry.get("prediction") if isinstance(entry.get("prediction"), Mapping) else None
+        context = (f"model score {_num(pred.get('score'))}, filtered rank {_num(pred.get('rank'))} of "
+                   f"{_num(pred.get('n_entities'))}; " if pred else "")
         parts.append(f"<h4 style='margin:8px 0 2px'>{_triple(entry.get('test_triple'))} "
-                     f"<small>(self-influence {_num(entry.get('self_influence'))}, "
+                     + ("<small style='color:#6b4e16'>[in the training set]</small> " if entry.get("in_train")
+                        else "")
+                     + f"<small>({escape(context)}self-influence {_num(entry.get('self_influence'))}, "
                      f"{_num(entry.get('n_candidates'))} candidates)</small></h4>")
         groups = [(k, entry.get(k) or []) for k in ("proponents", "opponents", "pairs") if k in entry]
         scale = max((abs(r.get("influence", 0.0)) for _, rows in groups for r in rows), default=0.0)
@@ -474,6 +504,9 @@ def attribution_text(result: Mapping[str, Any]) -> str:
             for s in samples[:MAX_SAMPLES_SHOWN]]
     out += [text_table(["sample", "label", "score", "delta", "top words (attribution)"], rows),
             *_text_more(len(rows), len(samples), "samples")]
+    warnings = [w for w in result.get("warnings") or [] if isinstance(w, str)]
+    if warnings:
+        out += ["", "warnings", *(f"  {w}" for w in warnings)]
     errors = result.get("errors") or []
     if errors:
         out += ["", "samples not attributed",
@@ -499,8 +532,13 @@ def tracin_text(result: Mapping[str, Any]) -> str:
     out = [f"TracIn on {result.get('model', '')}, mode {result.get('mode', '')}"
            + (f", filter {result['filter']}" if result.get("filter") else "")]
     for entry in result.get("results") or []:
-        out += ["", f"test triple {_text_triple(entry.get('test_triple'))} (self-influence "
-                f"{_tnum(entry.get('self_influence'))}, {_tnum(entry.get('n_candidates'))} candidates)"]
+        pred = entry.get("prediction") if isinstance(entry.get("prediction"), Mapping) else None
+        context = (f"model score {_tnum(pred.get('score'))}, filtered rank {_tnum(pred.get('rank'))} of "
+                   f"{_tnum(pred.get('n_entities'))}; " if pred else "")
+        out += ["", f"test triple {_text_triple(entry.get('test_triple'))}"
+                + (" [in the training set]" if entry.get("in_train") else "")
+                + f" ({context}self-influence {_tnum(entry.get('self_influence'))}, "
+                f"{_tnum(entry.get('n_candidates'))} candidates)"]
         for name in ("proponents", "opponents", "pairs"):
             if name not in entry:
                 continue

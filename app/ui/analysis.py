@@ -1,0 +1,189 @@
+"""What the attribution and TracIn pages draw, built from a job's public result (no I/O here).
+
+Attributions: one colour scale for the page (the largest |attribution| of every sample, every view and, in a
+comparison, both models), or one per sample; each word as the text has it, its value, and whether the comparison
+marks it; the completeness warnings; the comparison's per-sample changes and its table. TracIn: the model's own
+prediction per test triple, the in-training badge, and bars scaled to the range of the values shown.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from app.ui import views
+
+SCALES = ("global", "sample")
+VIEWS = ("heatmap", "table")
+COLOURBAR_TICKS = 5
+MIN_BAR = 2.0  # % width of the smallest bar in a range, so that it stays visible
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _parts(rec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A sample record's views: the first at the top level, the others (NAML's body) under ``views``."""
+    return [("title", rec)] + [(name, v) for name, v in (rec.get("views") or {}).items() if isinstance(v, dict)]
+
+
+def max_abs(records: list[dict[str, Any]]) -> float:
+    """The largest finite |attribution| of every view of ``records`` (0 without any)."""
+    out = 0.0
+    for rec in records:
+        for _, part in _parts(rec):
+            for v in part.get("word_attributions") or []:
+                f = _finite(v)
+                if f is not None:
+                    out = max(out, abs(f))
+    return out
+
+
+def colour_bar(scale: float) -> dict[str, Any]:
+    """The numeric colour bar of a scale: its ends are −scale and +scale."""
+    ticks = [scale * (2 * i / (COLOURBAR_TICKS - 1) - 1) for i in range(COLOURBAR_TICKS)]
+    return {"min": -scale, "max": scale, "ticks": [{"value": t, "text": views.signed(t, 3) if t else "0"}
+                                                   for t in ticks]}
+
+
+def cells(part: dict[str, Any], scale: float, marked: set[int] | None = None) -> list[dict[str, Any]]:
+    """The words of one view: the model's word (``word``), the text's (``display``), the value, colour and sign,
+    whether the comparison marks it, and whether the text has a space before it."""
+    words = part.get("words") or []
+    values = part.get("word_attributions") or []
+    display = part.get("display_words") or words
+    spans = part.get("spans") or [None] * len(words)
+    marked = marked or set()
+    out = []
+    previous_end = None
+    for i, (w, v) in enumerate(zip(words, values, strict=False)):
+        span = spans[i] if i < len(spans) else None
+        space = True
+        if isinstance(span, list | tuple) and len(span) == 2 and previous_end is not None:
+            space = span[0] > previous_end
+        previous_end = span[1] if isinstance(span, list | tuple) and len(span) == 2 else None
+        value = _finite(v)
+        out.append({"i": i, "word": w, "display": display[i] if i < len(display) else w, "value": v,
+                    "style": views.attr_style(value, scale), "sign": views.sign(value),
+                    "cls": "pos" if (value or 0) > 0 else "neg" if (value or 0) < 0 else "zero",
+                    "changed": i in marked, "space": space or i == 0})
+    return out
+
+
+def _warned(rec: dict[str, Any], threshold: float | None) -> list[dict[str, Any]]:
+    """The views of a sample whose relative completeness error exceeds ``threshold`` (or is not finite)."""
+    if threshold is None:
+        return []
+    out = []
+    for name, part in _parts(rec):
+        rel = part.get("relative_delta")
+        if rel is None and "relative_delta" not in part:
+            continue
+        f = _finite(rel)
+        if f is None or f > threshold:
+            out.append({"view": name, "relative_delta": rel})
+    return out
+
+
+def _sample_view(rec: dict[str, Any], scale: float, marked: set[int], threshold: float | None) -> dict[str, Any]:
+    return {**rec, "views_": [{"name": name, "cells": cells(part, scale, marked if name == "title" else None)}
+                              for name, part in _parts(rec)],
+            "scale_": scale, "warned_": _warned(rec, threshold)}
+
+
+def attribution_context(result: dict[str, Any], page: int, per_page: int, scale_mode: str = "global",
+                        show_values: bool = False, view: str = "heatmap") -> dict[str, Any]:
+    """The attribution page's context: the samples of ``page`` (with the comparison model's beside them), the
+    scale and its colour bar, the completeness threshold and warnings, the comparison table and word statistics."""
+    scale_mode = scale_mode if scale_mode in SCALES else "global"
+    view = view if view in VIEWS else "heatmap"
+    samples = [s for s in result.get("samples") or [] if isinstance(s, dict)]
+    comparison = result.get("comparison") if isinstance(result.get("comparison"), dict) else None
+    other_samples = [s for s in (comparison or {}).get("samples") or [] if isinstance(s, dict)]
+    other_by_id = {s.get("id"): s for s in other_samples}
+    per_sample = {p.get("id"): p for p in (comparison or {}).get("per_sample") or [] if isinstance(p, dict)}
+    threshold = _finite(result.get("warn_relative_delta"))
+    pages = max(1, -(-len(samples) // per_page))
+    page = min(max(page, 1), pages)
+    scale = max_abs(samples + other_samples)
+    shown = []
+    for rec in samples[(page - 1) * per_page: page * per_page]:
+        other = other_by_id.get(rec.get("id"))
+        changes = per_sample.get(rec.get("id")) or {}
+        changed = [c for c in changes.get("changed") or [] if isinstance(c, dict)]
+        own = scale if scale_mode == "global" else max_abs([rec] + ([other] if other else []))
+        item = _sample_view(rec, own, {c.get("index_a") for c in changed}, threshold)
+        if other is not None:
+            item["other_"] = _sample_view(other, own, {c.get("index_b") for c in changed}, threshold)
+        item["changes_"] = changed
+        item["bar_"] = colour_bar(own)
+        shown.append(item)
+    table = []
+    for c in (comparison or {}).get("changed") or []:
+        s = max(abs(c.get("mean_before") or 0.0), abs(c.get("mean_after") or 0.0)) or 1.0
+        table.append({**c, "before_style": views.attr_style(c.get("mean_before"), s),
+                      "after_style": views.attr_style(c.get("mean_after"), s)})
+    n_samples = len(samples) if samples else result.get("n_samples") if isinstance(result.get("n_samples"), int) else 0
+    return {"samples": shown, "pages": pages, "page": page, "n_samples": n_samples,
+            "n_compared": len(other_samples), "scale": scale, "scale_mode": scale_mode, "page_bar": colour_bar(scale),
+            "show_values": show_values, "view": view, "threshold": threshold,
+            "warnings": [w for w in result.get("warnings") or [] if isinstance(w, str)],
+            "word_bars": word_stat_bars(result.get("word_stats") or {}),
+            "comparison": comparison, "changed": table}
+
+
+def word_stat_bars(word_stats: dict[str, Any], n: int = 10) -> list[dict[str, Any]]:
+    """``views.word_stat_bars`` for a single job's statistics (a list of rows per label) and a fanned-out job's
+    (``{"top", "bottom", "words"}`` per label)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for label, value in word_stats.items():
+        if isinstance(value, dict):
+            top = list(value.get("top") or [])
+            rows[label] = top + [r for r in reversed(value.get("bottom") or []) if r not in top]
+        elif isinstance(value, list):
+            rows[label] = value
+    return views.word_stat_bars(rows, n)
+
+
+# ------------------------------------------------------------------------------------------------- TracIn
+def range_bars(rows: list[dict[str, Any]], key: str, magnitude: bool = False) -> dict[str, Any]:
+    """Bars over the range of the values shown: the smallest shown value draws ``MIN_BAR`` %, the largest 100 %,
+    linearly between (``magnitude``: by |value|, for opponents); one value alone draws a full bar. The range is
+    returned with the rows so that the page can print it."""
+    values = [_finite(r.get(key)) for r in rows]
+    mags = [abs(v) if magnitude and v is not None else v for v in values]
+    known = [m for m in mags if m is not None]
+    lo, hi = (min(known), max(known)) if known else (None, None)
+    out = []
+    for r, m in zip(rows, mags, strict=True):
+        if m is None:
+            width = 0.0
+        elif hi == lo:
+            width = 100.0
+        else:
+            width = MIN_BAR + (100.0 - MIN_BAR) * (m - lo) / (hi - lo)
+        out.append({**r, "width": width})
+    shown = [v for v in values if v is not None]
+    return {"rows": out, "lo": min(shown) if shown else None, "hi": max(shown) if shown else None}
+
+
+RANKING_SHOWN = 200  # self-influence rows drawn on the page (the CSV has them all)
+
+
+def tracin_context(result: dict[str, Any], per_test: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per test triple: its lists with range-scaled bars (a listed training triple that is the test triple itself
+    marked), its prediction and in-training flag; the first ``RANKING_SHOWN`` of a self-influence ranking."""
+    entries = per_test if per_test is not None else [r for r in result.get("results") or [] if isinstance(r, dict)]
+    out = []
+    for r in entries:
+        test = list(r.get("test_triple") or [])
+        lists = {}
+        for key, magnitude in (("proponents", False), ("opponents", True), ("pairs", False)):
+            rows = [{**p, "is_test_triple": p.get("is_test_triple") or list(p.get("train_triple") or []) == test}
+                    for p in r.get(key) or [] if isinstance(p, dict)]
+            lists[key + "_"] = range_bars(rows, "influence", magnitude)
+        out.append({**r, **lists})
+    ranking = [r for r in result.get("ranking") or [] if isinstance(r, dict)]
+    return {"per_test": out, "ranking": range_bars(ranking[:RANKING_SHOWN], "self_influence"),
+            "ranking_total": len(ranking)}

@@ -1,0 +1,94 @@
+"""Crafted attribution and TracIn results, and the real dashboard's job page rendered from them (the router's own
+context builders and templates), for tests that look at what the pages show without running a model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.ui import analysis, router
+
+STATIC = Path(router.HERE) / "static"
+MODEL_A, MODEL_B = "nrms-a", "nrms-b"
+JOB_ID = "0123456789abcdef0123456789abcdef"
+LONG_WORD = "Supercalifragilisticexpialidocious" * 2  # one word wider than a phone
+
+
+def record(sid: str, display: list[str], values: list[float], rel: float = 1e-4, label: str | None = "fake",
+           history: list[str] | None = None, gap: bool = True) -> dict[str, Any]:
+    """A sample record as ``models.news.attribution.explain`` writes it (spans over a text made of the words)."""
+    spans, pos = [], 0
+    for i, d in enumerate(display):
+        if i and (gap and d not in ":,."):
+            pos += 1
+        spans.append([pos, pos + len(d)])
+        pos += len(d)
+    total = sum(values)
+    return {"id": sid, "label": label, "words": [d.lower() for d in display], "display_words": display,
+            "spans": spans, "word_attributions": values, "score": 2.0 + total, "baseline_score": 2.0,
+            "attribution_sum": total * (1 + rel), "delta": total * rel, "relative_delta": rel,
+            "history": history if history is not None else ["Senate passes the Budget bill", "Lakers win"],
+            "top_positive": [], "top_negative": []}
+
+
+def attribution_result(n: int = 12, compare: bool = False) -> dict[str, Any]:
+    """``n`` samples; sample s1 is "SHOCKING: Fans can't believe it" with the page's largest |attribution| (2.6);
+    s2's completeness error is 0.42; the others end with a word wider than a phone; with ``compare`` a second
+    model's records and per-sample changes."""
+    samples = [record("s1", ["SHOCKING", ":", "Fans", "can't", "believe", "it"], [2.6, 0.1, -0.4, 0.3, 1.2, -0.05]),
+               record("s2", ["Senate", "passes", "budget"], [1.4, -0.7, 0.2], rel=0.42, label="real")]
+    for i in range(3, n + 1):
+        samples.append(record(f"s{i}", ["Lakers", "beat", "Celtics", "at", LONG_WORD], [0.1 * i / n, -0.2, 0.05, 0.0, 0.01],
+                              label="real"))
+    result: dict[str, Any] = {
+        "model": MODEL_A, "samples": samples, "errors": [], "warn_relative_delta": 0.05,
+        "warnings": ["sample 's2': relative completeness error 0.42 (title) exceeds 0.05: its attributions do not "
+                     "add up to score − baseline score; raise n_steps or set a tolerance"],
+        "summary": {"method": "gausslegendre", "n_steps": 64, "baseline": "pad", "median_relative_delta": 1e-4},
+        "word_stats": {}, "artifacts": [],
+    }
+    if compare:
+        from models.news.summary import ReportAccumulator, compare_sample
+        from models.news.summary import compare as compare_acc
+
+        other = [dict(r, word_attributions=[v * (1.5 if j % 2 else -1.0) for j, v in
+                                            enumerate(r["word_attributions"])]) for r in samples]
+        cmp = compare_acc(ReportAccumulator().extend(samples), ReportAccumulator().extend(other), 0.1, 3, 3)
+        result["comparison"] = {"model": MODEL_B, **cmp, "top_n": 2, "samples": other, "n_samples": len(other),
+                                "per_sample": [compare_sample(a, b, 2) for a, b in zip(samples, other, strict=True)],
+                                "summary": {"median_relative_delta": 2e-4}}
+    return result
+
+
+def tracin_result() -> dict[str, Any]:
+    """Mode test, two test triples: the first is itself a training triple (its own top proponent); influences in
+    a narrow band (0.0138 to 0.0148) so that 0..max bars would look identical."""
+    t1, t2 = ["usa", "embassy", "uk"], ["china", "intergovorgs", "india"]
+    props = [{"train_triple": t1, "influence": 0.0148, "train_self_influence": 0.02, "is_test_triple": True},
+             {"train_triple": ["usa", "treaties", "uk"], "influence": 0.0143, "train_self_influence": 0.01},
+             {"train_triple": ["uk", "embassy", "usa"], "influence": 0.0138, "train_self_influence": 0.01}]
+    opps = [{"train_triple": ["usa", "boycottembargo", "cuba"], "influence": -0.002, "train_self_influence": 0.03},
+            {"train_triple": ["uk", "boycottembargo", "cuba"], "influence": -0.001, "train_self_influence": 0.03}]
+    entry = {"self_influence": 0.02, "n_candidates": 1500, "n_positive": 800, "n_negative": 700, "truncated": True}
+    return {"mode": "test", "top_k": 3, "checkpoints": [{"name": "e1", "epoch": 1, "lr": 0.01, "weight": 0.01}],
+            "layers": ["ent", "fc"], "loss": "train", "filter": None, "artifacts": [],
+            "results": [{**entry, "test_triple": t1, "proponents": props, "opponents": opps, "in_train": True,
+                         "prediction": {"score": 3.25, "rank": 1.0, "n_entities": 14, "splits": ["train"]}},
+                        {**entry, "test_triple": t2, "proponents": props[1:], "opponents": opps, "in_train": False,
+                         "prediction": {"score": -1.5, "rank": 7.5, "n_entities": 14, "splits": ["test"]}}]}
+
+
+def job_page(result: dict[str, Any], kind: str = "attributions", page: int = 1,
+             options: dict[str, str] | None = None, artifacts: list[dict[str, Any]] | None = None) -> str:
+    """The job page the dashboard serves for a succeeded job with ``result``."""
+    job = {"id": JOB_ID, "kind": kind, "status": "succeeded", "queue": "explain", "created_at": None,
+           "started_at": None, "finished_at": None, "progress": {"done": 12, "total": 12, "unit": "samples"}}
+    ctx: dict[str, Any] = {"job": job, "result": result, "artifacts": artifacts or [], "downloadable": True,
+                           "page": page, "renderer": "attributions" if kind == "attributions" else "influence",
+                           "resume_field": None, "user": None, "auth_on": False, "csrf_field": "csrf_token",
+                           "path": f"/ui/jobs/{JOB_ID}"}
+    if kind == "attributions":
+        ctx.update(router._attribution_context(result, page, options or {}))
+    else:
+        ctx["tracin"] = analysis.tracin_context(result)
+    return router.templates.get_template("job.html").render(ctx)
