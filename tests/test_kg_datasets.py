@@ -133,7 +133,7 @@ def _to_pykeen(model, ours, pk_ds):
     return pk.eval(), ent
 
 
-@pytest.mark.parametrize("name", ["umls", "kinships"])
+@pytest.mark.parametrize("name", ["umls", pytest.param("kinships", marks=pytest.mark.slow)])
 def test_filtered_ranks_equal_pykeen_evaluator(name: str, tmp_path: Path) -> None:
     """Every test query's filtered rank (tail and head, ties counted half) equals PyKEEN's realistic rank, the
     filter built by PyKEEN from all three splits."""
