@@ -216,6 +216,22 @@ def test_prepare_demo_registers_the_graphs_and_their_conve_demos(redis_settings,
     created = {m: registry.get_model(redis_settings, m)["created_at"] for m, _, _ in job.demo_models()}
     job.prepare_demo(redis_settings, progress=False)  # idempotent: nothing retrained
     assert {m: registry.get_model(redis_settings, m)["created_at"] for m in created} == created
+    # what clients see: GET /models with the metrics and the labelled published figures, GET /datasets/<name>
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    with TestClient(create_app(redis_settings)) as client:
+        listed = client.get("/models").json()
+        umls = client.get("/datasets/umls").json()
+        page = client.get("/ui/models").text
+    (model,) = [m for m in listed["models"] if m["name"] == "conve-kinships-demo"]
+    assert model["meta"]["published_conve_mrr"] == 0.83 and 0 < model["meta"]["test_mrr"] <= 1
+    assert {d["name"] for d in listed["datasets"]} == {"nations", "umls", "kinships"}
+    assert umls["kind"] == "triples" and umls["counts"]["train_triples"] == 5216
+    row = page[page.index("conve-umls-demo"):]
+    row = row[:row.index("</tr>")]
+    assert "<b>test_mrr</b>" in row and "<b>published_conve_mrr</b> 0.94" in row, row
 
 
 def test_prepare_demo_failure_of_one_demo_leaves_the_others(redis_settings, tiny_demos, monkeypatch) -> None:
