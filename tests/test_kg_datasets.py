@@ -262,3 +262,30 @@ def test_shipped_names_resolve_before_and_after_registration(redis_settings) -> 
                               owner="alice")
     assert job._published_for(redis_settings, "kinships", "alice") is None
     assert job._published_for(redis_settings, "my-graph", "alice") is None
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: one thread is several times faster than two contended ones."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_training_on_a_shipped_name_before_registration_reads_the_packaged_copy(redis_settings, one_thread) -> None:
+    """``POST /train/conve`` with ``"dataset": "umls"`` on a service whose demos were never prepared: the worker
+    trains on the packaged (verified) copy and records the published figures next to its own."""
+    from workers.jobs import train_conve as job
+
+    registered: dict = {}
+    out = job._train_and_register(redis_settings, "mine", "umls", dict(TINY), "cpu", owner="alice",
+                                  register=lambda name, **entry: registered.update(name=name, **entry),
+                                  published=job._published_for(redis_settings, "umls", "alice"))
+    assert registry.get_dataset(redis_settings, "umls") is None
+    meta = registered["meta"]
+    assert registered["name"] == out["model"] == "mine"
+    assert (meta["dataset"], meta["entities"], meta["relations"], meta["train_triples"]) == ("umls", 135, 46, 5216)
+    assert meta["metrics"]["test"]["n_queries"] == 2 * 661
+    assert meta["test_hits@1"] == round(meta["metrics"]["test"]["hits@1"], 4)
+    assert meta["published_conve_hits@1"] == 0.92
