@@ -244,6 +244,14 @@ def test_prepare_demo_failure_of_one_demo_leaves_the_others(redis_settings, tiny
     assert registry.get_dataset(redis_settings, "umls") is not None
 
 
+def test_prepare_demo_skips_a_graph_whose_name_a_tenant_registered_first(redis_settings, tiny_demos) -> None:
+    registry.register_dataset(redis_settings, "umls", kind="triples", path=shipped_dir("nations"), owner="alice")
+    tiny_demos.prepare_demo(redis_settings, progress=False)
+    assert registry.get_model(redis_settings, "conve-umls-demo") is None  # never trained on alice's graph
+    assert registry.get_dataset(redis_settings, "umls")["owner"] == "alice"
+    assert registry.get_model(redis_settings, "conve-kinships-demo")["meta"]["dataset"] == "kinships"
+
+
 def test_shipped_names_resolve_before_and_after_registration(redis_settings) -> None:
     from workers.jobs import train_conve as job
 

@@ -140,12 +140,17 @@ def register_shipped_dataset(settings: Settings, name: str) -> None:
 def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Register the shipped graphs (``nations``, ``umls``, ``kinships``) as datasets and train and register each
     ConvE demo unless it is already registered with its files present. Every demo is attempted; a failure is
-    raised after the others are done."""
+    raised after the others are done. A demo whose dataset name another owner registered first is skipped (logged):
+    it would not be trained on the shipped graph."""
     from models.common import default_device
 
     failures: list[str] = []
     for model_name, dataset, config in demo_models():
         register_shipped_dataset(settings, dataset)
+        published = _published_for(settings, dataset, registry.SYSTEM)
+        if published is None:  # a tenant registered the name first: that is not the shipped graph
+            log.warning("dataset name %r is registered by another owner; %s is not prepared", dataset, model_name)
+            continue
         entry = registry.get_model(settings, model_name)
         if entry is not None and registry.store(settings).exists(f"{entry['location']}/config.json"):
             continue
@@ -159,7 +164,7 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
             torch.set_num_threads(1)
         try:
             _train_and_register(settings, model_name, dataset, config, device, show_progress=progress,
-                                preload=model_name == DEMO_NAME, published=published_meta(dataset))
+                                preload=model_name == DEMO_NAME, published=published)
         except Exception as exc:  # the next demo still gets its chance; the step fails at the end
             log.exception("demo model %s failed", model_name)
             failures.append(f"{model_name}: {exc}")
