@@ -153,27 +153,38 @@ def test_filtered_ranks_equal_pykeen_evaluator(name: str, tmp_path: Path) -> Non
         model = load(tmp_path / "m", "cpu").model.eval()
         pk_ds = (UMLS if name == "umls" else Kinships)(create_inverse_triples=True)
         pk_model, ent = _to_pykeen(model, ours, pk_ds)
-        evaluator = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
-        evaluator.evaluate(pk_model, pk_ds.testing.mapped_triples, batch_size=512, use_tqdm=False,
-                           additional_filter_triples=[pk_ds.training.mapped_triples,
-                                                      pk_ds.validation.mapped_triples])
         # PyKEEN's test triples in this project's ids, in PyKEEN's order
         rel = {r: ours.relations.index[n] for n, r in pk_ds.training.relation_to_id.items()}
         t = pk_ds.testing.mapped_triples.long()
         mapped = torch.stack([ent[t[:, 0]], torch.tensor([rel[int(r)] for r in t[:, 1]]), ent[t[:, 2]]], 1)
         filt = FilterIndex(ours.all_known(), model.config.num_relations, model.config.reciprocal)
-        mine = filtered_ranks(model, mapped, filt)
+
+        def both() -> tuple[torch.Tensor, torch.Tensor]:
+            evaluator = RankBasedEvaluator(filtered=True, clear_on_finalize=False)
+            evaluator.evaluate(pk_model, pk_ds.testing.mapped_triples, batch_size=512, use_tqdm=False,
+                               additional_filter_triples=[pk_ds.training.mapped_triples,
+                                                          pk_ds.validation.mapped_triples])
+            theirs = torch.from_numpy(np.concatenate([*evaluator.ranks["tail", "realistic"],
+                                                      *evaluator.ranks["head", "realistic"]])).float()
+            return filtered_ranks(model, mapped, filt), theirs
+
+        mine, theirs = both()
+        # every score tied (a zero entity table and bias): the ranks are the tie rule and the filter's counts alone
+        with torch.no_grad():
+            for p in (model.ent.weight, model.ent_bias, pk_model.entity_representations[0]._embeddings.weight,
+                      pk_model.entity_representations[1]._embeddings.weight):
+                p.zero_()
+        tied_mine, tied_theirs = both()
     finally:
         torch.set_num_threads(threads)
     n = len(mapped)
-    theirs_tail = torch.from_numpy(np.concatenate(evaluator.ranks["tail", "realistic"]))
-    theirs_head = torch.from_numpy(np.concatenate(evaluator.ranks["head", "realistic"]))
-    assert len(mine) == 2 * n and len(theirs_tail) == n
-    assert torch.equal(mine[:n], theirs_tail.float()), (mine[:n] - theirs_tail).abs().max()
-    assert torch.equal(mine[n:], theirs_head.float()), (mine[n:] - theirs_head).abs().max()
+    assert len(mine) == 2 * n and len(theirs) == 2 * n
+    assert torch.equal(mine, theirs), (mine - theirs).abs().max()
     metrics = rank_metrics(mine)
     assert metrics["mrr"] > 2 * rank_metrics(torch.full((1,), len(ours.entities) / 2.0))["mrr"]  # learned something
     assert sorted(map(tuple, mapped.tolist())) == sorted(map(tuple, ours.test.tolist()))  # the same test split
+    assert torch.equal(tied_mine, tied_theirs), (tied_mine - tied_theirs).abs().max()
+    assert (tied_mine % 1 == 0.5).any() and tied_mine.min() > 1  # half ranks: ties counted half, not first
 
 
 # --- demo preparation ----------------------------------------------------------------------------------------------
