@@ -6,8 +6,9 @@ nothing is downloaded at run time and PyKEEN is not needed to read them. :func:`
 against its recorded SHA-256 before parsing it: a damaged copy is refused naming the file, never read as a smaller
 or different graph.
 
-``CONVE_PUBLISHED`` holds the filtered link-prediction figures Dettmers et al. (2018) report for ConvE on these
-graphs, as the authors' repository lists them (github.com/TimDettmers/ConvE, README, "Predictive performance").
+Each graph's ``published`` holds the filtered link-prediction figures Dettmers et al. (2018) report for ConvE on it
+(``CONVE_SOURCE``), as the authors' repository lists them (github.com/TimDettmers/ConvE, README, "Predictive
+performance").
 They are context for this project's own measurements, never a measurement of it.
 """
 
