@@ -12,7 +12,7 @@ from core.settings import Settings
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
-# The graphs shipped in models/kg/data (models.kg.shipped; tests/test_kg_datasets.py checks these against the files).
+# The graphs shipped in models/kg/data (models.kg.shipped); tests/test_kg_datasets.py checks these sizes.
 SHIPPED_COUNTS = {"nations": {"entities": 14, "relations": 55}, "umls": {"entities": 135, "relations": 46},
                   "kinships": {"entities": 104, "relations": 25}}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
