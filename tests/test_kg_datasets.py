@@ -308,3 +308,19 @@ def test_training_on_a_shipped_name_before_registration_reads_the_packaged_copy(
     assert meta["metrics"]["test"]["n_queries"] == 2 * 661
     assert meta["test_hits@1"] == round(meta["metrics"]["test"]["hits@1"], 4)
     assert meta["published_conve_hits@1"] == 0.92
+
+
+def test_imported_triples_errors_name_the_file_not_the_server_directory(tmp_path: Path) -> None:
+    """The importer reads a model directory's triples locally; its errors (a job's error message) name the file
+    alone: a malformed line or a compressed file under the plain name."""
+    from models.kg.importer import _encode_triples
+
+    ds = load_shipped("nations")
+    bad = tmp_path / "secret-dir" / "train.txt"
+    bad.parent.mkdir()
+    for content, message in ((b"usa\tembassy\n", r"^train\.txt:1: expected 3"),
+                             (gzip.compress(b"usa\tembassy\tuk\n" * 20), r"^train\.txt: not UTF-8 text")):
+        bad.write_bytes(content)
+        with pytest.raises(TriplesFormatError, match=message) as exc:
+            _encode_triples(bad, ds)
+        assert "secret-dir" not in str(exc.value)
