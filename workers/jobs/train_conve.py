@@ -115,7 +115,8 @@ def run(payload: dict, ctx: JobContext) -> dict:
 
 def demo_models() -> list[tuple[str, str, dict[str, Any]]]:
     """(model name, shipped dataset, training configuration) of the ConvE demos, in the order they are prepared:
-    Nations first (seconds, preloaded), then the larger graphs (measured: about 40 s and 85 s of CPU time)."""
+    Nations first (seconds, preloaded), then the larger graphs (32 s and 59 s measured on a quiet 2-core
+    machine)."""
     return [(DEMO_NAME, "nations", DEMO_CONFIG), ("conve-umls-demo", "umls", UMLS_DEMO_CONFIG),
             ("conve-kinships-demo", "kinships", KINSHIPS_DEMO_CONFIG)]
 
