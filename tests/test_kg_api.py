@@ -129,7 +129,8 @@ def test_train_bad_input_is_422(svc, patch, loc):
 def test_prepare_demo_registers_model_and_dataset_once(redis_settings, monkeypatch):
     from workers.jobs import train_conve as job
 
-    monkeypatch.setattr(job, "DEMO_CONFIG", {**TINY, "epochs": 1})
+    for attr in ("DEMO_CONFIG", "UMLS_DEMO_CONFIG", "KINSHIPS_DEMO_CONFIG"):
+        monkeypatch.setattr(job, attr, {**TINY, "epochs": 1})
     settings = redis_settings
     job.prepare_demo(settings, progress=False)
     entry = registry.get_model(settings, job.DEMO_NAME)

@@ -13,7 +13,9 @@ from core.settings import Settings
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
-NATIONS_COUNTS = {"entities": 14, "relations": 55}  # the shipped dataset (models/kg/data/nations)
+# The graphs shipped in models/kg/data (models.kg.shipped); tests/test_kg_datasets.py checks these sizes.
+SHIPPED_COUNTS = {"nations": {"entities": 14, "relations": 55}, "umls": {"entities": 135, "relations": 46},
+                  "kinships": {"entities": 104, "relations": 25}}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -21,8 +23,8 @@ class TrainConvERequest(JobRequest):
     name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN, title="Model name",
         description="Name to register the trained model under")
     dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Triples dataset",
-        description=("'nations' (shipped), a registered triples dataset, or a directory under the data roots holding "
-                     "train.txt (and valid.txt, test.txt)"))
+        description=("'nations', 'umls' or 'kinships' (shipped), a registered triples dataset, or a directory under "
+                     "the data roots holding train.txt (and valid.txt, test.txt)"))
     epochs: int = Field(20, ge=1, le=limits.MAX_EPOCHS, title="Training epochs",
         description="Passes over the training triples")
     batch_size: int = Field(
@@ -66,9 +68,10 @@ class TrainConvERequest(JobRequest):
 
 
 def resolve_dataset(settings: Settings, name: str, owner: str) -> Path | None:
-    """``nations`` (the shipped graph) -> None; otherwise the directory of the ``triples`` dataset ``name`` names
-    for ``owner`` (:mod:`core.dataset_refs`). FieldError on ``dataset`` otherwise."""
-    if name == NATIONS and registry.get_dataset(settings, name) is None:
+    """A shipped graph's name (``nations``, ``umls``, ``kinships``) not registered yet -> None (the packaged copy);
+    otherwise the directory of the ``triples`` dataset ``name`` names for ``owner`` (:mod:`core.dataset_refs`).
+    FieldError on ``dataset`` otherwise."""
+    if name in SHIPPED_COUNTS and registry.get_dataset(settings, name) is None:
         return None
     ref = dataset_refs.resolve(settings, name, owner, "triples")
     path = dataset_refs.local_dir(settings, ref, name)
@@ -79,9 +82,10 @@ def resolve_dataset(settings: Settings, name: str, owner: str) -> Path | None:
 
 def dataset_counts(settings: Settings, name: str) -> dict[str, int]:
     """Entities and relations of the dataset, where known without reading it: a registered dataset's counts (from
-    ``POST /datasets``) or the shipped nations; otherwise zeros (the estimate then counts the configuration only)."""
+    ``POST /datasets`` and demo preparation) or a shipped graph's; otherwise zeros (the estimate then counts the
+    configuration only)."""
     entry = registry.get_dataset(settings, name)
-    counts = (entry or {}).get("meta", {}).get("counts") or (NATIONS_COUNTS if name == NATIONS else {})
+    counts = (entry or {}).get("meta", {}).get("counts") or SHIPPED_COUNTS.get(name, {})
     return {k: int(counts.get(k) or 0) for k in ("entities", "relations")}
 
 

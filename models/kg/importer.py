@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from models.files import LocalFiles
 from models.kg.checkpoint import FORMAT
 from models.kg.conve import ConvE, ConvEConfig
 from models.kg.shapes import (
@@ -212,8 +213,16 @@ def _id_map(src: Path, given: str | None, stems: Sequence[str], what: str, weigh
         return found
 
 
+class _ByName(LocalFiles):
+    """Local reads named by the file's name alone, as this module's other messages name files (a message reaches
+    the job's error, which must not show the server's directories)."""
+
+    def display(self, path: Path) -> str:
+        return Path(path).name
+
+
 def _encode_triples(path: Path, ds: TriplesDataset) -> torch.Tensor:
-    rows = read_triples(path)
+    rows = read_triples(path, _ByName())
     try:
         return ds.encode(rows)
     except KeyError:

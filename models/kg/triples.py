@@ -1,4 +1,4 @@
-"""Knowledge-graph triples: reading, vocabularies and the shipped Nations dataset.
+"""Knowledge-graph triples: reading, vocabularies and the shipped datasets (Nations, UMLS, Kinships).
 
 A dataset is a directory with tab-separated ``head<TAB>relation<TAB>tail`` files:
 
@@ -8,6 +8,8 @@ A dataset is a directory with tab-separated ``head<TAB>relation<TAB>tail`` files
 - optional display labels ``entity_labels.tsv`` and ``relation_labels.tsv`` (``name<TAB>label``).
 
 Without dictionaries, ids are assigned in sorted name order over all splits, so they do not depend on file order.
+The shipped graphs (``models/kg/data/<name>``, see :mod:`models.kg.shipped`) are read by :func:`load_shipped`, which
+checks their files' SHA-256 first.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ NATIONS_DIR = Path(__file__).resolve().parent / "data" / "nations"
 def nations_dir() -> Path:
     """Directory of the shipped Nations dataset (see its ``SOURCE.md``)."""
     return NATIONS_DIR
+
+
+def load_shipped(name: str) -> TriplesDataset:
+    """A shipped dataset (``nations``, ``umls``, ``kinships``), its files checked against their SHA-256."""
+    from models.kg.shipped import load_shipped as load
+
+    return load(name)
 
 
 def read_id_dict(path: Path, files: FileAccess = LOCAL) -> dict[str, int]:
@@ -144,6 +153,8 @@ def load_triples_dir(path: Path | str, name: str | None = None, files: FileAcces
     if not (path / "train.txt").exists():
         raise FileNotFoundError(f"{files.display(path)} has no train.txt")
     raw = {s: read_triples(path / f"{s}.txt", files) for s in SPLITS if (path / f"{s}.txt").exists()}
+    if not raw["train"]:
+        raise TriplesFormatError(f"{files.display(path / 'train.txt')}: no triples")
     if (path / "entities.dict").exists():
         entities = Vocab.from_mapping(read_id_dict(path / "entities.dict", files))
     else:
@@ -167,7 +178,15 @@ def load_triples_dir(path: Path | str, name: str | None = None, files: FileAcces
 
 
 def load_nations() -> TriplesDataset:
-    return load_triples_dir(NATIONS_DIR, "nations")
+    return load_shipped("nations")
+
+
+def load_umls() -> TriplesDataset:
+    return load_shipped("umls")
+
+
+def load_kinships() -> TriplesDataset:
+    return load_shipped("kinships")
 
 
 def write_triples(path: Path, rows: Iterable[Sequence[str]]) -> None:

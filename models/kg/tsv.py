@@ -13,12 +13,18 @@ class TriplesFormatError(ValueError):
 
 
 def iter_tsv(path: Path, files: FileAccess = LOCAL, fmt: str = "triples") -> Iterator[tuple[int, list[str]]]:
-    """``(line number, tab-separated fields)`` of every non-blank line (line ends dropped)."""
+    """``(line number, tab-separated fields)`` of every non-blank line (line ends dropped). A file that is not
+    UTF-8 text (a compressed or binary file, say) is a TriplesFormatError naming it."""
     with open_text(files, Path(path), fmt) as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if line.strip():
-                yield lineno, line.split("\t")
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, 1):
+                line = line.rstrip("\n").rstrip("\r")
+                if line.strip():
+                    yield lineno, line.split("\t")
+        except UnicodeDecodeError:
+            raise TriplesFormatError(f"{files.display(Path(path))}: not UTF-8 text after line {lineno} (a "
+                                     "compressed or binary file?)") from None
 
 
 def read_triples(path: Path, files: FileAccess = LOCAL, fmt: str = "triples",
