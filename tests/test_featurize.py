@@ -207,6 +207,8 @@ def api(tmp_path_factory, model_dir):
                   start=False)
     registry.register_model(svc.settings, "conve-a", kind="conve", loader="models.kg.checkpoint:load",
                             path=model_dir, owner="alice")
+    registry.register_model(svc.settings, "conve-shared", kind="conve", loader="models.kg.checkpoint:load",
+                            path=model_dir, owner=registry.SYSTEM)
     svc.start()
     try:
         yield svc
@@ -241,6 +243,12 @@ def test_another_owners_model_is_refused(api):
     assert ok.json()["kind"] == "featurize"
 
 
+def test_a_shared_demo_model_may_be_featurized_by_any_key(api):
+    """A system-owned model (a demo every key can explain) is nobody else's: any key may store its features."""
+    r = api.client.post("/featurize", json={"model": "conve-shared", "proj_dim": 32}, headers=BOB)
+    assert r.status_code == 202, r.text
+
+
 TRACIN = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "projection_dim": 16, "top_k": 3}
 
 
@@ -261,6 +269,16 @@ def test_tracin_stored_estimator_validation_names_the_field(api, patch, loc):
     r = api.client.post("/tracin", json={**TRACIN, **patch}, headers=BOB)
     assert r.status_code == 422, r.text
     assert [d["loc"] for d in r.json()["detail"]] == [loc]
+
+
+@pytest.mark.parametrize("patch", [
+    {"estimator": "exact", "seed": 0, "damping": 0.01},           # the dashboard's form sends every field
+    {"estimator": "trak", "lr_weight": "last", "seed": 0},
+    {"estimator": "tracin_projected", "damping": 0.01},
+])
+def test_fields_sent_with_their_default_values_are_accepted(api, patch):
+    r = api.client.post("/tracin", json={**TRACIN, "model": "conve-shared", **patch}, headers=BOB)
+    assert r.status_code == 202, r.text
 
 
 def test_kind_limit_matches_the_estimator():

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from core import limits, memory
 from core.kinds.base import (
+    ADVANCED,
     FieldError,
     JobKind,
     RequestModel,
@@ -31,7 +32,7 @@ from core.settings import Settings
 from models.kg.estimators import ESTIMATORS
 from models.kg.shapes import check_image
 
-DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "random"]
+DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "trak", "random"]
 # the names of models/kg/estimators.py: a new estimator there is accepted here, listed in the OpenAPI schema
 EstimatorName = Literal.__getitem__(tuple(ESTIMATORS))  # type: ignore[attr-defined]
 
@@ -40,47 +41,67 @@ class Recipe(RequestModel):
     """How every model of the evaluation is trained (``models.kg.train.TrainConfig``); ``seed`` is the full-data
     model's, each subset model trains with its own subset's seed. The defaults are the Nations demo model's."""
 
-    epochs: int = Field(10, ge=1, le=limits.MAX_EVAL_EPOCHS)
-    batch_size: int = Field(128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE)
-    lr: float = Field(0.01, gt=0, le=10)
-    lr_decay: float = Field(1.0, gt=0, le=1)
-    weight_decay: float = Field(0.0, ge=0, le=1)
-    label_smoothing: float = Field(0.1, ge=0, lt=1)
-    embedding_dim: int = Field(100, ge=6, le=limits.MAX_EMBEDDING_DIM)
-    embedding_height: int | None = Field(None, ge=1, le=limits.MAX_EMBEDDING_DIM)
-    num_filters: int = Field(32, ge=1, le=limits.MAX_CONVE_FILTERS)
-    input_dropout: float = Field(0.2, ge=0, lt=1)
-    feature_dropout: float = Field(0.2, ge=0, lt=1)
-    hidden_dropout: float = Field(0.3, ge=0, lt=1)
-    reciprocal: bool = True
-    checkpoint_every: int = Field(2, ge=1, le=limits.MAX_EVAL_EPOCHS,
-                                  description="the full-data model keeps a checkpoint every this many epochs "
+    epochs: int = Field(10, ge=1, le=limits.MAX_EVAL_EPOCHS, title="Training epochs",
+                        description="Passes over the training triples, for every model the evaluation trains")
+    batch_size: int = Field(128, ge=2, le=limits.MAX_TRAIN_BATCH_SIZE, title="Triples per batch",
+                            json_schema_extra=ADVANCED, description="Training triples per optimizer step")
+    lr: float = Field(0.01, gt=0, le=10, title="Learning rate", description="Adam's learning rate")
+    lr_decay: float = Field(1.0, gt=0, le=1, title="Learning-rate decay", json_schema_extra=ADVANCED,
+                            description="Multiplier of the learning rate after each epoch (1: constant)")
+    weight_decay: float = Field(0.0, ge=0, le=1, title="L2 weight decay", json_schema_extra=ADVANCED,
+                                description="Adam's L2 penalty on the weights")
+    label_smoothing: float = Field(0.1, ge=0, lt=1, title="Label-smoothing share", json_schema_extra=ADVANCED,
+                                   description="Share of the target mass spread over every entity")
+    embedding_dim: int = Field(100, ge=6, le=limits.MAX_EMBEDDING_DIM, title="Embedding size",
+                               description="Size of the entity and relation embeddings")
+    embedding_height: int | None = Field(None, ge=1, le=limits.MAX_EMBEDDING_DIM, title="Embedding image height",
+                                         json_schema_extra=ADVANCED,
+                                         description="Height of the 2-D image an embedding is reshaped to")
+    num_filters: int = Field(32, ge=1, le=limits.MAX_CONVE_FILTERS, title="Convolution filters",
+                             json_schema_extra=ADVANCED, description="Filters of ConvE's convolution")
+    input_dropout: float = Field(0.2, ge=0, lt=1, title="Input dropout rate", json_schema_extra=ADVANCED,
+                                 description="Share of the embedding image dropped while training")
+    feature_dropout: float = Field(0.2, ge=0, lt=1, title="Feature-map dropout rate", json_schema_extra=ADVANCED,
+                                   description="Share of the convolution's feature maps dropped while training")
+    hidden_dropout: float = Field(0.3, ge=0, lt=1, title="Hidden-layer dropout rate", json_schema_extra=ADVANCED,
+                                  description="Share of the hidden layer dropped while training")
+    reciprocal: bool = Field(True, title="Add reciprocal relations", json_schema_extra=ADVANCED,
+                             description="Also train on each triple reversed, with an inverse relation")
+    checkpoint_every: int = Field(2, ge=1, le=limits.MAX_EVAL_EPOCHS, title="Checkpoint interval",
+                                  json_schema_extra=ADVANCED,
+                                  description="The full-data model keeps a checkpoint every this many epochs "
                                   "and at the last one: the checkpoints the estimators use")
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED)
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Full-data model's seed", json_schema_extra=ADVANCED,
+                      description="Seed of the full-data model (each subset model trains with its subset's seed)")
 
 
 class _EvaluateRequest(RequestModel):
-    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, description="'nations' "
-                         "(shipped), a registered triples dataset, or a directory under the data roots")
-    recipe: Recipe = Field(default_factory=Recipe)
+    dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Triples dataset",
+                         description="'nations', 'umls' or 'kinships' (shipped), a registered triples dataset, or a "
+                         "directory under the data roots")
+    recipe: Recipe = Field(default_factory=Recipe, title="Training recipe",
+                           description="How every model of the evaluation is trained (ConvE)")
     estimators: list[EstimatorName] = Field(list(DEFAULT_ESTIMATORS), min_length=1,
                                             max_length=limits.MAX_EVAL_ESTIMATORS,
-                                            description="each one at most once")
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED, description="the subsets' (or the corruption's) seed, and the "
-                      "bootstrap's")
+                                            title="Estimators compared",
+                                            description="The data-attribution estimators measured, each at most once")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
+                      description="Seed of the subsets (or of the corruption) and of the bootstrap")
 
 
 class EvaluateAttributionRequest(_EvaluateRequest):
-    m: int = Field(64, ge=3, le=limits.MAX_EVAL_MODELS, description="subset models (M)")
-    alpha: float = Field(0.5, gt=0, lt=1, description="fraction of the training triples in each subset")
-    n_test: int = Field(100, ge=1, le=limits.MAX_EVAL_TEST_TRIPLES, description="test triples (a seeded draw "
-                        "from the dataset's test split; all of them when it holds fewer)")
+    m: int = Field(64, ge=3, le=limits.MAX_EVAL_MODELS, title="Subset models",
+                   description="How many models are trained on random subsets (the ground truth the scores predict)")
+    alpha: float = Field(0.5, gt=0, lt=1, title="Subset share",
+                         description="Share of the training triples in each subset")
+    n_test: int = Field(100, ge=1, le=limits.MAX_EVAL_TEST_TRIPLES, title="Test triples evaluated",
+                        description="A seeded draw from the dataset's test split (all of it when it holds fewer)")
     shard_retries: int = shard_retries_field()
 
 
 class EvaluateMislabelRequest(_EvaluateRequest):
-    fraction: float = Field(0.1, gt=0, le=0.5, description="fraction of the training triples whose tail is "
-                            "replaced by a random other entity")
+    fraction: float = Field(0.1, gt=0, le=0.5, title="Corrupted share",
+                            description="Share of the training triples whose tail is replaced by a random other entity")
 
 
 def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> Path | None:

@@ -15,30 +15,41 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from core import limits, registry
-from core.kinds.base import FieldConflict, JobKind, RequestModel, register
+from core.kinds.base import ADVANCED, FieldConflict, JobKind, RequestModel, register
 from core.kinds.tracin import _check_checkpoints, _check_layers, model_vocab
 from core.settings import Settings
 
 MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: one k x k Gauss-Newton matrix per checkpoint
-MAX_SEED = 2**31 - 1
 Name = Annotated[str, StringConstraints(min_length=1, max_length=limits.MAX_TRIPLE_NAME_LENGTH)]
 
 
 class FeaturizeRequest(RequestModel):
-    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH,
-                       description="a ConvE model of the caller's")
-    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = "all"
-    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = "all"
-    loss: Literal["train", "score_bce"] = "train"
-    proj_dim: int = Field(256, ge=1, le=MAX_PROJ_DIM, description="projection dimension k of the gradients")
-    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the random projection")
-    batch_size: int = Field(256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE)
+    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Knowledge-graph model",
+                       description="A ConvE model of yours (or a shared demo model) whose training triples to featurize")
+    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = Field(
+        "all", title="Checkpoints featurized", json_schema_extra=ADVANCED,
+        description="'all', or the checkpoints to store features for (file names or epochs)")
+    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = Field(
+        "all", title="Layers compared", json_schema_extra=ADVANCED,
+        description="'all', 'last', or the layers whose gradients are projected")
+    loss: Literal["train", "score_bce"] = Field(
+        "train", title="Gradient of", json_schema_extra=ADVANCED,
+        description=("Whose gradients are stored: the training loss ('train') or the binary cross-entropy of the "
+                     "score ('score_bce')"))
+    proj_dim: int = Field(256, ge=1, le=MAX_PROJ_DIM, title="Projection size",
+                          description="Dimensions each gradient is projected to: more is closer to exact, and larger")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
+                      description="Seed of the random projection; queries must name the same one")
+    batch_size: int = Field(256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE, title="Training triples per pass",
+                            json_schema_extra=ADVANCED, description="Training triples featurized together")
 
 
 def validate(req: FeaturizeRequest, settings: Settings, owner: str = "system") -> None:
     vocab = model_vocab(settings, req.model)  # a ConvE model with files (422 on model otherwise)
     entry = registry.get_model(settings, req.model) or {}
-    if entry.get("owner", registry.SYSTEM) != owner:
+    # the caller's own models and the shared (system) demos, which every key may already explain; another
+    # tenant's model is theirs to featurize
+    if entry.get("owner", registry.SYSTEM) not in (owner, registry.SYSTEM):
         raise FieldConflict(("body", "model"), f"model {req.model!r} belongs to another owner; only its owner may "
                             "featurize it", value=req.model)
     _check_checkpoints(req, vocab)

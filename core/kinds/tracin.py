@@ -250,16 +250,21 @@ def _check_method(req: TracInRequest) -> None:
 
 def _check_estimator(req: TracInRequest) -> None:
     """Estimators over stored features answer mode 'test' over every training triple, top-k, from the stored
-    projection: the options they cannot honour are errors, not silently ignored."""
+    projection: the options they cannot honour are errors, not silently ignored (a field sent with its default
+    value, as the dashboard's form sends every field, changes nothing and passes)."""
+
+    def changed(name: str) -> bool:
+        return name in req.model_fields_set and getattr(req, name) != type(req).model_fields[name].default
+
     if req.estimator == "exact":
         for name in ("seed", "damping"):
-            if name in req.model_fields_set:
+            if changed(name):
                 raise FieldError(("body", name), f"{name} is used by the estimators over stored features only",
                                  value=getattr(req, name))
         return
-    if req.estimator != "trak" and "damping" in req.model_fields_set:
+    if req.estimator != "trak" and changed("damping"):
         raise FieldError(("body", "damping"), "damping is used by estimator 'trak' only", value=req.damping)
-    if req.estimator == "trak" and "lr_weight" in req.model_fields_set:
+    if req.estimator == "trak" and changed("lr_weight"):
         raise FieldError(("body", "lr_weight"), "estimator 'trak' weighs every checkpoint equally; lr_weight is "
                          "for the TracIn estimators", value=req.lr_weight)
     checks = (("mode", req.mode != "test", "answers mode 'test' only"),
