@@ -13,9 +13,10 @@ and datasets: MLPs and ResNets on MNIST / CIFAR).
     python benchmarks/quality.py                              # nations, m 16, ConvE-100 for 10 epochs
     python benchmarks/quality.py --datasets nations --m 8 --epochs 5 --n-test 50
 
-Sections: a section is a function ``(args, datasets, work_dir) -> list of lines`` in ``SECTIONS`` (``datasets``:
-name -> TriplesDataset; ``work_dir``: a temporary directory for the run); each one runs in turn and prints its
-lines (the LDS and mislabel sections are the first two).
+Sections (``--sections``, all by default): ``lds``, ``mislabel``, ``featurize`` (the gradient feature store at
+272k training triples, ``benchmarks/featurize.py``) and ``faithfulness`` (IG against a random ranking and
+occlusion, ``benchmarks/faithfulness.py``). A section is a function ``(args, datasets, work_dir) -> list of
+lines`` in ``SECTIONS`` (``datasets``: name -> TriplesDataset; ``work_dir``: a temporary directory for the run).
 """
 
 from __future__ import annotations
@@ -141,8 +142,30 @@ def mislabel_section(args: argparse.Namespace, datasets: dict[str, TriplesDatase
                           "published AUC (dattri, context)"], rows)
 
 
-SECTIONS: list[Callable[[argparse.Namespace, dict[str, TriplesDataset], Path], list[str]]] = [
-    lds_section, mislabel_section]
+def featurize_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
+    """The gradient feature store at the FB15k-237 shape: ``benchmarks/featurize.py`` in its own process (its
+    memory and threads are its own), its table as printed."""
+    import subprocess
+
+    cmd = [sys.executable, str(Path(__file__).with_name("featurize.py")), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return ["", "Gradient feature store (benchmarks/featurize.py):", "", *out.rstrip().splitlines()]
+
+
+def faithfulness_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
+    """IG's faithfulness against a random ranking and occlusion (``benchmarks/faithfulness.py``'s ``run``), on
+    small demo news models trained once under ``--cache-dir`` (or the run's temporary directory)."""
+    from benchmarks import faithfulness
+
+    small = Path(args.cache_dir or work) / "faithfulness-models"
+    text = faithfulness.run(["--small", str(small), "--samples", str(args.faithfulness_samples), "--rounds", "1",
+                             "--threads", str(args.threads)])
+    return ["", "IG faithfulness (benchmarks/faithfulness.py):", "", *text.rstrip().splitlines()]
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, TriplesDataset], Path], list[str]]] = {
+    "lds": lds_section, "mislabel": mislabel_section, "featurize": featurize_section,
+    "faithfulness": faithfulness_section}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,7 +182,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=None, help="keep the trained models here and reuse them in later runs "
                     "(the times printed are then of loading, not training)")
+    ap.add_argument("--sections", default="lds,mislabel,featurize,faithfulness",
+                    help=f"comma-separated, in order, among {list(SECTIONS)}")
+    ap.add_argument("--faithfulness-samples", type=int, default=24)
     args = ap.parse_args(argv)
+    args.sections = [x for x in args.sections.split(",") if x]
+    bad = [x for x in args.sections if x not in SECTIONS]
+    if bad:
+        ap.error(f"unknown section(s) {bad}; choose from {list(SECTIONS)}")
     args.estimators = [e for e in args.estimators.split(",") if e]
     for e in args.estimators:
         estimator_registry.get(e)
@@ -171,8 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     datasets = {d: DATASETS[d]() for d in names}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="quality-") as tmp:
-        for section in SECTIONS:
-            lines = section(args, datasets, Path(tmp))
+        for name in args.sections:
+            lines = SECTIONS[name](args, datasets, Path(tmp))
             if lines:
                 print("\n".join(lines), flush=True)
     print(f"\n(total {time.perf_counter() - t0:.0f} s, torch threads {args.threads})")

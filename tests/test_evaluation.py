@@ -200,7 +200,7 @@ def test_the_quality_benchmark_runs_small(capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
-                "--estimators", "tracin_last,random"])
+                "--estimators", "tracin_last,random", "--sections", "lds,mislabel"])
     out = capsys.readouterr().out
     lds_rows = [line.split() for line in out.splitlines() if line.startswith("nations ")]
     assert [r[1] for r in lds_rows] == ["tracin_last", "random"] * 2  # the LDS table, then mislabel detection

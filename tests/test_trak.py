@@ -51,7 +51,7 @@ def test_scores_equal_the_dense_reference(bundle, layers):
     torch.testing.assert_close(fast_self, ref_self, rtol=1e-5, atol=1e-12 * float(ref_self.abs().max()))
 
 
-@pytest.mark.parametrize("loss", ["score_bce"])
+@pytest.mark.parametrize("loss", ["score_bce", "margin"])
 def test_other_loss_damping_and_one_checkpoint_equal_the_reference(bundle, loss):
     ds = bundle.dataset
     test, train = ds.test[:2], ds.train[:14]
@@ -63,6 +63,21 @@ def test_other_loss_damping_and_one_checkpoint_equal_the_reference(bundle, loss)
     # the two checkpoints differ: averaging over both is not either alone
     both = trak_scores(bundle, "all", test, train, dtype=torch.float64, **kw)
     assert float((both - fast).abs().max()) > 1e-3 * float(fast.abs().max())
+
+
+def test_margin_loss_is_the_negated_output_the_lds_measures(bundle):
+    """``loss="margin"`` differentiates exactly the quantity an evaluation's subset models report
+    (``models.kg.evaluation.margins``), negated; on the tail query alone."""
+    from models.kg.evaluation import margins
+
+    import copy
+
+    model = copy.deepcopy(bundle.model).double().eval()
+    triples = bundle.dataset.test[:20]
+    with torch.no_grad():
+        logits = model(triples[:, 0], triples[:, 1])
+    ours = trak._loss(logits, triples[:, 2], 0.1, "margin")
+    torch.testing.assert_close(ours, -torch.as_tensor(margins(model, triples)), rtol=1e-12, atol=1e-12)
 
 
 def test_dense_gradients_equal_tracin_per_example_grads(bundle):

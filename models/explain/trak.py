@@ -9,7 +9,9 @@ What is computed, exactly. For checkpoint c (weights w_c, the model in eval mode
     \phi_c(z) = P^\top \nabla_w \ell(w_c, z) \in \mathbb{R}^k
 
 where ``ℓ`` is the per-triple loss TracIn uses (``loss="train"``: 1-N BCE with label smoothing, summed over both
-query directions of a reciprocal model; ``"score_bce"``: BCE of σ(s_t) against 1), the gradient is restricted to
+query directions of a reciprocal model; ``"score_bce"``: BCE of σ(s_t) against 1; ``"margin"``: TRAK's output
+function, the negated multi-class margin −(s_t − log Σ_{e≠t} exp s_e) of the tail query (h, r, ?) alone, the
+quantity an LDS evaluation measures), the gradient is restricted to
 ``layers`` (names as in :func:`models.explain.tracin.resolve_layers`), and ``P`` is the seeded random projection
 below. With Φ_c the ``[n, k]`` features of the training triples ``train`` and
 ``λ_c = damping · tr(Φ_cᵀΦ_c) / k`` (damping relative to the mean eigenvalue of the Gauss–Newton matrix, so it does
@@ -22,11 +24,12 @@ not depend on the loss scale),
 
 ``self_scores`` is the same with z_test = z_j (each training triple's leverage, the TRAK form of self-influence for
 mislabel detection). Higher means the training triple helps: a step along ``(ΦᵀΦ + λI)⁻¹ ∇ℓ(z_j)`` lowers
-ℓ(z_test) to first order. Two departures from the paper's estimator, on purpose: the gradients are of the
-training loss (as in TracIn) rather than of TRAK's margin output function, and TRAK's diagonal re-weighting
-``Q = diag(1 − p)`` is not applied (for the 1-N BCE loss every entity's probability enters the loss gradient, so
-there is no single ``p`` to weight by); the ensemble is over the checkpoints of one training run (as in TRAK's
-checkpoint ensembles), each given the same weight.
+ℓ(z_test) to first order. With ``loss="margin"`` this is the paper's estimator (its features are gradients of the
+margin on both sides) except for two choices: TRAK's diagonal re-weighting ``Q = diag(1 − p)`` is not applied (on
+Nations it changed the LDS by under 0.01), and the ensemble is over the checkpoints of one training run (as in
+TRAK's checkpoint ensembles), each given the same weight. With ``loss="train"`` (the default, as TracIn) the
+features are gradients of the training loss instead; the evaluation's ``trak`` estimator
+(``models.kg.evaluation.trak_scores``) uses the margin.
 
 The projection. Every parameter is viewed as a matrix ``[m, n]`` (a vector is ``[m, 1]``, ``conv.weight``
 ``[F, k_h·k_w]``), and its block of ``P`` is the Kronecker product ``A ⊗ B / √k`` with ``A ∈ R^{m×k₁}``,
@@ -68,7 +71,7 @@ from models.kg.shapes import OUTPUT_TABLE
 PROJ_CHUNK = 4096      # rows of a projection factor generated from one seeded generator
 MAX_PROJ_DIM = 8192    # the k × k Gauss–Newton matrix is inverted per checkpoint
 DEFAULT_DAMPING = 0.01
-LOSSES = ("train", "score_bce")
+LOSSES = ("train", "score_bce", "margin")
 
 
 def split_dim(k: int) -> tuple[int, int]:
@@ -127,6 +130,10 @@ def _loss(logits: torch.Tensor, t: torch.Tensor, label_smoothing: float, kind: s
     if kind == "score_bce":
         s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
         return F.binary_cross_entropy_with_logits(s, torch.ones_like(s), reduction="none")
+    if kind == "margin":  # −(s_t − logsumexp_{e≠t} s_e), TRAK's output function (negated: lower is better)
+        s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        others = logits.scatter(-1, t.unsqueeze(-1), float("-inf"))
+        return torch.logsumexp(others, -1) - s
     raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
 
 
@@ -196,7 +203,10 @@ class GradientProjector:
     def _batch(self, triples: torch.Tensor) -> torch.Tensor:
         c = self.model.config
         phi = torch.zeros(len(triples), int(self.proj_dim), dtype=self.dtype, device=self.device)
-        for q in triple_queries(triples, c.num_relations, c.reciprocal):
+        queries = triple_queries(triples, c.num_relations, c.reciprocal)
+        if self.loss == "margin":  # the margin is of the tail query (h, r, ?) alone
+            queries = queries[:1]
+        for q in queries:
             phi += self._query_features(q)
         return phi / math.sqrt(int(self.proj_dim))
 
@@ -230,6 +240,16 @@ class GradientProjector:
                 g.sub_(1.0 / n)
                 g[torch.arange(len(t), device=g.device), t] -= 1.0 - c.label_smoothing
                 g.div_(n)
+                gt = None
+                dxq = g @ E
+            elif self.loss == "margin":
+                # the negative multi-class margin −(s_t − logsumexp_{e≠t} s_e): ∂/∂s_e = softmax_{e≠t}(s)_e for
+                # e ≠ t and −1 at t
+                s_all = xd @ E.t() + m.ent_bias
+                rows_ = torch.arange(len(t), device=s_all.device)
+                s_all[rows_, t] = float("-inf")
+                g = torch.softmax(s_all, dim=1)
+                g[rows_, t] = -1.0
                 gt = None
                 dxq = g @ E
             else:
@@ -442,7 +462,8 @@ def dense_gradients(model: ConvE, triples: torch.Tensor, names: Sequence[str], l
     def loss_fn(sel_p: dict[str, torch.Tensor], ow: torch.Tensor, trip: torch.Tensor) -> torch.Tensor:
         full = {**const, **sel_p, **buffers}
         total = torch.zeros((), dtype=ow.dtype)
-        for q in triple_queries(trip[None], c.num_relations, c.reciprocal):
+        queries = triple_queries(trip[None], c.num_relations, c.reciprocal)
+        for q in queries[:1] if loss == "margin" else queries:  # the margin is of the tail query alone
             logits = functional_call(model, full, (q[:, 0], q[:, 1]), {"out_weight": ow if use_out else None})
             total = total + _loss(logits, q[:, 2], c.label_smoothing, loss).sum()
         return total

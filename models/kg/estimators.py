@@ -44,9 +44,9 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     Estimator("tracin_last", "models.kg.evaluation:tracin_last_scores",
               "models.kg.evaluation:tracin_last_self_scores",
               "TracIn-CP over every checkpoint, the output layers only (fc and the entity table's output role)"),
-    Estimator("trak", "models.explain.trak:trak_scores", "models.explain.trak:self_scores",
-              "TRAK: gradients projected to k=256, a damped Gauss-Newton inverse per checkpoint, averaged over "
-              "the checkpoints (models/explain/trak.py)"),
+    Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores",
+              "TRAK: margin gradients projected to k=1024, a damped Gauss-Newton inverse per checkpoint, averaged "
+              "over the checkpoints (models/explain/trak.py)"),
     Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores",
               "seeded Gaussian noise: the floor any estimator must beat"),
 )}
