@@ -68,9 +68,9 @@ def test_other_loss_damping_and_one_checkpoint_equal_the_reference(bundle, loss)
 def test_margin_loss_is_the_negated_output_the_lds_measures(bundle):
     """``loss="margin"`` differentiates exactly the quantity an evaluation's subset models report
     (``models.kg.evaluation.margins``), negated; on the tail query alone."""
-    from models.kg.evaluation import margins
-
     import copy
+
+    from models.kg.evaluation import margins
 
     model = copy.deepcopy(bundle.model).double().eval()
     triples = bundle.dataset.test[:20]
