@@ -60,8 +60,10 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def recipe(args: argparse.Namespace) -> TrainConfig:
+    drop = {} if args.dropout is None else {"input_dropout": args.dropout, "feature_dropout": args.dropout,
+                                             "hidden_dropout": args.dropout}
     return TrainConfig(epochs=args.epochs, batch_size=128, lr=0.01, embedding_dim=args.embedding_dim,
-                       checkpoint_every=max(1, args.epochs // 5), seed=args.seed)
+                       checkpoint_every=max(1, args.epochs // 5), seed=args.seed, **drop)
 
 
 def _cache_dir(args: argparse.Namespace, work: Path, name: str, what: str) -> Path:
@@ -71,6 +73,7 @@ def _cache_dir(args: argparse.Namespace, work: Path, name: str, what: str) -> Pa
     if not args.cache_dir:
         return work / f"{name}-{what}"
     key = (f"{name}-{what}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
+           + ("" if args.dropout is None else f"-p{args.dropout}")
            + (f"-a{args.alpha}-m{args.m}" if what == "subsets" else "")
            + (f"-f{args.fraction}" if what == "mislabel" else ""))
     return Path(args.cache_dir) / key
@@ -176,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-test", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--embedding-dim", type=int, default=100)
+    ap.add_argument("--dropout", type=float, default=None, help="input, feature-map and hidden dropout of the "
+                    "recipe (default: ConvE's 0.2 / 0.2 / 0.3)")
     ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
     ap.add_argument("--seed", type=int, default=0)

@@ -140,11 +140,13 @@ def test_optimized_path_equals_the_reference_loop(small, name: str) -> None:
     # in different orders) can fall on different sides and move one gradient term by a finite amount. Seen: 6e-5 of
     # the largest attribution (attributions here are of order 1) on one body token of one model trained in a
     # different process state; hence NAML's absolute tolerance.
-    atol = 1e-6 if name.startswith("nrms") else 1e-4
+    # NRMS: 2e-6 of the sample's largest attribution (about 16 fp32 ulps of it: one fp32 sum of the 8 nodes' terms
+    # in another order; 1.2e-6 seen on an attribution of 0.014 beside terms of order 1).
+    atol = 2e-6 if name.startswith("nrms") else 1e-4
     for a, b in zip(fast["samples"], slow["samples"], strict=True):
         for view_a, view_b in [(a, b), *[(a["views"][v], b["views"][v]) for v in a.get("views", {})]]:
             ta, tb = np.array(view_a["token_attributions"]), np.array(view_b["token_attributions"])
-            np.testing.assert_allclose(ta, tb, rtol=1e-5, atol=atol)
+            np.testing.assert_allclose(ta, tb, rtol=1e-5, atol=atol * max(1.0, float(np.abs(tb).max())))
             # The score is a dot product with heavy cancellation: compare it on the scale of its terms.
             assert abs(view_a["score"] - view_b["score"]) <= 1e-5 * max(1.0, abs(view_b["score"]))
 
