@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.browser import browser  # noqa: F401 (the browser tests' fixture: one Chromium per module)
 from tests.jobkinds import register_test_kinds
 
 # Test-only kinds must exist before any app is created in this process.

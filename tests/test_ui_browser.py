@@ -22,20 +22,10 @@ import pytest
 from app.ui.views import signed
 from core import registry
 from models.news.text import WordTokenizer
+from tests.browser import BROWSER_MARKS, expect
 from tests.http_server import HttpServer
 
-CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),
-                             shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - the skip below says why
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
-                       "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
-]
+pytestmark = BROWSER_MARKS
 
 KEYS = "alice:ui-key-alice-0123456789,bob:ui-key-bob-0123456789"
 ALICE = "ui-key-alice-0123456789"
@@ -81,14 +71,6 @@ def server(tmp_path_factory):
             yield svc, http.url, known[0], known[1:3]
     finally:
         svc.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture()

@@ -10,10 +10,7 @@ prediction, in-training badge and range-scaled bars; and no horizontal scrolling
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 
@@ -27,30 +24,12 @@ from tests.analysis_pages import (
     job_page,
     tracin_result,
 )
+from tests.browser import BROWSER_MARKS, expect
 
-CHROMIUM = next((p for p in (os.environ.get("EXPLAINQ_CHROMIUM"), shutil.which("chromium"),
-                             shutil.which("chromium-browser"), "/usr/bin/chromium") if p and Path(p).is_file()), None)
-try:
-    from playwright.sync_api import expect, sync_playwright
-except ImportError:  # pragma: no cover - pytestmark skips
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
-                       "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
-]
+pytestmark = BROWSER_MARKS
 
 BASE = "http://explainq.test"
 TYPES = {".css": "text/css", ".js": "text/javascript"}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture()

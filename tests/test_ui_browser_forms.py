@@ -10,31 +10,17 @@ import re
 
 import pytest
 
+from tests.browser import BROWSER_MARKS, expect
 from tests.formserver import ALICE, CONVE, ENTITIES, NEWS, api, serve
-from tests.test_ui_browser import CHROMIUM, _shot, sync_playwright
+from tests.test_ui_browser import _shot
 
-if sync_playwright is not None:
-    from playwright.sync_api import expect
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
-                       "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
-]
+pytestmark = BROWSER_MARKS
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with serve(tmp_path_factory.mktemp("browser-forms")) as (_, url):
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,12 @@ import httpx
 import pytest
 
 from core import registry
-from tests.test_ui_browser import CHROMIUM, _shot, sync_playwright
-
-if sync_playwright is not None:
-    from playwright.sync_api import expect
+from tests.browser import BROWSER_MARKS, expect
+from tests.test_ui_browser import _shot
 
 pytestmark = [
     pytest.mark.slow,  # about 75 s: one finished job of every kind, then a browser over them
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
-                       "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
+    *BROWSER_MARKS,
 ]
 
 KEYS = "alice:runs-ui-key-alice-0123456789"
@@ -113,14 +109,6 @@ def server(tmp_path_factory):
             yield svc, http.url, jobs
     finally:
         svc.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture()

@@ -12,17 +12,10 @@ import pytest
 from core import demo_status, keys
 from core.redis_server import EmbeddedRedis
 from core.settings import Settings
+from tests.browser import BROWSER_MARKS, expect
 from tests.http_server import HttpServer
-from tests.test_ui_browser import CHROMIUM, sync_playwright
 
-if sync_playwright is not None:
-    from playwright.sync_api import expect
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="playwright is not installed (pip install playwright)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no system Chromium found (apt-get install chromium, or set "
-                       "EXPLAINQ_CHROMIUM to its path); the browser tests need it"),
-]
+pytestmark = BROWSER_MARKS
 
 OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
 
@@ -37,14 +30,6 @@ def server(tmp_path_factory):
             yield http.url, redis_server
     finally:
         redis_server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture()
