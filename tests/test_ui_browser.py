@@ -215,3 +215,17 @@ def test_dataset_run_pages_through_samples_and_shows_the_comparison(page, server
     expect(samples).to_have_count(2)
     assert not set(samples.evaluate_all("els => els.map(e => e.dataset.sampleId)")) & set(first_ids)
     expect(page.locator("text=page 2 of 2")).to_be_visible()
+
+
+def test_a_job_page_opens_by_the_short_id_the_dashboard_shows(page, server) -> None:
+    """The 8-character ids the pages show are enough: /ui/jobs/<prefix> opens the job, which then follows itself
+    live by its full id."""
+    base = server[1]
+    with _api(base) as api:
+        r = api.post("/test/sleep", json={"steps": 10, "step_s": 0.1})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+    page.goto(f"/ui/jobs/{job_id[:8]}")
+    expect(page.locator("h1")).to_contain_text(job_id[:8])
+    expect(page.locator(".badge").first).to_have_text("succeeded", timeout=60_000)
+    assert job_id in page.content()  # the page knows the whole id (its links and its event stream use it)
