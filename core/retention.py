@@ -12,6 +12,7 @@ Safe to run from several hosts at once: every step re-checks before it deletes, 
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -46,6 +47,7 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
     removed["versions"] = _remove_released_versions(r, store, referenced, grace_s, now)
     removed["versions"] += _remove_unregistered_versions(settings, store, referenced, grace_s, now)
     removed["scratch"] = _remove_scratch(settings, r, grace_s, now)
+    removed["features"] = _remove_orphaned_features(store, referenced)
     removed["cache"] = _remove_stale_cache(settings, r, store, referenced)
     if any(removed.values()):
         log.info("gc removed %s", {k: len(v) for k, v in removed.items()})
@@ -127,6 +129,30 @@ def _remove_scratch(settings: Settings, r: Any, grace_s: float, now: float) -> l
             continue  # a job that still exists (a failed one may be retried from its scratch)
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path.name)
+    return removed
+
+
+FEATURES = "features"          # models.explain.features.PREFIX
+FEATURE_MODELS = "models.json"  # workers.jobs.featurize.MODELS_FILE: the model versions a feature key belongs to
+
+
+def _remove_orphaned_features(store: Any, referenced: set[str]) -> list[str]:
+    """Step 3b: stored gradient features (``POST /featurize``) whose model versions are all gone, from the
+    registry and from the store (so a version inside its grace period keeps its features); returns the keys.
+    A feature key with no record of its model is left alone."""
+    removed = []
+    for key in store.list_dirs(FEATURES):
+        record = f"{FEATURES}/{key}/{FEATURE_MODELS}"
+        if not store.exists(record):
+            continue
+        try:
+            locations = json.loads(store.read_bytes(record))
+        except ValueError:
+            continue
+        if any(loc in referenced or store.exists(loc) for loc in locations):
+            continue
+        store.delete(f"{FEATURES}/{key}")
+        removed.append(f"{FEATURES}/{key}")
     return removed
 
 

@@ -109,3 +109,28 @@ def test_feature_matrices_computed_on_one_host_are_reused_on_another(tmp_path):
     got = host_b.load("k1")
     assert torch.equal(got.features, value.features) and got.layer_names == ["l1", "l2"]
     assert (tmp_path / "b" / "k1.safetensors").is_file()  # now in host b's local tier too
+
+
+def test_gc_removes_gradient_features_once_their_model_version_is_gone(redis_settings, tmp_path):
+    """Features a featurize job stored for a model version stay while that version is registered or still in the
+    store (its grace period), and go with it; features with no record of their model are left alone."""
+    from workers.jobs.featurize import record_model
+
+    store = registry.store(redis_settings)
+    _register(redis_settings, tmp_path, "conve-gc", 1)
+    location = registry.get_model(redis_settings, "conve-gc")["location"]
+    seg = tmp_path / "seg"
+    seg.mkdir()
+    (seg / "features.npy").write_bytes(b"x")
+    for key in ("k-model", "k-unrecorded"):
+        store.put_dir(seg, f"features/{key}/segment-0")
+    record_model(store, ["k-model"], location)
+    record_model(store, ["k-model"], location)  # recorded once
+    assert json.loads(store.read_bytes("features/k-model/models.json")) == [location]
+    assert collect(redis_settings)["features"] == []
+    registry.unregister(redis_settings, "models", "conve-gc")
+    assert collect(redis_settings, grace_s=3600)["features"] == []  # the version is released but still stored
+    store.delete(location)  # its grace period is over and retention removed it
+    assert collect(redis_settings)["features"] == ["features/k-model"]
+    assert not store.exists("features/k-model/segment-0/features.npy")
+    assert store.exists("features/k-unrecorded/segment-0/features.npy")

@@ -6,10 +6,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core import registry
 from core.filestore import get_store
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
 from workers.jobs.tracin import _bundle
+
+MODELS_FILE = "models.json"  # features/<key>/models.json: the model versions (store keys) these features belong to
+
+
+def record_model(store: Any, feature_keys: list[str], location: str | None) -> None:
+    """Note under each feature key the model version it was computed from, so retention removes the features
+    once no registered model holds that version (``core.retention``)."""
+    if not location:
+        return
+    for key in feature_keys:
+        path = f"features/{key}/{MODELS_FILE}"
+        held = set(json.loads(store.read_bytes(path))) if store.exists(path) else set()
+        if location not in held:
+            store.put_bytes(json.dumps(sorted(held | {location})).encode(), path)
 
 
 def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -26,6 +41,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
                            device=ctx.device, batch_size=payload["batch_size"], progress=progress)
     except (KeyError, ValueError) as exc:  # the API validated names; this catches a model re-trained in between
         raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None
+    record_model(get_store(ctx.settings), [c["key"] for c in result["checkpoints"]],
+                 (registry.get_model(ctx.settings, payload["model"]) or {}).get("location"))
     result = {"model": payload["model"], **_clean(result)}
     ctx.artifact_path("result.json").write_text(json.dumps(result))
     return {**result, "artifacts": ctx.artifacts()}
