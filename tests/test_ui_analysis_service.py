@@ -130,8 +130,8 @@ def test_tracin_card_csv_is_the_artifact_and_a_training_triple_is_badged(svc, tr
 
 
 def test_the_real_pages_have_no_horizontal_overflow_at_390_px(svc, comparison, tracin) -> None:
+    from tests.browser import CHROMIUM
     from tests.http_server import HttpServer
-    from tests.test_ui_browser_analysis import CHROMIUM
 
     if CHROMIUM is None:
         pytest.skip("no system Chromium")

@@ -189,7 +189,11 @@ def test_running_step_curve_shows_before_the_first_epoch_ends(page, server, tmp_
     assert 0 < first < 1  # fractional epochs of the first epoch
     page.wait_for_function(f"() => +document.querySelector('figure.chart').dataset.lastX > {first}",
                            timeout=90_000)  # the curve advances live
-    assert page.locator(loss).get_attribute("data-points") == "0"
+    # and, while it is still within the first epoch, the per-epoch chart stays empty (on a fast machine the
+    # first epoch may have ended by the time the page sees the curve move again)
+    points = page.locator(loss).get_attribute("data-points")  # read first: the step curve read after is later
+    if float(page.locator(steps).get_attribute("data-last-x")) < 1:
+        assert points == "0"
     assert page.evaluate("document.documentElement.scrollWidth") <= PHONE
     _shot(page, tmp_path, "dashboard-phone-training.png")
     page.click("text=Cancel job")
