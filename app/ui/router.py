@@ -26,6 +26,7 @@ from app.ui import analysis, forms, session, views
 from app.ui.api import Api, ApiError
 from app.ui.evaluation import evaluation_view
 from app.ui.session import Session
+from core.ownership import owns
 
 HERE = Path(__file__).resolve().parent
 STATIC_URL = "/ui/static"
@@ -535,7 +536,7 @@ async def models_page(request: Request, deleted: str | None = Query(None, max_le
     listed = data.get("models", [])
     models = [{**m, "actions": explain_actions(kinds, m.get("kind")),
                "job_id": (m.get("meta") or {}).get("job_id") if isinstance(m.get("meta"), dict) else None,
-               "mine": m.get("owner") == user.owner}
+               "mine": owns(m, user.owner)}
               for m in listed if m.get("status", "ready") == "ready"]
     names = {m["name"] for m in models}
     return _page(request, "models.html", {"models": models, "datasets": data.get("datasets", []),
@@ -572,7 +573,7 @@ async def model_delete_page(request: Request, name: str = FastPath(..., pattern=
     model = next((m for m in data.get("models", []) if m.get("name") == name), None)
     if model is None:
         raise ApiError(404, "not_found", f"no model {name!r}")
-    if model.get("owner") != user.owner:
+    if not owns(model, user.owner):
         raise ApiError(409, "owned_by_other", f"model {name!r} belongs to another owner; only they can delete it")
     return _page(request, "model_delete.html", {"model": model}, user=user)
 

@@ -17,6 +17,7 @@ from pydantic import Field, StringConstraints
 from core import limits, registry
 from core.kinds.base import ADVANCED, FieldConflict, JobKind, RequestModel, register
 from core.kinds.tracin import _check_checkpoints, _check_layers, model_vocab
+from core.ownership import owns
 from core.settings import Settings
 
 MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: one k x k Gauss-Newton matrix per checkpoint
@@ -49,7 +50,7 @@ def validate(req: FeaturizeRequest, settings: Settings, owner: str = "system") -
     entry = registry.get_model(settings, req.model) or {}
     # the caller's own models and the shared (system) demos, which every key may already explain; another
     # tenant's model is theirs to featurize
-    if entry.get("owner", registry.SYSTEM) not in (owner, registry.SYSTEM):
+    if not (owns(entry, owner) or owns(entry, registry.SYSTEM)):
         raise FieldConflict(("body", "model"), f"model {req.model!r} belongs to another owner; only its owner may "
                             "featurize it", value=req.model)
     _check_checkpoints(req, vocab)

@@ -12,7 +12,7 @@ from core.artifacts import artifacts_key
 from core.filestore import StoreError, get_store
 from core.kinds.base import FieldError
 from core.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_dir, cifar_marker
-from core.ownership import owns_files
+from core.ownership import owns, owns_files
 from core.settings import Settings
 from workers.context import JobContext, JobError
 
@@ -57,7 +57,7 @@ def default_model_name(ctx: JobContext, payload: dict[str, Any]) -> str:
     label = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(payload.get("label") or "")).strip("-.")[:40].strip("-.")
     name = f"bdh-{label or payload['dataset']}-{ctx.job_id[:8]}"
     entry = registry.get_model(ctx.settings, name)
-    if entry is not None and (entry.get("owner") != ctx.owner or (entry.get("meta") or {}).get("job_id")
+    if entry is not None and (not owns(entry, ctx.owner) or (entry.get("meta") or {}).get("job_id")
                               not in (None, ctx.job_id)):
         name = f"bdh-{label or payload['dataset']}-{ctx.job_id}"
     return name

@@ -12,6 +12,7 @@ from typing import Any
 from core import registry
 from core.kinds.base import FieldError
 from core.kinds.train_conve import SHIPPED_COUNTS, resolve_dataset
+from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import UserFileError, files_for
 from models.curves import StepCurve
@@ -100,7 +101,7 @@ def _published_for(settings: Settings, dataset: str, owner: str) -> dict[str, An
     if dataset not in SHIPPED_COUNTS:
         return None
     entry = registry.get_dataset(settings, dataset)
-    if entry is not None and entry.get("owner") != registry.SYSTEM:
+    if entry is not None and not owns(entry, registry.SYSTEM):
         return None
     return published_meta(dataset)
 
