@@ -10,30 +10,27 @@ model is a 409 on ``model``, as for every name an owner holds.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
-
-from pydantic import Field, StringConstraints
+from pydantic import Field
 
 from core import limits, registry
 from core.kinds.base import ADVANCED, FieldConflict, JobKind, RequestModel, register
-from core.kinds.tracin import _check_checkpoints, _check_layers, model_vocab
+from core.kinds.tracin import Checkpoints, Layers, Loss, _check_checkpoints, _check_layers, model_vocab
 from core.ownership import owns
 from core.settings import Settings
 
 MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: one k x k Gauss-Newton matrix per checkpoint
-Name = Annotated[str, StringConstraints(min_length=1, max_length=limits.MAX_TRIPLE_NAME_LENGTH)]
 
 
 class FeaturizeRequest(RequestModel):
     model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Knowledge-graph model",
                        description="A ConvE model of yours (or a shared demo model) whose training triples to featurize")
-    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = Field(
+    checkpoints: Checkpoints = Field(
         "all", title="Checkpoints featurized", json_schema_extra=ADVANCED,
         description="'all', or the checkpoints to store features for (file names or epochs)")
-    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = Field(
+    layers: Layers = Field(
         "all", title="Layers compared", json_schema_extra=ADVANCED,
         description="'all', 'last', or the layers whose gradients are projected")
-    loss: Literal["train", "score_bce"] = Field(
+    loss: Loss = Field(
         "train", title="Gradient of", json_schema_extra=ADVANCED,
         description=("Whose gradients are stored: the training loss ('train') or the binary cross-entropy of the "
                      "score ('score_bce')"))

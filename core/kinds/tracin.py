@@ -38,6 +38,10 @@ MAX_TEST_TRIPLES = limits.MAX_TEST_TRIPLES
 MAX_SINGLE_PAIRS = limits.MAX_SINGLE_PAIRS  # mode 'single' returns every pair
 Name = Annotated[str, StringConstraints(min_length=1, max_length=limits.MAX_TRIPLE_NAME_LENGTH)]
 Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[head, relation, tail] by name")]
+# the gradient selection TracIn and the feature store share: which checkpoints, which layers, whose gradient
+Checkpoints = Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)]
+Layers = Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)]
+Loss = Literal["train", "score_bce"]
 
 
 class FilterRequest(RequestModel):
@@ -66,13 +70,13 @@ class TracInRequest(JobRequest):
         description=("How many most helpful and most harmful training triples each test triple lists; empty writes "
                      f"every score to a file. At most {limits.MAX_TRACIN_LISTED:,} listed in all (test triples x "
                      "this)"))
-    checkpoints: Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)] = Field(
+    checkpoints: Checkpoints = Field(
         "all", title="Checkpoints summed", json_schema_extra=ADVANCED,
         description="'all', or the checkpoints to sum over (file names or epochs)")
-    layers: Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)] = Field(
+    layers: Layers = Field(
         "all", title="Layers compared", json_schema_extra=ADVANCED,
         description="'all', 'last', or the layers whose gradients are compared")
-    loss: Literal["train", "score_bce"] = Field(
+    loss: Loss = Field(
         "train", title="Gradient of", json_schema_extra=ADVANCED,
         description=("Whose gradients are compared: the training loss ('train') or the binary cross-entropy of the "
                      "score ('score_bce')"))
