@@ -22,6 +22,7 @@ lines`` in ``SECTIONS`` (``datasets``: name -> TriplesDataset; ``work_dir``: a t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -101,9 +102,22 @@ def _subsets(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out
     return subsets
 
 
+def _members(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, work: Path, name: str) -> list[Any]:
+    """The ``--ensemble`` members the ensemble estimators average over: the recipe on all the training triples with
+    the seeds ``models.kg.evaluation.member_seeds`` gives (as the service trains them), when one is measured."""
+    if not any(estimator_registry.get(e).ensemble for e in args.estimators):
+        return []
+    out = []
+    for s in ev.member_seeds(cfg.seed, args.ensemble):
+        member_cfg = dataclasses.replace(cfg, seed=s)
+        out.append(_full_model(ds, member_cfg, _cache_dir(args, work, name, f"member{s}"))[0])
+    return out
+
+
 def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
     cfg = recipe(args)
-    rows = []
+    rows: list[list[str]] = []
+    ratios: list[list[str]] = []
     for name, ds in datasets.items():
         bundle, full_s = _full_model(ds, cfg, _cache_dir(args, work, name, "full"))
         t0 = time.perf_counter()
@@ -112,9 +126,17 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         masks = np.stack([s["mask"] for s in subsets])
         sel = ev.test_selection(len(ds.test), args.n_test, args.seed)
         outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
-        report = ev.lds_report(bundle, masks, outputs, ds.test[torch.from_numpy(sel)], args.estimators, args.seed)
+        members = _members(ds, cfg, args, work, name)
+        report = ev.lds_report(bundle, masks, outputs, ds.test[torch.from_numpy(sel)], args.estimators, args.seed,
+                               members=members)
         print(f"# {name}: full model {full_s:.1f} s (test MRR {bundle.metrics.get('test', {}).get('mrr', 0):.3f}), "
-              f"{args.m} subset models {train_s:.1f} s ({train_s / args.m:.1f} s each)", flush=True)
+              f"{args.m} subset models {train_s:.1f} s ({train_s / args.m:.1f} s each), {len(members)} ensemble "
+              "members", flush=True)
+        for est, r in report.items():
+            ratio = r.get("ratio_to_" + ev.REFERENCE)
+            if ratio and ratio["ratio"] is not None:
+                ratios.append([name, f"{est} / {ev.REFERENCE}", f"{ratio['ratio']:.2f}",
+                               f"[{ratio['low']:.2f}, {ratio['high']:.2f}]", str(ratio["n"])])
         for est, r in report.items():
             lds = r["lds"]
             rows.append([name, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
@@ -122,8 +144,13 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
     head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, recipe ConvE-"
             f"{args.embedding_dim} x {args.epochs} epochs, seed {args.seed}; 95% percentile bootstrap over test "
             "triples", ""]
-    return head + _table(["dataset", "estimator", "LDS", "95% interval", "n", "seconds",
-                          "published (dattri, context)"], rows)
+    table = _table(["dataset", "estimator", "LDS", "95% interval", "n", "seconds", "published (dattri, context)"],
+                   rows)
+    if ratios:
+        table += ["", "LDS relative to TracIn's: ratio of the means over the same test triples, 95% paired "
+                  "percentile bootstrap", ""]
+        table += _table(["dataset", "ratio", "value", "95% interval", "n"], ratios)
+    return head + table
 
 
 def mislabel_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
@@ -135,7 +162,8 @@ def mislabel_section(args: argparse.Namespace, datasets: dict[str, TriplesDatase
         corrupted, idx, _ = ev.corrupt_tails(ds.train, len(ds.entities), args.fraction, args.seed)
         bundle, _ = _full_model(ev.with_train(ds, corrupted, keep_eval=True), cfg,
                                 _cache_dir(args, work, name, "mislabel"))
-        report = ev.mislabel_report(bundle, idx, args.estimators)
+        report = ev.mislabel_report(bundle, idx, [e for e in args.estimators
+                                                  if not estimator_registry.get(e).ensemble])
         for est, r in report.items():
             rows.append([name, est, _fmt(r["auc"]), _fmt(r["found_at_10"]), _fmt(r["found_at_20"]),
                          f"{r['seconds']:.2f}", PUBLISHED_AUC.get(est, "")])
@@ -182,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dropout", type=float, default=None, help="input, feature-map and hidden dropout of the "
                     "recipe (default: ConvE's 0.2 / 0.2 / 0.3)")
     ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
+    ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble (further full-data "
+                    "models of the recipe with other seeds)")
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)

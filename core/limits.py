@@ -230,7 +230,12 @@ MAX_EVAL_EPOCHS = _limit(
     "epochs of each model an evaluation trains (an evaluation trains up to MAX_EVAL_MODELS + 1 of them)")
 MAX_EVAL_TRAINING_EPOCHS = _limit(
     "MAX_EVAL_TRAINING_EPOCHS", 20_000, (),
-    "m x recipe.epochs of one LDS evaluation (the epochs its subset models train in all), checked by validate")
+    "(m + ensemble members) x recipe.epochs of one LDS evaluation (the epochs its subset models and ensemble "
+    "members train in all), checked by validate")
+MAX_EVAL_ENSEMBLE = _limit(
+    "MAX_EVAL_ENSEMBLE", 16, ("evaluate_attribution.ensemble",),
+    "further full-data models an LDS evaluation trains for the ensemble estimators (trak_ensemble; each one a "
+    "ConvE training run, one shard)")
 MAX_EVAL_TEST_TRIPLES = _limit(
     "MAX_EVAL_TEST_TRIPLES", 2000, ("evaluate_attribution.n_test",),
     "test triples an LDS evaluation scores (the estimators compute n_test x training-triples scores, and the "

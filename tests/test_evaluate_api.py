@@ -53,6 +53,9 @@ def _locs(r) -> set[tuple]:
     ("/evaluate/mislabel", {"fraction": 0}, ("body", "fraction")),
     ("/evaluate/mislabel", {"recipe": {"epochs": 1000}}, ("body", "recipe", "epochs")),
     ("/evaluate/mislabel", {"estimators": ["tracin", "trak?"]}, ("body", "estimators", 1)),
+    ("/evaluate/mislabel", {"estimators": ["trak", "trak_ensemble"]}, ("body", "estimators", 1)),
+    ("/evaluate/attribution", {"ensemble": 0}, ("body", "ensemble")),
+    ("/evaluate/attribution", {"ensemble": 17}, ("body", "ensemble")),
 ])
 def test_bad_request_is_422_naming_the_field(client, route, body, loc):
     r = client.post(route, json=body)
@@ -65,7 +68,19 @@ def test_training_budget_over_m_and_epochs_names_both_fields(client):
     assert r.status_code == 422, r.text
     assert {("body", "m"), ("body", "recipe", "epochs")} <= _locs(r)
     assert "20,000" in r.text
-    assert client.post("/evaluate/attribution", json={"m": 200, "recipe": {"epochs": 100}}).status_code == 202
+    # the default estimators include trak_ensemble: its 4 members count, (196 + 4) x 100 = 20,000
+    assert client.post("/evaluate/attribution", json={"m": 196, "recipe": {"epochs": 100}}).status_code == 202
+    assert client.post("/evaluate/attribution", json={"m": 197, "recipe": {"epochs": 100}}).status_code == 422
+
+
+def test_ensemble_members_count_in_the_training_budget_only_when_an_ensemble_estimator_is_asked(client):
+    body = {"m": 200, "recipe": {"epochs": 100}, "ensemble": 16}  # (200 + 16) x 100 > 20,000 >= 200 x 100
+    r = client.post("/evaluate/attribution", json={**body, "estimators": ["trak_ensemble"]})
+    assert r.status_code == 422, r.text
+    assert {("body", "m"), ("body", "recipe", "epochs"), ("body", "ensemble")} <= _locs(r), r.text
+    assert "ensemble 16" in r.text
+    r = client.post("/evaluate/attribution", json={**body, "estimators": ["trak"]})
+    assert r.status_code == 202, r.text
 
 
 def test_a_recipe_over_the_worker_memory_names_its_sizes(client):
@@ -188,6 +203,30 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
     assert res2["ground_truth"]["key"] == key and res2["test_triples"] == res["test_triples"]
     np.testing.assert_array_equal(_npz(svc, job2["id"], "ground_truth.npz")["outputs"], outputs)
     assert set(res2["estimators"]) == {"tracin"}
+
+    # TRAK's model ensemble: only the two members are trained (the rest is reused), and its scores are the mean of
+    # TRAK over the full-data model and the members as stored
+    import torch
+
+    from models.kg.checkpoint import load
+    from models.kg.evaluation import trak_scores
+
+    job_e, res_e = _run(svc, "/evaluate/attribution", {**body, "estimators": ["trak_ensemble", "tracin"],
+                                                       "ensemble": 2})
+    assert job_e["shards"]["total"] == 2 and res_e["trainings"] == 2 and res_e["ground_truth"]["reused"] == 4
+    assert res_e["ensemble"]["members"] == 2 and len(set(res_e["ensemble"]["models"])) == 2
+    models = [load(store.local_dir(f"cache/evaluation/models/{k}"))
+              for k in [res["ground_truth"]["full_model"], *res_e["ensemble"]["models"]]]
+    assert [m.training["seed"] for m in models[1:]] == res_e["ensemble"]["seeds"]
+    test = models[0].dataset.test[torch.from_numpy(_npz(svc, job_e["id"], "ground_truth.npz")["test_index"])]
+    assert models[0].dataset.decode(test) == res_e["test_triples"]
+    want = sum(trak_scores(m, m.checkpoints, test, m.dataset.train).double().numpy() for m in models) / 3
+    got = np.load(io.BytesIO(svc.artifact(job_e["id"], "scores-trak_ensemble.npy", headers=ALICE)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+    ratio = res_e["estimators"]["trak_ensemble"]["ratio_to_tracin"]
+    a, b = (np.array(res_e["estimators"][n]["per_test"], dtype=float) for n in ("trak_ensemble", "tracin"))
+    ok = np.isfinite(a) & np.isfinite(b)
+    assert ratio["ratio"] == pytest.approx(a[ok].mean() / b[ok].mean())
 
     # one stored subset model gone: only that one is trained again, and the LDS is what it was
     store.delete(f"cache/evaluation/lds/{key}/subset-00001.npz")
@@ -382,6 +421,12 @@ def test_dashboard_draws_lds_bars_with_whiskers_and_a_table():
     assert b[0]["low_x"] < b[0]["bar_x"] + b[0]["bar_w"] < b[0]["high_x"]
     assert b[1]["bar_x"] + b[1]["bar_w"] == pytest.approx(lds_bars(LDS_RESULT["estimators"])["zero_x"], abs=0.2)
     assert f'x1="{b[0]["low_x"]}"' in page and "reused" in page and "17" in page
+    # each estimator's LDS relative to TracIn's, with its paired interval; TracIn itself has none
+    with_ratio = {**result, "estimators": {**LDS_RESULT["estimators"], "trak": {
+        "lds": {"mean": 0.2, "low": 0.15, "high": 0.25, "n": 50}, "n_undefined": 0, "seconds": 1.0,
+        "ratio_to_tracin": {"ratio": 2.2222, "low": 1.61, "high": 3.05, "n": 50}}}}
+    rows = dict(re.findall(r'<tr><th scope="row">([^<]+)</th>(.*?)</tr>', _page(with_ratio), re.S))
+    assert rows["trak"].endswith("<td>2.22 [1.61, 3.05]</td>") and rows["tracin"].endswith("<td>–</td>")
 
 
 def test_dashboard_draws_the_mislabel_recall_curve_and_table():

@@ -172,7 +172,7 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
 
     ds = load_nations()
     base = {"recipe": {"epochs": 1, "embedding_dim": 20, "seed": 0}, "alpha": 0.5, "m": 3, "seed": 0,
-            "dataset": "nations"}
+            "dataset": "nations", "estimators": ["random"]}
     ident = _identity(base, ds)
     assert ident == _identity(dict(base), ds) and ident["seeds"] == [0, 1, 2]
     for change in ({"alpha": 0.4}, {"m": 4}, {"seed": 1}, {"recipe": {**base["recipe"], "epochs": 2}}):
@@ -184,6 +184,15 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
     changed = evaluation.with_train(ds, ds.train[1:], keep_eval=True)
     assert _identity(base, changed)["lds"] != ident["lds"]
     assert evaluation.data_version(changed) != evaluation.data_version(ds)
+    # ensemble members only when an ensemble estimator is asked for; a member is the recipe's full-data model with
+    # the member's seed (the same address another evaluation of that recipe and seed would use)
+    assert ident["members"] == []
+    ens = _identity({**base, "estimators": ["trak_ensemble"], "ensemble": 3}, ds)
+    assert len(ens["members"]) == 3 and ens["lds"] == ident["lds"] and ens["full"] == ident["full"]
+    seeds = evaluation.member_seeds(0, 3)
+    assert [r["seed"] for r in ens["member_recipes"]] == seeds
+    assert ens["members"][1] == _identity({**base, "recipe": {**base["recipe"], "seed": seeds[1]}}, ds)["full"]
+    assert _identity({**base, "estimators": ["trak"], "ensemble": 3}, ds)["members"] == []
     # a shard refuses data that changed since its evaluation started
     assert _same_data(ds, {**base, "data_version": ident["data_version"]})["lds"] == ident["lds"]
     with pytest.raises(JobError, match="changed since the evaluation started"):
@@ -224,3 +233,85 @@ def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
     with pytest.raises(JobError, match="4 of the evaluation's models are missing") as err:
         run_reduce({"parent": "p", "shards": 4, "request": request}, ctx)
     assert err.value.code == "too_many_failures"
+
+
+def _tiny_bundle(tmp_path, seed: int, train=None):
+    from models.kg.checkpoint import KGBundle, save_checkpoint
+    from models.kg.train import TrainConfig, build_model
+    from models.kg.triples import load_nations
+
+    ds = load_nations()
+    if train is not None:
+        ds = evaluation.with_train(ds, train, keep_eval=True)
+    torch.manual_seed(seed)
+    model = build_model(ds, TrainConfig(embedding_dim=8, embedding_height=2, num_filters=2)).eval()
+    ckpts = []
+    for epoch in (1, 2):
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.add_(0.05 * torch.randn_like(prm))
+        ckpts.append(save_checkpoint(model, tmp_path / f"m{seed}-epoch_{epoch}.safetensors", epoch, 0.01 / epoch))
+    return KGBundle(model, ds, ckpts, tmp_path)
+
+
+def test_trak_ensemble_is_trak_averaged_over_the_full_model_and_its_members(tmp_path):
+    full, a, b = (_tiny_bundle(tmp_path, s) for s in (0, 1, 2))
+    test, train = full.dataset.test[:3], full.dataset.train
+    single = [evaluation.run_estimator("trak", x, test, train).values for x in (full, a, b)]
+    got = evaluation.run_estimator("trak_ensemble", full, test, train, members=[a, b]).values
+    np.testing.assert_allclose(got, (single[0] + single[1] + single[2]) / 3, rtol=1e-6, atol=1e-9)
+    assert not np.allclose(single[0], single[1])  # the members are other models: averaging changes the scores
+    alone = evaluation.run_estimator("trak_ensemble", full, test, train).values
+    np.testing.assert_allclose(alone, single[0], rtol=1e-6, atol=1e-9)
+    other = _tiny_bundle(tmp_path, 3, train=train[1:])
+    with pytest.raises(ValueError, match="other training triples"):
+        evaluation.run_estimator("trak_ensemble", full, test, train, members=[other])
+    # members are not passed to an estimator that does not ensemble
+    np.testing.assert_array_equal(evaluation.run_estimator("trak", full, test, train, members=[a, b]).values,
+                                  single[0])
+    assert estimators.ensembles() == ("trak_ensemble",)
+
+
+def test_member_seeds_are_reproducible_bounded_and_not_the_subsets_seeds():
+    seeds = evaluation.member_seeds(0, 16)
+    assert seeds == evaluation.member_seeds(0, 16) and seeds[:4] == evaluation.member_seeds(0, 4)
+    assert len(set(seeds)) == 16 and all(0 <= s <= 2**31 - 1 for s in seeds)
+    assert not set(seeds) & set(range(0, 1000))  # never a subset model's consecutive seed
+    assert evaluation.member_seeds(1, 4) != evaluation.member_seeds(0, 4)
+    assert evaluation.member_seeds(0, 0) == []
+
+
+def test_ratio_interval_is_paired_and_skips_undefined_test_triples():
+    rng = np.random.default_rng(0)
+    b = rng.normal(0.3, 0.2, 60)
+    a = 2 * b + rng.normal(0, 0.05, 60)
+    r = evaluation.ratio_interval(a, b, seed=4)
+    assert r["ratio"] == pytest.approx(a.mean() / b.mean()) and r["n"] == 60
+    assert r["low"] <= r["ratio"] <= r["high"] and r["high"] - r["low"] < 0.2  # paired: tight around 2
+    assert r == evaluation.ratio_interval(a, b, seed=4)
+    a2 = list(a)
+    a2[7] = None
+    b2 = list(b)
+    b2[9] = float("nan")
+    r2 = evaluation.ratio_interval(a2, b2, seed=4)
+    keep = np.ones(60, bool)
+    keep[[7, 9]] = False
+    assert r2["n"] == 58 and r2["ratio"] == pytest.approx(a[keep].mean() / b[keep].mean())
+    with pytest.raises(ValueError, match="different lengths"):
+        evaluation.ratio_interval(a[:5], b, seed=0)
+
+
+def test_lds_report_gives_each_estimator_relative_to_tracin(tmp_path):
+    full = _tiny_bundle(tmp_path, 0)
+    test, train = full.dataset.test[:6], full.dataset.train[:40]
+    full.dataset = evaluation.with_train(full.dataset, train, keep_eval=True)
+    masks = np.stack([evaluation.subset_mask(40, 0.5, s) for s in range(8)])
+    outputs = np.random.default_rng(1).normal(size=(8, 6))
+    report = evaluation.lds_report(full, masks, outputs, test, ["tracin", "random"], seed=0)
+    ratio = report["random"]["ratio_to_tracin"]
+    a = np.array(report["random"]["per_test"], dtype=float)
+    b = np.array(report["tracin"]["per_test"], dtype=float)
+    ok = np.isfinite(a) & np.isfinite(b)
+    assert ratio["ratio"] == pytest.approx(a[ok].mean() / b[ok].mean())
+    assert "ratio_to_tracin" not in report["tracin"]
+    assert "ratio_to_tracin" not in evaluation.lds_report(full, masks, outputs, test, ["random"], seed=0)["random"]

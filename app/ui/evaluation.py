@@ -24,7 +24,7 @@ def lds_bars(estimators: dict[str, Any]) -> dict[str, Any]:
         lds = (r or {}).get("lds") or {}
         rows.append({"name": name, "mean": lds.get("mean"), "low": lds.get("low"), "high": lds.get("high"),
                      "n": lds.get("n"), "n_undefined": (r or {}).get("n_undefined"), "seconds": (r or {}).get("seconds"),
-                     "colour": COLOURS[i % len(COLOURS)]})
+                     "colour": COLOURS[i % len(COLOURS)], "ratio": (r or {}).get("ratio_to_tracin") or {}})
     drawn = [r for r in rows if all(_finite(r[k]) for k in ("mean", "low", "high"))]
     lo = min([0.0] + [r["low"] for r in drawn])
     hi = max([0.0] + [r["high"] for r in drawn])

@@ -5,7 +5,8 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
   random ``alpha``-subsets of the training triples (one shard per subset model, fanned out over the ``bulk``
   workers) and the full-data model the estimators run on. The subset models' masks and outputs are kept in the
   store under a content address (recipe, data version, alpha, m, seed), so a later evaluation of other estimators
-  trains nothing.
+  trains nothing. An ensemble estimator (``trak_ensemble``) also needs ``ensemble`` more full-data models of the
+  recipe with other seeds, trained as further shards and stored the same way.
 - ``evaluate_mislabel``: corrupt a seeded ``fraction`` of the training triples' tails, train, and rank the training
   triples by each estimator's self-influence: AUC, found@10%/20%, the recall curve.
 """
@@ -29,10 +30,11 @@ from core.kinds.base import (
 )
 from core.kinds.train_conve import NATIONS, dataset_counts, resolve_dataset
 from core.settings import Settings
-from models.kg.estimators import ESTIMATORS
+from models.kg.estimators import ESTIMATORS, ensembles
 from models.kg.shapes import check_image
 
-DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "trak", "random"]
+DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "trak", "trak_ensemble", "random"]
+DEFAULT_MISLABEL_ESTIMATORS = [e for e in DEFAULT_ESTIMATORS if e not in ensembles()]
 # the names of models/kg/estimators.py: a new estimator there is accepted here, listed in the OpenAPI schema
 EstimatorName = Literal.__getitem__(tuple(ESTIMATORS))  # type: ignore[attr-defined]
 
@@ -96,10 +98,23 @@ class EvaluateAttributionRequest(_EvaluateRequest):
                          description="Share of the training triples in each subset")
     n_test: int = Field(100, ge=1, le=limits.MAX_EVAL_TEST_TRIPLES, title="Test triples evaluated",
                         description="A seeded draw from the dataset's test split (all of it when it holds fewer)")
+    ensemble: int = Field(4, ge=1, le=limits.MAX_EVAL_ENSEMBLE, title="Ensemble members",
+                          json_schema_extra=ADVANCED,
+                          description="Further full-data models (the recipe with other seeds) that trak_ensemble "
+                          "averages over; trained only when an ensemble estimator is asked for")
     shard_retries: int = shard_retries_field()
+
+    def members(self) -> int:
+        """The ensemble members this evaluation needs (0 when no ensemble estimator is asked for)."""
+        return self.ensemble if any(e in ensembles() for e in self.estimators) else 0
 
 
 class EvaluateMislabelRequest(_EvaluateRequest):
+    estimators: list[EstimatorName] = Field(list(DEFAULT_MISLABEL_ESTIMATORS), min_length=1,
+                                            max_length=limits.MAX_EVAL_ESTIMATORS,
+                                            title="Estimators compared",
+                                            description="The data-attribution estimators measured, each at most "
+                                            "once (not the ensemble ones: one model of the corrupted graph is trained)")
     fraction: float = Field(0.1, gt=0, le=0.5, title="Corrupted share",
                             description="Share of the training triples whose tail is replaced by a random other entity")
 
@@ -139,14 +154,24 @@ def validate_attribution(req: EvaluateAttributionRequest, settings: Settings, ow
     if path is not None and not (path / "test.txt").is_file():
         raise FieldError(("body", "dataset"), f"dataset {req.dataset!r} has no test.txt: the LDS is measured on "
                          "test triples", value=req.dataset)
-    total = req.m * req.recipe.epochs
+    members = req.members()
+    total = (req.m + members) * req.recipe.epochs
     if total > limits.MAX_EVAL_TRAINING_EPOCHS:
-        raise FieldError(("body", "m"), f"m {req.m} x recipe.epochs {req.recipe.epochs} = {total} training epochs, "
+        models = f"(m {req.m} + ensemble {members})" if members else f"m {req.m}"
+        related = [(("body", "recipe", "epochs"), req.recipe.epochs)]
+        if members:
+            related.append((("body", "ensemble"), req.ensemble))
+        raise FieldError(("body", "m"), f"{models} x recipe.epochs {req.recipe.epochs} = {total} training epochs, "
                          f"more than {limits.MAX_EVAL_TRAINING_EPOCHS:,} per evaluation", value=req.m,
-                         related=[(("body", "recipe", "epochs"), req.recipe.epochs)])
+                         related=related)
 
 
 def validate_mislabel(req: EvaluateMislabelRequest, settings: Settings, owner: str = "system") -> None:
+    for i, name in enumerate(req.estimators):
+        if name in ensembles():
+            raise FieldError(("body", "estimators", i), f"estimator {name!r} averages over independently trained "
+                             "models and is measured by LDS only (mislabel detection trains one model of the "
+                             "corrupted graph); use 'trak'", value=name)
     _check_common(req, settings, owner)
 
 

@@ -9,6 +9,11 @@ An estimator is two functions, named by dotted path and imported when first used
 - ``self_scores(bundle, checkpoints, train) -> Tensor[n]``: each training triple's attribution to itself (its
   self-influence), which mislabel detection ranks by.
 
+An estimator with ``ensemble=True`` averages over independently trained models of the same recipe (TRAK's model
+ensemble): its ``scores`` also takes ``members``, a list of further full-data :class:`models.kg.checkpoint.KGBundle`
+trained with other seeds (the LDS evaluation trains them, ``ensemble`` of them, once per recipe and data version).
+Mislabel detection trains one model of the corrupted graph, so it does not offer ensemble estimators.
+
 Adding one is one line in ``ESTIMATORS`` (``Estimator("name", "module:scores", "module:self_scores", "...")``);
 the request schemas, the dashboard and the benchmark read the names from here.
 """
@@ -27,6 +32,7 @@ class Estimator:
     scores: str        # "module:function", (bundle, checkpoints, test, train) -> Tensor[m, n]
     self_scores: str   # "module:function", (bundle, checkpoints, train) -> Tensor[n]
     summary: str = ""
+    ensemble: bool = False  # ``scores`` takes ``members=[KGBundle, ...]`` (further independently trained models)
 
     def load(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The two functions (importing their module: torch)."""
@@ -47,6 +53,10 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores",
               "TRAK: margin gradients projected to k=1024, a damped Gauss-Newton inverse per checkpoint, averaged "
               "over the checkpoints (models/explain/trak.py)"),
+    Estimator("trak_ensemble", "models.kg.evaluation:trak_ensemble_scores",
+              "models.kg.evaluation:trak_self_scores",
+              "TRAK averaged over the full-data model and `ensemble` more models of the same recipe trained with "
+              "other seeds (TRAK's model ensemble); LDS only", ensemble=True),
     Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores",
               "seeded Gaussian noise: the floor any estimator must beat"),
 )}
@@ -54,6 +64,11 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
 
 def names() -> tuple[str, ...]:
     return tuple(ESTIMATORS)
+
+
+def ensembles() -> tuple[str, ...]:
+    """The names of the estimators that average over independently trained models."""
+    return tuple(n for n, e in ESTIMATORS.items() if e.ensemble)
 
 
 def get(name: str) -> Estimator:

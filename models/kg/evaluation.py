@@ -18,7 +18,10 @@ self-influence (largest first) and report the ROC AUC of that ranking against th
 of corrupted triples found after inspecting the top 10% and 20% (the whole recall curve is returned).
 
 Estimators are named in :mod:`models.kg.estimators`; the ones defined here are TracIn (all layers, or the last
-layers) and seeded noise.
+layers), TRAK on the full-data model's checkpoints, TRAK's model ensemble (TRAK averaged over the full-data model and
+further models of the same recipe trained with the seeds :func:`member_seeds` gives) and seeded noise. An LDS
+report also gives each estimator's LDS as a ratio to TracIn's, with a paired bootstrap interval
+(:func:`ratio_interval`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ CONFIDENCE = 0.95
 N_RESAMPLES = 2000
 RECALL_POINTS = 100  # the recall curve at 1%, 2%, ... 100% of the training triples inspected
 RANDOM_SEED = 0      # the "random" estimator's noise
+REFERENCE = "tracin"  # an LDS report gives every other estimator's LDS as a ratio to this one's
 
 
 # ---------------------------------------------------------------------------------------------- identities
@@ -79,6 +83,17 @@ def subset_mask(n_train: int, alpha: float, seed: int) -> np.ndarray:
     mask = np.zeros(n_train, dtype=bool)
     mask[keep] = True
     return mask
+
+
+def member_seeds(recipe_seed: int, k: int, max_seed: int = 2**31 - 1) -> list[int]:
+    """The seeds of the ``k`` ensemble members of a full-data model trained with ``recipe_seed``: drawn from a
+    digest of (recipe seed, member index), so they never follow the subset models' consecutive seeds (a member
+    sharing a subset model's initialisation would share its training noise with the ground truth)."""
+    out = []
+    for i in range(k):
+        digest = hashlib.sha256(f"ensemble-member|{int(recipe_seed)}|{i}".encode()).digest()
+        out.append(int.from_bytes(digest[:8], "little") % (max_seed + 1))
+    return out
 
 
 def test_selection(n_split: int, n_test: int, seed: int) -> np.ndarray:
@@ -197,6 +212,37 @@ def mean_interval(values: np.ndarray, seed: int, confidence: float = CONFIDENCE,
     return out
 
 
+def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: int,
+                   confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
+    """mean(a) / mean(b) of two estimators' per-test LDS, over the test triples where both are defined, with a
+    paired percentile bootstrap interval (the same test triples resampled for both; seeded)."""
+    x = np.asarray([np.nan if v is None else v for v in a], dtype=np.float64)
+    y = np.asarray([np.nan if v is None else v for v in b], dtype=np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"per-test values of different lengths: {x.shape} and {y.shape}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    out: dict[str, Any] = {"ratio": None, "low": None, "high": None, "n": int(len(x)), "confidence": confidence,
+                           "n_resamples": n_resamples, "seed": seed}
+    if len(x) == 0 or y.mean() == 0:
+        return out
+    out["ratio"] = float(x.mean() / y.mean())
+    if len(x) < 2:
+        out["low"] = out["high"] = out["ratio"]
+        return out
+
+    def stat(u: np.ndarray, v: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.mean(u, axis=axis) / np.mean(v, axis=axis)
+
+    with np.errstate(divide="ignore", invalid="ignore"):  # a resample whose mean(b) is 0: no finite interval
+        res = stats.bootstrap((x, y), stat, paired=True, confidence_level=confidence, n_resamples=n_resamples,
+                              method="percentile", vectorized=True, rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if math.isfinite(low) and math.isfinite(high):
+        out["low"], out["high"] = low, high
+    return out
+
+
 @dataclass
 class EstimatorRun:
     name: str
@@ -205,12 +251,15 @@ class EstimatorRun:
 
 
 def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train: torch.Tensor,
-                  self_scores: bool = False) -> EstimatorRun:
-    """Time one estimator on the full-data model: its scores ``[m, n]`` or its self-scores ``[n]``."""
-    scores_fn, self_fn = get_estimator(name).load()
+                  self_scores: bool = False, members: Sequence[KGBundle] = ()) -> EstimatorRun:
+    """Time one estimator on the full-data model: its scores ``[m, n]`` or its self-scores ``[n]``. An ensemble
+    estimator's scores also get ``members`` (the further models it averages over; their time is counted)."""
+    estimator = get_estimator(name)
+    scores_fn, self_fn = estimator.load()
     ckpts = bundle.checkpoints
+    extra = {"members": list(members)} if estimator.ensemble and not self_scores else {}
     t0 = time.perf_counter()
-    out = self_fn(bundle, ckpts, train) if self_scores else scores_fn(bundle, ckpts, test, train)
+    out = self_fn(bundle, ckpts, train) if self_scores else scores_fn(bundle, ckpts, test, train, **extra)
     values = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, np.float64)
     seconds = time.perf_counter() - t0
     expected = (len(train),) if self_scores else (len(test), len(train))
@@ -224,22 +273,28 @@ def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train:
 def lds_report(bundle: KGBundle, masks: np.ndarray, outputs: np.ndarray, test: torch.Tensor,
                estimators: Sequence[str], seed: int,
                progress: Callable[[int, int, str], None] | None = None,
-               scores: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+               scores: dict[str, np.ndarray] | None = None, members: Sequence[KGBundle] = ()) -> dict[str, Any]:
     """Each estimator's LDS per test triple, its mean with a bootstrap interval, and its time. ``outputs`` is
     ``[M, m]`` for the test triples ``test`` (ids); ``masks`` ``[M, n]`` over ``bundle.dataset.train``.
-    ``scores``, when given, receives each estimator's scores ``[m, n]``."""
+    ``scores``, when given, receives each estimator's scores ``[m, n]``; ``members``: the ensemble members
+    (further full-data models) the ensemble estimators average over."""
     train = bundle.dataset.train
     out: dict[str, Any] = {}
     for k, name in enumerate(estimators):
         if progress is not None:
             progress(k, len(estimators), f"estimator {name}")
-        run = run_estimator(name, bundle, test, train)
+        run = run_estimator(name, bundle, test, train, members=members)
         per = lds_per_test(masks, outputs, run.values)
         if scores is not None:
             scores[name] = run.values
         out[name] = {"lds": mean_interval(per, seed), "per_test": [None if not np.isfinite(x) else float(x)
                                                                     for x in per],
                      "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum())}
+    if REFERENCE in out:  # each estimator's LDS relative to TracIn's, paired over the same test triples
+        for name in out:
+            if name != REFERENCE:
+                out[name]["ratio_to_" + REFERENCE] = ratio_interval(out[name]["per_test"],
+                                                                    out[REFERENCE]["per_test"], seed)
     return out
 
 
@@ -354,6 +409,19 @@ def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, tra
 
     return trak.trak_scores(bundle, list(checkpoints), test, train, loss="margin", proj_dim=TRAK_PROJ_DIM,
                             damping=TRAK_DAMPING)
+
+
+def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                         members: Sequence[KGBundle] = ()) -> torch.Tensor:
+    """TRAK's model ensemble: :func:`trak_scores` of the full-data model (on ``checkpoints``) and of every member
+    (on all of its checkpoints), averaged with equal weights. The members are models of the same recipe and
+    training triples with other seeds; with none it is :func:`trak_scores`."""
+    total = trak_scores(bundle, checkpoints, test, train).double()
+    for member in members:
+        if member.dataset.train.shape != train.shape or not bool((member.dataset.train == train).all()):
+            raise ValueError("an ensemble member was trained on other training triples than the full-data model")
+        total += trak_scores(member, member.checkpoints, test, train).double()
+    return total / (1 + len(members))
 
 
 def trak_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:

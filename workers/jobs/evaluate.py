@@ -6,14 +6,15 @@ for the same thing (whoever asks: the address is a digest of the data itself, so
 data can reach it):
 
 - ``cache/evaluation/models/<digest>/``: a ConvE model directory, the full-data model of a recipe and a data
-  version (the model the estimators run on), or, for mislabel detection, the model of the corrupted graph (its
+  version (the model the estimators run on; an ensemble member is the full-data model of the recipe with another
+  seed, so it has the same address as that recipe's full-data model), or, for mislabel detection, the model of the corrupted graph (its
   ``corruption.json`` records the corrupted triples);
 - ``cache/evaluation/lds/<digest>/subset-<i>.npz``: subset model ``i`` of a (recipe, data version, alpha, m,
   seed) ground truth: its mask over the training triples, its outputs (margins) on the whole test split, its seed.
 
 An LDS evaluation whose ground truth is complete runs as one job (no training). Otherwise it fans out one shard per
-missing model (the subset models, and the full-data model when it is missing), and its reduce step computes the
-estimators' LDS. ``trainings`` in the result counts the models this evaluation trained.
+missing model (the subset models, the full-data model and the ensemble members the ensemble estimators need, when
+missing), and its reduce step computes the estimators' LDS. ``trainings`` in the result counts the models this evaluation trained.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from workers.fanout import fan_out, shard_done, write_jsonl
 from workers.fanout import run_shard as run_shard_once
 
 ROOT = "cache/evaluation"
-FULL = -1  # the item of the full-data model in a fan-out's item list
+FULL = -1  # the item of the full-data model in a fan-out's item list; ensemble member i is item -2 - i
 OUTPUT = ("margin of the true tail on the tail query (h, r, ?): s_t - logsumexp_{e != t} s_e (TRAK's multi-class "
           "margin), model in eval mode")
 MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
@@ -118,13 +119,30 @@ def _publish(ctx: JobContext, parent: str, out_dir: Path, result: dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------------ LDS
+def _members(payload: dict[str, Any]) -> int:
+    """The ensemble members an evaluation needs: ``ensemble`` when it asks for an ensemble estimator, else 0."""
+    from models.kg.estimators import ensembles
+
+    return int(payload.get("ensemble", 0)) if any(e in ensembles() for e in payload["estimators"]) else 0
+
+
+def _member_recipes(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    from models.kg.evaluation import member_seeds
+
+    recipe = payload["recipe"]
+    return [{**recipe, "seed": s} for s in member_seeds(int(recipe.get("seed", 0)), _members(payload))]
+
+
 def _identity(payload: dict[str, Any], ds: Any) -> dict[str, Any]:
     from models.kg.evaluation import content_key, data_version, subset_seeds
 
     version = data_version(ds)
     recipe = payload["recipe"]
+    members = _member_recipes(payload)
     return {"data_version": version,
             "full": content_key(what="full", recipe=recipe, data=version),
+            "members": [content_key(what="full", recipe=r, data=version) for r in members],
+            "member_recipes": members,
             "lds": content_key(what="lds", recipe=recipe, data=version, alpha=payload["alpha"], m=payload["m"],
                                seed=payload["seed"]),
             "seeds": subset_seeds(payload["seed"], payload["m"])}
@@ -139,6 +157,8 @@ def _missing(ctx: JobContext, ident: dict[str, Any], m: int) -> list[int]:
     items = [i for i in range(m) if not store.exists(_subset_key(ident, i))]
     if not store.exists(f"{_model_key(ident['full'])}/config.json"):
         items.append(FULL)
+    items += [FULL - 1 - j for j, key in enumerate(ident["members"])
+              if not store.exists(f"{_model_key(key)}/config.json")]
     return items
 
 
@@ -152,6 +172,14 @@ def _train_item(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
         if store.exists(f"{key}/config.json"):
             return False
         _train_full(ctx, ds, payload["recipe"], key)
+        return True
+    if item < FULL:  # ensemble member j: the recipe's full-data model with the member's seed
+        j = FULL - 1 - item
+        key = _model_key(ident["members"][j])
+        if store.exists(f"{key}/config.json"):
+            return False
+        _train_full(ctx, ds, ident["member_recipes"][j], key,
+                    what=f"ensemble member {j + 1}/{len(ident['members'])}")
         return True
     key = _subset_key(ident, item)
     if store.exists(key):
@@ -210,7 +238,8 @@ def _same_data(ds: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Train the models ``items[start:end]`` of the parent's evaluation (a subset index, or -1: the full data)."""
+    """Train the models ``items[start:end]`` of the parent's evaluation (a subset index, -1: the full data, or
+    -2 - j: ensemble member j)."""
     request = payload["request"]
 
     def work() -> dict[str, Any]:
@@ -232,7 +261,8 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if missing:
         failed = [i for i, d in enumerate(done) if d is None]
         raise JobError("too_many_failures", f"{len(missing)} of the evaluation's models are missing (shards "
-                       f"{failed[:20]} failed): the LDS needs every subset model and the full-data model")
+                       f"{failed[:20]} failed): the LDS needs every subset model, the full-data model and the "
+                       "ensemble members")
     trainings = sum(int(d.get("trained", 0)) for d in done if d and not d.get("reused"))
     out_dir = ctx.settings.work_dir / f"{ctx.job_id}-merged"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -253,6 +283,7 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
 
     masks, outputs, seeds = load_ground_truth(ctx.settings, ident["lds"], payload["m"])
     bundle = _load_model(ctx, _model_key(ident["full"]))
+    members = [_load_model(ctx, _model_key(key)) for key in ident["members"]]
     sel = test_selection(len(ds.test), payload["n_test"], payload["seed"])
     test = ds.test[torch.from_numpy(sel)]
     names = ds.decode(test)
@@ -263,7 +294,7 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
     scores: dict[str, Any] = {}
     try:
         report = lds_report(bundle, masks, outputs[:, sel], test, payload["estimators"], payload["seed"],
-                            progress=progress, scores=scores)
+                            progress=progress, scores=scores, members=members)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
     np.savez(path_of("ground_truth.npz"), masks=masks, outputs=outputs[:, sel], test_index=sel,
@@ -282,7 +313,9 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
         "seeds": seeds, "n_train": len(ds.train), "subset_size": int(masks[0].sum()), "n_test": len(sel),
         "test_triples": names, "output": OUTPUT,
         "ground_truth": {"key": ident["lds"], "full_model": ident["full"], "trainings": trainings,
-                         "reused": payload["m"] + 1 - trainings},
+                         "reused": payload["m"] + 1 + len(members) - trainings},
+        "ensemble": {"members": len(members), "seeds": [r["seed"] for r in ident["member_recipes"]],
+                     "models": ident["members"]},
         "trainings": trainings,
         "full_model": {"metrics": {k: v for k, v in (bundle.metrics or {}).items() if k in ("valid", "test")},
                        "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr} for c in bundle.checkpoints]},

@@ -190,6 +190,7 @@ class KindMethods(Generic[R]):
         m: int | NotGiven = NOT_GIVEN,
         alpha: float | NotGiven = NOT_GIVEN,
         n_test: int | NotGiven = NOT_GIVEN,
+        ensemble: int | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
@@ -204,9 +205,11 @@ class KindMethods(Generic[R]):
         ``n_test`` test triples; the result has each estimator's LDS per test triple, its mean with a 95%
         bootstrap interval and its time. ``recipe`` holds ConvE's training settings (``epochs``,
         ``embedding_dim``, ...). Server defaults: ``dataset="nations"``, ``m=64``, ``alpha=0.5``,
-        ``n_test=100``, ``estimators=["tracin", "tracin_last", "random"]``. A later evaluation of the same recipe,
-        data, ``alpha``, ``m`` and ``seed`` reuses the subset models (``trainings`` in the result counts what one
-        trained).
+        ``n_test=100``, ``estimators=["tracin", "tracin_last", "trak", "trak_ensemble", "random"]``,
+        ``ensemble=4`` (the further full-data models, other seeds, that ``trak_ensemble`` averages over). Every
+        estimator but TracIn also gets its LDS as a ratio to TracIn's with a paired bootstrap interval
+        (``ratio_to_tracin``). A later evaluation of the same recipe, data, ``alpha``, ``m`` and ``seed`` reuses
+        the subset models and members (``trainings`` in the result counts what one trained).
         """
         return self._submit("/evaluate/attribution", _body(dict(locals())), idempotency_key)
 
@@ -226,6 +229,8 @@ class KindMethods(Generic[R]):
         train ``recipe`` on the corrupted graph, and rank the training triples by each estimator's
         self-influence. The result has each estimator's AUC, the fraction of corrupted triples found after
         inspecting 10% and 20% of the data, the recall curve, and the corrupted triples (``corrupted.tsv``).
+        Server default: ``estimators=["tracin", "tracin_last", "trak", "random"]`` (no ensemble estimators: one
+        model of the corrupted graph is trained).
         """
         return self._submit("/evaluate/mislabel", _body(dict(locals())), idempotency_key)
 
