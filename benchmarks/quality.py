@@ -114,10 +114,25 @@ def _members(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, wor
     return out
 
 
+def _replicates(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out: Path) -> np.ndarray:
+    """``[m, n_test_split]``: each subset model's replicate (the same subset trained with
+    ``ev.replicate_seed``), its margins on the whole test split (trained once per cache key)."""
+    outputs = []
+    for s in ev.subset_seeds(args.seed, args.m):
+        path = out / f"replicate-{s}.npz"
+        if not path.exists():
+            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=ev.replicate_seed(s))
+            np.savez(path, mask=sub["mask"], outputs=sub["outputs"])
+        with np.load(path) as z:
+            outputs.append(z["outputs"])
+    return np.stack(outputs)
+
+
 def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
     cfg = recipe(args)
     rows: list[list[str]] = []
     ratios: list[list[str]] = []
+    ceilings: list[list[str]] = []
     for name, ds in datasets.items():
         bundle, full_s = _full_model(ds, cfg, _cache_dir(args, work, name, "full"))
         t0 = time.perf_counter()
@@ -132,6 +147,15 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         print(f"# {name}: full model {full_s:.1f} s (test MRR {bundle.metrics.get('test', {}).get('mrr', 0):.3f}), "
               f"{args.m} subset models {train_s:.1f} s ({train_s / args.m:.1f} s each), {len(members)} ensemble "
               "members", flush=True)
+        if args.replicates:
+            reps = _replicates(ds, cfg, args, _cache_dir(args, work, name, "subsets"))[:, sel]
+            ceiling = ev.noise_ceiling(outputs, reps, args.seed)
+            agree = ceiling["agreement"]
+            best = max(report, key=lambda e: report[e]["lds"]["mean"] or -1.0)
+            ref = report.get(ev.REFERENCE, {}).get("lds", {}).get("mean")
+            ceilings.append([name, f"{agree['mean']:.3f}", f"[{agree['low']:.3f}, {agree['high']:.3f}]",
+                             f"{ceiling['ceiling']:.3f}", f"{best} {report[best]['lds']['mean']:.3f}",
+                             "-" if ref is None else f"{2 * ref:.3f}"])
         for est, r in report.items():
             ratio = r.get("ratio_to_" + ev.REFERENCE)
             if ratio and ratio["ratio"] is not None:
@@ -150,6 +174,12 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         table += ["", "LDS relative to TracIn's: ratio of the means over the same test triples, 95% paired "
                   "percentile bootstrap", ""]
         table += _table(["dataset", "ratio", "value", "95% interval", "n"], ratios)
+    if ceilings:
+        table += ["", "Noise ceiling: each subset model trained again on the same subset with another seed; agreement "
+                  "= Spearman between the two over the subsets (mean over test triples); no prediction from the "
+                  "subset alone can correlate with one model's outputs above ~sqrt(agreement) (ceiling: the mean of "
+                  "its per-test values)", ""]
+        table += _table(["dataset", "agreement", "95% interval", "ceiling", "best estimator", "2x TracIn"], ceilings)
     return head + table
 
 
@@ -212,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
     ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble (further full-data "
                     "models of the recipe with other seeds)")
+    ap.add_argument("--replicates", action="store_true", help="also train each subset model again with another "
+                    "seed and print the ground truth's noise ceiling (doubles the subset trainings)")
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)

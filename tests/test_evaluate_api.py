@@ -56,6 +56,7 @@ def _locs(r) -> set[tuple]:
     ("/evaluate/mislabel", {"estimators": ["trak", "trak_ensemble"]}, ("body", "estimators", 1)),
     ("/evaluate/attribution", {"ensemble": 0}, ("body", "ensemble")),
     ("/evaluate/attribution", {"ensemble": 17}, ("body", "ensemble")),
+    ("/evaluate/attribution", {"replicates": "sometimes"}, ("body", "replicates")),
 ])
 def test_bad_request_is_422_naming_the_field(client, route, body, loc):
     r = client.post(route, json=body)
@@ -81,6 +82,12 @@ def test_ensemble_members_count_in_the_training_budget_only_when_an_ensemble_est
     assert "ensemble 16" in r.text
     r = client.post("/evaluate/attribution", json={**body, "estimators": ["trak"]})
     assert r.status_code == 202, r.text
+    # replicates train every subset twice: 2 x 150 x 100 > 20,000 >= 150 x 100
+    r = client.post("/evaluate/attribution", json={"m": 150, "recipe": {"epochs": 100}, "estimators": ["trak"],
+                                                   "replicates": True})
+    assert r.status_code == 422 and ("body", "replicates") in _locs(r) and "2 x m 150" in r.text, r.text
+    assert client.post("/evaluate/attribution", json={"m": 150, "recipe": {"epochs": 100},
+                                                      "estimators": ["trak"]}).status_code == 202
 
 
 def test_a_recipe_over_the_worker_memory_names_its_sizes(client):
@@ -227,6 +234,25 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
     a, b = (np.array(res_e["estimators"][n]["per_test"], dtype=float) for n in ("trak_ensemble", "tracin"))
     ok = np.isfinite(a) & np.isfinite(b)
     assert ratio["ratio"] == pytest.approx(a[ok].mean() / b[ok].mean())
+
+    # the noise ceiling: each subset trained again with another seed (three more models, nothing else), and the
+    # agreement is the Spearman between the stored outputs of the two
+    from models.kg.evaluation import replicate_seed
+
+    job_r, res_r = _run(svc, "/evaluate/attribution", {**body, "estimators": ["random"], "replicates": True})
+    assert job_r["shards"]["total"] == 3 and res_r["trainings"] == 3 and res_r["ground_truth"]["reused"] == 4
+    reps = [np.load(io.BytesIO(store.read_bytes(f"cache/evaluation/lds/{key}/replicate-{i:05d}.npz")))
+            for i in range(3)]
+    for z, s in zip(reps, stored, strict=True):
+        np.testing.assert_array_equal(z["mask"], s["mask"])
+        assert int(z["train_seed"]) == replicate_seed(int(s["seed"])) != int(s["seed"])
+    rep_out = np.stack([z["outputs"] for z in reps])[:, sel]
+    agree = [stats.spearmanr(outputs[:, j], rep_out[:, j]).statistic for j in range(8)]
+    ceiling = res_r["noise_ceiling"]
+    np.testing.assert_allclose(np.array(ceiling["per_test"], dtype=float), agree, rtol=1e-12, atol=1e-12)
+    assert ceiling["ceiling"] == pytest.approx(np.nanmean(np.sqrt(np.clip(agree, 0, None))))
+    np.testing.assert_array_equal(_npz(svc, job_r["id"], "ground_truth.npz")["replicate_outputs"], rep_out)
+    assert res["noise_ceiling"] is None and "noise ceiling" in _dashboard_page(svc, job_r["id"])
 
     # one stored subset model gone: only that one is trained again, and the LDS is what it was
     store.delete(f"cache/evaluation/lds/{key}/subset-00001.npz")

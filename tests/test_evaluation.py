@@ -209,12 +209,18 @@ def test_the_quality_benchmark_runs_small(capsys):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
-                "--estimators", "tracin_last,random", "--sections", "lds,mislabel"])
+                "--estimators", "tracin_last,random", "--sections", "lds,mislabel", "--replicates"])
     out = capsys.readouterr().out
-    lds_rows = [line.split() for line in out.splitlines() if line.startswith("nations ")]
+    lds_rows = [r for r in (line.split() for line in out.splitlines() if line.startswith("nations "))
+                if r[1] in ("tracin_last", "random")]
     assert [r[1] for r in lds_rows] == ["tracin_last", "random"] * 2  # the LDS table, then mislabel detection
     assert "0.07-0.13" not in out  # tracin itself was not measured: no published figure beside it
     assert "published AUC (dattri, context)" in out
+    import re
+
+    assert "Noise ceiling" in out
+    assert re.search(r"^nations +-?\d\.\d{3} +\[-?\d\.\d{3}, -?\d\.\d{3}\] +\d\.\d{3} +(tracin_last|random) "
+                     r"+-?\d\.\d{3} +-$", out, re.M), out
 
 
 def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
@@ -315,3 +321,25 @@ def test_lds_report_gives_each_estimator_relative_to_tracin(tmp_path):
     assert ratio["ratio"] == pytest.approx(a[ok].mean() / b[ok].mean())
     assert "ratio_to_tracin" not in report["tracin"]
     assert "ratio_to_tracin" not in evaluation.lds_report(full, masks, outputs, test, ["random"], seed=0)["random"]
+
+
+def test_noise_ceiling_is_the_replicates_spearman_and_bounds_a_prediction_from_the_subset():
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=(64, 6))                 # what the subset decides
+    f = g + rng.normal(size=(64, 6))             # one model of each subset
+    f2 = g + rng.normal(size=(64, 6))            # its replicate: the same subset, another seed
+    out = evaluation.noise_ceiling(f, f2, seed=0)
+    want = [stats.spearmanr(f[:, j], f2[:, j]).statistic for j in range(6)]
+    np.testing.assert_allclose(out["per_test"], want, rtol=1e-12)
+    assert out["agreement"]["mean"] == pytest.approx(np.mean(want))
+    assert out["ceiling"] == pytest.approx(np.mean(np.sqrt(np.clip(want, 0, None))))
+    # the true g, the best prediction there is, correlates with f at about the ceiling, not above it by much
+    best = np.mean([stats.spearmanr(g[:, j], f[:, j]).statistic for j in range(6)])
+    assert best == pytest.approx(out["ceiling"], abs=0.15) and out["agreement"]["mean"] < best
+
+
+def test_replicate_seeds_are_other_seeds_and_train_subset_keeps_the_subset():
+    seeds = [evaluation.replicate_seed(s) for s in range(64)]
+    assert len(set(seeds)) == 64 and not set(seeds) & set(range(1000))
+    assert not set(seeds) & set(evaluation.member_seeds(0, 16))
+    assert evaluation.replicate_seed(3) == evaluation.replicate_seed(3) and 0 <= seeds[0] <= 2**31 - 1

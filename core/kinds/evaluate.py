@@ -102,6 +102,10 @@ class EvaluateAttributionRequest(_EvaluateRequest):
                           json_schema_extra=ADVANCED,
                           description="Further full-data models (the recipe with other seeds) that trak_ensemble "
                           "averages over; trained only when an ensemble estimator is asked for")
+    replicates: bool = Field(False, title="Measure the noise ceiling", json_schema_extra=ADVANCED,
+                             description="Also train every subset model again on the same subset with another seed "
+                             "(m more trainings) and report how well the two agree: the most any estimator's LDS "
+                             "can reach on this ground truth")
     shard_retries: int = shard_retries_field()
 
     def members(self) -> int:
@@ -155,12 +159,15 @@ def validate_attribution(req: EvaluateAttributionRequest, settings: Settings, ow
         raise FieldError(("body", "dataset"), f"dataset {req.dataset!r} has no test.txt: the LDS is measured on "
                          "test triples", value=req.dataset)
     members = req.members()
-    total = (req.m + members) * req.recipe.epochs
+    total = (req.m * (2 if req.replicates else 1) + members) * req.recipe.epochs
     if total > limits.MAX_EVAL_TRAINING_EPOCHS:
-        models = f"(m {req.m} + ensemble {members})" if members else f"m {req.m}"
+        subsets = f"2 x m {req.m}" if req.replicates else f"m {req.m}"
+        models = f"({subsets} + ensemble {members})" if members else subsets
         related = [(("body", "recipe", "epochs"), req.recipe.epochs)]
         if members:
             related.append((("body", "ensemble"), req.ensemble))
+        if req.replicates:
+            related.append((("body", "replicates"), req.replicates))
         raise FieldError(("body", "m"), f"{models} x recipe.epochs {req.recipe.epochs} = {total} training epochs, "
                          f"more than {limits.MAX_EVAL_TRAINING_EPOCHS:,} per evaluation", value=req.m,
                          related=related)

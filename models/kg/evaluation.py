@@ -135,13 +135,16 @@ def train_model(ds: TriplesDataset, cfg: TrainConfig, out_dir: Path, device: Any
 
 def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, device: Any = None,
                  progress: Callable[[int, int, str, dict | None], None] | None = None,
-                 work_dir: Path | None = None) -> dict[str, Any]:
+                 work_dir: Path | None = None, train_seed: int | None = None) -> dict[str, Any]:
     """One subset model: its mask, its outputs on the whole test split (``margins``) and its training time
-    (the model itself is trained in a temporary directory under ``work_dir`` and not kept)."""
+    (the model itself is trained in a temporary directory under ``work_dir`` and not kept). The subset is drawn
+    with ``seed`` and the model trained with ``train_seed`` (default: ``seed``; another one trains a replicate of
+    the same subset)."""
     from models.kg.checkpoint import load
 
     mask = subset_mask(len(ds.train), alpha, seed)
-    sub_cfg = TrainConfig(**{**asdict(cfg), "seed": seed, "checkpoint_every": cfg.epochs})
+    sub_cfg = TrainConfig(**{**asdict(cfg), "seed": seed if train_seed is None else train_seed,
+                             "checkpoint_every": cfg.epochs})
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lds-subset-", dir=work_dir))
@@ -155,6 +158,13 @@ def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, 
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"mask": mask, "outputs": outputs, "seed": seed, "seconds": seconds}
+
+
+def replicate_seed(seed: int, max_seed: int = 2**31 - 1) -> int:
+    """The training seed of the replicate of subset model ``seed`` (the same subset, another initialisation and
+    batch order): from a digest, so it is never another subset model's or an ensemble member's seed."""
+    digest = hashlib.sha256(f"replicate|{int(seed)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (max_seed + 1)
 
 
 # ---------------------------------------------------------------------------------------------- LDS
@@ -241,6 +251,19 @@ def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: i
     if math.isfinite(low) and math.isfinite(high):
         out["low"], out["high"] = low, high
     return out
+
+
+def noise_ceiling(outputs: np.ndarray, replicates: np.ndarray, seed: int) -> dict[str, Any]:
+    """How much of the ground truth any estimator can predict. ``outputs`` and ``replicates`` are ``[M, m]``:
+    subset model s's outputs and those of a replicate trained on the same subset with another seed. With
+    f = g(S) + ε (ε the training noise, independent between the two), corr(f, f') = var g / var f = r, and any
+    prediction p computed from the subset alone has corr(p, f) = corr(p, g)·√r ≤ √r. Returns the replicates'
+    agreement r per test triple (Spearman, as the LDS) with its mean and bootstrap interval, and the ceiling
+    estimate: the mean over test triples of √max(r, 0)."""
+    r = lds_per_test(np.eye(len(outputs), dtype=bool), outputs, np.asarray(replicates, dtype=np.float64).T)
+    finite = r[np.isfinite(r)]
+    return {"agreement": mean_interval(r, seed), "ceiling": float(np.sqrt(np.clip(finite, 0, None)).mean())
+            if len(finite) else None, "per_test": [None if not np.isfinite(x) else float(x) for x in r]}
 
 
 @dataclass

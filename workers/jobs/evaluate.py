@@ -10,7 +10,9 @@ data can reach it):
   seed, so it has the same address as that recipe's full-data model), or, for mislabel detection, the model of the corrupted graph (its
   ``corruption.json`` records the corrupted triples);
 - ``cache/evaluation/lds/<digest>/subset-<i>.npz``: subset model ``i`` of a (recipe, data version, alpha, m,
-  seed) ground truth: its mask over the training triples, its outputs (margins) on the whole test split, its seed.
+  seed) ground truth: its mask over the training triples, its outputs (margins) on the whole test split, its seed;
+  ``replicate-<i>.npz`` the same for its replicate (the same subset trained with another seed), when an evaluation
+  asked for the noise ceiling (``replicates``).
 
 An LDS evaluation whose ground truth is complete runs as one job (no training). Otherwise it fans out one shard per
 missing model (the subset models, the full-data model and the ensemble members the ensemble estimators need, when
@@ -34,7 +36,8 @@ from workers.fanout import fan_out, shard_done, write_jsonl
 from workers.fanout import run_shard as run_shard_once
 
 ROOT = "cache/evaluation"
-FULL = -1  # the item of the full-data model in a fan-out's item list; ensemble member i is item -2 - i
+FULL = -1  # the item of the full-data model in a fan-out's item list; ensemble member i is item -2 - i, the
+# replicate of subset model i (same subset, another seed; ``replicates``) is item m + i
 OUTPUT = ("margin of the true tail on the tail query (h, r, ?): s_t - logsumexp_{e != t} s_e (TRAK's multi-class "
           "margin), model in eval mode")
 MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
@@ -152,9 +155,15 @@ def _subset_key(ident: dict[str, Any], i: int) -> str:
     return f"{ROOT}/lds/{ident['lds']}/subset-{i:05d}.npz"
 
 
-def _missing(ctx: JobContext, ident: dict[str, Any], m: int) -> list[int]:
+def _replicate_key(ident: dict[str, Any], i: int) -> str:
+    return f"{ROOT}/lds/{ident['lds']}/replicate-{i:05d}.npz"
+
+
+def _missing(ctx: JobContext, ident: dict[str, Any], m: int, replicates: bool = False) -> list[int]:
     store = get_store(ctx.settings)
     items = [i for i in range(m) if not store.exists(_subset_key(ident, i))]
+    if replicates:
+        items += [m + i for i in range(m) if not store.exists(_replicate_key(ident, i))]
     if not store.exists(f"{_model_key(ident['full'])}/config.json"):
         items.append(FULL)
     items += [FULL - 1 - j for j, key in enumerate(ident["members"])
@@ -181,17 +190,21 @@ def _train_item(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
         _train_full(ctx, ds, ident["member_recipes"][j], key,
                     what=f"ensemble member {j + 1}/{len(ident['members'])}")
         return True
-    key = _subset_key(ident, item)
+    from models.kg.evaluation import replicate_seed, train_subset
+
+    m = payload["m"]
+    index, replicate = (item - m, True) if item >= m else (item, False)
+    key = _replicate_key(ident, index) if replicate else _subset_key(ident, index)
     if store.exists(key):
         return False
-    from models.kg.evaluation import train_subset
-
-    seed = ident["seeds"][item]
+    seed = ident["seeds"][index]
+    train_seed = replicate_seed(seed) if replicate else seed
+    what = f"replicate of subset model {index + 1}/{m}" if replicate else f"subset model {index + 1}/{m}"
     out = train_subset(ds, _config(payload["recipe"]), payload["alpha"], seed, ctx.device,
-                       _train_progress(ctx, f"subset model {item + 1}/{payload['m']}"), ctx.settings.work_dir)
+                       _train_progress(ctx, what), ctx.settings.work_dir, train_seed=train_seed)
     buf = io.BytesIO()
-    np.savez(buf, mask=out["mask"], outputs=out["outputs"], seed=np.int64(seed), index=np.int64(item),
-             seconds=np.float64(out["seconds"]))
+    np.savez(buf, mask=out["mask"], outputs=out["outputs"], seed=np.int64(seed), index=np.int64(index),
+             train_seed=np.int64(train_seed), seconds=np.float64(out["seconds"]))
     store.put_bytes(buf.getvalue(), key)
     return True
 
@@ -215,7 +228,7 @@ def run_attribution(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     if len(ds.test) == 0:
         raise JobError("bad_dataset", f"dataset {payload['dataset']!r} has no test split to evaluate on")
     ident = _identity(payload, ds)
-    missing = _missing(ctx, ident, payload["m"])
+    missing = _missing(ctx, ident, payload["m"], payload.get("replicates", False))
     if not missing:
         result = _finish_lds(ctx, payload, ds, ident, 0, ctx.artifact_path)
         ctx.artifact_path("result.json").write_text(json.dumps(result))
@@ -238,8 +251,8 @@ def _same_data(ds: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Train the models ``items[start:end]`` of the parent's evaluation (a subset index, -1: the full data, or
-    -2 - j: ensemble member j)."""
+    """Train the models ``items[start:end]`` of the parent's evaluation (a subset index i < m, m + i: subset i's
+    replicate, -1: the full data, or -2 - j: ensemble member j)."""
     request = payload["request"]
 
     def work() -> dict[str, Any]:
@@ -257,12 +270,12 @@ def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     ds = _dataset(ctx, request["dataset"])
     ident = _same_data(ds, request)
     done = [shard_done(ctx, parent, i) for i in range(payload["shards"])]
-    missing = _missing(ctx, ident, request["m"])
+    missing = _missing(ctx, ident, request["m"], request.get("replicates", False))
     if missing:
         failed = [i for i, d in enumerate(done) if d is None]
         raise JobError("too_many_failures", f"{len(missing)} of the evaluation's models are missing (shards "
-                       f"{failed[:20]} failed): the LDS needs every subset model, the full-data model and the "
-                       "ensemble members")
+                       f"{failed[:20]} failed): the LDS needs every subset model (and replicate, when asked), the "
+                       "full-data model and the ensemble members")
     trainings = sum(int(d.get("trained", 0)) for d in done if d and not d.get("reused"))
     out_dir = ctx.settings.work_dir / f"{ctx.job_id}-merged"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -297,8 +310,20 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
                             progress=progress, scores=scores, members=members)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
+    ceiling = None
+    extra: dict[str, Any] = {}
+    if payload.get("replicates"):
+        from models.kg.evaluation import noise_ceiling
+
+        store = get_store(ctx.settings)
+        reps = []
+        for i in range(payload["m"]):
+            with np.load(io.BytesIO(store.read_bytes(_replicate_key(ident, i)))) as z:
+                reps.append(z["outputs"])
+        extra["replicate_outputs"] = np.stack(reps)[:, sel]
+        ceiling = noise_ceiling(outputs[:, sel], extra["replicate_outputs"], payload["seed"])
     np.savez(path_of("ground_truth.npz"), masks=masks, outputs=outputs[:, sel], test_index=sel,
-             seeds=np.asarray(seeds, dtype=np.int64))
+             seeds=np.asarray(seeds, dtype=np.int64), **extra)
     if len(sel) * len(ds.train) <= MAX_SCORE_CELLS:  # the scores behind each LDS, for an independent check
         for name, values in scores.items():
             np.save(path_of(f"scores-{name}.npy"), values)
@@ -313,7 +338,8 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
         "seeds": seeds, "n_train": len(ds.train), "subset_size": int(masks[0].sum()), "n_test": len(sel),
         "test_triples": names, "output": OUTPUT,
         "ground_truth": {"key": ident["lds"], "full_model": ident["full"], "trainings": trainings,
-                         "reused": payload["m"] + 1 + len(members) - trainings},
+                         "reused": payload["m"] * (2 if ceiling else 1) + 1 + len(members) - trainings},
+        "noise_ceiling": ceiling,
         "ensemble": {"members": len(members), "seeds": [r["seed"] for r in ident["member_recipes"]],
                      "models": ident["members"]},
         "trainings": trainings,

@@ -191,6 +191,7 @@ class KindMethods(Generic[R]):
         alpha: float | NotGiven = NOT_GIVEN,
         n_test: int | NotGiven = NOT_GIVEN,
         ensemble: int | NotGiven = NOT_GIVEN,
+        replicates: bool | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
@@ -208,7 +209,8 @@ class KindMethods(Generic[R]):
         ``n_test=100``, ``estimators=["tracin", "tracin_last", "trak", "trak_ensemble", "random"]``,
         ``ensemble=4`` (the further full-data models, other seeds, that ``trak_ensemble`` averages over). Every
         estimator but TracIn also gets its LDS as a ratio to TracIn's with a paired bootstrap interval
-        (``ratio_to_tracin``). A later evaluation of the same recipe, data, ``alpha``, ``m`` and ``seed`` reuses
+        (``ratio_to_tracin``). ``replicates=True`` trains every subset model again with another seed and reports
+        the ground truth's ``noise_ceiling`` (how high any LDS can be). A later evaluation of the same recipe, data, ``alpha``, ``m`` and ``seed`` reuses
         the subset models and members (``trainings`` in the result counts what one trained).
         """
         return self._submit("/evaluate/attribution", _body(dict(locals())), idempotency_key)
