@@ -128,11 +128,29 @@ def _replicates(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, 
     return np.stack(outputs)
 
 
+def _scaling_rows(name: str, bundle: Any, members: list[Any], masks: np.ndarray, outputs: np.ndarray,
+                  test: torch.Tensor, reference: list[float | None], seed: int) -> list[list[str]]:
+    """TRAK's LDS averaged over the first 1, 2, 4, ... models (the full-data model, then the members in order) and
+    its ratio to TracIn's: what each further ensemble member buys. Each model's TRAK scores are computed once."""
+    train = bundle.dataset.train
+    per_model = [ev.trak_scores(b, b.checkpoints, test, train).double().numpy() for b in [bundle, *members]]
+    rows = []
+    sizes = sorted({1, len(per_model), *(2 ** i for i in range(len(per_model).bit_length()))} - {0})
+    for k in (k for k in sizes if k <= len(per_model)):
+        per = ev.lds_per_test(masks, outputs, sum(per_model[:k]) / k)
+        lds = ev.mean_interval(per, seed)
+        ratio = ev.ratio_interval(list(per), reference, seed)
+        rows.append([name, str(k), _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
+                     _fmt(ratio["ratio"], 2), f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]"])
+    return rows
+
+
 def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
     cfg = recipe(args)
     rows: list[list[str]] = []
     ratios: list[list[str]] = []
     ceilings: list[list[str]] = []
+    scaling: list[list[str]] = []
     for name, ds in datasets.items():
         bundle, full_s = _full_model(ds, cfg, _cache_dir(args, work, name, "full"))
         t0 = time.perf_counter()
@@ -147,6 +165,9 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         print(f"# {name}: full model {full_s:.1f} s (test MRR {bundle.metrics.get('test', {}).get('mrr', 0):.3f}), "
               f"{args.m} subset models {train_s:.1f} s ({train_s / args.m:.1f} s each), {len(members)} ensemble "
               "members", flush=True)
+        if args.ensemble_scaling and ev.REFERENCE in report:
+            scaling.extend(_scaling_rows(name, bundle, members, masks, outputs, ds.test[torch.from_numpy(sel)],
+                                         report[ev.REFERENCE]["per_test"], args.seed))
         if args.replicates:
             reps = _replicates(ds, cfg, args, _cache_dir(args, work, name, "subsets"))[:, sel]
             ceiling = ev.noise_ceiling(outputs, reps, args.seed)
@@ -174,6 +195,10 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         table += ["", "LDS relative to TracIn's: ratio of the means over the same test triples, 95% paired "
                   "percentile bootstrap", ""]
         table += _table(["dataset", "ratio", "value", "95% interval", "n"], ratios)
+    if scaling:
+        table += ["", "TRAK's model ensemble by size: TRAK averaged over the first k models (the full-data model, "
+                  "then the members), LDS and its ratio to TracIn's (paired bootstrap)", ""]
+        table += _table(["dataset", "models", "LDS", "95% interval", "x TracIn", "95% interval"], scaling)
     if ceilings:
         table += ["", "Noise ceiling: each subset model trained again on the same subset with another seed; agreement "
                   "= Spearman between the two over the subsets (mean over test triples); no prediction from the "
@@ -242,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
     ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble (further full-data "
                     "models of the recipe with other seeds)")
+    ap.add_argument("--ensemble-scaling", action="store_true", help="also print TRAK's LDS averaged over the first "
+                    "1, 2, 4, ... of the full-data model and the --ensemble members (needs tracin and an ensemble "
+                    "estimator among --estimators)")
     ap.add_argument("--replicates", action="store_true", help="also train each subset model again with another "
                     "seed and print the ground truth's noise ceiling (doubles the subset trainings)")
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")

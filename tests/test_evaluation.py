@@ -223,6 +223,28 @@ def test_the_quality_benchmark_runs_small(capsys):
                      r"+-?\d\.\d{3} +-$", out, re.M), out
 
 
+@pytest.mark.slow
+def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimator(capsys):
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
+                "--estimators", "tracin,trak,trak_ensemble", "--ensemble", "3", "--ensemble-scaling",
+                "--sections", "lds"])
+    out = capsys.readouterr().out
+    sizes = re.findall(r"^nations +(\d) +(-?\d\.\d{3}) +\[", out, re.M)
+    assert [k for k, _ in sizes] == ["1", "2", "4"]
+    lds: dict[str, str] = {}
+    for r in (line.split() for line in out.splitlines() if line.startswith("nations ")):
+        lds.setdefault(r[1], r[2])  # the LDS table comes first
+    assert sizes[0][1] == lds["trak"] and sizes[-1][1] == lds["trak_ensemble"]  # one model; all four
+
+
 def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
     """A shard that failed for good leaves its model missing: the LDS is never computed on part of the ground
     truth."""

@@ -7,16 +7,17 @@ data can reach it):
 
 - ``cache/evaluation/models/<digest>/``: a ConvE model directory, the full-data model of a recipe and a data
   version (the model the estimators run on; an ensemble member is the full-data model of the recipe with another
-  seed, so it has the same address as that recipe's full-data model), or, for mislabel detection, the model of the corrupted graph (its
-  ``corruption.json`` records the corrupted triples);
+  seed, so it has the same address as that recipe's full-data model), or, for mislabel detection, the model of the
+  corrupted graph (its ``corruption.json`` records the corrupted triples);
 - ``cache/evaluation/lds/<digest>/subset-<i>.npz``: subset model ``i`` of a (recipe, data version, alpha, m,
   seed) ground truth: its mask over the training triples, its outputs (margins) on the whole test split, its seed;
   ``replicate-<i>.npz`` the same for its replicate (the same subset trained with another seed), when an evaluation
   asked for the noise ceiling (``replicates``).
 
 An LDS evaluation whose ground truth is complete runs as one job (no training). Otherwise it fans out one shard per
-missing model (the subset models, the full-data model and the ensemble members the ensemble estimators need, when
-missing), and its reduce step computes the estimators' LDS. ``trainings`` in the result counts the models this evaluation trained.
+missing model (the subset models and their replicates when asked for, the full-data model and the ensemble members
+the ensemble estimators need), and its reduce step computes the estimators' LDS. ``trainings`` in the result counts
+the models this evaluation trained.
 """
 
 from __future__ import annotations
