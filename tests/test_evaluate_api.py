@@ -386,6 +386,16 @@ def test_sdk_methods_post_to_the_routes_and_results_render_as_evaluations():
     lines = lds.text().splitlines()
     assert lines[2].split()[:2] == ["estimator", "LDS"] and lines[3].split()[:4] == ["tracin", "0.09", "[0.01,",
                                                                                       "0.17]"]
+    assert "noise ceiling" not in lds.text() and "noise ceiling" not in html
+    # the ratio to TracIn and the noise ceiling, when the result has them
+    richer = make_result("evaluation", {**LDS_RESULT, "estimators": {**LDS_RESULT["estimators"], "trak": {
+        "lds": {"mean": 0.2, "low": 0.15, "high": 0.25, "n": 50}, "n_undefined": 0, "seconds": 1.0,
+        "ratio_to_tracin": {"ratio": 2.2222, "low": 1.61, "high": 3.05, "n": 50}}},
+        "noise_ceiling": {"agreement": {"mean": 0.49, "low": 0.459, "high": 0.522}, "ceiling": 0.688}},
+        "evaluate_attribution")
+    text = richer.text()
+    assert [line.split()[-3:] for line in text.splitlines() if line.startswith("trak ")] == [["2.2", "[1.6,", "3]"]]
+    assert "no LDS can be expected above about 0.688" in text and "0.688" in richer._repr_html_()
     mis = make_result("evaluation", MISLABEL_RESULT, "evaluate_mislabel")
     assert "polyline" in mis._repr_html_() and "fraction inspected" in mis._repr_html_()
     assert mis.text().splitlines()[3].split() == ["tracin", "0.61", "0.3", "0.5", "1"]

@@ -372,9 +372,23 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
         return ["estimator", "AUC", "found@10%", "found@20%", "seconds"], rows
     for est, r in estimators.items():
         lds = r.get("lds") or {}
+        ratio = r.get("ratio_to_tracin") or {}
+        vs = "" if ratio.get("ratio") is None else (
+            num(ratio.get("ratio"), 2) + ("" if ratio.get("low") is None
+                                          else f" [{num(ratio.get('low'), 2)}, {num(ratio.get('high'), 2)}]"))
         rows.append([name(est), num(lds.get("mean"), 3), f"[{num(lds.get('low'), 3)}, {num(lds.get('high'), 3)}]",
-                     num(lds.get("n")), num(r.get("n_undefined")), num(r.get("seconds"), 3)])
-    return ["estimator", "LDS", "95% interval", "test triples", "undefined", "seconds"], rows
+                     num(lds.get("n")), num(r.get("n_undefined")), num(r.get("seconds"), 3), vs])
+    return ["estimator", "LDS", "95% interval", "test triples", "undefined", "seconds", "x TracIn"], rows
+
+
+def _ceiling_line(result: Mapping[str, Any], num: Any) -> str:
+    """The ground truth's noise ceiling, when the evaluation measured it (``replicates``)."""
+    nc = result.get("noise_ceiling") or {}
+    agree = nc.get("agreement") or {}
+    if agree.get("mean") is None:
+        return ""
+    return (f"noise ceiling: replicates agree at {num(agree.get('mean'), 3)} [{num(agree.get('low'), 3)}, "
+            f"{num(agree.get('high'), 3)}], so no LDS can be expected above about {num(nc.get('ceiling'), 3)}")
 
 
 def _interval_chart(rows: Sequence[tuple[str, float, float, float]], w: int = 380) -> str:
@@ -426,7 +440,8 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
             if (r.get("lds") or {}).get("mean") is not None]
     head = (f"<div><b>LDS</b> on <code>{dataset}</code>: {_num(result.get('m'))} subset models at alpha "
             f"{_num(result.get('alpha'))}, {_num(result.get('n_test'))} test triples")
-    return head + _interval_chart(bars) + _table(headers, rows) + "</div>"
+    ceiling = _ceiling_line(result, _num)
+    return head + _interval_chart(bars) + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + "</div>"
 
 
 def evaluation_text(result: Mapping[str, Any]) -> str:
@@ -437,7 +452,8 @@ def evaluation_text(result: Mapping[str, Any]) -> str:
     else:
         title = (f"LDS on {result.get('dataset', '')}: {result.get('m')} subset models at alpha "
                  f"{result.get('alpha')}, {result.get('n_test')} test triples")
-    return title + "\n\n" + text_table(headers, rows)
+    ceiling = "" if result.get("metric") == "mislabel" else _ceiling_line(result, _tnum)
+    return title + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
 
 
 # ------------------------------------------------------------------------------------------------ a job
