@@ -14,7 +14,7 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -37,6 +37,18 @@ DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "trak", "trak_ensemble", "random"
 DEFAULT_MISLABEL_ESTIMATORS = [e for e in DEFAULT_ESTIMATORS if e not in ensembles()]
 # the names of models/kg/estimators.py: a new estimator there is accepted here, listed in the OpenAPI schema
 EstimatorName = Literal.__getitem__(tuple(ESTIMATORS))  # type: ignore[attr-defined]
+
+
+def _estimators_field(default: list[str], note: str) -> Any:
+    """The ``estimators`` field of both request kinds (their defaults and descriptions differ)."""
+    return Field(list(default), min_length=1, max_length=limits.MAX_EVAL_ESTIMATORS, title="Estimators compared",
+                 description="The data-attribution estimators measured, each at most once" + note)
+
+
+def ensemble_members(estimators: list[str], ensemble: int) -> int:
+    """The ensemble members an LDS evaluation trains: ``ensemble`` when it asks for an ensemble estimator, else 0
+    (the API's budget check and the worker's plan both count them here)."""
+    return int(ensemble) if any(e in ensembles() for e in estimators) else 0
 
 
 class Recipe(RequestModel):
@@ -83,10 +95,7 @@ class _EvaluateRequest(RequestModel):
                          "directory under the data roots")
     recipe: Recipe = Field(default_factory=Recipe, title="Training recipe",
                            description="How every model of the evaluation is trained (ConvE)")
-    estimators: list[EstimatorName] = Field(list(DEFAULT_ESTIMATORS), min_length=1,
-                                            max_length=limits.MAX_EVAL_ESTIMATORS,
-                                            title="Estimators compared",
-                                            description="The data-attribution estimators measured, each at most once")
+    estimators: list[EstimatorName] = _estimators_field(DEFAULT_ESTIMATORS, "")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
                       description="Seed of the subsets (or of the corruption) and of the bootstrap")
 
@@ -110,15 +119,12 @@ class EvaluateAttributionRequest(_EvaluateRequest):
 
     def members(self) -> int:
         """The ensemble members this evaluation needs (0 when no ensemble estimator is asked for)."""
-        return self.ensemble if any(e in ensembles() for e in self.estimators) else 0
+        return ensemble_members(self.estimators, self.ensemble)
 
 
 class EvaluateMislabelRequest(_EvaluateRequest):
-    estimators: list[EstimatorName] = Field(list(DEFAULT_MISLABEL_ESTIMATORS), min_length=1,
-                                            max_length=limits.MAX_EVAL_ESTIMATORS,
-                                            title="Estimators compared",
-                                            description="The data-attribution estimators measured, each at most "
-                                            "once (not the ensemble ones: one model of the corrupted graph is trained)")
+    estimators: list[EstimatorName] = _estimators_field(
+        DEFAULT_MISLABEL_ESTIMATORS, " (not the ensemble ones: one model of the corrupted graph is trained)")
     fraction: float = Field(0.1, gt=0, le=0.5, title="Corrupted share",
                             description="Share of the training triples whose tail is replaced by a random other entity")
 

@@ -89,11 +89,12 @@ def member_seeds(recipe_seed: int, k: int, max_seed: int = 2**31 - 1) -> list[in
     """The seeds of the ``k`` ensemble members of a full-data model trained with ``recipe_seed``: drawn from a
     digest of (recipe seed, member index), so they never follow the subset models' consecutive seeds (a member
     sharing a subset model's initialisation would share its training noise with the ground truth)."""
-    out = []
-    for i in range(k):
-        digest = hashlib.sha256(f"ensemble-member|{int(recipe_seed)}|{i}".encode()).digest()
-        out.append(int.from_bytes(digest[:8], "little") % (max_seed + 1))
-    return out
+    return [_digest_seed(f"ensemble-member|{int(recipe_seed)}|{i}", max_seed) for i in range(k)]
+
+
+def _digest_seed(text: str, max_seed: int) -> int:
+    """A seed in ``[0, max_seed]`` from a digest of ``text``."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") % (max_seed + 1)
 
 
 def test_selection(n_split: int, n_test: int, seed: int) -> np.ndarray:
@@ -163,8 +164,7 @@ def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, 
 def replicate_seed(seed: int, max_seed: int = 2**31 - 1) -> int:
     """The training seed of the replicate of subset model ``seed`` (the same subset, another initialisation and
     batch order): from a digest, so it is never another subset model's or an ensemble member's seed."""
-    digest = hashlib.sha256(f"replicate|{int(seed)}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") % (max_seed + 1)
+    return _digest_seed(f"replicate|{int(seed)}", max_seed)
 
 
 # ---------------------------------------------------------------------------------------------- LDS

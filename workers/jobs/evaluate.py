@@ -123,18 +123,13 @@ def _publish(ctx: JobContext, parent: str, out_dir: Path, result: dict[str, Any]
 
 
 # ------------------------------------------------------------------------------------------------ LDS
-def _members(payload: dict[str, Any]) -> int:
-    """The ensemble members an evaluation needs: ``ensemble`` when it asks for an ensemble estimator, else 0."""
-    from models.kg.estimators import ensembles
-
-    return int(payload.get("ensemble", 0)) if any(e in ensembles() for e in payload["estimators"]) else 0
-
-
 def _member_recipes(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    from core.kinds.evaluate import ensemble_members
     from models.kg.evaluation import member_seeds
 
     recipe = payload["recipe"]
-    return [{**recipe, "seed": s} for s in member_seeds(int(recipe.get("seed", 0)), _members(payload))]
+    k = ensemble_members(payload["estimators"], payload.get("ensemble", 0))
+    return [{**recipe, "seed": s} for s in member_seeds(int(recipe.get("seed", 0)), k)]
 
 
 def _identity(payload: dict[str, Any], ds: Any) -> dict[str, Any]:
