@@ -89,6 +89,8 @@ def job_page(result: dict[str, Any], kind: str = "attributions", page: int = 1,
                            "path": f"/ui/jobs/{JOB_ID}"}
     if kind == "attributions":
         ctx.update(router._attribution_context(result, page, options or {}))
+    elif kind.startswith("evaluate_"):
+        ctx.update(renderer="evaluation", evaluation=router.evaluation_view(result))
     else:
         ctx["tracin"] = analysis.tracin_context(result)
     return router.templates.get_template("job.html").render(ctx)

@@ -225,3 +225,28 @@ def test_pager_keeps_the_reading_options(show) -> None:
     pg = show(html)
     expect(pg.locator("section.attr")).to_have_class(re.compile("show-values"))
     expect(pg.locator("section.attr")).to_have_class(re.compile("view-table"))
+
+
+def _lds_result() -> dict:
+    names = ["tracin", "tracin_last", "trak", "trak_ensemble", "random"]
+    est = {n: {"lds": {"mean": 0.1 * i, "low": 0.1 * i - 0.05, "high": 0.1 * i + 0.05, "n": 100},
+               "n_undefined": 0, "seconds": 1.5,
+               **({} if n == "tracin" else {"ratio_to_tracin": {"ratio": float(i), "low": i - 0.2, "high": i + 0.2,
+                                                                "n": 100}})}
+           for i, n in enumerate(names, 1)}
+    return {"metric": "lds", "dataset": "umls", "m": 64, "alpha": 0.5, "n_test": 100, "subset_size": 2608,
+            "n_train": 5216, "output": "margin", "trainings": 0, "ground_truth": {"reused": 138},
+            "estimators": est, "noise_ceiling": {"agreement": {"mean": 0.49, "low": 0.459, "high": 0.522},
+                                                  "ceiling": 0.688, "per_test": []}}
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_evaluation_page_shows_ratios_and_the_ceiling_and_fits_a_phone(show, width) -> None:
+    pg = show(job_page(_lds_result(), kind="evaluate_attribution"), width)
+    row = pg.locator("table.evaluation tbody tr").filter(has_text="trak_ensemble")
+    expect(row.locator("td").last).to_have_text("4 [3.8, 4.2]")
+    expect(pg.locator(".evaluation-ceiling")).to_contain_text("about 0.688")
+    chart = pg.locator("figure.evaluation-chart svg").first
+    assert chart.bounding_box()["width"] <= width  # the bar chart scales down with the page
+    if width == 390:
+        _no_sideways_scroll(pg)
