@@ -126,7 +126,7 @@ def _assert_same(got, want, where: str, rtol: float) -> None:
         assert got == want, (where, got, want)
 
 
-@pytest.mark.parametrize("tolerance", [None, 1e-3], ids=["fixed-steps", "adaptive"])
+@pytest.mark.parametrize("tolerance", [None, 1e-2], ids=["fixed-steps", "adaptive"])
 def test_a_sharded_naml_summary_equals_one_jobs_field_by_field(svc, tolerance):
     """Every field of the single job's summary, every view's relative-delta distribution included (NAML's body
     too), ``tolerance_met`` and ``gradient_evaluations``, is in the sharded summary with the same value."""
@@ -155,6 +155,8 @@ def test_a_sharded_naml_summary_equals_one_jobs_field_by_field(svc, tolerance):
     rel = [r["relative_delta"] for r in merged] + [r["views"]["body"]["relative_delta"] for r in merged]
     assert sharded["relative_delta"]["median"] == float(np.median(rel))
     assert sharded["relative_delta"]["max"] == max(rel) == got["max_relative_delta"]
+    if tolerance:  # some samples refined past the first n_steps, so the shards' refinement is what was compared
+        assert want["gradient_evaluations"] > n * body["n_steps"] * len(want["views"])
 
 
 def test_cancel_stops_every_shard(svc):

@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq import Queue
 from rq.serializers import JSONSerializer
 
 from core.redis_server import EmbeddedRedis, free_port, redact_url, redis_client
 from tests.service import ROOT, Service
+
+NO_RETRY = Retry(NoBackoff(), 0)  # a refused password is final: redis-py's default retries only add seconds
 
 
 def _ended(svc: Service, job_id: str, timeout_s: float = 60) -> dict:
@@ -66,9 +70,9 @@ def test_embedded_redis_requires_its_generated_password(tmp_path):
         assert len(password) >= 32 and password in server.url
         assert password not in server.redacted_url and "***" in server.redacted_url
         with pytest.raises(redis.exceptions.AuthenticationError):
-            redis.Redis(port=server.port, password="wrong").ping()
+            redis.Redis(port=server.port, password="wrong", retry=NO_RETRY).ping()
         with pytest.raises(redis.exceptions.AuthenticationError):
-            redis.Redis(port=server.port, protocol=2).set("k", "v")  # no password at all
+            redis.Redis(port=server.port, protocol=2, retry=NO_RETRY).set("k", "v")  # no password at all
         assert redis_client(server.url).ping()
         # The password never shows on redis-server's command line.
         assert password not in Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode(errors="replace")
@@ -110,7 +114,7 @@ def test_redis_command_serves_other_hosts_with_a_password_file_and_never_prints_
         assert first.startswith("REDIS_URL=redis://:***@") and f":{port}/0" in first
         assert redis.Redis(port=port, password="correct-horse-battery-staple").ping()
         with pytest.raises(redis.exceptions.AuthenticationError):
-            redis.Redis(port=port, password="guess").ping()
+            redis.Redis(port=port, password="guess", retry=NO_RETRY).ping()
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=30)
