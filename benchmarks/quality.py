@@ -146,55 +146,72 @@ def _scaling_rows(name: str, bundle: Any, members: list[Any], masks: np.ndarray,
 
 
 def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
-    cfg = recipe(args)
+    seeds = args.seeds or [args.seed]
     rows: list[list[str]] = []
     ratios: list[list[str]] = []
     ceilings: list[list[str]] = []
     scaling: list[list[str]] = []
+    # (dataset, estimator) -> per seed: (its per-test LDS, TracIn's per-test LDS, its ratio to TracIn)
+    pooled: dict[tuple[str, str], list[tuple[list, list | None, float | None]]] = {}
     for name, ds in datasets.items():
-        bundle, full_s = _full_model(ds, cfg, _cache_dir(args, work, name, "full"))
-        t0 = time.perf_counter()
-        subsets = _subsets(ds, cfg, args, _cache_dir(args, work, name, "subsets"))
-        train_s = time.perf_counter() - t0
-        masks = np.stack([s["mask"] for s in subsets])
-        sel = ev.test_selection(len(ds.test), args.n_test, args.seed)
-        outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
-        members = _members(ds, cfg, args, work, name)
-        report = ev.lds_report(bundle, masks, outputs, ds.test[torch.from_numpy(sel)], args.estimators, args.seed,
-                               members=members)
-        print(f"# {name}: full model {full_s:.1f} s (test MRR {bundle.metrics.get('test', {}).get('mrr', 0):.3f}), "
-              f"{args.m} subset models {train_s:.1f} s ({train_s / args.m:.1f} s each), {len(members)} ensemble "
-              "members", flush=True)
-        if args.ensemble_scaling and ev.REFERENCE in report:
-            scaling.extend(_scaling_rows(name, bundle, members, masks, outputs, ds.test[torch.from_numpy(sel)],
-                                         report[ev.REFERENCE]["per_test"], args.seed))
-        if args.replicates:
-            reps = _replicates(ds, cfg, args, _cache_dir(args, work, name, "subsets"))[:, sel]
-            ceiling = ev.noise_ceiling(outputs, reps, args.seed)
-            agree = ceiling["agreement"]
-            best = max(report, key=lambda e: report[e]["lds"]["mean"] or -1.0)
-            ref = report.get(ev.REFERENCE, {}).get("lds", {}).get("mean")
-            ceilings.append([name, f"{agree['mean']:.3f}", f"[{agree['low']:.3f}, {agree['high']:.3f}]",
-                             f"{ceiling['ceiling']:.3f}", f"{best} {report[best]['lds']['mean']:.3f}",
-                             "-" if ref is None else f"{2 * ref:.3f}"])
-        for est, r in report.items():
-            ratio = r.get("ratio_to_" + ev.REFERENCE)
-            if ratio and ratio["ratio"] is not None:
-                ratios.append([name, f"{est} / {ev.REFERENCE}", f"{ratio['ratio']:.2f}",
-                               f"[{ratio['low']:.2f}, {ratio['high']:.2f}]", str(ratio["n"])])
-        for est, r in report.items():
-            lds = r["lds"]
-            rows.append([name, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
-                         str(lds["n"]), f"{r['seconds']:.2f}", PUBLISHED_LDS.get(est, "")])
+        for seed in seeds:
+            # another seed is an independent replicate: another full-data model, other subsets, other test triples
+            one = argparse.Namespace(**{**vars(args), "seed": seed})
+            label = name if len(seeds) == 1 else f"{name}/s{seed}"
+            cfg = recipe(one)
+            bundle, full_s = _full_model(ds, cfg, _cache_dir(one, work, name, "full"))
+            t0 = time.perf_counter()
+            subsets = _subsets(ds, cfg, one, _cache_dir(one, work, name, "subsets"))
+            train_s = time.perf_counter() - t0
+            masks = np.stack([s["mask"] for s in subsets])
+            sel = ev.test_selection(len(ds.test), one.n_test, seed)
+            outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
+            members = _members(ds, cfg, one, work, name)
+            test = ds.test[torch.from_numpy(sel)]
+            report = ev.lds_report(bundle, masks, outputs, test, one.estimators, seed, members=members)
+            print(f"# {label}: full model {full_s:.1f} s (test MRR "
+                  f"{bundle.metrics.get('test', {}).get('mrr', 0):.3f}), {one.m} subset models {train_s:.1f} s "
+                  f"({train_s / one.m:.1f} s each), {len(members)} ensemble members", flush=True)
+            reference = report.get(ev.REFERENCE, {}).get("per_test")
+            if one.ensemble_scaling and reference is not None:
+                scaling.extend(_scaling_rows(label, bundle, members, masks, outputs, test, reference, seed))
+            if one.replicates:
+                reps = _replicates(ds, cfg, one, _cache_dir(one, work, name, "subsets"))[:, sel]
+                ceiling = ev.noise_ceiling(outputs, reps, seed)
+                agree = ceiling["agreement"]
+                best = max(report, key=lambda e: report[e]["lds"]["mean"] or -1.0)
+                ref = report.get(ev.REFERENCE, {}).get("lds", {}).get("mean")
+                ceilings.append([label, f"{agree['mean']:.3f}", f"[{agree['low']:.3f}, {agree['high']:.3f}]",
+                                 f"{ceiling['ceiling']:.3f}", f"{best} {report[best]['lds']['mean']:.3f}",
+                                 "-" if ref is None else f"{2 * ref:.3f}"])
+            for est, r in report.items():
+                ratio = r.get("ratio_to_" + ev.REFERENCE)
+                pooled.setdefault((name, est), []).append((r["per_test"], reference, (ratio or {}).get("ratio")))
+                if ratio and ratio["ratio"] is not None:
+                    ratios.append([label, f"{est} / {ev.REFERENCE}", f"{ratio['ratio']:.2f}",
+                                   f"[{ratio['low']:.2f}, {ratio['high']:.2f}]", str(ratio["n"])])
+            for est, r in report.items():
+                lds = r["lds"]
+                rows.append([label, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
+                             str(lds["n"]), f"{r['seconds']:.2f}", PUBLISHED_LDS.get(est, "")])
     head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, recipe ConvE-"
-            f"{args.embedding_dim} x {args.epochs} epochs, seed {args.seed}; 95% percentile bootstrap over test "
-            "triples", ""]
+            f"{args.embedding_dim} x {args.epochs} epochs"
+            + ("" if args.dropout is None else f", dropout {args.dropout}")
+            + f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; 95% percentile bootstrap over "
+            "test triples", ""]
     table = _table(["dataset", "estimator", "LDS", "95% interval", "n", "seconds", "published (dattri, context)"],
                    rows)
     if ratios:
         table += ["", "LDS relative to TracIn's: ratio of the means over the same test triples, 95% paired "
                   "percentile bootstrap", ""]
         table += _table(["dataset", "ratio", "value", "95% interval", "n"], ratios)
+    if len(seeds) > 1:
+        table += ["", f"Pooled over the {len(seeds)} seeds (independent replicates): the mean over all their test "
+                  "triples and its ratio to TracIn's; 95% percentile bootstrap resampling test triples within each "
+                  "seed (paired), so the interval takes the replicates as given; their spread is the last column",
+                  ""]
+        table += _table(["dataset", "estimator", "LDS", "95% interval", "n", "x TracIn", "95% interval",
+                         "x TracIn per seed"], _pooled_rows(pooled, seeds[0]))
     if scaling:
         table += ["", "TRAK's model ensemble by size: TRAK averaged over the first k models (the full-data model, "
                   "then the members), LDS and its ratio to TracIn's (paired bootstrap)", ""]
@@ -206,6 +223,22 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
                   "its per-test values)", ""]
         table += _table(["dataset", "agreement", "95% interval", "ceiling", "best estimator", "2x TracIn"], ceilings)
     return head + table
+
+
+def _pooled_rows(pooled: dict[tuple[str, str], list[tuple[list, list | None, float | None]]],
+                 seed: int) -> list[list[str]]:
+    rows = []
+    for (name, est), per_seed in pooled.items():
+        lds = ev.pooled_interval([(a, None) for a, _, _ in per_seed], seed)
+        row = [name, est, _fmt(lds["value"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]", str(lds["n"])]
+        if est != ev.REFERENCE and all(ref is not None for _, ref, _ in per_seed):
+            ratio = ev.pooled_interval([(a, ref) for a, ref, _ in per_seed], seed)
+            row += [_fmt(ratio["value"], 2), f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]",
+                    " ".join(_fmt(r, 2) for _, _, r in per_seed)]
+        else:
+            row += ["-", "-", "-"]
+        rows.append(row)
+    return rows
 
 
 def mislabel_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
@@ -274,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
                     "seed and print the ground truth's noise ceiling (doubles the subset trainings)")
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, help="comma-separated: measure the LDS once per seed (each an "
+                    "independent replicate: another full-data model, other subsets and test triples) and also "
+                    "pooled over them; the other sections use --seed")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=None, help="keep the trained models here and reuse them in later runs "
                     "(the times printed are then of loading, not training)")
@@ -286,6 +322,10 @@ def main(argv: list[str] | None = None) -> None:
     if bad:
         ap.error(f"unknown section(s) {bad}; choose from {list(SECTIONS)}")
     args.estimators = [e for e in args.estimators.split(",") if e]
+    try:
+        args.seeds = [int(x) for x in args.seeds.split(",") if x] if args.seeds else None
+    except ValueError:
+        ap.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     for e in args.estimators:
         estimator_registry.get(e)
     names = [d for d in args.datasets.split(",") if d]

@@ -245,6 +245,34 @@ def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimato
     assert sizes[0][1] == lds["trak"] and sizes[-1][1] == lds["trak_ensemble"]  # one model; all four
 
 
+@pytest.mark.slow
+def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_lds(capsys):
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--datasets", "nations", "--m", "4", "--epochs", "1", "--n-test", "8", "--embedding-dim", "20",
+                "--estimators", "tracin,random", "--seeds", "0,1", "--sections", "lds"])
+    out = capsys.readouterr().out
+    per_seed = {(s, e): (float(v), int(n)) for s, e, v, n in
+                re.findall(r"^nations/s(\d) +(tracin|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +(\d+) ", out, re.M)}
+    assert sorted(per_seed) == [("0", "random"), ("0", "tracin"), ("1", "random"), ("1", "tracin")]
+    ratios = dict(re.findall(r"^nations/s(\d) +random / tracin +(-?\d+\.\d\d) ", out, re.M))
+    pooled = {e: (float(v), int(n), rest) for e, v, n, rest in
+              re.findall(r"^nations +(tracin|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +(\d+) +(.*)$", out, re.M)}
+    assert set(pooled) == {"tracin", "random"}
+    for est in ("tracin", "random"):
+        (m0, n0), (m1, n1) = per_seed[("0", est)], per_seed[("1", est)]
+        assert pooled[est][1] == n0 + n1
+        assert pooled[est][0] == pytest.approx((m0 * n0 + m1 * n1) / (n0 + n1), abs=1.5e-3)
+    assert pooled["tracin"][2].split() == ["-", "-", "-"]
+    assert pooled["random"][2].split()[-2:] == [ratios["0"], ratios["1"]]  # each seed's own ratio
+
+
 def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
     """A shard that failed for good leaves its model missing: the LDS is never computed on part of the ground
     truth."""
@@ -327,6 +355,36 @@ def test_ratio_interval_is_paired_and_skips_undefined_test_triples():
     assert r2["n"] == 58 and r2["ratio"] == pytest.approx(a[keep].mean() / b[keep].mean())
     with pytest.raises(ValueError, match="different lengths"):
         evaluation.ratio_interval(a[:5], b, seed=0)
+
+
+def test_pooled_interval_pools_replicates_and_resamples_within_each():
+    rng = np.random.default_rng(0)
+    b = [rng.normal(0.3, 0.2, 50), rng.normal(0.2, 0.2, 70)]
+    a = [2 * b[0] + rng.normal(0, 0.05, 50), 1.5 * b[1] + rng.normal(0, 0.05, 70)]
+    a1 = list(a[1])
+    a1[3] = None  # an undefined test triple is left out of both sums
+    r = evaluation.pooled_interval([(a[0], b[0]), (a1, b[1])], seed=3)
+    keep = np.ones(70, bool)
+    keep[3] = False
+    want = (a[0].sum() + a[1][keep].sum()) / (b[0].sum() + b[1][keep].sum())
+    assert r["value"] == pytest.approx(want) and r["n"] == 119 and r["replicates"] == 2
+    assert r["low"] < r["value"] < r["high"]
+    assert r == evaluation.pooled_interval([(a[0], b[0]), (a1, b[1])], seed=3)
+    # the mean of a, without a reference
+    m = evaluation.pooled_interval([(a[0], None), (a[1], None)], seed=3)
+    assert m["value"] == pytest.approx(np.concatenate(a).mean()) and m["low"] < m["value"] < m["high"]
+    # paired: a = c·b in every test triple of every replicate leaves no doubt about the ratio
+    exact = evaluation.pooled_interval([(1.7 * b[0], b[0]), (1.7 * b[1], b[1])], seed=3)
+    assert exact["low"] == pytest.approx(1.7) and exact["high"] == pytest.approx(1.7)
+    # stratified: each replicate keeps its own number of test triples in every resample, so two replicates that are
+    # constant within themselves give a pooled mean without spread (an unstratified bootstrap would mix them)
+    flat = evaluation.pooled_interval([(np.full(10, 0.8), None), (np.full(30, 0.2), None)], seed=3)
+    assert flat["value"] == pytest.approx(0.35) and flat["low"] == pytest.approx(0.35)
+    assert flat["high"] == pytest.approx(0.35)
+    with pytest.raises(ValueError, match="every replicate or for none"):
+        evaluation.pooled_interval([(a[0], b[0]), (a[1], None)], seed=0)
+    with pytest.raises(ValueError, match="different lengths"):
+        evaluation.pooled_interval([(a[0][:5], b[0])], seed=0)
 
 
 def test_lds_report_gives_each_estimator_relative_to_tracin(tmp_path):

@@ -253,6 +253,51 @@ def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: i
     return out
 
 
+def pooled_interval(strata: Sequence[tuple[Sequence[float | None], Sequence[float | None] | None]], seed: int,
+                    confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
+    """An estimator's LDS pooled over independent replicates of an evaluation (other seeds: another full-data model,
+    other subsets, other test triples). ``strata`` holds one ``(a, b)`` per replicate: the estimator's per-test LDS
+    and, for a ratio, the reference's on the same test triples (``b`` None: the pooled mean of ``a``). The value
+    is the mean over every test triple of every replicate (of those where ``a``, and ``b`` if given, are defined),
+    or the ratio of the two such means; the interval is a percentile bootstrap that resamples test triples within
+    each replicate (stratified, paired), so it treats the replicates as given: their spread is reported
+    separately."""
+    xs, ys = [], []
+    for a, b in strata:
+        x = np.asarray([np.nan if v is None else v for v in a], dtype=np.float64)
+        y = None if b is None else np.asarray([np.nan if v is None else v for v in b], dtype=np.float64)
+        if y is not None and x.shape != y.shape:
+            raise ValueError(f"per-test values of different lengths: {x.shape} and {y.shape}")
+        keep = np.isfinite(x) & (np.isfinite(y) if y is not None else True)
+        xs.append(x[keep])
+        ys.append(np.ones_like(x[keep]) if y is None else y[keep])
+    ratio = any(b is not None for _, b in strata)
+    if ratio and not all(b is not None for _, b in strata):
+        raise ValueError("give a reference for every replicate or for none")
+    n = sum(len(x) for x in xs)
+    out: dict[str, Any] = {"value": None, "low": None, "high": None, "n": int(n), "replicates": len(xs),
+                           "confidence": confidence, "n_resamples": n_resamples, "seed": seed}
+    den = sum(float(y.sum()) for y in ys)
+    if n == 0 or den == 0:
+        return out
+    out["value"] = sum(float(x.sum()) for x in xs) / den
+    rng = np.random.default_rng(seed)
+    num_b = np.zeros(n_resamples)
+    den_b = np.zeros(n_resamples)
+    for x, y in zip(xs, ys, strict=True):
+        if len(x) == 0:
+            continue
+        idx = rng.integers(0, len(x), size=(n_resamples, len(x)))  # the same draw for both: paired
+        num_b += x[idx].sum(1)
+        den_b += y[idx].sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = num_b / den_b
+    if np.all(np.isfinite(boot)):
+        tail = (1 - confidence) / 2 * 100
+        out["low"], out["high"] = (float(v) for v in np.percentile(boot, [tail, 100 - tail]))
+    return out
+
+
 def noise_ceiling(outputs: np.ndarray, replicates: np.ndarray, seed: int) -> dict[str, Any]:
     """How much of the ground truth any estimator can predict. ``outputs`` and ``replicates`` are ``[M, m]``:
     subset model s's outputs and those of a replicate trained on the same subset with another seed. With
