@@ -271,6 +271,9 @@ def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_ld
         assert pooled[est][0] == pytest.approx((m0 * n0 + m1 * n1) / (n0 + n1), abs=1.5e-3)
     assert pooled["tracin"][2].split() == ["-", "-", "-"]
     assert pooled["random"][2].split()[-2:] == [ratios["0"], ratios["1"]]  # each seed's own ratio
+    with pytest.raises(SystemExit):  # argparse's error: exit status 2, the message on stderr
+        bench.main(["--seeds", "0,x", "--sections", "lds"])
+    assert "--seeds must be comma-separated integers" in capsys.readouterr().err
 
 
 def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
