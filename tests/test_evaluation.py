@@ -199,8 +199,8 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
         _same_data(changed, {**base, "data_version": ident["data_version"]})
 
 
-@pytest.mark.slow
-def test_the_quality_benchmark_runs_small(capsys):
+def _quality_benchmark():
+    """benchmarks/quality.py as a module (it is a script, not a package member)."""
     import importlib.util
     from pathlib import Path
 
@@ -208,6 +208,12 @@ def test_the_quality_benchmark_runs_small(capsys):
     spec = importlib.util.spec_from_file_location("quality_benchmark", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.slow
+def test_the_quality_benchmark_runs_small(capsys):
+    bench = _quality_benchmark()
     bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
                 "--estimators", "tracin_last,random", "--sections", "lds,mislabel", "--replicates"])
     out = capsys.readouterr().out
@@ -225,14 +231,9 @@ def test_the_quality_benchmark_runs_small(capsys):
 
 @pytest.mark.slow
 def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimator(capsys):
-    import importlib.util
     import re
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
-    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _quality_benchmark()
     bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
                 "--estimators", "tracin,trak,trak_ensemble", "--ensemble", "3", "--ensemble-scaling",
                 "--sections", "lds"])
@@ -247,14 +248,9 @@ def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimato
 
 @pytest.mark.slow
 def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_lds(capsys):
-    import importlib.util
     import re
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
-    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _quality_benchmark()
     bench.main(["--datasets", "nations", "--m", "4", "--epochs", "1", "--n-test", "8", "--embedding-dim", "20",
                 "--estimators", "tracin,random", "--seeds", "0,1", "--sections", "lds"])
     out = capsys.readouterr().out

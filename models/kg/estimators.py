@@ -51,8 +51,8 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
               "models.kg.evaluation:tracin_last_self_scores",
               "TracIn-CP over every checkpoint, the output layers only (fc and the entity table's output role)"),
     Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores",
-              "TRAK: margin gradients projected to k=4096 (less on graphs too large for that), a damped Gauss-Newton inverse per checkpoint, averaged "
-              "over the checkpoints (models/explain/trak.py)"),
+              "TRAK: margin gradients projected to k=4096 (less on graphs too large for that), a damped "
+              "Gauss-Newton inverse per checkpoint, averaged over the checkpoints (models/explain/trak.py)"),
     Estimator("trak_ensemble", "models.kg.evaluation:trak_ensemble_scores",
               "models.kg.evaluation:trak_self_scores",
               "TRAK averaged over the full-data model and `ensemble` more models of the same recipe trained with "

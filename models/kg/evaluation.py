@@ -222,16 +222,22 @@ def mean_interval(values: np.ndarray, seed: int, confidence: float = CONFIDENCE,
     return out
 
 
-def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: int,
-                   confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
-    """mean(a) / mean(b) of two estimators' per-test LDS, over the test triples where both are defined, with a
-    paired percentile bootstrap interval (the same test triples resampled for both; seeded)."""
+def _defined(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Two estimators' per-test LDS on the same test triples, as float64 arrays, keeping the test triples where
+    both are defined (None and NaN are not)."""
     x = np.asarray([np.nan if v is None else v for v in a], dtype=np.float64)
     y = np.asarray([np.nan if v is None else v for v in b], dtype=np.float64)
     if x.shape != y.shape:
         raise ValueError(f"per-test values of different lengths: {x.shape} and {y.shape}")
     keep = np.isfinite(x) & np.isfinite(y)
-    x, y = x[keep], y[keep]
+    return x[keep], y[keep]
+
+
+def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: int,
+                   confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
+    """mean(a) / mean(b) of two estimators' per-test LDS, over the test triples where both are defined, with a
+    paired percentile bootstrap interval (the same test triples resampled for both; seeded)."""
+    x, y = _defined(a, b)
     out: dict[str, Any] = {"ratio": None, "low": None, "high": None, "n": int(len(x)), "confidence": confidence,
                            "n_resamples": n_resamples, "seed": seed}
     if len(x) == 0 or y.mean() == 0:
@@ -262,18 +268,14 @@ def pooled_interval(strata: Sequence[tuple[Sequence[float | None], Sequence[floa
     or the ratio of the two such means; the interval is a percentile bootstrap that resamples test triples within
     each replicate (stratified, paired), so it treats the replicates as given: their spread is reported
     separately."""
-    xs, ys = [], []
-    for a, b in strata:
-        x = np.asarray([np.nan if v is None else v for v in a], dtype=np.float64)
-        y = None if b is None else np.asarray([np.nan if v is None else v for v in b], dtype=np.float64)
-        if y is not None and x.shape != y.shape:
-            raise ValueError(f"per-test values of different lengths: {x.shape} and {y.shape}")
-        keep = np.isfinite(x) & (np.isfinite(y) if y is not None else True)
-        xs.append(x[keep])
-        ys.append(np.ones_like(x[keep]) if y is None else y[keep])
-    ratio = any(b is not None for _, b in strata)
-    if ratio and not all(b is not None for _, b in strata):
+    refs = [b is not None for _, b in strata]
+    if any(refs) and not all(refs):
         raise ValueError("give a reference for every replicate or for none")
+    xs, ys = [], []
+    for a, b in strata:  # without a reference, the ratio to a constant 1: the mean
+        x, y = _defined(a, [1.0] * len(a) if b is None else b)
+        xs.append(x)
+        ys.append(y)
     n = sum(len(x) for x in xs)
     out: dict[str, Any] = {"value": None, "low": None, "high": None, "n": int(n), "replicates": len(xs),
                            "confidence": confidence, "n_resamples": n_resamples, "seed": seed}
@@ -487,8 +489,8 @@ def trak_proj_dim(n_train: int) -> int:
 def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
     from models.explain import trak
 
-    return trak.trak_scores(bundle, list(checkpoints), test, train, loss="margin", proj_dim=trak_proj_dim(len(train)),
-                            damping=TRAK_DAMPING)
+    return trak.trak_scores(bundle, list(checkpoints), test, train, loss="margin",
+                            proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
 
 
 def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
@@ -507,8 +509,8 @@ def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Te
 def trak_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
     from models.explain import trak
 
-    return trak.self_scores(bundle, list(checkpoints), train, loss="margin", proj_dim=trak_proj_dim(len(train)),
-                            damping=TRAK_DAMPING)
+    return trak.self_scores(bundle, list(checkpoints), train, loss="margin",
+                            proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
 
 
 def random_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
