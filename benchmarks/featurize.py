@@ -7,12 +7,12 @@ settings ``--layers last --loss score_bce`` so that featurizing 272k triples twi
 fits a short run on a shared 2-core machine; the stored feature matrix is ``[272,115, k]`` per checkpoint whatever
 the model, so the query time does not depend on that choice. Printed:
 
-- featurize: seconds to compute and store every training triple's features (``models.explain.features.featurize``);
+- featurize: seconds to compute and store every training triple's features (``models.kg.stored.featurize``);
   a second call, which finds everything stored, and its rows computed (0);
 - query (cold): open the stored features (memory-mapped segments and their Gram blocks) and answer one test triple:
   its features, the TRAK solve, the tiled product over all rows and the streaming top-k;
 - query (warm): the same for other test triples with the index open (median of ``--repeats``);
-- direct: ``models.explain.trak.trak_scores`` for the same test triple (features of every row recomputed), and the
+- direct: ``models.kg.trak.trak_scores`` for the same test triple (features of every row recomputed), and the
   max abs difference between its score row and the stored one (and whether the top-k lists are identical).
 
     python benchmarks/featurize.py                        # full size (about two minutes on 2 busy cores)
@@ -63,10 +63,11 @@ def main() -> None:
     from core.filestore import Store
     from models.explain import features as F
     from models.explain.tracin import MemoryCheckpoint
-    from models.explain.trak import trak_scores
+    from models.kg import stored as KF
     from models.kg.checkpoint import KGBundle
     from models.kg.conve import ConvE, ConvEConfig
     from models.kg.synthetic import generate
+    from models.kg.trak import trak_scores
     from models.kg.triples import load_triples_dir
 
     with tempfile.TemporaryDirectory(prefix="featurize-bench-") as tmp:
@@ -83,15 +84,15 @@ def main() -> None:
         opts = {"layers": args.layers, "loss": args.loss, "proj_dim": args.proj_dim, "seed": 0}
 
         t0 = time.perf_counter()
-        rep = F.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, **opts)
+        rep = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, **opts)
         t_feat = time.perf_counter() - t0
         t0 = time.perf_counter()
-        again = F.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, **opts)
+        again = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, **opts)
         t_again = time.perf_counter() - t0
 
         tests = ds.test[:args.repeats + 1]
         t0 = time.perf_counter()
-        index = F.FeatureIndex(store, bundle, "all", train=train, **opts)
+        index = KF.feature_index(store, bundle, "all", train=train, **opts)
         top = index.top_k(index.queries(tests[:1]), args.top_k)
         t_cold = time.perf_counter() - t0
         warm = []

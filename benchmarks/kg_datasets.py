@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from models.kg.shipped import CONVE_SOURCE, SHIPPED, load_shipped  # noqa: E402
+from models.kg.shipped import CONVE_SOURCE, SHIPPED  # noqa: E402
 from models.kg.train import TrainConfig, train_conve  # noqa: E402
+from models.kg.triples import load_shipped  # noqa: E402
 from workers.jobs.train_conve import TRAIN_FIELDS, demo_models  # noqa: E402
 
 

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from models.explain.tracin import TracIn  # noqa: E402
 from models.kg.checkpoint import KGBundle, load  # noqa: E402
 from models.kg.conve import triple_loss  # noqa: E402
+from models.kg.tracin import ConvETracIn  # noqa: E402
 from models.kg.train import TrainConfig, train_conve  # noqa: E402
 from models.kg.triples import load_nations  # noqa: E402
 from tests.captum_oracle import captum_tracincp  # noqa: E402
@@ -131,11 +131,11 @@ def main() -> None:
     rows: list[tuple[str, int, float, str]] = []
 
     def ghost(layers: str, **kw):
-        return TracIn(bundle.model, bundle.checkpoints, layers=layers, batch_size=256, device=args.device,
+        return ConvETracIn(bundle.model, bundle.checkpoints, layers=layers, batch_size=256, device=args.device,
                       **kw).influence(test, train)[0]
 
     # warm-up (allocator, kernels) so the first measured method is not penalised
-    TracIn(bundle.model, bundle.checkpoints[:1], layers="all").influence(test[:2], train[:8])
+    ConvETracIn(bundle.model, bundle.checkpoints[:1], layers="all").influence(test[:2], train[:8])
     full, t_c = timed(lambda: ghost("all"), "(c) ghost all")
     last, t_d = timed(lambda: ghost("last"), "(d) last")
     ref_train = train if args.ref_train is None else train[:args.ref_train]
@@ -143,7 +143,7 @@ def main() -> None:
     cap, t_b = (None, None) if "b" in skip else timed(lambda: captum_tracin(bundle, test, ref_train, 64), "(b) captum")
     vm_train = train[:vmap_train]
     vm, t_v = (None, None) if "v" in skip else timed(
-        lambda: TracIn(bundle.model, bundle.checkpoints, layers="all", method="vmap", batch_size=32)
+        lambda: ConvETracIn(bundle.model, bundle.checkpoints, layers="all", method="vmap", batch_size=32)
         .influence(test, vm_train)[0], "vmap")
     # the exact reference: the loop where it ran, else the ghost path itself
     exact = ref if ref is not None else full[:, :len(ref_train)]
@@ -183,7 +183,7 @@ def main() -> None:
 
     print()
     for layers in ("all", "last"):
-        si, t_s = timed(lambda layers=layers: TracIn(bundle.model, bundle.checkpoints, layers=layers)
+        si, t_s = timed(lambda layers=layers: ConvETracIn(bundle.model, bundle.checkpoints, layers=layers)
                         .self_influence(ds.train))
         print(f"self-influence ranking, layers={layers}: {len(ds.train)} training triples x {n_ck} checkpoints "
               f"in {t_s:.2f}s ({len(ds.train) / t_s:,.0f} triples/s)")

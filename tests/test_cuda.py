@@ -72,8 +72,8 @@ def test_ig_half_precision_against_fp32(precision: str, autograd_kernels: None) 
 
 @pytest.mark.parametrize("layers", [["rel.weight"], ["conv", "bn0", "bn1"], ["fc"], "all"], ids=str)
 def test_tracin_fp16_path_against_fp32(layers) -> None:
-    from models.explain.tracin import ghost_factors, ghost_kernel, resolve_layers
     from models.kg.conve import ConvE, ConvEConfig
+    from models.kg.tracin import ghost_factors, ghost_kernel, resolve_layers
 
     torch.manual_seed(0)
     n = 15_000

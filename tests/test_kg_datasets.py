@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from core import registry
-from core.kinds.base import FieldError
+from core.contract.errors import FieldError
 from core.kinds.train_conve import SHIPPED_COUNTS, dataset_counts, resolve_dataset
-from models.kg.shipped import SHIPPED, ShippedDataError, load_shipped, shipped_dir, verify_shipped
-from models.kg.triples import TriplesFormatError, load_kinships, load_triples_dir, load_umls
+from models.kg.shipped import SHIPPED, ShippedDataError, shipped_dir, verify_shipped
+from models.kg.triples import TriplesFormatError, load_kinships, load_shipped, load_triples_dir, load_umls
 
 # Published split sizes and vocabularies (PyKEEN's dataset statistics; ConvE's and Neural LP's papers agree).
 PUBLISHED = {"nations": ((1592, 199, 201), 14, 55), "umls": ((5216, 652, 661), 135, 46),

@@ -253,7 +253,7 @@ def test_non_finite_attributions_fail_naming_the_samples(small, samples, monkeyp
     import models.news.attribution as attribution
     from models.common import NonFiniteError
 
-    real = attribution._chunk
+    real = attribution.build_chunk
 
     def nan_for_the_first_row(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         ch = real(*args, **kwargs)
@@ -261,7 +261,7 @@ def test_non_finite_attributions_fail_naming_the_samples(small, samples, monkeyp
         ch.forward = lambda xs, rows: torch.where(rows == 0, torch.nan, f(xs, rows))
         return ch
 
-    monkeypatch.setattr(attribution, "_chunk", nan_for_the_first_row)
+    monkeypatch.setattr(attribution, "build_chunk", nan_for_the_first_row)
     model = small["models"]["nrms-word-demo"]
     with pytest.raises(NonFiniteError, match="non-finite") as err:
         explain(model, samples[:2], _fp32(n_steps=4, batch_size=2))
@@ -435,8 +435,8 @@ def test_packed_forward_scores_and_input_gradients_equal_the_padded_forward(smal
     with torch.no_grad():
         prepared = attribution._prepare(model, samples, 50, [])
     assert len({len(p.enc["title"][0]) for p in prepared}) > 1
-    padded = attribution._chunk(model, prepared, "title", "pad", pack=False)
-    packed = attribution._chunk(model, prepared, "title", "pad", pack=True)
+    padded = attribution.build_chunk(model, prepared, "title", "pad", pack=False)
+    packed = attribution.build_chunk(model, prepared, "title", "pad", pack=True)
     rows = torch.arange(len(prepared)).repeat(3)
     alphas = torch.tensor([0.2, 0.5, 0.9]).repeat_interleave(len(prepared))[:, None, None]
     results = []
@@ -464,7 +464,7 @@ def test_cached_baseline_scores_equal_recomputed_ones(small, samples, baseline: 
     attribution.clear_caches(model)
     with torch.no_grad():
         prepared = attribution._prepare(model, samples, 50, [])
-    ch = attribution._chunk(model, prepared, "title", baseline, pack=False)
+    ch = attribution.build_chunk(model, prepared, "title", baseline, pack=False)
     recomputed = evaluate_fp32(ch.forward, ch.base)
     first = attribution.baseline_scores(model, ch, "title", baseline)
     entries = len(attribution._BASELINE_NEWS[model])
@@ -474,7 +474,7 @@ def test_cached_baseline_scores_equal_recomputed_ones(small, samples, baseline: 
     np.testing.assert_allclose(first.numpy(), recomputed.numpy(), rtol=1e-5, atol=1e-6)
     # the same candidates with other users: the cached news vector serves them, the score follows the user
     other = [attribution._Prepared(p.sample, -p.user, p.enc, p.word_ids) for p in prepared]
-    ch2 = attribution._chunk(model, other, "title", baseline)
+    ch2 = attribution.build_chunk(model, other, "title", baseline)
     np.testing.assert_allclose(attribution.baseline_scores(model, ch2, "title", baseline).numpy(),
                                -recomputed.numpy(), rtol=1e-5, atol=1e-6)
     assert len(attribution._BASELINE_NEWS[model]) == entries
@@ -492,11 +492,11 @@ def test_naml_baselines_are_not_cached(small) -> None:
     ss = load_samples(small["root"] / "data/news-synthetic", "test", 2, seed=1, with_bodies=True)
     with torch.no_grad():
         prepared = attribution._prepare(model, ss, 50, [])
-    ch = attribution._chunk(model, prepared, "title", "pad")
+    ch = attribution.build_chunk(model, prepared, "title", "pad")
     assert attribution.baseline_scores(model, ch, "title", "pad") is None  # x' holds each sample's real body
     assert not attribution.can_pack(model)
     with pytest.raises(ValueError):
-        attribution._chunk(model, prepared, "title", "pad", pack=True)
+        attribution.build_chunk(model, prepared, "title", "pad", pack=True)
 
 
 def test_rows_are_packed_by_default_only_where_it_pays(small, monkeypatch) -> None:
@@ -523,8 +523,8 @@ def test_packing_is_chosen_where_exact_length_passes_would_be_small(small, sampl
     assert not pays([], batch_size=1, alpha_batch_size=8) and not pays([5], batch_size=1, alpha_batch_size=None)
     # in a request: the interactive case packs, a large alpha batch over few lengths pads
     seen = []
-    chunk = attribution._chunk
-    monkeypatch.setattr(attribution, "_chunk", lambda model, items, *a, pack=False, **kw: seen.append(
+    chunk = attribution.build_chunk
+    monkeypatch.setattr(attribution, "build_chunk", lambda model, items, *a, pack=False, **kw: seen.append(
         (len(items), pack)) or chunk(model, items, *a, pack=pack, **kw))
     model = small["models"]["nrms-minilm-demo"]
     two = [s for s in samples if len(model.tokenize([s.candidate])["title"].ids[0]) != len(

@@ -9,20 +9,19 @@ import pytest
 import torch
 
 from models.common import NonFiniteError
-from models.explain.tracin import (
+from models.explain.tracin import MemoryCheckpoint, interval_weights
+from models.kg.checkpoint import KGBundle, load
+from models.kg.conve import triple_loss
+from models.kg.influence import tracin_report
+from models.kg.tracin import (
     OUTPUT_TABLE,
-    MemoryCheckpoint,
-    TracIn,
+    ConvETracIn,
     ghost_factors,
     ghost_kernel,
-    interval_weights,
     per_example_grads,
     resolve_layers,
     tracin_precision,
 )
-from models.kg.checkpoint import KGBundle, load
-from models.kg.conve import triple_loss
-from models.kg.influence import tracin_report
 from models.kg.train import TrainConfig, train_conve
 from models.kg.triples import load_nations
 from tests.captum_oracle import captum_tracincp
@@ -56,13 +55,13 @@ def test_equals_captum_tracincp(bundle, captum_layers, ours, kind):
     tracin = captum_tracincp(bundle, train, layers=captum_layers, loss=kind)
     ref = tracin.influence((test, test), k=None)
     ref_self = tracin.self_influence(outer_loop_by_checkpoints=True)
-    engine = TracIn(bundle.model, bundle.checkpoints, layers=ours, loss=kind, batch_size=20)
+    engine = ConvETracIn(bundle.model, bundle.checkpoints, layers=ours, loss=kind, batch_size=20)
     scores, _ = engine.influence(test, train)
     assert scores.shape == ref.shape
     assert _rel(scores, ref) <= 1e-4
     assert _rel(engine.self_influence(train), ref_self) <= 1e-4
     # a single checkpoint's lr weighting, checked separately: dropping one checkpoint must change the scores
-    partial, _ = TracIn(bundle.model, bundle.checkpoints[:2], layers=ours, loss=kind).influence(test, train)
+    partial, _ = ConvETracIn(bundle.model, bundle.checkpoints[:2], layers=ours, loss=kind).influence(test, train)
     assert _rel(partial, ref) > 1e-3
 
 
@@ -75,8 +74,8 @@ LAYER_SETS = ["all", "last", ["ent.weight"], ["rel.weight", "ent_bias"], ["conv"
 def test_ghost_equals_materialised_gradients(bundle, layers, kind):
     ds = bundle.dataset
     test, train = ds.test[:5], ds.train[:37]
-    ghost = TracIn(bundle.model, bundle.checkpoints, layers=layers, loss=kind, method="ghost", batch_size=16)
-    ref = TracIn(bundle.model, bundle.checkpoints, layers=layers, loss=kind, method="vmap", batch_size=16)
+    ghost = ConvETracIn(bundle.model, bundle.checkpoints, layers=layers, loss=kind, method="ghost", batch_size=16)
+    ref = ConvETracIn(bundle.model, bundle.checkpoints, layers=layers, loss=kind, method="vmap", batch_size=16)
     s_g, t_g, tr_g = ghost.influence(test, train, train_self=True)
     s_r, t_r, tr_r = ref.influence(test, train, train_self=True)
     assert _rel(s_g, s_r) <= 1e-4
@@ -104,7 +103,7 @@ def test_last_equals_explicit_loop_of_output_layer_gradients(bundle):
         return torch.stack(rows)
 
     explicit = ckpt.lr * grads(test) @ grads(train).t()
-    fast, _ = TracIn(model, [ckpt], layers="last").influence(test, train)
+    fast, _ = ConvETracIn(model, [ckpt], layers="last").influence(test, train)
     assert _rel(fast, explicit) <= 1e-4
     mat = per_example_grads(model, train, resolve_layers(model, "last"))
     assert _rel(mat, grads(train)) <= 1e-5
@@ -113,7 +112,7 @@ def test_last_equals_explicit_loop_of_output_layer_gradients(bundle):
 def test_symmetry_and_self_influence(bundle):
     ds = bundle.dataset
     a, b = ds.train[:12], ds.valid[:9]
-    engine = TracIn(bundle.model, bundle.checkpoints, layers="all")
+    engine = ConvETracIn(bundle.model, bundle.checkpoints, layers="all")
     ab, a_self, b_self = engine.influence(a, b, train_self=True)
     ba, _ = engine.influence(b, a)
     assert _rel(ab, ba.t()) <= 1e-5
@@ -127,13 +126,13 @@ def test_symmetry_and_self_influence(bundle):
 def test_projection_is_seeded_and_converges(bundle):
     ds = bundle.dataset
     test, train = ds.test[:6], ds.train[:64]
-    exact, _ = TracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"]).influence(test, train)
+    exact, _ = ConvETracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"]).influence(test, train)
     flat = bundle.model.config.flat_dim
     errs = []
     for k in (4, flat - 1):
-        p1, _ = TracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"], projection_dim=k, seed=3) \
+        p1, _ = ConvETracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"], projection_dim=k, seed=3) \
             .influence(test, train)
-        p2, _ = TracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"], projection_dim=k, seed=3) \
+        p2, _ = ConvETracIn(bundle.model, bundle.checkpoints, layers=["fc.weight"], projection_dim=k, seed=3) \
             .influence(test, train)
         assert torch.equal(p1, p2)
         errs.append(_rel(p1, exact))
@@ -144,15 +143,15 @@ def test_projection_is_seeded_and_converges(bundle):
 def test_half_precision_forward_stays_close(bundle):
     ds = bundle.dataset
     test, train = ds.test[:4], ds.train[:40]
-    exact, _ = TracIn(bundle.model, bundle.checkpoints, layers="all").influence(test, train)
-    half, _ = TracIn(bundle.model, bundle.checkpoints, layers="all", precision="bf16").influence(test, train)
+    exact, _ = ConvETracIn(bundle.model, bundle.checkpoints, layers="all").influence(test, train)
+    half, _ = ConvETracIn(bundle.model, bundle.checkpoints, layers="all", precision="bf16").influence(test, train)
     assert half.dtype == torch.float32
     corr = torch.corrcoef(torch.stack([exact.flatten(), half.flatten()]))[0, 1]
     assert corr > 0.95
 
 
 def test_auto_precision_is_fp32_on_cpu(bundle):
-    assert TracIn(bundle.model, bundle.checkpoints).precision == "fp32"
+    assert ConvETracIn(bundle.model, bundle.checkpoints).precision == "fp32"
 
 
 def test_auto_precision_is_fp32_on_cuda_too():
@@ -239,7 +238,7 @@ def test_non_finite_scores_fail_naming_the_triples(bundle):
 ])
 def test_bad_options_raise(bundle, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        TracIn(bundle.model, bundle.checkpoints, **kwargs)
+        ConvETracIn(bundle.model, bundle.checkpoints, **kwargs)
 
 
 def test_checkpoint_files_carry_epoch_and_lr(bundle):
@@ -263,8 +262,8 @@ def test_non_reciprocal_model_ghost_equals_vmap():
     ckpts = [MemoryCheckpoint({k: v.clone() for k, v in model.state_dict().items()}, 0.1, "only")]
     test, train = ds.test[:4], ds.train[:30]
     for layers in ("all", "last"):
-        ghost, g_self = TracIn(model, ckpts, layers=layers).influence(test, train)
-        ref, r_self = TracIn(model, ckpts, layers=layers, method="vmap").influence(test, train)
+        ghost, g_self = ConvETracIn(model, ckpts, layers=layers).influence(test, train)
+        ref, r_self = ConvETracIn(model, ckpts, layers=layers, method="vmap").influence(test, train)
         assert _rel(ghost, ref) <= 1e-4 and _rel(g_self, r_self) <= 1e-4
 
 
@@ -288,7 +287,7 @@ def test_streaming_top_k_equals_the_dense_scores(bundle, method, layers, batch_s
 
     ds = bundle.dataset
     test, train = ds.test[:5], ds.train[:300]
-    engine = TracIn(bundle.model, bundle.checkpoints, layers=layers, method=method, batch_size=batch_size)
+    engine = ConvETracIn(bundle.model, bundle.checkpoints, layers=layers, method=method, batch_size=batch_size)
     scores, test_self, tr_self = engine.influence(test, train, train_self=True)
     gen = torch.Generator().manual_seed(3)
     per_row = [torch.nonzero(torch.rand(len(train), generator=gen) < 0.4).flatten() for _ in range(len(test))]
@@ -322,7 +321,7 @@ def test_test_factors_are_reused_across_train_ranges_and_give_the_same_scores(bu
     ds = bundle.dataset
     test, train = ds.test[:5], ds.train[:240]
     layers = "all" if method == "ghost" else ["fc", "ent_bias"]
-    engine = TracIn(bundle.model, bundle.checkpoints, layers=layers, method=method, batch_size=40)
+    engine = ConvETracIn(bundle.model, bundle.checkpoints, layers=layers, method=method, batch_size=40)
     calls: list[int] = []
     real = engine._features
 
@@ -365,11 +364,11 @@ def test_fp16_on_cpu_runs_fp32_and_says_so(bundle):
     """fp16 on a CPU is never silently unscaled bf16: it runs fp32 and the result's warnings record it."""
     from models.kg.influence import plan
 
-    engine = TracIn(bundle.model, bundle.checkpoints, precision="fp16", device="cpu")
+    engine = ConvETracIn(bundle.model, bundle.checkpoints, precision="fp16", device="cpu")
     assert engine.precision == "fp32" and engine.requested_precision == "fp16"
     assert len(engine.warnings) == 1 and "fp16" in engine.warnings[0] and "fp32" in engine.warnings[0]
     assert tracin_precision("fp16", "cpu") == "fp32" and tracin_precision("bf16", "cpu") == "bf16"
-    assert TracIn(bundle.model, bundle.checkpoints, precision="bf16").warnings == []
+    assert ConvETracIn(bundle.model, bundle.checkpoints, precision="bf16").warnings == []
     ds = bundle.dataset
     p = plan(bundle, ds.decode(ds.test[:1]), precision="fp16", device="cpu")
     assert p.settings["precision"] == "fp32" and p.settings["requested_precision"] == "fp16"
@@ -385,8 +384,8 @@ def test_cached_test_factors_are_not_shared_across_settings(bundle, other):
     test, train = ds.test[:5], ds.train[:80]
     kwargs = dict(other)
     ckpts = bundle.checkpoints[:kwargs.pop("checkpoints")] if "checkpoints" in kwargs else bundle.checkpoints
-    first = TracIn(bundle.model, bundle.checkpoints, layers="all", batch_size=40)
-    second = TracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
+    first = ConvETracIn(bundle.model, bundle.checkpoints, layers="all", batch_size=40)
+    second = ConvETracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
     cache: dict = {}
     first.top_influence(test, train, 4, test_cache=cache)
     cached = second.top_influence(test, train, 4, test_cache=cache)
@@ -394,5 +393,5 @@ def test_cached_test_factors_are_not_shared_across_settings(bundle, other):
     for name in ("test_self", "pro_idx", "opp_idx"):
         torch.testing.assert_close(getattr(cached, name), getattr(plain, name), rtol=1e-6, atol=0)
     # the same settings in a new engine (another shard of the same request) still share them
-    again = TracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
+    again = ConvETracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
     assert again.factor_key() == second.factor_key() != first.factor_key()

@@ -6,20 +6,20 @@ import pytest
 import torch
 
 from models.explain import trak
-from models.explain.tracin import OUTPUT_TABLE, TracIn, per_example_grads
-from models.explain.trak import (
+from models.explain.trak import projection_factor, projection_matrix, split_dim
+from models.kg import trak as kg_trak
+from models.kg.checkpoint import KGBundle, load
+from models.kg.tracin import OUTPUT_TABLE, ConvETracIn, per_example_grads
+from models.kg.train import TrainConfig, train_conve
+from models.kg.trak import (
     GradientProjector,
     dense_gradients,
-    projection_factor,
-    projection_matrix,
+    parameter_shapes,
     reference_trak_scores,
     self_scores,
-    split_dim,
     tracin_projected_scores,
     trak_scores,
 )
-from models.kg.checkpoint import KGBundle, load
-from models.kg.train import TrainConfig, train_conve
 from models.kg.triples import load_nations
 
 
@@ -76,7 +76,7 @@ def test_margin_loss_is_the_negated_output_the_lds_measures(bundle):
     triples = bundle.dataset.test[:20]
     with torch.no_grad():
         logits = model(triples[:, 0], triples[:, 1])
-    ours = trak._loss(logits, triples[:, 2], 0.1, "margin")
+    ours = kg_trak._loss(logits, triples[:, 2], 0.1, "margin")
     torch.testing.assert_close(ours, -torch.as_tensor(margins(model, triples)), rtol=1e-12, atol=1e-12)
 
 
@@ -111,8 +111,8 @@ def test_projection_is_deterministic_by_seed_and_chunked(bundle, monkeypatch):
 def test_projection_matrix_is_unbiased_kronecker(bundle):
     """E[P Pᵀ] = I: the mean of P Pᵀ over many seeds approaches the identity (a wrong scale cannot pass)."""
     names = ("fc.bias", "bn2.weight")
-    acc = sum(projection_matrix(bundle.model, names, 16, s) @ projection_matrix(bundle.model, names, 16, s).t()
-              for s in range(300)) / 300
+    shapes = parameter_shapes(bundle.model, names)
+    acc = sum(projection_matrix(shapes, 16, s) @ projection_matrix(shapes, 16, s).t() for s in range(300)) / 300
     eye = torch.eye(acc.shape[0], dtype=acc.dtype)
     assert float(torch.diagonal(acc).mean()) == pytest.approx(1.0, abs=0.05)
     assert float((acc - eye).abs().max()) < 0.35
@@ -122,7 +122,7 @@ def test_projection_matrix_is_unbiased_kronecker(bundle):
 def test_projected_tracin_approaches_exact_tracin(bundle):
     ds = bundle.dataset
     test, train = ds.test[:3], ds.train[:30]
-    exact, _ = TracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)
+    exact, _ = ConvETracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)
     errs = []
     for k in (16, 1024):
         approx = tracin_projected_scores(bundle, "all", test, train, layers="last", proj_dim=k, seed=0)
@@ -137,7 +137,7 @@ def test_projector_features_are_the_projected_gradients(bundle):
     proj.load(ck)
     trip = bundle.dataset.train[:5]
     model = proj._work
-    P = projection_matrix(model, proj.names, 6, 2)
+    P = projection_matrix(parameter_shapes(model, proj.names), 6, 2)
     torch.testing.assert_close(proj.features(trip), dense_gradients(model, trip, proj.names) @ P, rtol=1e-9,
                                atol=1e-14)
 

@@ -1,33 +1,39 @@
-"""A gradient feature store: each training triple's projected gradient φ_c(z) (:mod:`models.explain.trak`) per
-checkpoint, computed once and kept in the file store, so that a later TRAK or projected-TracIn query of the model
-is one tiled matrix product over the stored rows.
+"""A gradient feature store, model-agnostic: each training example's projected gradient φ_c(z)
+(:mod:`models.explain.trak`) per checkpoint, computed once and kept in the file store, so that a later TRAK or
+projected-TracIn query of the model is one tiled matrix product over the stored rows.
+
+The model enters through a :class:`FeatureSource` (a model family's side of the store): the training examples
+featurized by default, its checkpoints, its configuration (part of the key), its layer resolution, the losses it
+offers and a factory of its :class:`models.explain.trak.Projector`. ConvE's is :class:`models.kg.stored.ConvEFeatures`.
 
 Layout (keys under ``features/``, content-addressed; the store is any object with ``put_dir``, ``list_dirs``,
 ``local_dir`` and ``exists``, in the service :class:`core.filestore.Store`)::
 
-    features/<feature key>/<segment digest>/features.npy   float32 [rows, k]   φ of the segment's triples
+    features/<feature key>/<segment digest>/features.npy   float32 [rows, k]   φ of the segment's examples
                                             gram.npy       float64 [k, k]      ΦᵀΦ of those rows
-                                            meta.json      rows, triples digest, the settings
+                                            meta.json      rows, examples digest, the settings
 
 The feature key is a SHA-256 of everything that changes a feature: the checkpoint's weights (every tensor of its
 state dict, so the model version enters through what it holds, and two versions with identical weights share
 features), the model's configuration, the resolved layers, the loss, the projection dimension and seed, the
-dtype and the store format. The segment digest is a SHA-256 of the segment's triples (int64 ids, in order).
+dtype and the store format. The segment digest is a SHA-256 of the segment's examples (integer examples, such as
+ConvE's ``[n, 3]`` triple ids, as int64; in order).
 
-Which rows are new. For a training set ``T`` (``[n, 3]`` ids, in order) and one feature key, the stored
+Which rows are new. For a training set ``T`` (``[n, ...]``, in order) and one feature key, the stored
 segments are chained greedily from row 0: at each offset the longest stored segment whose digest equals that of
-the rows it would cover is taken. What the chain leaves uncovered (appended triples, or everything for a new
+the rows it would cover is taken. What the chain leaves uncovered (appended examples, or everything for a new
 checkpoint or new settings) is computed, in segments of at most ``SEGMENT_ROWS`` rows (fewer for a large k:
 ``segment_rows``), and stored. So appending
-triples featurizes only them, and a new checkpoint only its own rows; a triple changed in the middle recomputes
+examples featurizes only them, and a new checkpoint only its own rows; an example changed in the middle recomputes
 from there on. Segments are never overwritten (a key that appeared meanwhile, written by another worker with the
 same content, is taken as it is).
 
 Scoring. With ``Q_c = φ_c(test)(G_c + λ_c I)⁻¹ / C`` for TRAK (``G_c`` the sum of the chain's Gram blocks, as
-:func:`models.explain.trak.trak_scores` computes it in one piece) or ``Q_c = η_c φ_c(test)`` for projected TracIn,
-a query's scores are ``Σ_c Q_c Φ_cᵀ``, computed over tiles of ``TILE_ROWS`` training rows (fewer for many test
-triples: ``tile_rows_for``; each checkpoint's rows read from its memory-mapped segments), each tile merged into a running top-k per test triple (a stable sort, so
-ties keep training order exactly as a full sort of the row). Memory is the tile, never test × train.
+:func:`models.explain.trak.projected_trak_scores` computes it in one piece) or ``Q_c = η_c φ_c(test)`` for projected
+TracIn, a query's scores are ``Σ_c Q_c Φ_cᵀ``, computed over tiles of ``TILE_ROWS`` training rows (fewer for many
+test examples: ``tile_rows_for``; each checkpoint's rows read from its memory-mapped segments), each tile merged
+into a running top-k per test example (a stable sort, so ties keep training order exactly as a full sort of the
+row). Memory is the tile, never test × train.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +54,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.explain.tracin import resolve_layers
+from models.explain.tracin import CheckpointLike
 from models.explain.trak import (
     DEFAULT_DAMPING,
-    LOSSES,
-    MAX_PROJ_DIM,
-    GradientProjector,
+    Projector,
+    check_proj_dim,
     damped_cholesky,
     gram_of,
     resolve_checkpoints,
@@ -64,7 +70,7 @@ PREFIX = "features"
 SEGMENT_ROWS = 65_536      # rows per stored segment (a featurize pass writes each as soon as it is computed)
 SEGMENT_BYTES = 256 * 2**20  # ... and at most this many bytes of features in one (large k: fewer rows)
 TILE_ROWS = 65_536         # training rows per tile of a query
-TILE_SCORES = 2**24        # ... and at most this many scores in one tile (many test triples: fewer rows)
+TILE_SCORES = 2**24        # ... and at most this many scores in one tile (many test examples: fewer rows)
 
 
 def segment_rows(proj_dim: int) -> int:
@@ -73,18 +79,18 @@ def segment_rows(proj_dim: int) -> int:
 
 
 def tile_rows_for(n_test: int) -> int:
-    """Training rows per query tile for ``n_test`` test triples (the score tile bounded)."""
+    """Training rows per query tile for ``n_test`` test examples (the score tile bounded)."""
     return max(1024, min(TILE_ROWS, TILE_SCORES // max(1, n_test)))
 ESTIMATORS = ("trak", "tracin_projected")
 ProgressFn = Callable[[int, int, str], None]
 
 
-SMALL_QUERY = 16          # test triples up to which a query runs on one thread (see ``_threads_for``)
+SMALL_QUERY = 16          # test examples up to which a query runs on one thread (see ``threads_for``)
 
 
 @contextlib.contextmanager
-def _threads_for(m: int) -> Iterator[None]:
-    """One intra-op thread for a query of at most ``SMALL_QUERY`` test triples, restored afterwards. Its operations
+def threads_for(m: int) -> Iterator[None]:
+    """One intra-op thread for a query of at most ``SMALL_QUERY`` test examples, restored afterwards. Its operations
     are small (one row of 65,536 scores per tile), too small to gain from a second thread, and on a busy machine
     the threads' synchronisation cost more than the work: measured on 2 shared cores at 272k rows, the top-k
     took 0.08 to 2.4 s on two threads and 0.035 s on one."""
@@ -99,8 +105,47 @@ def _threads_for(m: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+class FeatureSource(ABC):
+    """A model family's side of the feature store: what to featurize, with which projector, under which key.
+
+    ``losses``: the loss names its projector accepts. ``checkpoints`` and :meth:`checkpoint` (a name or epoch to
+    a checkpoint) select what is featurized (:func:`models.explain.trak.resolve_checkpoints`).
+    """
+
+    losses: tuple[str, ...]
+
+    @property
+    @abstractmethod
+    def checkpoints(self) -> Sequence[CheckpointLike]:
+        """Every checkpoint of the model, in order."""
+
+    @abstractmethod
+    def checkpoint(self, name: str) -> CheckpointLike:
+        """The checkpoint called ``name``; ``KeyError`` when there is none."""
+
+    @property
+    @abstractmethod
+    def examples(self) -> torch.Tensor:
+        """The training examples featurized by default, one per row (in order: rows are what segments chain)."""
+
+    @property
+    @abstractmethod
+    def config(self) -> dict[str, Any]:
+        """The model's configuration as a JSON-able dict (part of every feature key)."""
+
+    @abstractmethod
+    def resolve_layers(self, layers: str | Sequence[str]) -> tuple[str, ...]:
+        """The parameter names ``layers`` stands for (``ValueError`` for an unknown one), as its projector resolves
+        them: the stored settings and the key hold these."""
+
+    @abstractmethod
+    def projector(self, layers: tuple[str, ...], loss: str, proj_dim: int, seed: int,
+                  device: torch.device | str | None, dtype: torch.dtype, batch_size: int) -> Projector:
+        """A projector of the model for these settings (``device`` None: the model's)."""
+
+
 class NotFeaturized(LookupError):
-    """The store does not hold features of every training triple for a checkpoint and these settings."""
+    """The store does not hold features of every training example for a checkpoint and these settings."""
 
 
 def _digest_tensor(h: Any, t: torch.Tensor) -> None:
@@ -133,9 +178,10 @@ def weights_digest(ckpt: Any) -> str:
 _DIGESTS: dict[tuple, str] = {}
 
 
-def triples_digest(triples: torch.Tensor) -> str:
+def examples_digest(examples: torch.Tensor) -> str:
+    """SHA-256 of a segment's examples: integer (and boolean) examples as int64, floating ones as they are."""
     h = hashlib.sha256()
-    _digest_tensor(h, triples.to(torch.int64))
+    _digest_tensor(h, examples if examples.is_floating_point() or examples.is_complex() else examples.to(torch.int64))
     return h.hexdigest()
 
 
@@ -156,13 +202,13 @@ class FeatureSettings:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def settings_for(bundle: Any, layers: str | Sequence[str], loss: str, proj_dim: int, seed: int) -> FeatureSettings:
-    """Validated settings (the layers resolved against the model, as the projector does)."""
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    if not 1 <= int(proj_dim) <= MAX_PROJ_DIM:
-        raise ValueError(f"proj_dim must be between 1 and {MAX_PROJ_DIM}, got {proj_dim}")
-    return FeatureSettings(resolve_layers(bundle.model, layers), loss, int(proj_dim), int(seed))
+def settings_for(source: FeatureSource, layers: str | Sequence[str], loss: str, proj_dim: int,
+                 seed: int) -> FeatureSettings:
+    """Validated settings (the layers resolved against the model, as its projector does)."""
+    if loss not in source.losses:
+        raise ValueError(f"loss must be one of {source.losses}, got {loss!r}")
+    check_proj_dim(proj_dim)
+    return FeatureSettings(source.resolve_layers(layers), loss, int(proj_dim), int(seed))
 
 
 @dataclass
@@ -194,7 +240,7 @@ def chain(store: Any, key: str, train: torch.Tensor) -> tuple[list[Segment], int
     while off < n:
         for rows in sizes:
             if off + rows <= n:
-                d = triples_digest(train[off:off + rows])
+                d = examples_digest(train[off:off + rows])
                 if d in stored[rows]:
                     segs.append(Segment(off, off + rows, d))
                     off += rows
@@ -204,19 +250,19 @@ def chain(store: Any, key: str, train: torch.Tensor) -> tuple[list[Segment], int
     return segs, off
 
 
-def featurize(store: Any, bundle: Any, checkpoints: Any = "all", *, layers: str | Sequence[str] = "all",
-              loss: str = "train", proj_dim: int = 256, seed: int = 0, train: torch.Tensor | None = None,
-              device: torch.device | str | None = None, batch_size: int = 256,
+def featurize(store: Any, source: FeatureSource, checkpoints: Any = "all", *,
+              layers: str | Sequence[str] = "all", loss: str = "train", proj_dim: int = 256, seed: int = 0,
+              train: torch.Tensor | None = None, device: torch.device | str | None = None, batch_size: int = 256,
               progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Compute and store what is missing of the features of ``train`` (default: the model's training triples) for
-    each checkpoint. Returns per checkpoint its feature key and the rows reused and computed."""
-    ckpts = resolve_checkpoints(bundle, checkpoints)
-    train = bundle.dataset.train if train is None else train
-    fs = settings_for(bundle, layers, loss, proj_dim, seed)
-    proj = GradientProjector(bundle.model, fs.layers, loss, proj_dim, seed, device, torch.float32, batch_size)
+    """Compute and store what is missing of the features of ``train`` (default: the source's training examples)
+    for each checkpoint. Returns per checkpoint its feature key and the rows reused and computed."""
+    ckpts = resolve_checkpoints(source, checkpoints)
+    train = source.examples if train is None else train
+    fs = settings_for(source, layers, loss, proj_dim, seed)
+    proj = source.projector(fs.layers, loss, proj_dim, seed, device, torch.float32, batch_size)
     plans = []
     for ck in ckpts:
-        key = fs.key(bundle.model.config, weights_digest(ck))
+        key = fs.key(source.config, weights_digest(ck))
         segs, off = chain(store, key, train)
         plans.append((ck, key, segs, off))
     todo = sum(len(train) - off for *_, off in plans)
@@ -245,7 +291,7 @@ def featurize(store: Any, bundle: Any, checkpoints: Any = "all", *, layers: str 
 
 
 def _put_segment(store: Any, key: str, rows: torch.Tensor, phi: torch.Tensor, fs: FeatureSettings) -> None:
-    digest = triples_digest(rows)
+    digest = examples_digest(rows)
     target = f"{PREFIX}/{key}/{digest}"
     if store.exists(target):
         return
@@ -299,7 +345,7 @@ class _Rows:
 
 @dataclass
 class TopK:
-    """Per test triple: the ``k`` largest positive scores (proponents) and most negative (opponents), column
+    """Per test example: the ``k`` largest positive scores (proponents) and most negative (opponents), column
     positions (-1 in unused slots) and values, with counts of positive and negative scores."""
 
     pro_idx: torch.Tensor
@@ -368,23 +414,22 @@ class FeatureIndex:
     Raises :class:`NotFeaturized` when a checkpoint's rows are not all stored (featurize first).
     """
 
-    def __init__(self, store: Any, bundle: Any, checkpoints: Any = "all", *, layers: str | Sequence[str] = "all",
-                 loss: str = "train", proj_dim: int = 256, seed: int = 0, train: torch.Tensor | None = None,
-                 batch_size: int = 256) -> None:
-        self.bundle = bundle
-        self.ckpts = resolve_checkpoints(bundle, checkpoints)
-        self.train = bundle.dataset.train if train is None else train
-        self.settings = settings_for(bundle, layers, loss, proj_dim, seed)
-        self.proj = GradientProjector(bundle.model, self.settings.layers, loss, proj_dim, seed, "cpu",
-                                      torch.float32, batch_size)
+    def __init__(self, store: Any, source: FeatureSource, checkpoints: Any = "all", *,
+                 layers: str | Sequence[str] = "all", loss: str = "train", proj_dim: int = 256, seed: int = 0,
+                 train: torch.Tensor | None = None, batch_size: int = 256) -> None:
+        self.source = source
+        self.ckpts = resolve_checkpoints(source, checkpoints)
+        self.train = source.examples if train is None else train
+        self.settings = settings_for(source, layers, loss, proj_dim, seed)
+        self.proj = source.projector(self.settings.layers, loss, proj_dim, seed, "cpu", torch.float32, batch_size)
         self.views: list[_Rows] = []
         self.keys: list[str] = []
         for ck in self.ckpts:
-            key = self.settings.key(bundle.model.config, weights_digest(ck))
+            key = self.settings.key(source.config, weights_digest(ck))
             segs, off = chain(store, key, self.train)
             if off < len(self.train):
                 raise NotFeaturized(f"checkpoint {ck.name!r}: {len(self.train) - off} of {len(self.train)} training "
-                                    "triples have no stored features for these settings; run featurize first")
+                                    "examples have no stored features for these settings; run featurize first")
             self.keys.append(key)
             self.views.append(_Rows(store, key, segs))
 
@@ -400,7 +445,7 @@ class FeatureIndex:
         """Per checkpoint the test-side ``Q_c`` ``[m, k]`` (module docstring)."""
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-        with _threads_for(len(test)):
+        with threads_for(len(test)):
             phis = self.test_features(test)
         if estimator == "trak":
             return [trak_query(v.gram, damping, p, v.chol(float(damping))) / len(phis)
@@ -422,10 +467,10 @@ class FeatureIndex:
         phis = [torch.cat([v.rows(j, j + 1) for j in rows]) for v in self.views]
         return self._self(phis, estimator, damping, weights)
 
-    def self_scores_of(self, triples: torch.Tensor, estimator: str = "trak", damping: float = DEFAULT_DAMPING,
+    def self_scores_of(self, examples: torch.Tensor, estimator: str = "trak", damping: float = DEFAULT_DAMPING,
                        weights: Sequence[float] | None = None) -> torch.Tensor:
-        """The same for triples given by id (their features computed now)."""
-        return self._self(self.test_features(triples), estimator, damping, weights)
+        """The same for examples given as such (their features computed now)."""
+        return self._self(self.test_features(examples), estimator, damping, weights)
 
     def _self(self, phis: list[torch.Tensor], estimator: str, damping: float,
               weights: Sequence[float] | None) -> torch.Tensor:
@@ -438,7 +483,7 @@ class FeatureIndex:
 
     def tiles(self, qs: list[torch.Tensor], tile_rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
         """``(first row, Σ_c Q_c Φ_c[rows]ᵀ)`` over tiles of ``tile_rows`` training rows (default
-        :func:`tile_rows_for` the number of test triples)."""
+        :func:`tile_rows_for` the number of test examples)."""
         n = len(self.train)
         tile_rows = tile_rows_for(qs[0].shape[0]) if tile_rows is None else tile_rows
         for r0 in range(0, n, tile_rows):
@@ -454,68 +499,5 @@ class FeatureIndex:
         return torch.cat([s for _, s in self.tiles(qs, tile_rows)], 1)
 
     def top_k(self, qs: list[torch.Tensor], k: int, tile_rows: int | None = None) -> TopK:
-        with _threads_for(qs[0].shape[0]):
+        with threads_for(qs[0].shape[0]):
             return streaming_top_k(self.tiles(qs, tile_rows), qs[0].shape[0], k)
-
-
-def stored_report(store: Any, bundle: Any, test_triples: Sequence[Sequence[str]], *, estimator: str = "trak",
-                  top_k: int = 10, checkpoints: Any = "all", layers: str | Sequence[str] = "all",
-                  loss: str = "train", proj_dim: int = 256, seed: int = 0, damping: float = DEFAULT_DAMPING,
-                  weights: Sequence[float] | None = None, train: torch.Tensor | None = None,
-                  tile_rows: int | None = None, progress: Callable[[int, int, str], None] | None = None) -> tuple[dict, list[dict]]:
-    """A TracIn mode-``test`` report (same result shape, see :mod:`models.kg.influence`) scored against the stored
-    features of every training triple (``train``, default the model's): ``estimator`` ``trak`` or ``tracin_projected`` (checkpoint weights
-    ``weights``, default the stored learning rates). ``train_self_influence`` of a listed training triple is its
-    own score under the same estimator. Raises :class:`NotFeaturized` when the features are not all stored."""
-    from models.common import NonFiniteError
-    from models.kg.influence import GlobalTop, entry_csv_rows, finish_entry
-
-    t0 = time.perf_counter()
-    ds = bundle.dataset
-    test = ds.encode(test_triples)
-    index = FeatureIndex(store, bundle, checkpoints, layers=layers, loss=loss, proj_dim=proj_dim, seed=seed,
-                         train=train)
-    qs = index.queries(test, estimator, damping, weights)
-    names = ds.decode(test)
-    tile_rows = tile_rows_for(len(test)) if tile_rows is None else tile_rows
-    n_tiles = max(1, -(-len(index.train) // tile_rows))
-
-    def tiles() -> Iterator[tuple[int, torch.Tensor]]:
-        for i, tile in enumerate(index.tiles(qs, tile_rows)):
-            bad = ~torch.isfinite(tile[1])
-            if bool(bad.any()):  # a NaN would silently drop out of both rankings
-                rows_bad = torch.nonzero(bad.any(1)).flatten()
-                raise NonFiniteError(f"non-finite score for {len(rows_bad)} test triple(s): "
-                                     + ", ".join(str(names[int(r)]) for r in rows_bad[:10]),
-                                     [names[int(r)] for r in rows_bad])
-            if progress is not None:
-                progress(i + 1, n_tiles, f"tile {i + 1}/{n_tiles}")
-            yield tile
-
-    with _threads_for(len(test)):
-        top = streaming_top_k(tiles(), len(test), top_k)
-    listed = sorted({int(j) for j in torch.cat([top.pro_idx.flatten(), top.opp_idx.flatten()]).tolist() if j >= 0})
-    self_of = dict(zip(listed, index.self_scores(listed, estimator, damping, weights).tolist(), strict=True))
-    test_self = index.self_scores_of(test, estimator, damping, weights)
-    train_names = dict(zip(listed, ds.decode(index.train[torch.tensor(listed, dtype=torch.long)]) if listed else [],
-                           strict=True))
-    best = GlobalTop(top_k)
-    entries, rows = [], []
-    for i, te in enumerate(names):
-        entry: dict = {"test_triple": te, "self_influence": float(test_self[i]), "n_candidates": len(index.train),
-                       "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i])}
-        for key, idx, val in (("proponents", top.pro_idx, top.pro_val), ("opponents", top.opp_idx, top.opp_val)):
-            entry[key] = [{"train_triple": train_names[int(j)], "influence": float(v),
-                           "train_self_influence": self_of[int(j)], "train_index": int(j)}
-                          for j, v in zip(idx[i].tolist(), val[i].tolist(), strict=True) if j >= 0]
-        best.add(i, entry)
-        public = finish_entry(entry, top_k)
-        rows += entry_csv_rows(ds, public)
-        entries.append(public)
-    result = {"mode": "test", "top_k": top_k, "estimator": estimator, "approximate": True,
-              "checkpoints": [{"name": c.name, "weight": w} for c, w in zip(index.ckpts, index.weights(weights),
-                                                                          strict=True)],
-              "layers": list(index.settings.layers), "loss": loss, "projection_dim": int(proj_dim), "seed": int(seed),
-              "damping": float(damping) if estimator == "trak" else None, "n_candidates_scored": len(index.train),
-              **best.result(), "results": entries, "seconds": time.perf_counter() - t0}
-    return result, rows

@@ -1,54 +1,52 @@
-r"""TRAK-style data attribution for ConvE triples: projected per-example gradients, a Gauss–Newton inverse in the
+r"""TRAK-style data attribution, model-agnostic: projected per-example gradients, a Gauss–Newton inverse in the
 projected space, averaged over checkpoints (Park et al. 2023, "TRAK: Attributing Model Behavior at Scale"; the
 Kronecker-structured projection is LoGra's, Choe et al. 2024, "What is Your Data Worth to GPT?").
 
-What is computed, exactly. For checkpoint c (weights w_c, the model in eval mode), every triple z has a feature
+What is computed, exactly. For checkpoint c (weights w_c, the model in eval mode), every example z has a feature
 
 .. math::
 
     \phi_c(z) = P^\top \nabla_w \ell(w_c, z) \in \mathbb{R}^k
 
-where ``ℓ`` is the per-triple loss TracIn uses (``loss="train"``: 1-N BCE with label smoothing, summed over both
-query directions of a reciprocal model; ``"score_bce"``: BCE of σ(s_t) against 1; ``"margin"``: TRAK's output
-function, the negated multi-class margin −(s_t − log Σ_{e≠t} exp s_e) of the tail query (h, r, ?) alone, the
-quantity an LDS evaluation measures), the gradient is restricted to
-``layers`` (names as in :func:`models.explain.tracin.resolve_layers`), and ``P`` is the seeded random projection
-below. With Φ_c the ``[n, k]`` features of the training triples ``train`` and
-``λ_c = damping · tr(Φ_cᵀΦ_c) / k`` (damping relative to the mean eigenvalue of the Gauss–Newton matrix, so it does
-not depend on the loss scale),
+where ``ℓ`` is a model family's per-example loss or output function, the gradient is restricted to the parameters
+the family names, and ``P`` is the seeded random projection below. With Φ_c the ``[n, k]`` features of the
+training examples ``train`` and ``λ_c = damping · tr(Φ_cᵀΦ_c) / k`` (damping relative to the mean eigenvalue of
+the Gauss–Newton matrix, so it does not depend on the loss scale),
 
 .. math::
 
     \mathrm{score}(z_{test}, z_j) = \frac{1}{C} \sum_c \phi_c(z_{test})^\top (\Phi_c^\top \Phi_c + \lambda_c I)^{-1}
                                      \phi_c(z_j)
 
-``self_scores`` is the same with z_test = z_j (each training triple's leverage, the TRAK form of self-influence for
-mislabel detection). Higher means the training triple helps: a step along ``(ΦᵀΦ + λI)⁻¹ ∇ℓ(z_j)`` lowers
-ℓ(z_test) to first order. With ``loss="margin"`` this is the paper's estimator (its features are gradients of the
-margin on both sides) except for two choices: TRAK's diagonal re-weighting ``Q = diag(1 − p)`` is not applied (on
-Nations it changed the LDS by under 0.01), and the ensemble is over the checkpoints of one training run (as in
-TRAK's checkpoint ensembles), each given the same weight. With ``loss="train"`` (the default, as TracIn) the
-features are gradients of the training loss instead; the evaluation's ``trak`` estimator
-(``models.kg.evaluation.trak_scores``) uses the margin.
+(:func:`projected_trak_scores`). :func:`projected_self_scores` is the same with z_test = z_j (each training
+example's leverage, the TRAK form of self-influence for mislabel detection). Higher means the training example
+helps: a step along ``(ΦᵀΦ + λI)⁻¹ ∇ℓ(z_j)`` lowers ℓ(z_test) to first order. :func:`projected_tracin_scores` is
+TracIn with projected gradients, Σ_c η_c φ_c(z_test)ᵀ φ_c(z_j): each gradient dot product replaced by an unbiased
+estimate with a relative error of order √(2/k).
 
-The projection. Every parameter is viewed as a matrix ``[m, n]`` (a vector is ``[m, 1]``, ``conv.weight``
-``[F, k_h·k_w]``), and its block of ``P`` is the Kronecker product ``A ⊗ B / √k`` with ``A ∈ R^{m×k₁}``,
-``B ∈ R^{n×k₂}``, ``k₁·k₂ = k`` (``k₁`` the largest divisor of ``k`` not above √k), entries i.i.d. N(0, 1).
-The blocks of different parameters are independent and their projections add up, so ``P`` is one ``[P_total, k]``
-matrix with E[P Pᵀ] = I: inner products of projected gradients are unbiased estimates of the exact ones. ConvE's
-large gradients are sums of outer products (``fc.weight``: δ_f ⊗ a; the entity table: g ⊗ x + 1_h ⊗ u), and
-``(A ⊗ B)ᵀ vec(α βᵀ) = (Aᵀα) ⊗ (Bᵀβ)``, so a feature costs O(m·k₁ + n·k₂ + k) per outer product and neither the
-per-example gradient (2.1M numbers for ConvE-200) nor ``P`` (2.1M × k) is ever built. The factors themselves are
-generated in chunks of ``PROJ_CHUNK`` rows, each from its own generator seeded by (seed, parameter, side, chunk),
-always in the same chunks, so the projection depends on the seed only (not on the device or the batch), and no
-matrix larger than the parameter's own row count times k₁ (or k₂) exists. :func:`projection_matrix` builds the
-explicit ``P`` for a tiny model: the dense reference (:func:`reference_trak_scores`) multiplies it with full
-per-example gradients from ``torch.func`` and inverts the matrix explicitly.
+The model enters through a :class:`Projector` (load a checkpoint, ``features(examples) -> [n, k]``): the role of
+TRAK's ``AbstractModelOutput`` with its projector. :class:`FuncProjector` is the generic one: it materialises
+per-example gradients of any ``nn.Module`` with ``torch.func`` (:mod:`models.explain.gradients`) and multiplies
+them block by block with the factors below, so a new model family gets TRAK by stating its loss. A family with
+factored gradients projects them without building them (ConvE: :mod:`models.kg.trak`), with the same factors, so
+the two projectors give the same features (tested).
 
-Inverse: ``ΦᵀΦ`` is accumulated in float64 and ``ΦᵀΦ + λI`` (``k × k``) factorised by Cholesky per checkpoint, then
-solved against the test features (float64; the product with the training features in ``dtype``). The loss gradient
-∂ℓ/∂s is taken in closed form, ``(σ(s) − y)/N`` for the 1-N loss and ``σ(s_t) − 1`` at the one score ``score_bce``
-touches (so that loss never multiplies by the whole entity table); the rest of the backward pass is autograd's.
+The projection. Every parameter is viewed as a matrix ``[m, n]`` (:func:`matrix_view`: a vector is ``[m, 1]``, a
+tensor ``[d₀, d₁·d₂·…]``, a convolution's weight ``[F, c·k_h·k_w]``), and its block of ``P`` is the Kronecker
+product ``A ⊗ B / √k`` with ``A ∈ R^{m×k₁}``, ``B ∈ R^{n×k₂}``, ``k₁·k₂ = k`` (``k₁`` the largest divisor of ``k``
+not above √k, :func:`split_dim`), entries i.i.d. N(0, 1). The blocks of different parameters are independent and
+their projections add up, so ``P`` is one ``[P_total, k]`` matrix with E[P Pᵀ] = I: inner products of projected
+gradients are unbiased estimates of the exact ones. For a materialised gradient block ``G`` (``[m, n]``) the
+block's projection is ``vec(Aᵀ G B)``; for an outer product, ``(A ⊗ B)ᵀ vec(α βᵀ) = (Aᵀα) ⊗ (Bᵀβ)``. The factors
+themselves are generated in chunks of ``PROJ_CHUNK`` rows, each from its own generator seeded by (seed, parameter
+name, side, chunk), always in the same chunks (:func:`projection_factor`), so the projection depends on the seed
+and the parameter names only (not on the device, the batch or the projector), and no matrix larger than the
+parameter's own row count times k₁ (or k₂) exists. :func:`projection_matrix` builds the explicit ``P`` for a tiny
+model from the parameters' shapes (dense references).
+
+Inverse: ``ΦᵀΦ`` is accumulated in float64 (:func:`gram_of`) and ``ΦᵀΦ + λI`` (``k × k``) factorised by Cholesky
+per checkpoint (:func:`damped_cholesky`), then solved against the test features (float64; the product with the
+training features in the projector's ``dtype``; :func:`trak_query`).
 """
 
 from __future__ import annotations
@@ -56,22 +54,19 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
+from torch import nn
 
-from models.explain.tracin import DEEP, CheckpointLike, resolve_layers
-from models.kg.conve import ConvE, triple_queries
-from models.kg.shapes import OUTPUT_TABLE
+from models.explain.gradients import LossFn, module_device, per_example_gradients, resolve_parameters
+from models.explain.tracin import CheckpointLike
 
 PROJ_CHUNK = 4096      # rows of a projection factor generated from one seeded generator
 MAX_PROJ_DIM = 8192    # the k × k Gauss–Newton matrix is inverted per checkpoint
 DEFAULT_DAMPING = 0.01
-LOSSES = ("train", "score_bce", "margin")
 
 
 def split_dim(k: int) -> tuple[int, int]:
@@ -98,85 +93,82 @@ def projection_factor(seed: int, name: str, side: str, rows: int, cols: int,
     return torch.cat(parts).to(device=device, dtype=dtype)
 
 
-def matrix_shape(model: ConvE, name: str) -> tuple[int, int]:
-    """The matrix view ``[m, n]`` of parameter ``name`` (``ent.weight:output`` is the entity table)."""
-    shape = tuple(model.get_parameter("ent.weight" if name == OUTPUT_TABLE else name).shape)
+def matrix_view(shape: Sequence[int]) -> tuple[int, int]:
+    """The matrix view ``[m, n]`` of a parameter of shape ``shape``: ``[m, 1]`` for a vector, ``[1, 1]`` for a
+    scalar, ``[d₀, d₁·d₂·…]`` otherwise (row-major, as a flattened gradient lays it out)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0:
+        return 1, 1
     if len(shape) == 1:
         return shape[0], 1
     return shape[0], math.prod(shape[1:])
 
 
-def projection_matrix(model: ConvE, names: Sequence[str], proj_dim: int, seed: int,
+def projection_matrix(shapes: Mapping[str, Sequence[int]], proj_dim: int, seed: int,
                       dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The explicit ``[P_total, k]`` projection (rows in ``names`` order, each parameter flattened row-major, as
-    :func:`models.explain.tracin.per_example_grads` lays gradients out). For tiny models: the dense reference."""
+    """The explicit ``[P_total, k]`` projection of the parameters ``shapes`` (name -> shape, or its matrix view;
+    rows in the mapping's order, each parameter flattened row-major, as per-example gradients are laid out). For
+    tiny models: the dense references."""
     k1, k2 = split_dim(proj_dim)
     blocks = []
-    for name in names:
-        m, n = matrix_shape(model, name)
+    for name, shape in shapes.items():
+        m, n = matrix_view(shape)
         a = projection_factor(seed, name, "L", m, k1, dtype)
         b = projection_factor(seed, name, "R", n, k2, dtype)
         blocks.append(torch.kron(a, b))
     return torch.cat(blocks) / math.sqrt(proj_dim)
 
 
-def _loss(logits: torch.Tensor, t: torch.Tensor, label_smoothing: float, kind: str) -> torch.Tensor:
-    """``models.kg.conve.query_loss`` in the logits' own dtype (float64 for the reference comparisons)."""
-    if kind == "train":
-        n = logits.shape[-1]
-        onehot = (torch.arange(n, device=logits.device) == t.unsqueeze(-1)).to(logits.dtype)
-        y = (1.0 - label_smoothing) * onehot + 1.0 / n
-        return F.binary_cross_entropy_with_logits(logits, y, reduction="none").mean(-1)
-    if kind == "score_bce":
-        s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-        return F.binary_cross_entropy_with_logits(s, torch.ones_like(s), reduction="none")
-    if kind == "margin":  # −(s_t − logsumexp_{e≠t} s_e), TRAK's output function (negated: lower is better)
-        s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-        others = logits.scatter(-1, t.unsqueeze(-1), float("-inf"))
-        return torch.logsumexp(others, -1) - s
-    raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
+def check_proj_dim(proj_dim: int) -> None:
+    if not 1 <= int(proj_dim) <= MAX_PROJ_DIM:
+        raise ValueError(f"proj_dim must be between 1 and {MAX_PROJ_DIM}, got {proj_dim}")
 
 
-def _bn(x: torch.Tensor, bn: torch.nn.Module) -> torch.Tensor:
-    return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight.detach(), bn.bias.detach(), False, 0.0,
-                        bn.eps)
+def check_damping(damping: float) -> None:
+    if not (math.isfinite(damping) and damping > 0):
+        raise ValueError(f"damping must be a finite number > 0, got {damping}")
 
 
-def _xhat(x: torch.Tensor, bn: torch.nn.Module) -> torch.Tensor:
-    shape = (1, -1) + (1,) * (x.dim() - 2)
-    return (x.detach() - bn.running_mean.view(shape)) * torch.rsqrt(bn.running_var.view(shape) + bn.eps)
+# ------------------------------------------------------------------------------------------ the interface
+class Projector(ABC):
+    """Projected per-example gradients ``φ(z) = Pᵀ∇ℓ(z)`` of one model at the weights last :meth:`load`-ed: a model
+    family's side of TRAK and projected TracIn (the role of TRAK's ``AbstractModelOutput`` with its projector).
+
+    ``names``: the parameters differentiated, in order (the projection's blocks, keyed by these names);
+    ``proj_dim``: k; ``device`` and ``dtype``: where and in what :meth:`features` returns.
+    """
+
+    names: tuple[str, ...]
+    proj_dim: int
+    device: torch.device
+    dtype: torch.dtype
+
+    @abstractmethod
+    def load(self, ckpt: CheckpointLike) -> None:
+        """Make checkpoint ``ckpt``'s weights current."""
+
+    @abstractmethod
+    def features(self, examples: torch.Tensor) -> torch.Tensor:
+        """``[n, k]`` projected gradients of ``examples`` (one example per row), in ``dtype``, on ``device``."""
 
 
-@dataclass
-class GradientProjector:
-    """Projected per-triple gradients ``φ(z) = Pᵀ∇ℓ(z)`` of one ConvE at the weights last ``load``-ed."""
+class KroneckerProjector(Projector):
+    """A :class:`Projector` with this module's seeded Kronecker blocks: a frozen working copy of the model whose
+    weights :meth:`load` replaces, and each parameter's factors (:func:`projection_factor`, ``[m, k₁]`` and
+    ``[n, k₂]`` for its matrix view ``[m, n]``) built on first use. A subclass sets ``proj_dim``, ``seed``,
+    ``device`` and ``dtype``, calls :meth:`prepare`, and projects its gradients with :meth:`factor`."""
 
-    model: ConvE
-    layers: str | Sequence[str] = "all"
-    loss: str = "train"
-    proj_dim: int = 256
-    seed: int = 0
-    device: torch.device | str | None = None
-    dtype: torch.dtype = torch.float32
-    batch_size: int = 256
-    names: tuple[str, ...] = field(init=False)
-    _work: ConvE = field(init=False, repr=False)
-    _factors: dict[tuple[str, str], torch.Tensor] = field(init=False, repr=False)
+    seed: int
 
-    def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
-        if not 1 <= int(self.proj_dim) <= MAX_PROJ_DIM:
-            raise ValueError(f"proj_dim must be between 1 and {MAX_PROJ_DIM}, got {self.proj_dim}")
-        if self.batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        self.device = torch.device(self.device) if self.device is not None else self.model.ent.weight.device
-        self.names = resolve_layers(self.model, self.layers)
+    def prepare(self, model: nn.Module, shapes: dict[str, tuple[int, int]]) -> None:
+        """The working copy of ``model`` (in ``dtype``, on ``device``, no gradients kept) and the matrix views
+        ``shapes`` of the projected parameters."""
         self.k1, self.k2 = split_dim(int(self.proj_dim))
-        self._work = copy.deepcopy(self.model).to(device=self.device, dtype=self.dtype).eval()
+        self._work = copy.deepcopy(model).to(device=self.device, dtype=self.dtype).eval()
         for p in self._work.parameters():
             p.requires_grad_(False)
-        self._factors = {}
+        self._shapes = dict(shapes)
+        self._factors: dict[tuple[str, str], torch.Tensor] = {}
 
     def load(self, ckpt: CheckpointLike) -> None:
         """Make checkpoint ``ckpt``'s weights current."""
@@ -184,153 +176,58 @@ class GradientProjector:
         self._work.to(device=self.device, dtype=self.dtype).eval()
 
     def factor(self, name: str, side: str) -> torch.Tensor:
+        """The ``"L"`` (``[m, k₁]``) or ``"R"`` (``[n, k₂]``) factor of parameter ``name``'s block."""
         key = (name, side)
         if key not in self._factors:
-            m, n = matrix_shape(self._work, name)
+            m, n = self._shapes[name]
             self._factors[key] = projection_factor(self.seed, name, side, m if side == "L" else n,
                                                    self.k1 if side == "L" else self.k2, self.dtype, self.device)
         return self._factors[key]
 
+
+class FuncProjector(KroneckerProjector):
+    """The generic :class:`Projector` of any ``nn.Module``: per-example gradients of ``loss`` (a
+    :data:`models.explain.gradients.LossFn`) materialised by ``torch.func``, each parameter's block ``G`` projected
+    as ``vec(Aᵀ G B)`` with the seeded factors of :func:`projection_factor`, summed and divided by √k: exactly
+    ``∇ℓ @ projection_matrix(...)`` without building ``P``. Each batch holds ``[batch, P]`` gradient numbers.
+
+    ``layers``: ``"all"``, parameter names or module names (:func:`models.explain.gradients.resolve_parameters`).
+    The model's copy computes in ``dtype``, and floating-point examples are cast to it.
+    """
+
+    def __init__(self, model: nn.Module, loss: LossFn, layers: str | Sequence[str] = "all", proj_dim: int = 256,
+                 seed: int = 0, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                 batch_size: int = 256) -> None:
+        check_proj_dim(proj_dim)
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.loss, self.proj_dim, self.seed, self.dtype, self.batch_size = loss, int(proj_dim), seed, dtype, batch_size
+        self.device = torch.device(device) if device is not None else module_device(model)
+        self.names = resolve_parameters(model, layers)
+        self.prepare(model, {n: matrix_view(model.get_parameter(n).shape) for n in self.names})
+
     @torch.no_grad()
-    def features(self, triples: torch.Tensor) -> torch.Tensor:
-        """``[n, k]`` projected gradients of ``triples`` ``[n, 3]`` (in ``dtype``, on ``device``)."""
-        out = torch.empty(len(triples), int(self.proj_dim), dtype=self.dtype, device=self.device)
-        for i in range(0, len(triples), self.batch_size):
-            b = triples[i:i + self.batch_size].to(self.device)
-            out[i:i + len(b)] = self._batch(b)
+    def features(self, examples: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(len(examples), self.proj_dim, dtype=self.dtype, device=self.device)
+        for i in range(0, len(examples), self.batch_size):
+            b = examples[i:i + self.batch_size].to(self.device)
+            if b.is_floating_point():
+                b = b.to(self.dtype)
+            with torch.enable_grad():
+                g = per_example_gradients(self._work, self.names, self.loss, b)
+            phi = torch.zeros(len(b), self.proj_dim, dtype=self.dtype, device=self.device)
+            col = 0
+            for name in self.names:
+                m, n = self._shapes[name]
+                block = g[:, col:col + m * n].reshape(len(b), m, n)
+                col += m * n
+                phi += torch.einsum("bmn,mi,nj->bij", block, self.factor(name, "L"),
+                                    self.factor(name, "R")).reshape(len(b), -1)
+            out[i:i + len(b)] = phi / math.sqrt(self.proj_dim)
         return out
 
-    def _batch(self, triples: torch.Tensor) -> torch.Tensor:
-        c = self.model.config
-        phi = torch.zeros(len(triples), int(self.proj_dim), dtype=self.dtype, device=self.device)
-        queries = triple_queries(triples, c.num_relations, c.reciprocal)
-        if self.loss == "margin":  # the margin is of the tail query (h, r, ?) alone
-            queries = queries[:1]
-        for q in queries:
-            phi += self._query_features(q)
-        return phi / math.sqrt(int(self.proj_dim))
 
-    def _query_features(self, q: torch.Tensor) -> torch.Tensor:
-        """Σ over the selected parameters of ``(A ⊗ B)ᵀ vec(∇_param ℓ)`` for queries ``q`` ``[B, 3]``."""
-        m, c = self._work, self.model.config
-        want = set(self.names)
-        h, r, t = q[:, 0], q[:, 1], q[:, 2]
-        E = m.ent.weight
-        deep = bool(want & set(DEEP))   # gradients below fc's input need the backward pass through the conv block
-        with torch.enable_grad():
-            e = E[h].clone().requires_grad_(deep)
-            rr = m.rel.weight[r].clone().requires_grad_(deep)
-            x0 = m.stack(e, rr)
-            z0 = _bn(x0, m.bn0)
-            cv = F.conv2d(z0, m.conv.weight, m.conv.bias)
-            z1 = _bn(cv, m.bn1)
-            a = F.relu(z1).flatten(1)
-            f = F.linear(a, m.fc.weight, m.fc.bias)
-            if not deep:
-                f = f.detach().requires_grad_(True)
-            z2 = _bn(f, m.bn2)
-            xq = F.relu(z2)
-            # ∂ℓ/∂s in closed form (no autograd through the N-wide loss): the 1-N loss averages BCE over the N
-            # entities, so g = (σ(s) − y)/N; score_bce touches s_t only, g_t = σ(s_t) − 1 (and s_t alone is
-            # computed: no product with the whole entity table)
-            xd = xq.detach()
-            if self.loss == "train":
-                g = torch.sigmoid(xd @ E.t() + m.ent_bias)
-                n = g.shape[1]
-                g.sub_(1.0 / n)
-                g[torch.arange(len(t), device=g.device), t] -= 1.0 - c.label_smoothing
-                g.div_(n)
-                gt = None
-                dxq = g @ E
-            elif self.loss == "margin":
-                # the negative multi-class margin −(s_t − logsumexp_{e≠t} s_e): ∂/∂s_e = softmax_{e≠t}(s)_e for
-                # e ≠ t and −1 at t
-                s_all = xd @ E.t() + m.ent_bias
-                rows_ = torch.arange(len(t), device=s_all.device)
-                s_all[rows_, t] = float("-inf")
-                g = torch.softmax(s_all, dim=1)
-                g[rows_, t] = -1.0
-                gt = None
-                dxq = g @ E
-            else:
-                et = E[t]
-                gt = torch.sigmoid((xd * et).sum(1) + m.ent_bias[t]) - 1.0
-                g = None
-                dxq = gt[:, None] * et
-            grads = torch.autograd.grad(xq, [f, z2] + ([e, rr, z0, cv, z1] if deep else []), grad_outputs=dxq)
-        df, dz2 = grads[:2]
-        u, v, dz0, dcv, dz1 = grads[2:] if deep else (None,) * 5
-        bsz = len(q)
-        lefts: list[torch.Tensor] = []    # the rank-one terms (Aᵀα) ⊗ (Bᵀβ), summed by one batched product
-        rights: list[torch.Tensor] = []
-        mats: list[torch.Tensor] = []
-
-        def outer(name: str, left: torch.Tensor, right: torch.Tensor) -> None:
-            lefts.append(left @ self.factor(name, "L"))
-            rights.append(right @ self.factor(name, "R"))
-
-        def rows(name: str, idx: torch.Tensor, right: torch.Tensor) -> None:
-            lefts.append(self.factor(name, "L")[idx])
-            rights.append(right @ self.factor(name, "R"))
-
-        def vector(name: str, vec: torch.Tensor) -> None:  # a [B, m] gradient of an [m] (or [m, 1]) parameter
-            lefts.append(vec @ self.factor(name, "L"))
-            rights.append(self.factor(name, "R").expand(bsz, -1))
-
-        def matrix(name: str, mat: torch.Tensor) -> None:  # materialised [B, m, n] gradients (small parameters)
-            mats.append(torch.einsum("bmn,mi,nj->bij", mat, self.factor(name, "L"),
-                                     self.factor(name, "R")).reshape(bsz, -1))
-
-        def output_role(name: str, right: torch.Tensor) -> None:  # ∇ = g ⊗ right over the entity rows
-            if g is not None:
-                outer(name, g, right)
-            else:  # g = g_t 1_t
-                lefts.append(self.factor(name, "L")[t] * gt[:, None])
-                rights.append(right @ self.factor(name, "R"))
-
-        ones = torch.ones(bsz, 1, dtype=self.dtype, device=self.device)
-        for name in self.names:
-            if name == OUTPUT_TABLE:
-                output_role(name, xd)
-            elif name == "ent.weight":
-                output_role(name, xd)
-                rows(name, h, u)
-            elif name == "rel.weight":
-                rows(name, r, v)
-            elif name == "ent_bias":
-                output_role(name, ones)
-            elif name == "fc.weight":
-                outer(name, df, a.detach())
-            elif name == "fc.bias":
-                vector(name, df)
-            elif name == "bn2.weight":
-                vector(name, dz2 * _xhat(f, m.bn2))
-            elif name == "bn2.bias":
-                vector(name, dz2)
-            elif name == "bn0.weight":
-                vector(name, (dz0 * _xhat(x0, m.bn0)).reshape(bsz, -1).sum(1, keepdim=True))
-            elif name == "bn0.bias":
-                vector(name, dz0.reshape(bsz, -1).sum(1, keepdim=True))
-            elif name == "conv.weight":
-                k = c.kernel_size                                                    # patches [B, L, k*k]
-                patches = z0.detach()[:, 0].unfold(1, k, 1).unfold(2, k, 1).reshape(bsz, -1, k * k)
-                matrix(name, torch.bmm(dcv.flatten(2), patches))
-            elif name == "conv.bias":
-                vector(name, dcv.sum((2, 3)))
-            elif name == "bn1.weight":
-                vector(name, (dz1 * _xhat(cv, m.bn1)).sum((2, 3)))
-            elif name == "bn1.bias":
-                vector(name, dz1.sum((2, 3)))
-            else:  # resolve_layers only returns ConvE's parameters
-                raise ValueError(f"unknown layer {name!r}")
-        phi = torch.zeros(bsz, int(self.proj_dim), dtype=self.dtype, device=self.device)
-        if lefts:  # Σ_j (L_j ⊗ R_j) = vec(Σ_j L_jᵀ R_j) per example
-            phi += torch.bmm(torch.stack(lefts, 2), torch.stack(rights, 1)).reshape(bsz, -1)
-        for mat in mats:
-            phi += mat
-        return phi
-
-
+# ------------------------------------------------------------------------------------------ the inverse
 def damping_of(gram: torch.Tensor, damping: float) -> float:
     """λ = ``damping`` · tr(ΦᵀΦ)/k (``damping`` itself when the trace is 0)."""
     lam = float(damping) * float(torch.diagonal(gram).sum()) / gram.shape[0]
@@ -363,8 +260,10 @@ def trak_query(gram: torch.Tensor, damping: float, phi_test: torch.Tensor,
     return solved.t().to(dtype=phi_test.dtype, device=phi_test.device)
 
 
+# ------------------------------------------------------------------------------------------ scores
 def resolve_checkpoints(bundle: Any, checkpoints: Any) -> list[CheckpointLike]:
-    """``"all"`` (or None): the bundle's checkpoints; else a list of names or checkpoint objects."""
+    """``"all"`` (or None): the bundle's checkpoints (``bundle.checkpoints``); else a list of names (looked up with
+    ``bundle.checkpoint(name)``) or checkpoint objects."""
     if checkpoints is None or checkpoints == "all":
         out = list(bundle.checkpoints)
     else:
@@ -374,126 +273,51 @@ def resolve_checkpoints(bundle: Any, checkpoints: Any) -> list[CheckpointLike]:
     return out
 
 
-def _check_dims(name: str, triples: torch.Tensor) -> None:
-    if triples.dim() != 2 or triples.shape[1] != 3:
-        raise ValueError(f"{name} must be a LongTensor [n, 3], got shape {tuple(triples.shape)}")
-
-
-def _check_damping(damping: float) -> None:
-    if not (math.isfinite(damping) and damping > 0):
-        raise ValueError(f"damping must be a finite number > 0, got {damping}")
+def checkpoint_etas(checkpoints: Sequence[CheckpointLike], weights: Sequence[float] | None) -> list[float]:
+    """Projected TracIn's η per checkpoint: ``weights``, or each checkpoint's learning rate."""
+    etas = [float(c.lr) for c in checkpoints] if weights is None else [float(w) for w in weights]
+    if len(etas) != len(checkpoints):
+        raise ValueError(f"{len(etas)} weights for {len(checkpoints)} checkpoints")
+    return etas
 
 
 @torch.no_grad()
-def trak_scores(bundle: Any, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
-                layers: str | Sequence[str] = "all", proj_dim: int = 256, damping: float = DEFAULT_DAMPING,
-                seed: int = 0, device: torch.device | str | None = None, loss: str = "train",
-                dtype: torch.dtype = torch.float32, batch_size: int = 256) -> torch.Tensor:
-    """TRAK scores ``[m, n]`` of training triples ``train`` on test triples ``test`` (see the module docstring);
-    higher = the training triple helps the test triple's prediction. CPU tensor in ``dtype``."""
-    _check_dims("test", test)
-    _check_dims("train", train)
-    _check_damping(damping)
-    ckpts = resolve_checkpoints(bundle, checkpoints)
-    proj = GradientProjector(bundle.model, layers, loss, proj_dim, seed, device, dtype, batch_size)
-    out = torch.zeros(len(test), len(train), dtype=dtype, device=proj.device)
-    for ck in ckpts:
-        proj.load(ck)
-        phi = proj.features(train)
-        query = trak_query(gram_of(phi), damping, proj.features(test))           # [m, k]
+def projected_trak_scores(projector: Projector, checkpoints: Sequence[CheckpointLike], test: torch.Tensor,
+                          train: torch.Tensor, damping: float = DEFAULT_DAMPING) -> torch.Tensor:
+    """TRAK scores ``[m, n]`` of the training examples ``train`` on the test examples ``test`` (module docstring),
+    averaged over ``checkpoints``; higher = the training example helps. CPU tensor in the projector's dtype."""
+    check_damping(damping)
+    out = torch.zeros(len(test), len(train), dtype=projector.dtype, device=projector.device)
+    for ck in checkpoints:
+        projector.load(ck)
+        phi = projector.features(train)
+        query = trak_query(gram_of(phi), damping, projector.features(test))           # [m, k]
         out += query @ phi.t()
-    return (out / len(ckpts)).cpu()
+    return (out / len(checkpoints)).cpu()
 
 
 @torch.no_grad()
-def tracin_projected_scores(bundle: Any, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
-                            weights: Sequence[float] | None = None, layers: str | Sequence[str] = "all",
-                            proj_dim: int = 256, seed: int = 0, device: torch.device | str | None = None,
-                            loss: str = "train", dtype: torch.dtype = torch.float32,
-                            batch_size: int = 256) -> torch.Tensor:
+def projected_tracin_scores(projector: Projector, checkpoints: Sequence[CheckpointLike], test: torch.Tensor,
+                            train: torch.Tensor, weights: Sequence[float] | None = None) -> torch.Tensor:
     """Projected TracIn ``[m, n]``: Σ_c η_c φ_c(z_test)ᵀ φ_c(z_j), η_c the checkpoints' learning rates (or
-    ``weights``). An approximation of exact TracIn (:class:`models.explain.tracin.TracIn`): each gradient dot
-    product is replaced by the dot product of the projected gradients, unbiased, with a relative error of order
-    √(2/k)."""
-    _check_dims("test", test)
-    _check_dims("train", train)
-    ckpts = resolve_checkpoints(bundle, checkpoints)
-    etas = [float(c.lr) for c in ckpts] if weights is None else [float(w) for w in weights]
-    if len(etas) != len(ckpts):
-        raise ValueError(f"{len(etas)} weights for {len(ckpts)} checkpoints")
-    proj = GradientProjector(bundle.model, layers, loss, proj_dim, seed, device, dtype, batch_size)
-    out = torch.zeros(len(test), len(train), dtype=dtype, device=proj.device)
-    for ck, eta in zip(ckpts, etas, strict=True):
-        proj.load(ck)
-        out += eta * proj.features(test) @ proj.features(train).t()
+    ``weights``). CPU tensor in the projector's dtype."""
+    etas = checkpoint_etas(checkpoints, weights)
+    out = torch.zeros(len(test), len(train), dtype=projector.dtype, device=projector.device)
+    for ck, eta in zip(checkpoints, etas, strict=True):
+        projector.load(ck)
+        out += eta * projector.features(test) @ projector.features(train).t()
     return out.cpu()
 
 
 @torch.no_grad()
-def self_scores(bundle: Any, checkpoints: Any, train: torch.Tensor, *, layers: str | Sequence[str] = "all",
-                proj_dim: int = 256, damping: float = DEFAULT_DAMPING, seed: int = 0,
-                device: torch.device | str | None = None, loss: str = "train", dtype: torch.dtype = torch.float32,
-                batch_size: int = 256) -> torch.Tensor:
-    """``[n]``: each training triple's TRAK score on itself, φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over checkpoints
-    (high: the model leans on this triple alone; mislabelled triples rank high)."""
-    _check_dims("train", train)
-    _check_damping(damping)
-    ckpts = resolve_checkpoints(bundle, checkpoints)
-    proj = GradientProjector(bundle.model, layers, loss, proj_dim, seed, device, dtype, batch_size)
-    out = torch.zeros(len(train), dtype=dtype, device=proj.device)
-    for ck in ckpts:
-        proj.load(ck)
-        phi = proj.features(train)
+def projected_self_scores(projector: Projector, checkpoints: Sequence[CheckpointLike], train: torch.Tensor,
+                          damping: float = DEFAULT_DAMPING) -> torch.Tensor:
+    """``[n]``: each training example's TRAK score on itself, φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over checkpoints
+    (high: the model leans on this example alone; mislabelled examples rank high)."""
+    check_damping(damping)
+    out = torch.zeros(len(train), dtype=projector.dtype, device=projector.device)
+    for ck in checkpoints:
+        projector.load(ck)
+        phi = projector.features(train)
         out += (trak_query(gram_of(phi), damping, phi) * phi).sum(1)
-    return (out / len(ckpts)).cpu()
-
-
-# ------------------------------------------------------------------------------------------- dense reference
-def dense_gradients(model: ConvE, triples: torch.Tensor, names: Sequence[str], loss: str = "train") -> torch.Tensor:
-    """Full per-triple gradients ``[n, P]`` in the model's dtype with ``torch.func`` (``functional_call`` +
-    ``vmap(grad)``), columns in ``names`` order, each parameter flattened (the slow reference)."""
-    c = model.config
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
-    sel = {n: params[n] for n in names if n != OUTPUT_TABLE}
-    const = {n: p for n, p in params.items() if n not in sel}
-    use_out = OUTPUT_TABLE in names
-
-    def loss_fn(sel_p: dict[str, torch.Tensor], ow: torch.Tensor, trip: torch.Tensor) -> torch.Tensor:
-        full = {**const, **sel_p, **buffers}
-        total = torch.zeros((), dtype=ow.dtype)
-        queries = triple_queries(trip[None], c.num_relations, c.reciprocal)
-        for q in queries[:1] if loss == "margin" else queries:  # the margin is of the tail query alone
-            logits = functional_call(model, full, (q[:, 0], q[:, 1]), {"out_weight": ow if use_out else None})
-            total = total + _loss(logits, q[:, 2], c.label_smoothing, loss).sum()
-        return total
-
-    g = vmap(grad(loss_fn, argnums=(0, 1)), in_dims=(None, None, 0))(sel, params["ent.weight"], triples)
-    return torch.cat([(g[1] if n == OUTPUT_TABLE else g[0][n]).reshape(len(triples), -1) for n in names], 1)
-
-
-@torch.no_grad()
-def reference_trak_scores(bundle: Any, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
-                          layers: str | Sequence[str] = "all", proj_dim: int = 16,
-                          damping: float = DEFAULT_DAMPING, seed: int = 0, loss: str = "train",
-                          self_only: bool = False) -> torch.Tensor:
-    """The dense float64 reference of :func:`trak_scores` (or of :func:`self_scores` with ``self_only``) for a
-    tiny ConvE: full per-example gradients, the explicit projection matrix and the explicit inverse."""
-    ckpts = resolve_checkpoints(bundle, checkpoints)
-    model = copy.deepcopy(bundle.model).to(device="cpu", dtype=torch.float64).eval()
-    names = resolve_layers(model, layers)
-    P = projection_matrix(model, names, proj_dim, seed, torch.float64)
-    total = None
-    for ck in ckpts:
-        model.load_state_dict(ck.state_dict("cpu"))
-        model.to(torch.float64).eval()
-        phi = dense_gradients(model, train, names, loss) @ P
-        gram = phi.t() @ phi
-        lam = damping * float(torch.trace(gram)) / proj_dim
-        inv = torch.linalg.inv(gram + (lam if lam > 0 else damping) * torch.eye(proj_dim, dtype=torch.float64))
-        if self_only:
-            part = torch.einsum("ik,kl,il->i", phi, inv, phi)
-        else:
-            part = (dense_gradients(model, test, names, loss) @ P) @ inv @ phi.t()
-        total = part if total is None else total + part
-    return total / len(ckpts)
+    return (out / len(checkpoints)).cpu()

@@ -440,10 +440,10 @@ def mislabel_report(bundle: KGBundle, corrupted: np.ndarray, estimators: Sequenc
 
 # ---------------------------------------------------------------------------------------------- estimators
 def _tracin(bundle: KGBundle, checkpoints: Sequence, layers: str) -> Any:
-    from models.explain.tracin import TracIn
     from models.kg.influence import checkpoint_weights
+    from models.kg.tracin import ConvETracIn
 
-    return TracIn(bundle.model, list(checkpoints), layers=layers,
+    return ConvETracIn(bundle.model, list(checkpoints), layers=layers,
                   weights=checkpoint_weights(bundle, list(checkpoints), "last"))
 
 
@@ -487,7 +487,7 @@ def trak_proj_dim(n_train: int) -> int:
 
 
 def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
-    from models.explain import trak
+    from models.kg import trak
 
     return trak.trak_scores(bundle, list(checkpoints), test, train, loss="margin",
                             proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
@@ -507,7 +507,7 @@ def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Te
 
 
 def trak_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
-    from models.explain import trak
+    from models.kg import trak
 
     return trak.self_scores(bundle, list(checkpoints), train, loss="margin",
                             proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)

@@ -2,9 +2,10 @@
 
 Each lives in ``models/kg/data/<name>/`` as ``train.txt`` / ``valid.txt`` / ``test.txt`` (``head<TAB>relation<TAB>
 tail``), copied byte for byte from the PyKEEN 1.11.1 wheel (MIT licence; see each directory's ``SOURCE.md``), so
-nothing is downloaded at run time and PyKEEN is not needed to read them. :func:`load_shipped` checks every file
-against its recorded SHA-256 before parsing it: a damaged copy is refused naming the file, never read as a smaller
-or different graph.
+nothing is downloaded at run time and PyKEEN is not needed to read them. :func:`verify_shipped` checks every file
+against its recorded SHA-256, and :func:`models.kg.triples.load_shipped` calls it before parsing: a damaged copy is
+refused naming the file, never read as a smaller or different graph. (This module knows the files, not how to
+parse them: it imports nothing of :mod:`models.kg.triples`.)
 
 Each graph's ``published`` holds the filtered link-prediction figures Dettmers et al. (2018) report for ConvE on it
 (``CONVE_SOURCE``), as the authors' repository lists them (github.com/TimDettmers/ConvE, README, "Predictive
@@ -116,10 +117,3 @@ def verify_shipped(name: str, directory: Path | None = None) -> Path:
                                    f"recorded one (models/kg/data/{name}/SOURCE.md) {graph.sha256[fname][:12]}...; "
                                    "reinstall explainq")
     return directory
-
-
-def load_shipped(name: str, directory: Path | None = None):
-    """The shipped dataset ``name`` as a :class:`models.kg.triples.TriplesDataset`, its files verified first."""
-    from models.kg.triples import load_triples_dir
-
-    return load_triples_dir(verify_shipped(name, directory), name)

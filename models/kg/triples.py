@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from models.files import LOCAL, FileAccess, open_text
+from models.kg.shipped import verify_shipped
 from models.kg.tsv import TriplesFormatError, iter_tsv, read_triples  # noqa: F401  (re-exported)
 
 SPLITS = ("train", "valid", "test")
@@ -32,11 +33,10 @@ def nations_dir() -> Path:
     return NATIONS_DIR
 
 
-def load_shipped(name: str) -> TriplesDataset:
-    """A shipped dataset (``nations``, ``umls``, ``kinships``), its files checked against their SHA-256."""
-    from models.kg.shipped import load_shipped as load
-
-    return load(name)
+def load_shipped(name: str, directory: Path | None = None) -> TriplesDataset:
+    """A shipped dataset (``nations``, ``umls``, ``kinships``), its files (in ``directory``, by default its own)
+    checked against their SHA-256 first (:func:`models.kg.shipped.verify_shipped`)."""
+    return load_triples_dir(verify_shipped(name, directory), name)
 
 
 def read_id_dict(path: Path, files: FileAccess = LOCAL) -> dict[str, int]:

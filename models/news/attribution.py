@@ -18,9 +18,10 @@ is content like any word. Words are the fast tokenizer's word ids (:mod:`models.
 History: the user vector is built from the last ``max_history`` history titles
 (:func:`models.news.data.recent_history`), exactly as ``NewsRecommender.score_texts`` and training do.
 
-Batching: samples are sorted by length and cut into chunks of ``batch_size`` (each padded only to its own longest
-sample; padded positions are masked out and equal in input and baseline, so they get exactly zero attribution);
-each chunk is integrated with ``alpha_batch_size`` alphas per batched pass (see :mod:`models.explain.ig`).
+Batching: samples are sorted by length and cut into chunks of ``batch_size`` (:mod:`models.news.chunks`; each
+padded only to its own longest sample; padded positions are masked out and equal in input and baseline, so they get
+exactly zero attribution); each chunk is integrated with ``alpha_batch_size`` alphas per batched pass (see
+:mod:`models.explain.ig`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ from models.explain.ig import (
 )
 from models.explain.occlusion import occlusion
 from models.explain.rules import NEEDS_TWO, default_method
+from models.news.chunks import Chunk, build_chunk, can_pack, length_chunks
 from models.news.data import Sample, recent_history
-from models.news.modules import NewsRecommender, pack_rows
+from models.news.modules import NewsRecommender
 from models.news.summary import ReportAccumulator, compare, compare_sample
 
 ProgressFn = Callable[[int, int, str], None]
@@ -177,89 +179,11 @@ def _prepare(model: NewsRecommender, samples: Sequence[Sample], max_history: int
 
 
 # -------------------------------------------------------------------------------------------------- one chunk
-@dataclass
-class _Chunk:
-    x: torch.Tensor  # (b, L, E)
-    base: torch.Tensor  # (b, L, E)
-    content: torch.Tensor  # (b, L) positions that differ from the baseline
-    lengths: list[int]
-    forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    users: torch.Tensor  # (b, D)
-    ids: torch.Tensor  # (b, L)
-
-
-def _pad_stack(seqs: Sequence[torch.Tensor], value: int) -> torch.Tensor:
-    length = max(int(s.shape[0]) for s in seqs)
-    out = torch.full((len(seqs), length), value, dtype=seqs[0].dtype)
-    for i, s in enumerate(seqs):
-        out[i, : s.shape[0]] = s
-    return out
-
-
-def can_pack(model: NewsRecommender) -> bool:
-    """Whether the model encodes several candidates per row (NRMS with a word or BERT/RoBERTa-style encoder)."""
-    return len(model.views) == 1 and bool(getattr(model, "packable", False))
-
-
 def packs_by_default(model: NewsRecommender) -> bool:
     """Whether IG and the user vectors pack rows: on a CPU (where padded tokens cost FLOPs in proportion; CUDA
     prefers fewer, larger launches) and for token encoders where packing pays (transformers, not word
     embeddings)."""
     return model.device.type != "cuda" and can_pack(model) and bool(getattr(model, "pack_pays", False))
-
-
-def _chunk(model: NewsRecommender, items: Sequence[_Prepared], view: str, baseline: str,
-           pack: bool = False) -> _Chunk:
-    """Inputs, baselines and the attributed function of a chunk of samples. With ``pack`` (single-view models
-    only) the forward strips each row's padding and encodes the rows packed several to a sequence
-    (:func:`models.news.modules.pack_rows`, at most twice the longest row's tokens each), so padding costs no
-    FLOPs and samples of different lengths share one batched pass."""
-    dev = model.device
-    tok = model.tokenizer
-    pad = tok.pad_id
-    ids = _pad_stack([p.enc[view][0] for p in items], pad).to(dev)
-    mask = _pad_stack([p.enc[view][1] for p in items], 0).to(dev)
-    special = torch.tensor([[int(i) in tok.special_ids for i in row] for row in ids.tolist()], device=dev)
-    content = (mask == 1) & ~special
-    with torch.no_grad():
-        x = model.embed(view, ids).float()
-        if baseline == "pad":
-            base = model.embed(view, torch.where(content, torch.full_like(ids, pad), ids)).float()
-        else:
-            base = torch.where(content[..., None], torch.zeros_like(x), x)
-        others: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for ov in model.views:
-            if ov == view:
-                continue
-            o_ids = _pad_stack([p.enc[ov][0] for p in items], pad).to(dev)
-            o_mask = _pad_stack([p.enc[ov][1] for p in items], 0).to(dev)
-            others[ov] = (model.embed(ov, o_ids), o_mask)
-    users = torch.stack([p.user for p in items]).to(dev)
-    lengths = [int(p.enc[view][0].shape[0]) for p in items]
-    if pack and not can_pack(model):
-        raise ValueError(f"{model.kind} cannot encode packed rows")
-    if pack:
-        capacity = 2 * max(lengths)
-
-        def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            m, width, dim = xs.shape
-            layout = pack_rows([lengths[r] for r in rows.tolist()], width, capacity, xs.device)
-            flat = torch.cat([xs.reshape(m * width, dim), xs.new_zeros(1, dim)])
-            news = model.news_from_packed(flat[layout.index], layout.positions, layout.segments,
-                                          layout.n_segments)
-            news = news.reshape(-1, news.shape[-1])[layout.slot]
-            return (news.float() * users[rows]).sum(-1)
-    else:
-        def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            embeds = {view: xs}
-            masks = {view: mask[rows]}
-            for ov, (emb, m) in others.items():
-                embeds[ov] = emb[rows]
-                masks[ov] = m[rows]
-            news = model.news_from_embeddings(embeds, masks)
-            return (news.float() * users[rows]).sum(-1)
-
-    return _Chunk(x, base, content, lengths, forward, users, ids)
 
 
 # model -> {(view, baseline, device, baseline token pattern): the baseline's news vector}. For a single-view model
@@ -277,7 +201,7 @@ def clear_caches(model: NewsRecommender) -> None:
 
 
 @torch.no_grad()
-def baseline_scores(model: NewsRecommender, ch: _Chunk, view: str, baseline: str) -> torch.Tensor | None:
+def baseline_scores(model: NewsRecommender, ch: Chunk, view: str, baseline: str) -> torch.Tensor | None:
     """F(x') of every sample of the chunk (fp64 on CPU) from cached baseline news vectors, or None when the model
     reads more than one view (NAML holds the other view at its real value, so x' differs per sample). A pattern
     seen for the first time is encoded alone, in fp32, by the model's padded path."""
@@ -360,7 +284,7 @@ def _bytes_per_row(model: NewsRecommender, longest: _Prepared, view: str, baseli
         padded = _Prepared(longest.sample, longest.user, {**longest.enc, view: (
             torch.cat([ids, torch.full((pad,), model.tokenizer.pad_id, dtype=ids.dtype)]),
             torch.cat([mask, torch.zeros(pad, dtype=mask.dtype)]))})
-        ch = _chunk(model, [padded], view, baseline)
+        ch = build_chunk(model, [padded], view, baseline)
         cache[key] = probe_bytes_per_row(ch.forward, ch.x, ch.base, precision)
     return cache[key]
 
@@ -384,20 +308,6 @@ def _resolve_batches(model: NewsRecommender, prepared: Sequence[_Prepared], view
     return max(1, min(int(bs), len(prepared))), int(abs_), rows
 
 
-def _chunks(lengths: Sequence[int], batch_size: int, exact: bool) -> list[list[int]]:
-    """Sample indices sorted by length, cut into chunks of at most ``batch_size``. With ``exact`` a chunk also
-    ends where the length changes, so no chunk carries padding (on CPU, padding costs FLOPs in proportion; on
-    CUDA fewer, larger launches matter more and chunks are only sorted)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out: list[list[int]] = []
-    for i in order:
-        if out and len(out[-1]) < batch_size and (not exact or lengths[out[-1][-1]] == lengths[i]):
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
 # Packing merges samples of different lengths into one pass. It pays where exact-length passes would be small (few
 # interpolated rows each, so each pass's fixed costs dominate: a 2-sample interactive request) and costs where they
 # are large (packed rows run up to twice the longest title, and attention grows with the square of the row).
@@ -411,7 +321,7 @@ def _packing_pays(lengths: Sequence[int], batch_size: int, alpha_batch_size: int
     ``PACK_BELOW_ROWS`` interpolated rows each."""
     if not lengths or alpha_batch_size is None:
         return False
-    exact = _chunks(lengths, batch_size, exact=True)
+    exact = length_chunks(lengths, batch_size, exact=True)
     if len(exact) <= -(-len(lengths) // batch_size):  # no pass to save (one length, or full chunks anyway)
         return False
     return alpha_batch_size * len(lengths) / len(exact) < PACK_BELOW_ROWS
@@ -428,8 +338,8 @@ class _ViewPlan:
     alpha_batch_size: int | None
     budget_rows: int | None  # interpolated rows per pass within the memory budget; None when nothing is auto
     lengths: list[int]  # tokens of each prepared sample in this view
-    pack: bool  # encode rows packed several to a sequence (see _chunk)
-    exact: bool  # cut chunks where the length changes (see _chunks)
+    pack: bool  # encode rows packed several to a sequence (see build_chunk)
+    exact: bool  # cut chunks where the length changes (see length_chunks)
 
 
 def _plan_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, opts: IGOptions,
@@ -458,7 +368,7 @@ def _reference_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _
     """The reference loop (``optimized=False``): one sample at a time, with the source's per-step function."""
     results = []
     for p in items:
-        ch = _chunk(model, [p], plan.view, opts.baseline)
+        ch = build_chunk(model, [p], plan.view, opts.baseline)
         with torch.enable_grad():
             results.append(integrated_gradients_reference(
                 _reference_score(model, p, plan.view, opts.max_history), ch.x[0], ch.base[0],
@@ -468,7 +378,7 @@ def _reference_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _
                               [float(r.baseline_scores[0]) for r in results])
 
 
-def _integrate(model: NewsRecommender, ch: _Chunk, plan: _ViewPlan, opts: IGOptions) -> IGResult:
+def _integrate(model: NewsRecommender, ch: Chunk, plan: _ViewPlan, opts: IGOptions) -> IGResult:
     """Occlusion, IG refined per sample until ``opts.tolerance`` is met, or IG at a fixed ``plan.n_steps``."""
     if opts.method == "occlusion":
         return occlusion(ch.forward, ch.x, ch.base, ch.content)
@@ -496,7 +406,7 @@ def _record_refinement(run: _ViewRun, items: Sequence[_Prepared], res: IGResult)
 def _optimized_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _ViewPlan, opts: IGOptions,
                      run: _ViewRun) -> _ChunkAttributions:
     """The whole chunk in batched passes (every method but the reference loop)."""
-    ch = _chunk(model, items, plan.view, opts.baseline, pack=plan.pack)
+    ch = build_chunk(model, items, plan.view, opts.baseline, pack=plan.pack)
     res = _integrate(model, ch, plan, opts)
     if _is_adaptive(opts):
         _record_refinement(run, items, res)
@@ -542,7 +452,7 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
     plan = _plan_view(model, prepared, view, opts, precision, n_steps)
     run = _ViewRun(view, {}, {}, {}, {}, n_steps, plan.alpha_batch_size, plan.batch_size)
     done = 0
-    for chunk in _chunks(plan.lengths, plan.batch_size, exact=plan.exact):
+    for chunk in length_chunks(plan.lengths, plan.batch_size, exact=plan.exact):
         items = [prepared[i] for i in chunk]
         out = _attribute_chunk(model, items, plan, opts, run)
         _check_finite(items, out, view)

@@ -1,0 +1,150 @@
+"""The gradient feature store for ConvE: :class:`ConvEFeatures`, a bundle's
+:class:`models.explain.features.FeatureSource`, the store's functions taking a
+:class:`models.kg.checkpoint.KGBundle`, and :func:`stored_report`, a TracIn mode-``test`` report scored against the
+stored features (it encodes and decodes triples by name).
+
+The store itself (layout, keys, which rows are new, tiled scoring, streaming top-k) is model-agnostic:
+:mod:`models.explain.features`. The features are :class:`models.kg.trak.GradientProjector`'s; the key holds the
+bundle's ``ConvEConfig`` as a dict, and the segment digests the triples' int64 ids.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.explain.features import (
+    FeatureIndex,
+    FeatureSettings,
+    FeatureSource,
+    streaming_top_k,
+    threads_for,
+    tile_rows_for,
+)
+from models.explain.features import featurize as featurize_source
+from models.explain.features import settings_for as settings_for_source
+from models.explain.tracin import CheckpointLike, NonFiniteScores
+from models.explain.trak import DEFAULT_DAMPING
+from models.kg.checkpoint import KGBundle
+from models.kg.influence import TestReport, raise_non_finite
+from models.kg.tracin import resolve_layers
+from models.kg.trak import LOSSES, GradientProjector
+
+
+@dataclass
+class ConvEFeatures(FeatureSource):
+    """A ConvE bundle as the feature store sees it: its training triples, checkpoints and configuration, its
+    layer names (:func:`models.kg.tracin.resolve_layers`) and :class:`models.kg.trak.GradientProjector`."""
+
+    bundle: KGBundle
+    losses = LOSSES
+
+    @property
+    def checkpoints(self) -> Sequence[CheckpointLike]:
+        return self.bundle.checkpoints
+
+    def checkpoint(self, name: str) -> CheckpointLike:
+        return self.bundle.checkpoint(name)
+
+    @property
+    def examples(self) -> torch.Tensor:
+        return self.bundle.dataset.train
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.bundle.model.config.to_dict()
+
+    def resolve_layers(self, layers: str | Sequence[str]) -> tuple[str, ...]:
+        return resolve_layers(self.bundle.model, layers)
+
+    def projector(self, layers: tuple[str, ...], loss: str, proj_dim: int, seed: int,
+                  device: torch.device | str | None, dtype: torch.dtype, batch_size: int) -> GradientProjector:
+        return GradientProjector(self.bundle.model, layers, loss, proj_dim, seed, device, dtype, batch_size)
+
+
+def featurize(store: Any, bundle: KGBundle, checkpoints: Any = "all", **kwargs: Any) -> dict[str, Any]:
+    """:func:`models.explain.features.featurize` of a ConvE bundle (default: its training triples)."""
+    return featurize_source(store, ConvEFeatures(bundle), checkpoints, **kwargs)
+
+
+def feature_index(store: Any, bundle: KGBundle, checkpoints: Any = "all", **kwargs: Any) -> FeatureIndex:
+    """:class:`models.explain.features.FeatureIndex` of a ConvE bundle's stored features."""
+    return FeatureIndex(store, ConvEFeatures(bundle), checkpoints, **kwargs)
+
+
+def settings_for(bundle: KGBundle, layers: str | Sequence[str], loss: str, proj_dim: int,
+                 seed: int) -> FeatureSettings:
+    """:func:`models.explain.features.settings_for` of a ConvE bundle."""
+    return settings_for_source(ConvEFeatures(bundle), layers, loss, proj_dim, seed)
+
+
+def stored_report(store: Any, bundle: KGBundle, test_triples: Sequence[Sequence[str]], *, estimator: str = "trak",
+                  top_k: int = 10, checkpoints: Any = "all", layers: str | Sequence[str] = "all",
+                  loss: str = "train", proj_dim: int = 256, seed: int = 0, damping: float = DEFAULT_DAMPING,
+                  weights: Sequence[float] | None = None, lr_weight: str = "last", train: torch.Tensor | None = None,
+                  tile_rows: int | None = None, progress: Callable[[int, int, str], None] | None = None,
+                  out_dir: Path | None = None) -> tuple[dict, list[dict]]:
+    """A TracIn mode-``test`` report scored against the stored features of every training triple (``train``,
+    default the model's): ``estimator`` ``trak`` or ``tracin_projected`` (checkpoint weights ``weights``, default
+    the stored learning rates; ``lr_weight`` names how they were chosen). The same builder as the direct path
+    (:class:`models.kg.influence.TestReport`) makes the report, so the result has the same fields;
+    ``train_self_influence`` of a listed training triple is its own score under the same estimator. Returns the
+    result's fields and the CSV rows (empty when written under ``out_dir``). Raises
+    :class:`models.explain.features.NotFeaturized` when the features are not all stored."""
+    t0 = time.perf_counter()
+    ds = bundle.dataset
+    test = ds.encode(test_triples)
+    index = feature_index(store, bundle, checkpoints, layers=layers, loss=loss, proj_dim=proj_dim, seed=seed,
+                          train=train)
+    qs = index.queries(test, estimator, damping, weights)
+    tile_rows = tile_rows_for(len(test)) if tile_rows is None else tile_rows
+    n_tiles = max(1, -(-len(index.train) // tile_rows))
+
+    def tiles() -> Iterator[tuple[int, torch.Tensor]]:
+        for i, (c0, tile) in enumerate(index.tiles(qs, tile_rows)):
+            bad = ~torch.isfinite(tile)
+            if bool(bad.any()):  # a NaN would silently drop out of both rankings
+                raise NonFiniteScores(torch.nonzero(bad.any(1)).flatten().tolist(),
+                                      (torch.nonzero(bad.any(0)).flatten() + c0).tolist())
+            if progress is not None:
+                progress(i + 1, n_tiles, f"tile {i + 1}/{n_tiles}")
+            yield c0, tile
+
+    try:
+        with threads_for(len(test)):
+            top = streaming_top_k(tiles(), len(test), top_k)
+        listed = sorted({int(j) for j in torch.cat([top.pro_idx.flatten(), top.opp_idx.flatten()]).tolist()
+                         if j >= 0})
+        listed_self = index.self_scores(listed, estimator, damping, weights)
+        test_self = index.self_scores_of(test, estimator, damping, weights)
+        for values, rows, cols in ((test_self, True, False), (listed_self, False, True)):
+            bad = torch.nonzero(~torch.isfinite(values)).flatten().tolist()
+            if bad:
+                raise NonFiniteScores(bad if rows else [], [listed[j] for j in bad] if cols else [])
+    except NonFiniteScores as exc:
+        raise_non_finite(ds, exc, test, index.train)
+    self_of = dict(zip(listed, listed_self.tolist(), strict=True))
+    train_names = dict(zip(listed, ds.decode(index.train[torch.tensor(listed, dtype=torch.long)]) if listed else [],
+                           strict=True))
+    out = TestReport(bundle, test, top_k, out_dir)
+    for i, te in enumerate(ds.decode(test)):
+        entry: dict = {"test_triple": te, "self_influence": float(test_self[i]), "n_candidates": len(index.train),
+                       "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i])}
+        for key, idx, val in (("proponents", top.pro_idx, top.pro_val), ("opponents", top.opp_idx, top.opp_val)):
+            entry[key] = [{"train_triple": train_names[int(j)], "influence": float(v),
+                           "train_self_influence": self_of[int(j)], "train_index": int(j)}
+                          for j, v in zip(idx[i].tolist(), val[i].tolist(), strict=True) if j >= 0]
+        out.add(entry)
+    settings = {"mode": "test", "estimator": estimator, "approximate": True, "top_k": top_k, "lr_weight": lr_weight,
+                "checkpoints": [{"name": c.name, "epoch": getattr(c, "epoch", None), "lr": getattr(c, "lr", None),
+                                 "weight": w} for c, w in zip(index.ckpts, index.weights(weights), strict=True)],
+                "layers": list(index.settings.layers), "loss": loss, "projection_dim": int(proj_dim),
+                "seed": int(seed), "damping": float(damping) if estimator == "trak" else None, "precision": "fp32",
+                "requested_precision": None, "method": None, "filter": None, "warnings": []}
+    return {**settings, **out.finish(), "notes": [], "n_candidates": len(index.train),
+            "seconds": time.perf_counter() - t0}, out.rows
