@@ -24,9 +24,9 @@ from app import security
 from app.routers import artifacts, estimates, health, imports, jobs, models, status, submit
 from app.routers import metrics as metrics_router
 from app.ui import router as ui
-from core import kinds as kinds_pkg
+from core.contract.errors import FieldError
+from core.contract.kind import load_kinds
 from core.jobstore import JobStore
-from core.kinds.base import FieldError
 from core.settings import Settings
 
 log = logging.getLogger("explainq.api")
@@ -243,10 +243,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Routes are matched in order, each request walking the list up to its route: the hot ones come first
     # (polling a job, submitting one). No two routes answer the same method and path (tests/test_api_server.py),
     # so the order changes nothing else.
+    kinds = load_kinds(settings)  # the product's kinds and the EXPLAINQ_KIND_PLUGINS hooks, as the workers load them
     app.include_router(jobs.router)
-    app.include_router(submit.build_router(kinds_pkg.load_all()))
-    app.include_router(submit.kinds_router(kinds_pkg.load_all()))
-    app.include_router(estimates.build_router(kinds_pkg.load_all()))
+    app.include_router(jobs.result_router(kinds))
+    app.include_router(submit.build_router(kinds))
+    app.include_router(submit.kinds_router(kinds))
+    app.include_router(estimates.build_router(kinds))
     app.include_router(health.router)
     metrics_router.install(app)
     app.include_router(models.router)
@@ -268,11 +270,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                              app.swagger_ui_oauth2_redirect_url))
 
     return app
-
-
-def kinds_summary() -> dict[str, Any]:
-    return {name: {"route": k.route, "queue": k.queue} for name, k in kinds_pkg.load_all().items()
-            if not k.internal}
 
 
 # The youngest generation's collection threshold in a server process (CPython's default is 700 allocations).

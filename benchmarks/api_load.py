@@ -175,7 +175,7 @@ def _idle_workers(env: dict, redis_url: str) -> list[subprocess.Popen]:
     from rq import Worker
     from rq.suspension import suspend
 
-    from core.kinds.base import QUEUES
+    from core.contract.kind import QUEUES
 
     conn = redis.Redis.from_url(redis_url)
     suspend(conn)

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from redis import Redis  # noqa: E402
 
+from core.contract.kind import load_kinds as load_all  # noqa: E402
 from core.jobstore import JobStore  # noqa: E402
 from core.jobview import parse_ts  # noqa: E402
-from core.kinds import load_all  # noqa: E402
 from core.redis_server import EmbeddedRedis  # noqa: E402
 from core.settings import Settings  # noqa: E402
 

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from core import registry
-from core.kinds.base import FieldConflict, FieldError, refuse_if_preparing
+from core.contract.checks import refuse_if_preparing
+from core.contract.errors import FieldConflict, FieldError
 from core.settings import Settings
 from core.userfiles import PathError, resolve_data_path
 

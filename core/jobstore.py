@@ -1,4 +1,4 @@
-"""Jobs on Redis: submission, the job view, listing, cancellation (no torch).
+"""Jobs on Redis: submission, the one job read, listing, cancellation, results (no torch).
 
 RQ owns the job hash (``rq:job:<id>``) and the queues; this module adds what the service needs around it:
 
@@ -35,6 +35,7 @@ from rq.registry import CanceledJobRegistry
 from rq.serializers import JSONSerializer
 
 from core import fanout, keys
+from core.contract.kind import QUEUES, JobKind
 from core.jobview import (
     _RQ_ACTIVE,
     QUEUE_KEYS,
@@ -49,7 +50,6 @@ from core.jobview import (
     view_script_result,
 )
 from core.keys import JOB_PREFIX, QUEUE_PREFIX, valid_job_id
-from core.kinds.base import QUEUES, JobKind
 from core.metrics import record_finished, record_submitted
 from core.reaper import reap_job
 from core.settings import Settings
@@ -61,13 +61,14 @@ def body_hash(payload: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# ------------------------------------------------------------------------------------- non-finite numbers
+# ------------------------------------------------------------------------------------- submission refusals
 class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different body."""
 
 
 class IdempotencyInProgress(Exception):
-    """The job for this Idempotency-Key is being created by another request right now."""
+    """The Idempotency-Key's record is in the ``creating`` state that earlier versions wrote while they created a
+    job (atomic submission writes none now): answered 409 with ``Retry-After`` until it expires."""
 
 
 class QuotaExceeded(Exception):
@@ -308,7 +309,8 @@ class JobStore:
         if code == "conflict":
             raise IdempotencyConflict("this Idempotency-Key was already used with a different request body")
         if code == "in_progress":
-            raise IdempotencyInProgress("a job for this Idempotency-Key is being created; retry shortly")
+            raise IdempotencyInProgress("a job for this Idempotency-Key is still being created by an earlier version "
+                                        "of the service; retry shortly")
         if code == "quota_queue":
             limit = self.settings.max_queue_length
             raise QuotaExceeded("EXPLAINQ_MAX_QUEUE_LENGTH", limit,
@@ -459,11 +461,15 @@ class JobStore:
         payload = args[-1] if args else None
         return payload if isinstance(payload, dict) else None
 
-    def result(self, job_id: str) -> Any:
-        if fanout.is_parent(parse_meta(self.raw(job_id))):  # a fanned-out request's result is its reduce step's
+    def result(self, job_id: str) -> tuple[Any, str | None]:
+        """A succeeded job's result and ``result_schema``, the name of the result model the worker validated it
+        against (None: written by earlier versions, or it did not validate). A fanned-out request's result is its
+        reduce step's."""
+        if fanout.is_parent(parse_meta(self.raw(job_id))):
             job_id = fanout.reduce_id(job_id)
         job = Job.fetch(job_id, connection=self.redis, serializer=FiniteJSONSerializer)
-        return job.return_value(refresh=True)
+        schema = (job.meta or {}).get("result_schema")
+        return job.return_value(refresh=True), schema if isinstance(schema, str) else None
 
 
 # ---- job-id prefixes
@@ -553,6 +559,20 @@ class JobFilter:
         return True
 
 
+def fanned_out(raw: dict[bytes, bytes]) -> bool:
+    """Whether a job's fields are a fanned-out parent's (its meta holds a plan): a byte check, no parsing."""
+    return b'"fanout"' in raw.get(b"meta", b"")
+
+
+def read_view(redis: Redis, job_id: str, raw: dict[bytes, bytes], base_url: str = "", position: int | None = None,
+              meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one job read: the public view of a job's fields, and for a fanned-out parent its status, shards and
+    progress derived from its children (``core/fanout.py``: one more pipelined read, only for a parent). The API
+    calls it off its event loop for a parent (``fanned_out``) and inline otherwise; listings call it per row."""
+    view = job_view(job_id, raw, base_url, position=position, meta=meta)
+    return fanout.apply(redis, job_id, view, raw) if fanned_out(raw) else view
+
+
 def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str, Any]], limit: int,
                 wanted: JobFilter, base_url: str) -> tuple[int, tuple[float, str]]:
     """Append to ``items`` the views of ``rows`` that ``wanted`` keeps until it holds ``limit``;
@@ -570,7 +590,7 @@ def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str
         if not raw:
             stale.append(member)
             continue
-        view = fanout.apply(redis, job_id, job_view(job_id, raw, base_url), raw)
+        view = read_view(redis, job_id, raw, base_url)
         if wanted.matches(view):
             items.append(view)
             if len(items) == limit:

@@ -16,8 +16,8 @@ from typing import Any
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
+from core.contract.kind import QUEUES
 from core.keys import JOB_PREFIX, QUEUE_PREFIX
-from core.kinds.base import QUEUES
 
 TERMINAL = ("succeeded", "failed", "canceled")
 STATUSES = ("queued", "running", *TERMINAL)

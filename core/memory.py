@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.kinds.base import FieldError
+from core.contract.errors import FieldError
 from core.settings import Settings
 from models.kg.shapes import default_height, expected_shapes
 

@@ -31,7 +31,7 @@ from redis.client import Pipeline
 from redis.exceptions import RedisError
 
 from core import keys
-from core.kinds.base import QUEUES
+from core.contract.kind import QUEUES
 
 log = logging.getLogger("explainq.metrics")
 

@@ -19,7 +19,7 @@
 | ``EXPLAINQ_WORKER_MEMORY_BYTES`` | memory a training job may need on a worker (``core/memory.py`` estimates it at submission; more is ``422``); 0: no check | 8 GiB |
 | ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
 | ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
-| ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks a worker calls at start to register extra kinds | empty |
+| ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks the API and every worker call at start to register extra kinds (``core.contract.kind.load_kinds``) | empty |
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from rq.worker import BaseWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from core import keys
-from core.kinds.base import QUEUES
+from core.contract.kind import QUEUES
 from core.ownership import owns
 
 WORKER_PREFIX = BaseWorker.redis_worker_namespace_prefix  # rq:worker:<name>: RQ's worker hash

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.kinds.base import JobKind, register_fanout
-from core.kinds.base import register as register_kind
+from core.contract.kind import FanOut, JobKind, ReduceRequest, ShardRequest
+from core.contract.kind import register as register_kind
 
 PLUGINS = "tests.jobkinds:register_test_kinds,tests.fanjobs:register"
 
@@ -32,62 +32,59 @@ class FanRequest(BaseModel):
     max_failed_fraction: float = Field(0.01, ge=0, le=1)
 
 
-def run(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+def run(request: FanRequest, ctx: Any) -> Any:
     from workers.fanout import fan_out
 
-    if payload["n"] <= payload["shard_size"]:
-        return {"n": payload["n"], "shards": 0}
+    if request.n <= request.shard_size:
+        return {"n": request.n, "shards": 0}
 
-    def shard_payload(index: int, start: int, end: int) -> dict[str, Any]:
-        if payload["plan_delay_s"]:
-            time.sleep(payload["plan_delay_s"])
-        return {"parent": ctx.job_id, "index": index, "start": start, "end": end, "request": payload}
+    def slowly(carried: dict[str, Any], start: int, end: int) -> tuple[dict[str, Any], int, int]:
+        if request.plan_delay_s:
+            time.sleep(request.plan_delay_s)
+        return carried, start, end
 
-    return fan_out(ctx, shard_kind="test_fan_shard", reduce_kind="test_fan_reduce", request=payload,
-                   n_items=payload["n"], shard_size=payload["shard_size"], unit="items",
-                   shard_payload=shard_payload, timeout_s=600, retries=payload["shard_retries"],
-                   max_failed_fraction=payload["max_failed_fraction"])
+    return fan_out(ctx, "test_fan", request, request.n, request.shard_size, retries=request.shard_retries,
+                   max_failed_fraction=request.max_failed_fraction, shard_items=slowly)
 
 
-def run_shard(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+def run_shard(shard: ShardRequest[FanRequest], ctx: Any) -> dict[str, Any]:
     from workers.context import JobError
     from workers.fanout import run_shard as run_once
-
-    request = payload["request"]
 
     def work() -> dict[str, Any]:
         t0 = time.time()
         for k in range(4):
-            time.sleep(request["step_s"] / 4)
+            time.sleep(shard.request.step_s / 4)
             ctx.progress(k + 1, 4, "steps")
-        if payload["index"] in request["fail"]:
-            raise JobError("bad_shard", f"shard {payload['index']} fails on purpose")
-        return {"n": payload["end"] - payload["start"], "index": payload["index"], "started": t0}
+        if shard.index in shard.request.fail:
+            raise JobError("bad_shard", f"shard {shard.index} fails on purpose")
+        return {"n": shard.end - shard.start, "index": shard.index, "started": t0}
 
     return run_once(ctx, work)
 
 
-def run_reduce(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+def run_reduce(reduce: ReduceRequest[FanRequest], ctx: Any) -> dict[str, Any]:
     from workers.context import JobError
     from workers.fanout import shard_done
 
     n_done, failed = 0, []
-    for i in range(payload["shards"]):
-        done = shard_done(ctx, payload["parent"], i)
+    for i in range(reduce.shards):
+        done = shard_done(ctx, reduce.parent, i)
         if done is None:
             failed.append(i)
         else:
             n_done += done["n"]
-    n = payload["request"]["n"]
-    if n and (n - n_done) / n > payload["request"]["max_failed_fraction"]:
+    n = reduce.request.n
+    if n and (n - n_done) / n > reduce.request.max_failed_fraction:
         raise JobError("too_many_failures", f"{n - n_done} of {n} items failed")
     return {"n": n_done, "failed": failed}
 
 
 def register() -> None:
     register_kind(JobKind(name="test_fan", route="/test/fan", request=FanRequest, queue="explain",
-                          func="tests.fanjobs:run", timeout_s=600, summary="test only"))
-    register_fanout("test_fan", "tests.fanjobs", 600)
+                          func="tests.fanjobs:run", timeout_s=600, summary="test only",
+                          fanout=FanOut(unit="items", shard="tests.fanjobs:run_shard",
+                                        reduce="tests.fanjobs:run_reduce", timeout_s=600)))
 
 
 def die_after_first_shard_end() -> None:
@@ -99,6 +96,8 @@ def die_after_first_shard_end() -> None:
 
     from rq import SimpleWorker
 
+    if "EXPLAINQ_HOME" not in os.environ:  # the API process of a test (its hooks are called there too): no worker
+        return
     marker = Path(os.environ["EXPLAINQ_HOME"]) / "fault-fired"
     if marker.exists():
         return

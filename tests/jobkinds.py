@@ -6,7 +6,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.kinds.base import JobKind, register
+from core.contract.kind import JobKind, register
+from core.contract.results.training import TrainingResult
 
 
 class SleepRequest(BaseModel):
@@ -17,29 +18,35 @@ class SleepRequest(BaseModel):
     model: str | None = None
 
 
-def sleep_job(payload: dict, ctx) -> dict:
+def sleep_job(request: SleepRequest, ctx) -> dict:
     """Sleeps in steps, reporting progress; optionally fails; optionally touches a registered model."""
     loads = None
-    if payload.get("model"):
-        ctx.model(payload["model"])
-        loads = ctx._models.load_counts.get(payload["model"])
-    for i in range(payload["steps"]):
-        if payload.get("fail_at") is not None and i == payload["fail_at"]:
+    if request.model:
+        ctx.model(request.model)
+        loads = ctx._models.load_counts.get(request.model)
+    for i in range(request.steps):
+        if request.fail_at is not None and i == request.fail_at:
             from workers.context import JobError
 
             raise JobError("bad_step", f"step {i} failed on purpose")
-        time.sleep(payload["step_s"])
-        ctx.progress(i + 1, payload["steps"], "steps", message=f"step {i + 1}")
+        time.sleep(request.step_s)
+        ctx.progress(i + 1, request.steps, "steps", message=f"step {i + 1}")
     path = ctx.artifact_path("out.txt")
     path.write_text("done")
-    return {"steps": payload["steps"], "model_loads": loads, "artifacts": ctx.artifacts()}
+    return {"steps": request.steps, "model_loads": loads, "artifacts": ctx.artifacts()}
+
+
+def described_job(request: SleepRequest, ctx) -> TrainingResult:
+    """``sleep_job`` for a kind that says its result draws as a training run: a training result (no epochs)."""
+    sleep_job(request, ctx)
+    return TrainingResult(artifacts=ctx.artifacts())
 
 
 class NonFiniteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def nonfinite_job(payload: dict, ctx) -> dict:
+def nonfinite_job(request: NonFiniteRequest, ctx) -> dict:
     """Reports NaN and infinities everywhere a job can: progress, metrics, meta and its result."""
     nan, inf = float("nan"), float("inf")
     ctx.progress(1, 2, "steps", metrics={"loss": nan, "grad_norm": inf, "history": [1.0, -inf]})
@@ -48,7 +55,7 @@ def nonfinite_job(payload: dict, ctx) -> dict:
     return {"score": nan, "scores": [0.25, inf, -inf], "nested": {"x": (nan, 1)}}
 
 
-def threads_job(payload: dict, ctx) -> dict:
+def threads_job(request: NonFiniteRequest, ctx) -> dict:
     """What CPU budget the worker process runs under."""
     import os
 
@@ -76,5 +83,5 @@ def register_test_kinds() -> None:
                      func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only"))
     # a kind no client knows by name, described as drawn like a training run: clients must follow the description
     register(JobKind(name="test_described", route="/test/described-route", request=SleepRequest, queue="explain",
-                     func="tests.jobkinds:sleep_job", timeout_s=600, summary="test only", title="Described",
+                     func="tests.jobkinds:described_job", timeout_s=600, summary="test only", title="Described",
                      renderer="training", sdk_method="described"))

@@ -99,7 +99,7 @@ class Service:
             self.redis_server.start()
         self.settings = Settings(EXPLAINQ_HOME=str(self.home), REDIS_URL=self.redis_server.url,
                                  EXPLAINQ_API_KEYS=self.api_keys, EXPLAINQ_HEARTBEAT_TTL_S=self.heartbeat_ttl_s,
-                                 **self.extra_env)
+                                 **{"EXPLAINQ_KIND_PLUGINS": self.env["EXPLAINQ_KIND_PLUGINS"], **self.extra_env})
         for queues in self.queues:
             self.start_worker(queues)
         self.wait_for_workers(len(self.queues))

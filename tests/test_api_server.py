@@ -136,8 +136,8 @@ def test_a_submission_writes_exactly_what_rqs_own_enqueue_writes(redis_settings)
     from rq import Queue
     from rq.serializers import JSONSerializer
 
+    from core.contract.kind import KINDS
     from core.jobstore import RUNNER, body_hash
-    from core.kinds.base import KINDS
     from core.metrics import SUBMITTED
 
     store = _store(redis_settings)
@@ -175,8 +175,8 @@ def test_a_submission_writes_exactly_what_rqs_own_enqueue_writes(redis_settings)
 def test_replays_takeovers_and_refusals(redis_settings):
     import pytest
 
+    from core.contract.kind import KINDS
     from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
-    from core.kinds.base import KINDS
 
     kind = KINDS["test_sleep"]
     store = _store(redis_settings, EXPLAINQ_MAX_ACTIVE_JOBS=2, EXPLAINQ_MAX_QUEUE_LENGTH=3)
@@ -221,8 +221,8 @@ def test_the_async_submission_is_the_sync_one(redis_settings):
 
     import redis.asyncio as aioredis
 
+    from core.contract.kind import KINDS
     from core.jobstore import JobStore, QuotaExceeded
-    from core.kinds.base import KINDS
 
     kind = KINDS["test_sleep"]
     sync = _store(redis_settings, EXPLAINQ_MAX_ACTIVE_JOBS=2)

@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE_MAY_USE = {
     "models.explain.rules",
     "models.files",
-    "models.kg.estimators",
     "models.kg.shapes",
     "models.kg.tsv",
     "models.lora.keys",
@@ -40,9 +39,9 @@ def _modules(package: str) -> list[Path]:
     return sorted(p for p in (ROOT / package).rglob("*.py") if ".venv" not in p.parts)
 
 
-def _imports(path: Path) -> list[str]:
+def _imports(path: Path, root: Path = ROOT) -> list[str]:
     """Every module a file imports, at any depth (function-level imports included). ``from a.b import c`` counts
-    as ``a.b``, or as ``a.b.c`` when that is a module of this tree."""
+    as ``a.b``, or as ``a.b.c`` when that is a module of the tree under ``root``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     out: list[str] = []
     for node in ast.walk(tree):
@@ -50,8 +49,8 @@ def _imports(path: Path) -> list[str]:
             out.extend(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             subs = [f"{node.module}.{a.name}" for a in node.names]
-            subs = [m for m in subs if (ROOT / (m.replace(".", "/") + ".py")).exists()
-                    or (ROOT / m.replace(".", "/")).is_dir()]
+            subs = [m for m in subs if (root / (m.replace(".", "/") + ".py")).exists()
+                    or (root / m.replace(".", "/")).is_dir()]
             out.extend(subs or [node.module])
     return out
 
@@ -88,6 +87,57 @@ def test_models_know_nothing_of_the_service() -> None:
     assert _violations("models", ("app", "core", "workers", "explainq", "fastapi", "starlette", "redis", "rq")) == []
 
 
+MODEL_FAMILIES = ("models.kg", "models.news", "models.vision", "models.lora")
+
+
+def test_explain_methods_import_no_model_family() -> None:
+    """``models/explain`` is model-agnostic: a family supplies its gradients, projector or forward function through
+    the interfaces there, and nothing there imports a family (statically, function-level imports included)."""
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in _modules("models/explain")
+           for name in _imports(path) if name.startswith(tuple(f + "." for f in MODEL_FAMILIES))
+           or name in MODEL_FAMILIES]
+    assert bad == []
+
+
+SDK_ROOT = ROOT / "clients" / "python" / "src"
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _circles(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """The import circles among ``paths`` (module names relative to ``root``): function-level imports count, a
+    circle hidden in a function being still one."""
+    graph = {_module_name(p, root): set() for p in paths}
+    for p in paths:
+        graph[_module_name(p, root)] = {m for m in _imports(p, root) if m in graph and m != _module_name(p, root)}
+    circles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                circles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return circles
+
+
+def test_no_package_has_import_circles() -> None:
+    """No two modules import each other, directly or through others: the service's packages together, and the
+    SDK on its own."""
+    service = [p for package in ("models", "core", "app", "workers", "explainq") for p in _modules(package)]
+    assert _circles(service) == []
+    assert _circles(sorted((SDK_ROOT / "explainq_client").rglob("*.py")), SDK_ROOT) == []
+
+
 def test_the_torch_free_models_modules_really_are() -> None:
     """What the rule above allows the core must not pull torch (or numpy's heavy friends) in at import."""
     code = ("import sys, importlib\n"
@@ -98,9 +148,9 @@ def test_the_torch_free_models_modules_really_are() -> None:
 
 def test_every_core_module_imports_without_torch_or_fastapi() -> None:
     """At run time too (the static rule cannot see what a third-party import pulls in)."""
-    code = ("import sys, importlib, pkgutil, core, core.kinds\n"
+    code = ("import sys, importlib, pkgutil, core, core.contract.kind\n"
             "for info in pkgutil.walk_packages(core.__path__, 'core.'): importlib.import_module(info.name)\n"
-            "core.kinds.load_all()\n"
+            "core.contract.kind.load_kinds()\n"
             "bad = [m for m in ('torch', 'fastapi', 'starlette', 'app', 'workers') if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

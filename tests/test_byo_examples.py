@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.routers.imports import DatasetRequest
-from core.kinds import load_all
+from core.contract.kind import load_kinds as load_all
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "byo"
 ROUTES = {"register-dataset": None, "train-news": "train_news", "train-news-roberta": "train_news",
@@ -37,8 +37,8 @@ def test_routes() -> None:
 
 def test_detects_triples_and_cifar_and_registered_cifar_name_reaches_train_bdh(tmp_path, redis_settings) -> None:
     from core import registry
+    from core.contract.errors import FieldError
     from core.dataset_formats import FormatError, detect
-    from core.kinds.base import FieldError
     from core.kinds.train_bdh import TrainBDHRequest
     from core.kinds.train_bdh import validate as validate_bdh
 

@@ -177,6 +177,7 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
     assert job["shards"]["total"] == 4  # three subset models and the full-data model, one shard each
     assert res["trainings"] == 4 and res["ground_truth"]["reused"] == 0
     assert res["seeds"] == [5, 6, 7] and res["n_test"] == 8 and res["subset_size"] == 796
+    assert res["shards"] == {"total": 4, "failed": []}
     names = {a["name"] for a in res["artifacts"]}
     assert {"ground_truth.npz", "scores-tracin_last.npy", "scores-random.npy", "lds_per_test.csv"} <= names
     assert all("/" not in a["name"] for a in res["artifacts"]) and str(svc.home) not in json.dumps(res)
@@ -205,7 +206,7 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
 
     # another estimator on the same ground truth: nothing is trained, no fan-out
     job2, res2 = _run(svc, "/evaluate/attribution", {**body, "estimators": ["tracin"]})
-    assert "shards" not in job2
+    assert "shards" not in job2 and res2["shards"] is None
     assert res2["trainings"] == 0 and res2["ground_truth"]["reused"] == 4
     assert res2["ground_truth"]["key"] == key and res2["test_triples"] == res["test_triples"]
     np.testing.assert_array_equal(_npz(svc, job2["id"], "ground_truth.npz")["outputs"], outputs)
@@ -262,6 +263,11 @@ def test_lds_end_to_end_equals_an_independent_computation_and_reuses_its_ground_
         assert res3["estimators"][name]["per_test"] == res["estimators"][name]["per_test"]
         assert res3["estimators"][name]["lds"] == res["estimators"][name]["lds"]
 
+    from core.contract.results.evaluation import LdsResult
+
+    for r in (res, res2, res_e, res_r, res3):  # every one of them is exactly the kind's result model
+        assert LdsResult.model_validate(r).model_dump(mode="json") == r
+
     # another owner sees none of it
     for path in (f"/jobs/{job['id']}", f"/jobs/{job['id']}/result", f"/jobs/{job['id']}/artifacts",
                  f"/jobs/{job['id']}/artifacts/ground_truth.npz"):
@@ -300,6 +306,10 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
     job, res = _run(svc, "/evaluate/mislabel", {"fraction": 0.1, "recipe": TINY, "seed": 3,
                                                 "estimators": ["tracin_last", "random"]})
     assert res["n_corrupted"] == 159 and res["trainings"] == 1
+    from core.contract.results.evaluation import MislabelResult
+
+    assert MislabelResult.model_validate(res).model_dump(mode="json") == res
+    assert _result_schema(svc, job["id"]) == "MislabelResult"
     rows = list(csv.DictReader(io.StringIO(svc.artifact(job["id"], "corrupted.tsv", headers=ALICE).decode()),
                                delimiter="\t"))
     idx = np.array([int(r["train_index"]) for r in rows])
@@ -340,6 +350,138 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
     assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
 
 
+def _result_schema(svc, job_id):
+    """The result model the worker validated the job's result against (the result route's header)."""
+    r = svc.client.get(f"/jobs/{job_id}/result", headers=ALICE)
+    assert r.status_code == 200, r.text
+    return r.headers["X-Explainq-Result-Schema"]
+
+
+def _timing_free(res):
+    """An LDS result without what legitimately differs between a sharded run and a whole one: how many models this
+    job trained (``trainings``, ``ground_truth.trainings``/``reused``), how it was split (``shards``), the
+    estimators' ``seconds`` (timing) and the file list (compared on its own)."""
+    out = json.loads(json.dumps(res))
+    for name in ("trainings", "shards", "artifacts"):
+        del out[name]
+    for name in ("trainings", "reused"):
+        del out["ground_truth"][name]
+    for est in out["estimators"].values():
+        del est["seconds"]
+    return out
+
+
+@pytest.mark.slow
+def test_an_lds_evaluation_has_one_shape_sharded_or_whole(svc):
+    """The same request twice: first fanned out (nothing stored: one shard per model, the reduce step computes
+    the LDS), then whole (everything stored: no shard, no training). Both results are LdsResult and equal field by
+    field except trainings, ground_truth.trainings/reused, shards, the estimators' seconds and the size of
+    result.json (which holds those)."""
+    from core.contract.results.evaluation import LdsResult
+
+    # a recipe seed of its own: its full-data model and ensemble member are not stored by the other tests
+    body = {"m": 3, "alpha": 0.5, "n_test": 6, "recipe": {**TINY, "seed": 7}, "seed": 21, "replicates": True,
+            "estimators": ["tracin", "random", "trak_ensemble"], "ensemble": 1}
+    sharded_job, sharded = _run(svc, "/evaluate/attribution", body)
+    whole_job, whole = _run(svc, "/evaluate/attribution", body)
+    # 3 subset models, their 3 replicates, the full-data model and 1 ensemble member: one shard each
+    assert sharded_job["shards"]["total"] == 8 and "shards" not in whole_job
+    assert sharded["shards"] == {"total": 8, "failed": []} and whole["shards"] is None
+    assert (sharded["trainings"], sharded["ground_truth"]["trainings"], sharded["ground_truth"]["reused"]) == (8, 8, 0)
+    assert (whole["trainings"], whole["ground_truth"]["trainings"], whole["ground_truth"]["reused"]) == (0, 0, 8)
+    for job, res in ((sharded_job, sharded), (whole_job, whole)):
+        assert LdsResult.model_validate(res).model_dump(mode="json") == res
+        assert _result_schema(svc, job["id"]) == "LdsResult"
+    assert sharded["noise_ceiling"] is not None and sharded["ensemble"]["members"] == 1
+    assert sharded["estimators"]["random"]["ratio_to_tracin"] is not None
+    assert sharded["estimators"]["tracin"]["ratio_to_tracin"] is None
+    assert _timing_free(sharded) == _timing_free(whole)
+    # the same files; of the same sizes but result.json (trainings and shards differ, and the timings)
+    files = [{a["name"]: (a["size"], a["media_type"]) for a in res["artifacts"]} for res in (sharded, whole)]
+    assert set(files[0]) == set(files[1]) >= {"result.json", "ground_truth.npz", "lds_per_test.csv",
+                                              "scores-tracin.npy", "scores-random.npy", "scores-trak_ensemble.npy"}
+    for f in files:
+        del f["result.json"]
+    assert files[0] == files[1]
+    for job in (sharded_job, whole_job):  # the files hold the same numbers
+        np.testing.assert_array_equal(_npz(svc, sharded_job["id"], "ground_truth.npz")["outputs"],
+                                      _npz(svc, job["id"], "ground_truth.npz")["outputs"])
+    assert svc.artifact(sharded_job["id"], "lds_per_test.csv", headers=ALICE) == svc.artifact(
+        whole_job["id"], "lds_per_test.csv", headers=ALICE)
+    stored = json.loads(svc.artifact(whole_job["id"], "result.json", headers=ALICE))
+    assert stored == {k: v for k, v in whole.items() if k != "artifacts"}
+
+
+def test_result_models_are_strict_and_the_recipe_echoes_the_request_recipe():
+    from pydantic import ValidationError
+
+    from core.contract.kind import load_kinds
+    from core.contract.results.evaluation import EvaluationRecipe, EvaluationResult, LdsResult, MislabelResult
+    from core.kinds.evaluate import Recipe
+
+    kinds = load_kinds()
+    assert kinds["evaluate_attribution"].result is LdsResult is kinds["evaluate_attribution_reduce"].result
+    assert kinds["evaluate_mislabel"].result is MislabelResult
+    assert list(EvaluationRecipe.model_fields) == list(Recipe.model_fields)
+    for model in (EvaluationResult, LdsResult, MislabelResult):
+        assert model.model_config.get("extra") == "forbid", model
+    recipe = Recipe().model_dump(mode="json")
+    mislabel = {"metric": "mislabel", "dataset": "nations", "data_version": "v", "recipe": recipe, "seed": 0,
+                "n_train": 10, "trainings": 0, "fraction": 0.1, "n_corrupted": 1, "corrupted_listed": 1,
+                "corrupted": [{"train_index": 3, "original": ["a", "r", "b"], "corrupted": ["a", "r", "c"]}],
+                "model": {"key": "k"}, "model_metrics": {"valid": None, "test": {
+                    "mrr": 0.5, "mr": 3.0, "hits@1": 0.25, "hits@3": 0.5, "hits@10": 1.0, "n_queries": 4}},
+                "estimators": {"random": {"auc": 0.5, "found_at_10": 0.1, "found_at_20": 0.2, "seconds": 0.1,
+                                          "recall_curve": {"inspected": [0, 1], "found": [0, 1]}}}}
+    assert MislabelResult.model_validate(mislabel).model_dump(mode="json") == {**mislabel, "artifacts": []}
+    for bad in ({**mislabel, "extra": 1}, {**mislabel, "metric": "lds"},
+                {**mislabel, "estimators": {"trak_ensemble": mislabel["estimators"]["random"]}},
+                {**mislabel, "estimators": {"random": {**mislabel["estimators"]["random"], "lds": 1}}}):
+        with pytest.raises(ValidationError):
+            MislabelResult.model_validate(bad)
+
+
+def test_a_shard_trains_the_model_the_parent_planned_whatever_is_stored_later(tmp_path, monkeypatch):
+    """The parent plans one shard per missing model and gives each the model's position in the evaluation's fixed
+    list of models, so what a shard trains does not depend on what other evaluations store in the meantime."""
+    from types import SimpleNamespace
+
+    from core.filestore import get_store
+    from core.kinds.evaluate import EvaluateAttributionRequest
+    from core.settings import Settings
+    from models.kg.triples import load_nations
+    from workers.jobs import evaluate
+
+    settings = Settings(EXPLAINQ_HOME=str(tmp_path))
+    request = EvaluateAttributionRequest.model_validate({"m": 3, "recipe": TINY, "estimators": ["trak_ensemble"],
+                                                         "ensemble": 2})
+    ident = evaluate._identity(request, load_nations())
+    models = evaluate._models(request)
+    assert models == [0, 1, 2, evaluate.FULL, evaluate.FULL - 1, evaluate.FULL - 2]
+    store = get_store(settings)
+    for item in (1, evaluate.FULL - 1):  # subset model 1 and ensemble member 0 are stored already
+        store.put_bytes(b"x", evaluate._stored_at(ident, 3, item))
+    seen = {}
+
+    def fan_out(ctx, kind, req, n_items, shard_size, **kw):
+        seen.update(kind=kind, n_items=n_items, shard_size=shard_size, **kw)
+        return "planned"
+
+    monkeypatch.setattr(evaluate, "fan_out", fan_out)
+    meta = {}
+    ctx = SimpleNamespace(settings=settings, owner="system", set_meta=meta.__setitem__)
+    assert evaluate.run_attribution(request, ctx) == "planned"
+    assert meta == {evaluate.PLAN_META: {"data_version": ident["data_version"]}}
+    assert (seen["kind"], seen["n_items"], seen["shard_size"], seen["retries"]) == ("evaluate_attribution", 4, 1, 1)
+    ranges = [seen["shard_items"]({}, i, i + 1)[1:] for i in range(4)]
+    assert ranges == [(0, 1), (2, 3), (3, 4), (5, 6)]  # subset 0, subset 2, the full-data model, member 1
+    assert [models[a] for a, _ in ranges] == [0, 2, evaluate.FULL, evaluate.FULL - 2]
+    # another evaluation stores subset model 0 before shard 0 runs: the shard's payload still names it (position
+    # 0, not "the first missing model", which would now be subset 2), and it finds it stored and trains nothing
+    store.put_bytes(b"x", evaluate._stored_at(ident, 3, 0))
+    assert evaluate._train_item(SimpleNamespace(settings=settings), request, None, ident, models[0]) is False
+
+
 # ------------------------------------------------------------------------------------------- SDK and CLI
 LDS_RESULT = {"metric": "lds", "dataset": "nations", "m": 16, "alpha": 0.5, "n_test": 50,
               "estimators": {"tracin": {"lds": {"mean": 0.09, "low": 0.01, "high": 0.17, "n": 50},
@@ -352,7 +494,7 @@ MISLABEL_RESULT = {"metric": "mislabel", "dataset": "nations", "n_train": 100, "
 
 
 def _kinds_description():
-    from core.kinds import load_all
+    from core.contract.kind import load_kinds as load_all
 
     return {"kinds": [k.describe() for k in load_all().values() if not k.internal]}
 

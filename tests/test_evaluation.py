@@ -135,9 +135,18 @@ def test_estimator_registry_resolves_every_name():
         estimators.get("nope")
 
 
+def test_conve_implements_exactly_the_registrys_evaluated_estimators():
+    """One registry, one meaning: ConvE's table implements the names ``core.estimators`` marks ``evaluated``, and
+    the two agree on which average over an ensemble."""
+    from core import estimators as registry
+
+    assert estimators.names() == registry.names(evaluated=True)
+    assert estimators.ensembles() == registry.names(evaluated=True, ensemble=True)
+
+
 def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
-    from models.explain.tracin import TracIn
     from models.kg.checkpoint import KGBundle, save_checkpoint
+    from models.kg.tracin import ConvETracIn
     from models.kg.train import TrainConfig, build_model
     from models.kg.triples import load_nations
 
@@ -153,11 +162,11 @@ def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
     bundle = KGBundle(model, ds, ckpts, tmp_path)
     test, train = ds.test[:3], ds.train[:50]
     run = evaluation.run_estimator("tracin_last", bundle, test, train)
-    want = TracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)[0]
+    want = ConvETracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)[0]
     np.testing.assert_allclose(run.values, want.double().numpy(), rtol=1e-6)
     assert run.values.shape == (3, 50) and run.seconds >= 0
     selfs = evaluation.run_estimator("tracin", bundle, None, train, self_scores=True)
-    want = TracIn(bundle.model, bundle.checkpoints).self_influence(train)
+    want = ConvETracIn(bundle.model, bundle.checkpoints).self_influence(train)
     np.testing.assert_allclose(selfs.values, want.double().numpy(), rtol=1e-6)
     r1 = evaluation.run_estimator("random", bundle, test, train).values
     assert (r1 == evaluation.run_estimator("random", bundle, test, train).values).all()
@@ -166,37 +175,51 @@ def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
 
 
 def test_the_ground_truth_address_changes_with_everything_it_depends_on():
+    from core.kinds.evaluate import EvaluateAttributionRequest
     from models.kg.triples import load_nations
     from workers.context import JobError
-    from workers.jobs.evaluate import _identity, _same_data
+    from workers.jobs.evaluate import FULL, EvaluationPlan, _identity, _models, _same_data
 
     ds = load_nations()
     base = {"recipe": {"epochs": 1, "embedding_dim": 20, "seed": 0}, "alpha": 0.5, "m": 3, "seed": 0,
             "dataset": "nations", "estimators": ["random"]}
-    ident = _identity(base, ds)
-    assert ident == _identity(dict(base), ds) and ident["seeds"] == [0, 1, 2]
+
+    def request(body):
+        return EvaluateAttributionRequest.model_validate(body)
+
+    def identity(body, data=ds):
+        return _identity(request(body), data)
+
+    ident = identity(base)
+    assert ident == identity(dict(base)) and ident["seeds"] == [0, 1, 2]
     for change in ({"alpha": 0.4}, {"m": 4}, {"seed": 1}, {"recipe": {**base["recipe"], "epochs": 2}}):
-        other = _identity({**base, **change}, ds)
+        other = identity({**base, **change})
         assert other["lds"] != ident["lds"], change
     # the full-data model depends on the recipe and the data only
-    assert _identity({**base, "alpha": 0.4, "m": 9}, ds)["full"] == ident["full"]
-    assert _identity({**base, "recipe": {**base["recipe"], "seed": 1}}, ds)["full"] != ident["full"]
+    assert identity({**base, "alpha": 0.4, "m": 9})["full"] == ident["full"]
+    assert identity({**base, "recipe": {**base["recipe"], "seed": 1}})["full"] != ident["full"]
     changed = evaluation.with_train(ds, ds.train[1:], keep_eval=True)
-    assert _identity(base, changed)["lds"] != ident["lds"]
+    assert identity(base, changed)["lds"] != ident["lds"]
     assert evaluation.data_version(changed) != evaluation.data_version(ds)
     # ensemble members only when an ensemble estimator is asked for; a member is the recipe's full-data model with
     # the member's seed (the same address another evaluation of that recipe and seed would use)
     assert ident["members"] == []
-    ens = _identity({**base, "estimators": ["trak_ensemble"], "ensemble": 3}, ds)
+    ens = identity({**base, "estimators": ["trak_ensemble"], "ensemble": 3})
     assert len(ens["members"]) == 3 and ens["lds"] == ident["lds"] and ens["full"] == ident["full"]
     seeds = evaluation.member_seeds(0, 3)
     assert [r["seed"] for r in ens["member_recipes"]] == seeds
-    assert ens["members"][1] == _identity({**base, "recipe": {**base["recipe"], "seed": seeds[1]}}, ds)["full"]
-    assert _identity({**base, "estimators": ["trak"], "ensemble": 3}, ds)["members"] == []
-    # a shard refuses data that changed since its evaluation started
-    assert _same_data(ds, {**base, "data_version": ident["data_version"]})["lds"] == ident["lds"]
+    assert ens["members"][1] == identity({**base, "recipe": {**base["recipe"], "seed": seeds[1]}})["full"]
+    assert identity({**base, "estimators": ["trak"], "ensemble": 3})["members"] == []
+    # the models an evaluation needs, in the fixed order a shard's range points into: subsets, replicates, the
+    # full-data model, the ensemble members
+    assert _models(request(base)) == [0, 1, 2, FULL]
+    assert _models(request({**base, "estimators": ["trak_ensemble"], "ensemble": 2, "replicates": True})) == [
+        0, 1, 2, 3, 4, 5, FULL, FULL - 1, FULL - 2]
+    # a shard refuses data that changed since its evaluation was planned
+    plan = EvaluationPlan(data_version=ident["data_version"])
+    _same_data(ident, plan, request(base))
     with pytest.raises(JobError, match="changed since the evaluation started"):
-        _same_data(changed, {**base, "data_version": ident["data_version"]})
+        _same_data(identity(base, changed), plan, request(base))
 
 
 def _quality_benchmark():
@@ -274,20 +297,38 @@ def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_ld
 
 def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
     """A shard that failed for good leaves its model missing: the LDS is never computed on part of the ground
-    truth."""
+    truth; nor on data that changed since the parent planned its shards."""
     from types import SimpleNamespace
 
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    from core import registry
+    from core.contract.kind import ReduceRequest
+    from core.kinds.evaluate import EvaluateAttributionRequest
     from models.kg.triples import load_nations
     from workers.context import JobError
-    from workers.jobs.evaluate import _identity, run_reduce
+    from workers.jobs.evaluate import PLAN_META, _identity, run_reduce
 
-    request = {"dataset": "nations", "recipe": {"epochs": 1, "embedding_dim": 20, "embedding_height": 4},
-               "alpha": 0.5, "m": 3, "seed": 0, "n_test": 5, "estimators": ["random"], "items": [0, 1, 2, -1]}
-    request["data_version"] = _identity(request, load_nations())["data_version"]
-    ctx = SimpleNamespace(settings=redis_settings, owner="system", device="cpu", job_id="p-reduce")
+    request = EvaluateAttributionRequest.model_validate({
+        "dataset": "nations", "recipe": {"epochs": 1, "embedding_dim": 20, "embedding_height": 4}, "alpha": 0.5,
+        "m": 3, "seed": 0, "n_test": 5, "estimators": ["random"]})
+    conn = registry.connection(redis_settings)
+    version = _identity(request, load_nations())["data_version"]
+    parent = Job.create("workers.runner.execute", args=("evaluate_attribution", {}), connection=conn, id="p",
+                        serializer=JSONSerializer, meta={PLAN_META: {"data_version": version}})
+    parent.save()
+    ctx = SimpleNamespace(settings=redis_settings, owner="system", device="cpu", job_id="p-reduce",
+                          job=SimpleNamespace(connection=conn, serializer=JSONSerializer))
+    reduce = ReduceRequest[EvaluateAttributionRequest](parent="p", shards=4, request=request)
     with pytest.raises(JobError, match="4 of the evaluation's models are missing") as err:
-        run_reduce({"parent": "p", "shards": 4, "request": request}, ctx)
+        run_reduce(reduce, ctx)
     assert err.value.code == "too_many_failures"
+    parent.meta[PLAN_META] = {"data_version": "another"}
+    parent.save_meta()
+    with pytest.raises(JobError, match="changed since the evaluation started") as err:
+        run_reduce(reduce, ctx)
+    assert err.value.code == "dataset_changed"
 
 
 def _tiny_bundle(tmp_path, seed: int, train=None):
@@ -329,7 +370,7 @@ def test_trak_ensemble_is_trak_averaged_over_the_full_model_and_its_members(tmp_
 
 
 def test_trak_projects_to_4096_and_less_where_the_features_would_not_fit(tmp_path, monkeypatch):
-    from models.explain import trak
+    from models.kg import trak
 
     assert evaluation.trak_proj_dim(1_592) == evaluation.trak_proj_dim(8_544) == 4096  # Nations ... Kinships
     assert evaluation.trak_proj_dim(272_115) == 1024  # FB15k-237's size: [n, k] float32 within 2 GiB

@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 
-from core.kinds import load_all
-from core.kinds.base import job_columns
+from core.contract.columns import job_columns
+from core.contract.kind import load_kinds as load_all
 from core.redis_server import EmbeddedRedis
 from core.settings import Settings
 from tests.http_server import HttpServer

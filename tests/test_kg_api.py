@@ -66,7 +66,7 @@ def test_tracin_end_to_end_with_csv(svc):
 
 def test_self_influence_mode_without_test_triples(svc):
     _, result = _run(svc, "/tracin", {"model": "conve-tiny", "mode": "self", "top_k": None, "layers": "last"})
-    assert result["n_candidates"] == result["returned"] == 1592
+    assert result["n_candidates"] == result["listed"]["ranking"]["total"] == len(result["ranking"]) == 1592
     values = [r["self_influence"] for r in result["ranking"]]
     assert values == sorted(values, reverse=True)
 

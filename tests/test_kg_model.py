@@ -134,7 +134,7 @@ def test_report_modes_topk_and_csv(trained, tmp_path):
     tests = [["usa", "embassy", "uk"], ["china", "intergovorgs", "usa"]]
     res, rows = tracin_report(b, tests, mode="test", top_k=None, layers="all")
     n_train = len(b.dataset.train)
-    assert res["n_candidates_scored"] == n_train
+    assert res["n_candidates"] == n_train
     for r in res["results"]:
         assert r["n_candidates"] == n_train
         assert len(r["proponents"]) == r["n_positive"] and len(r["opponents"]) == r["n_negative"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.kinds import load_all
+from core.contract.kind import load_kinds as load_all
 from tests.service import api_client
 
 PRODUCT_KINDS = {name: kind for name, kind in load_all().items()

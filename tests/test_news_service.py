@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 
 import pytest
@@ -61,7 +62,15 @@ def test_inline_samples_end_to_end(svc) -> None:
         assert len(s["top_positive"]) <= 3
     assert result["summary"]["n_steps"] == 32 and result["summary"]["median_relative_delta"] < 1e-3
     assert set(result["word_stats"]) == {"real", "fake"}
-    assert result["errors"] == []
+    assert all(set(stats) == {"top", "bottom", "words"} for stats in result["word_stats"].values())
+    assert result["errors"] == [] and result["n_errors"] == 0 and result["n_samples"] == 2
+    # a whole run has the sharded run's shape: no shards, every list described, every record in samples.jsonl
+    assert result["shards"] is None and result["comparison"] is None and result["faithfulness"] is None
+    assert result["listed"] == {"samples": {"total": 2, "inline": 2, "artifact": "samples.jsonl"},
+                                "errors": {"total": 0, "inline": 0, "artifact": None}}
+    lines = svc.artifact(job["id"], "samples.jsonl").decode().splitlines()
+    assert [json.loads(line) for line in lines] == result["samples"]
+    assert [a["name"] for a in result["artifacts"]] == ["samples.jsonl", "word_stats.json", "words.csv"]
 
 
 def test_a_tolerance_without_a_method_runs_nested_clenshaw_curtis(svc) -> None:
@@ -87,8 +96,12 @@ def test_dataset_comparison_and_npz_artifact(svc) -> None:
     assert labels.count("fake") == 16
     assert result["comparison"]["model"] == f"{MODEL}-twin"
     assert result["comparison"]["changed"] == []  # the same weights under two names
+    assert result["comparison"]["changed_total"] == 0 and result["comparison"]["n_samples"] == 32
+    assert [p["id"] for p in result["comparison"]["per_sample"]] == [s["id"] for s in result["samples"]]
+    assert result["listed"]["comparison.samples"] == {"total": 32, "inline": 32, "artifact": "compare.jsonl"}
     names = [a["name"] for a in result["artifacts"]]
-    assert names == ["attributions.npz", "words.csv"]
+    assert names == ["attributions.npz", "compare.jsonl", "comparison.json", "samples.jsonl", "word_stats.json",
+                     "words.csv"]
     import numpy as np
 
     with np.load(io.BytesIO(svc.artifact(job["id"], "attributions.npz"))) as npz:

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from core.kinds import KINDS, load_all
-from core.kinds import base as kinds_base
+from core.contract import charts as kinds_base
+from core.contract.kind import KINDS
+from core.contract.kind import load_kinds as load_all
 from models.curves import StepCurve, reference_rows
 
 
@@ -132,6 +133,7 @@ def test_sdk_draws_train_and_validation_in_the_shared_colours_and_the_step_curve
 
 def test_bdh_models_get_a_readable_name_made_unique_when_taken(redis_settings, tmp_path) -> None:
     from core import registry
+    from core.kinds.train_bdh import TrainBDHRequest
     from workers.jobs.train_bdh import default_model_name
 
     class Ctx:
@@ -139,17 +141,18 @@ def test_bdh_models_get_a_readable_name_made_unique_when_taken(redis_settings, t
         job_id = "0123456789abcdef0123456789abcdef"
 
     ctx = Ctx()
-    assert default_model_name(ctx, {"dataset": "digits"}) == "bdh-digits-01234567"
-    label = {"dataset": "cifar10", "label": "  wide run / lr 3e-3 ✓  "}
+    digits, cifar10 = TrainBDHRequest(dataset="digits"), TrainBDHRequest(dataset="cifar10")
+    assert default_model_name(ctx, digits) == "bdh-digits-01234567"
+    label = TrainBDHRequest(dataset="cifar10", label="  wide run / lr 3e-3 ✓  ")
     assert default_model_name(ctx, label) == "bdh-wide-run-lr-3e-3-01234567"
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     registry.register_model(redis_settings, "bdh-digits-01234567", kind="vision_bdh", loader="x:y",
                             path=tmp_path / "m", owner="bob")  # another owner's: the full id
-    assert default_model_name(ctx, {"dataset": "digits"}) == f"bdh-digits-{ctx.job_id}"
+    assert default_model_name(ctx, digits) == f"bdh-digits-{ctx.job_id}"
     registry.register_model(redis_settings, "bdh-cifar10-01234567", kind="vision_bdh", loader="x:y",
                             path=tmp_path / "m", owner="alice", meta={"job_id": ctx.job_id})  # this job's own
-    assert default_model_name(ctx, {"dataset": "cifar10"}) == "bdh-cifar10-01234567"
+    assert default_model_name(ctx, cifar10) == "bdh-cifar10-01234567"
 
 
 def test_live_metrics_are_written_at_a_bounded_rate() -> None:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from core.kinds import load_all
+from core.contract.kind import load_kinds as load_all
 from tests.formserver import ALICE, BOB, CONVE, ENTITIES, NEWS, RELATIONS, api, serve
 
 PRODUCT_KINDS = ("attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations")

@@ -70,7 +70,7 @@ def user_dataset(ctx: JobContext, resolve: Callable[..., Path], value: str) -> P
     """The directory a job's dataset field names, resolved as at submission (``resolve(settings, value, owner)``
     from the kind) and, when it is a tenant's directory under the data roots, checked whole before any reader opens
     it (every entry a regular file or directory inside the roots). ``bad_dataset`` otherwise."""
-    from core.kinds.base import FieldError
+    from core.contract.errors import FieldError
     from core.userfiles import UserFileError, UserFiles, check_tree, files_for
 
     try:

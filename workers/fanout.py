@@ -1,6 +1,8 @@
 """The worker side of fan-out (see core/fanout.py): plan the shards and the reduce step, run a shard once.
 
-- ``fan_out`` is called by a parent job function: it creates the shard jobs and the reduce job deferred
+- ``fan_out`` is called by a parent job function with its kind's name: the kind's ``FanOut`` declaration
+  (``core.contract.kind``) names the shard and reduce kinds, the unit, the timeout and the request fields the
+  children read from the parent; it creates the shard jobs and the reduce job deferred
   (deterministic ids; existing ones are left alone, so a parent re-run enqueues nothing twice), records the plan in
   the parent's meta, indexes the shards and lets the owner's window release the first ones, then returns. The rest
   are released as shards end (``core/fanout.py``).
@@ -19,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from pydantic import BaseModel
 from redis.exceptions import WatchError
 from rq import Queue
 from rq.job import Job, JobStatus, Retry
@@ -26,10 +29,11 @@ from rq.serializers import JSONSerializer
 
 from core import fanout, keys, registry
 from core.artifacts import artifacts_key, record_owner
+from core.contract.kind import KINDS
 from core.fanout import BULK, plan, reduce_id, shard_id
 from core.filestore import StoreError, get_store
 from core.keys import JOB_PREFIX
-from workers.context import JobCanceled, JobContext, WorkerShutdown, json_safe
+from workers.context import JobCanceled, JobContext, JobError, WorkerShutdown, json_safe
 
 log = logging.getLogger("explainq.fanout")
 
@@ -68,10 +72,24 @@ def auto_shard_size(ctx: JobContext, kind: str, model: str, cost_per_item: float
 PLAN_BATCH = 256  # shards created per transaction while planning
 
 
-def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict[str, Any], n_items: int,
-            shard_size: int, unit: str, shard_payload: Callable[[int, int, int], dict[str, Any]],
-            timeout_s: int, retries: int = 1, max_failed_fraction: float = 0.01) -> dict[str, Any]:
-    """Plan the shards and the reduce step of the current (parent) job; returns the plan.
+class Planned(BaseModel):
+    """What a fanned-out parent job returns: its plan (the parent's public result is its reduce step's)."""
+
+    fanout: dict[str, Any]
+
+
+# (request JSON, start, end) of one shard -> the shard's own (request JSON, start, end)
+ShardItems = Callable[[dict[str, Any], int, int], tuple[dict[str, Any], int, int]]
+
+
+def fan_out(ctx: JobContext, kind: str, request: BaseModel, n_items: int, shard_size: int, *, retries: int,
+            max_failed_fraction: float = 0.0, shard_items: ShardItems | None = None) -> Planned:
+    """Plan the shards and the reduce step of the current (parent) job of kind ``kind``; returns the plan.
+
+    The kind's ``FanOut`` declaration gives the shard and reduce kinds (``<kind>_shard``, ``<kind>_reduce``), the
+    unit, the children's timeout and the request fields the children read from the parent (``from_parent``: set
+    to None in the copy they carry, so those fields must be optional). ``shard_items`` may give a shard its own
+    slice of the request (inline samples, say) and the range within it.
 
     Every child is created deferred, in transactions that refuse to create anything once the parent's cancel flag
     is raised. The shards join the parent's pending list, and the owner's window (``core/fanout.py``) releases them
@@ -81,23 +99,36 @@ def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict
     job = ctx.job
     if job is None:
         raise RuntimeError("fan_out runs inside a service job")
+    declared = KINDS[kind].fanout
+    if declared is None:
+        raise ValueError(f"kind {kind!r} declares no fan-out")
+    shard_kind, reduce_kind = f"{kind}_shard", f"{kind}_reduce"
+    from_parent = list(declared.from_parent)
+    carried = {**request.model_dump(mode="json"), **{f: None for f in from_parent}}
     parent = job.id
     ranges = plan(n_items, shard_size)
     owner = ctx.owner
     settings = ctx.settings
     conn = job.connection
     queue = Queue(BULK, connection=conn, serializer=JSONSerializer)
-    plan_meta = {"shards": len(ranges), "shard_size": shard_size, "items": n_items, "unit": unit,
+    plan_meta = {"shards": len(ranges), "shard_size": shard_size, "items": n_items, "unit": declared.unit,
                  "ranges": ranges, "max_failed_fraction": max_failed_fraction, "shard_kind": shard_kind,
                  "reduce_kind": reduce_kind}
     ctx.set_meta("fanout", plan_meta)  # before any child: a cancel that reads no plan finds no child either
     record_owner(settings, parent, owner, job.meta.get("kind"))
-    common = dict(timeout=timeout_s, result_ttl=settings.result_ttl_s, failure_ttl=settings.failure_ttl_s, ttl=None,
-                  status=JobStatus.DEFERRED)
+    common = dict(timeout=declared.timeout_s, result_ttl=settings.result_ttl_s, failure_ttl=settings.failure_ttl_s,
+                  ttl=None, status=JobStatus.DEFERRED)
+
+    def shard_payload(index: int, start: int, end: int) -> dict[str, Any]:
+        own, lo, hi = shard_items(carried, start, end) if shard_items is not None else (carried, start, end)
+        return {"parent": parent, "index": index, "start": lo, "end": hi, "request": own,
+                "from_parent": from_parent}
+
     rid = reduce_id(parent)
     try:
         reduce_job = queue.create_job(
-            RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": request}), job_id=rid,
+            RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": carried,
+                                        "from_parent": from_parent}), job_id=rid,
             meta={"kind": reduce_kind, "owner": owner, "parent": parent}, **common)
         _unless_canceled(conn, parent, lambda pipe: _begin(pipe, parent, owner, reduce_job))
         for first in range(0, len(ranges), PLAN_BATCH):
@@ -125,8 +156,20 @@ def fan_out(ctx: JobContext, *, shard_kind: str, reduce_kind: str, request: dict
         except Exception:
             log.exception("could not tear down the children of %s", parent)
         raise
-    log.info("fanned out into %d shards of up to %d %s", len(ranges), shard_size, unit)
-    return {"fanout": {**plan_meta, "reduce": rid}}
+    log.info("fanned out into %d shards of up to %d %s", len(ranges), shard_size, declared.unit)
+    return Planned(fanout={**plan_meta, "reduce": rid})
+
+
+def parent_payload(job: Any, parent: str) -> dict[str, Any]:
+    """The payload a fanned-out parent job was submitted with (what its children read ``from_parent``)."""
+    try:
+        payload = Job.fetch(parent, connection=job.connection, serializer=JSONSerializer).args[-1]
+    except Exception as exc:  # the parent's record expired or was deleted: nothing sensible to compute
+        raise JobError("parent_missing", f"the parent job {parent!r} (which holds the request) is gone: "
+                       f"{type(exc).__name__}") from None
+    if not isinstance(payload, dict):
+        raise JobError("parent_missing", f"the parent job {parent!r} holds no request")
+    return payload
 
 
 def _unless_canceled(conn: Any, parent: str, writes: Callable[[Any], None]) -> None:

@@ -1,8 +1,12 @@
 """The one function RQ runs for every job: look the kind up, build the context, call the job function.
 
 Nothing read from Redis decides what code runs: the job names a kind, and the function comes from this worker's own
-kind table (``core.kinds.load_all()`` plus the ``EXPLAINQ_KIND_PLUGINS`` hooks run at start). The payload is
-validated again against the kind's request schema. Results, progress and metrics never carry NaN or infinity.
+kind table (``core.contract.kind.load_kinds``: the product's kinds and the ``EXPLAINQ_KIND_PLUGINS`` hooks, as the
+API loads them). The payload is validated again against the kind's request schema, and the job function receives
+that validated request object (a shard or reduce step's request with the fields it reads from its parent filled
+in). What it returns is its kind's result model (or a fan-out plan); the job's meta records ``result_schema``, the
+model the result was validated against, so the API serves it as that model. Results, progress and metrics never
+carry NaN or infinity.
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from core.kinds.base import JobKind
+from core.contract.kind import JobKind, ReduceRequest, ShardRequest, load_kinds
 from core.logs import job_logging
 from core.settings import Settings
 from workers.context import JobCanceled, JobContext, JobError, JobLost, WorkerShutdown, json_safe
@@ -33,7 +37,6 @@ RUNNER = "workers.runner.execute"
 STATE: dict[str, Any] = {"settings": None, "models": None, "device": None}
 # Jobs that ended through cancellation, shutdown or loss; the worker maps their failure onto canceled / requeued.
 OUTCOMES: dict[str, str] = {}
-_PLUGINS_LOADED: set[str] = set()
 
 
 def _state() -> tuple[Settings, ModelCache]:
@@ -48,14 +51,7 @@ def _state() -> tuple[Settings, ModelCache]:
 
 def kind_table(settings: Settings) -> dict[str, JobKind]:
     """This worker's kinds: the product's, plus those the ``EXPLAINQ_KIND_PLUGINS`` hooks register (once each)."""
-    from core import kinds
-
-    table = kinds.load_all()
-    for hook in (h.strip() for h in settings.kind_plugins_raw.split(",")):
-        if hook and hook not in _PLUGINS_LOADED:
-            import_object(hook)()
-            _PLUGINS_LOADED.add(hook)
-    return table
+    return load_kinds(settings)
 
 
 def unpack_args(args: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
@@ -67,17 +63,58 @@ def unpack_args(args: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
     return args[0], args[1]
 
 
-def resolve(settings: Settings, kind_name: str, payload: dict[str, Any]) -> JobKind:
-    """The registered kind ``kind_name`` after checking ``payload`` against its request schema."""
+def _invalid(kind_name: str, exc: ValidationError) -> JobError:
+    fields = ", ".join(".".join(str(p) for p in e["loc"]) or "<body>" for e in exc.errors()[:5])
+    return JobError("invalid_payload", f"the {kind_name} payload does not match its schema ({fields})")
+
+
+def resolve(settings: Settings, kind_name: str, payload: dict[str, Any]) -> tuple[JobKind, BaseModel]:
+    """The registered kind ``kind_name`` and ``payload`` validated against its request schema."""
     spec = kind_table(settings).get(kind_name)
     if spec is None:
         raise JobError("unknown_kind", f"kind {kind_name!r} is not registered on this worker")
     try:
-        spec.request.model_validate(payload)
+        return spec, spec.request.model_validate(payload)
     except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) or "<body>" for e in exc.errors()[:5])
-        raise JobError("invalid_payload", f"the {kind_name} payload does not match its schema ({fields})") from exc
-    return spec
+        raise _invalid(kind_name, exc) from exc
+
+
+def with_parent_fields(spec: JobKind, request: BaseModel, payload: dict[str, Any], job: Any) -> BaseModel:
+    """A shard's or reduce step's request with the fields it reads from its parent job (``from_parent``) filled
+    in from the parent's payload, validated again."""
+    if not isinstance(request, ShardRequest | ReduceRequest) or not request.from_parent:
+        return request
+    from workers.fanout import parent_payload
+
+    parent = parent_payload(job, request.parent)
+    inner = {**request.request.model_dump(mode="json"), **{f: parent.get(f) for f in request.from_parent}}
+    try:
+        return spec.request.model_validate({**payload, "request": inner, "from_parent": []})
+    except ValidationError as exc:
+        raise _invalid(spec.name, exc) from exc
+
+
+def _result_json(spec: JobKind, result: Any, ctx: JobContext) -> Any:
+    """The job function's return value as JSON, and ``result_schema`` in the meta when it is (or validates as)
+    the kind's result model. A result that does not validate is kept as it is (never lost for a schema slip),
+    the mismatch logged, and the API serves it marked as unvalidated."""
+    from workers.fanout import Planned
+
+    if isinstance(result, Planned):  # a fanned-out parent: its result is its reduce step's
+        return result.model_dump(mode="json")
+    if isinstance(result, BaseModel):
+        ctx.update_meta({"result_schema": type(result).__name__})
+        return result.model_dump(mode="json")
+    if spec.result is not None and isinstance(result, dict):
+        try:
+            validated = spec.result.model_validate(result)
+        except ValidationError as exc:
+            log.error("the %s result does not match %s: %s", spec.name, spec.result.__name__,
+                      "; ".join(".".join(map(str, e["loc"])) + ": " + e["msg"] for e in exc.errors()[:10]))
+            return result
+        ctx.update_meta({"result_schema": spec.result.__name__})
+        return validated.model_dump(mode="json")
+    return result
 
 
 def execute(*args: Any) -> Any:
@@ -99,13 +136,14 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
     published = False
     try:
         kind, payload = unpack_args(args)
-        spec = resolve(settings, kind, payload)
+        spec, request = resolve(settings, kind, payload)
         ctx.check_canceled()
         ctx.record_owner()
+        request = with_parent_fields(spec, request, payload, job)
         func = import_object(spec.func)
         log.info("job started")
         t0 = time.monotonic()
-        result = json_safe(func(payload, ctx))
+        result = json_safe(_result_json(spec, func(request, ctx), ctx))
         try:
             ctx.publish_artifacts()
         except Exception as exc:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from app.deps import caller
 from core import estimates
-from core.kinds.base import JobKind
+from core.contract.kind import JobKind
 
 # The caller's recent succeeded runs of the kind looked at for a measured rate (the newest usable one is taken).
 RECENT_RUNS = 5

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from rq import Worker
 
 from app.deps import caller
-from core.kinds.base import QUEUES
+from core.contract.kind import QUEUES
 
 router = APIRouter(tags=["health"])
 

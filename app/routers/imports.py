@@ -15,8 +15,10 @@ from pydantic import Field
 
 from app.deps import caller
 from core import dataset_refs, limits, registry
+from core.contract.checks import require_name_free
+from core.contract.errors import FieldConflict, FieldError
+from core.contract.fields import RequestModel
 from core.dataset_formats import FormatError, detect
-from core.kinds.base import FieldConflict, FieldError, RequestModel, require_name_free
 from core.userfiles import PathError, UserFiles, resolve_data_path
 
 router = APIRouter(tags=["datasets"])

@@ -7,15 +7,18 @@ import json
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Union
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
 from app.deps import caller
 from core import demo_status, fanout, limits, system_status
-from core.jobstore import aresolve_prefix, decode_cursor, is_id_prefix, run_script
+from core.contract.fields import TAG_PATTERN
+from core.contract.kind import KINDS, JobKind
+from core.jobstore import aresolve_prefix, decode_cursor, fanned_out, is_id_prefix, read_view, run_script
 from core.jobview import (
     STATUSES,
     TERMINAL,
@@ -23,13 +26,11 @@ from core.jobview import (
     VIEW_SCRIPT,
     fields_to_raw,
     is_abandoned,
-    job_view,
     parse_meta,
     view_script_args,
     view_script_result,
 )
 from core.keys import JOB_PREFIX, valid_job_id
-from core.kinds.base import TAG_PATTERN
 from core.ownership import owns
 
 router = APIRouter(tags=["jobs"])
@@ -110,11 +111,13 @@ async def _owned_raw(request: Request, job_id: str, owner: str) -> tuple[str, di
 
 async def _view(request: Request, job_id: str, raw: dict[bytes, bytes], position: int | None = None,
                 meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The job view; a fanned-out parent's status, shards and progress come from its shards (core/fanout.py).
-    The byte check keeps the common case at zero extra cost."""
-    view = job_view(job_id, raw, position=position, meta=meta)
-    if b'"fanout"' in raw.get(b"meta", b""):
-        view = await run_in_threadpool(fanout.apply, request.app.state.redis, job_id, view, raw)
+    """The job view (``core.jobstore.read_view``, the one job read): off the event loop only for a fanned-out
+    parent, whose view reads its children; inline otherwise, at zero extra cost."""
+    redis = request.app.state.redis
+    if fanned_out(raw):
+        view = await run_in_threadpool(read_view, redis, job_id, raw, "", position, meta)
+    else:
+        view = read_view(redis, job_id, raw, position=position, meta=meta)
     view["waiting_reason"] = await _waiting_reason(request, view) if view["status"] == "queued" else None
     return view
 
@@ -227,7 +230,8 @@ def _list_children(request: Request, parent: str, owner: str, limit: int, cursor
         for jid in page:
             pipe.hmget(JOB_PREFIX + jid, VIEW_FIELDS)
         raws = [fields_to_raw(v) for v in pipe.execute()]
-    items = [job_view(jid, r) for jid, r in zip(page, raws, strict=True) if r]
+    redis = request.app.state.redis
+    items = [read_view(redis, jid, r) for jid, r in zip(page, raws, strict=True) if r]
     return {"items": items, "next_cursor": str(start + limit) if start + limit < len(ids) else None}
 
 
@@ -244,16 +248,47 @@ async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)
     return JSONResponse(status_code=202, content=await _view(request, job_id, raw))
 
 
-@router.get("/jobs/{job_id}/result", summary="The result of a succeeded job (JSON)")
-async def get_result(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
-    job_id, raw = await _owned_raw(request, job_id, owner)
-    view = await _view(request, job_id, raw)
-    if view["status"] != "succeeded":
-        return JSONResponse(status_code=409, content={"detail": {
-            "code": "not_ready" if view["status"] in ("queued", "running") else view["status"],
-            "message": f"job is {view['status']}; a result exists only for succeeded jobs"}, "job": view})
-    result = await run_in_threadpool(request.app.state.store.result, job_id)
-    return JSONResponse(result)
+# Set on a result that does not validate against its kind's result model (written by an earlier version): it is
+# served as it was stored, and clients show it as JSON rather than draw it.
+RESULT_SCHEMA_HEADER = "X-Explainq-Result-Schema"
+
+
+def result_router(kinds: dict[str, JobKind]) -> APIRouter:
+    """``GET /jobs/{id}/result``, declared with the union of the loaded kinds' result models as its
+    ``response_model``, so the OpenAPI document describes every result. A result is served as stored: the worker
+    validated it against its kind's model when it ran (``result_schema`` in its meta); one written by an earlier
+    version is validated now, and served as it is, marked with ``X-Explainq-Result-Schema: unvalidated``, when it
+    does not match."""
+    models = list(dict.fromkeys(k.result for k in kinds.values() if k.result is not None))
+    answer: Any = Union[tuple(models)] if models else dict[str, Any]  # noqa: UP007 (a runtime union of classes)
+    router = APIRouter(tags=["jobs"])
+
+    @router.get("/jobs/{job_id}/result", summary="The result of a succeeded job", response_model=answer,
+                responses={409: {"description": "the job has not succeeded"}})
+    async def get_result(job_id: str, request: Request, owner: str = Depends(caller)) -> Response:
+        job_id, raw = await _owned_raw(request, job_id, owner)
+        view = await _view(request, job_id, raw)
+        if view["status"] != "succeeded":
+            return JSONResponse(status_code=409, content={"detail": {
+                "code": "not_ready" if view["status"] in ("queued", "running") else view["status"],
+                "message": f"job is {view['status']}; a result exists only for succeeded jobs"}, "job": view})
+        result, schema = await run_in_threadpool(request.app.state.store.result, job_id)
+        model = getattr(KINDS.get(view.get("kind") or ""), "result", None)
+        if model is None or schema == model.__name__:
+            return JSONResponse(result, headers={RESULT_SCHEMA_HEADER: schema or "none"})
+        if await run_in_threadpool(_validates, model, result):
+            return JSONResponse(result, headers={RESULT_SCHEMA_HEADER: model.__name__})
+        return JSONResponse(result, headers={RESULT_SCHEMA_HEADER: "unvalidated"})
+
+    return router
+
+
+def _validates(model: Any, result: Any) -> bool:
+    try:
+        model.model_validate(result)
+    except ValidationError:
+        return False
+    return True
 
 
 @router.get("/jobs/{job_id}/request", summary="The request a job was submitted with (as validated and stored)")

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from app.deps import caller
 from core import demo_status, keys, limits, registry
-from core.kinds.base import FieldError
+from core.contract.errors import FieldError
 from core.kinds.tracin import model_vocab
 
 router = APIRouter(tags=["models"])

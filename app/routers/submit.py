@@ -9,8 +9,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
+from core.contract.errors import FieldError
+from core.contract.kind import JobKind
 from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
-from core.kinds.base import FieldError, JobKind
 
 # Seconds a client should wait before retrying a 409 idempotency_in_progress / a 429.
 IN_PROGRESS_RETRY_S = 1
@@ -66,8 +67,8 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
             methods=["POST"],
             status_code=202,
             summary=kind.summary or f"Submit a {kind.name} job",
-            description=f"Queue: `{kind.queue}`. Returns 202 with `Location: /jobs/<id>` and the job; 409 "
-            "`idempotency_in_progress` while the same Idempotency-Key's job is being created; 429 "
+            description=f"Queue: `{kind.queue}`. Returns 202 with `Location: /jobs/<id>` and the job (a retry with "
+            "the same Idempotency-Key and body returns the same job: submission is one atomic step); 429 "
             "`quota_exceeded` (with Retry-After) over `EXPLAINQ_MAX_ACTIVE_JOBS` or `EXPLAINQ_MAX_QUEUE_LENGTH`.",
             name=f"submit_{kind.name}",
             openapi_extra={"x-explainq-kind": kind.describe()},

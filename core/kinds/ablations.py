@@ -12,7 +12,10 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from core import dataset_refs, limits
-from core.kinds.base import ADVANCED, FieldError, JobKind, JobRequest, register
+from core.contract.errors import FieldError
+from core.contract.fields import ADVANCED, JobRequest
+from core.contract.kind import JobKind, register
+from core.contract.results.ablation import AblationResult
 from core.settings import Settings
 from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
 
@@ -125,6 +128,7 @@ register(JobKind(
     summary="LoRA weight-space ablation: can the concept be probed from all layers vs visual (attn1) layers only?",
     title="LoRA visual ablation",
     renderer="ablation",
+    result=AblationResult,
     pickers={"dataset": ("datasets", "lora")},
     validate=validate,
     tags=("lora",),

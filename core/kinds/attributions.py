@@ -10,21 +10,19 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictBool, StrictStr
 
 from core import limits, registry
-from core.dataset_formats import news_labelled
-from core.kinds.base import (
+from core.contract.checks import require_model
+from core.contract.errors import FieldError
+from core.contract.fields import (
     ADVANCED,
-    FieldError,
-    JobKind,
     JobRequest,
     RequestModel,
     ShardSize,
     max_failed_field,
-    register,
-    register_fanout,
-    require_model,
     shard_retries_field,
     shard_size_field,
 )
+from core.contract.kind import FanOut, JobKind, register
+from core.dataset_formats import news_labelled
 from core.settings import Settings
 from models.explain.rules import METHODS as RULES
 from models.explain.rules import NEEDS_TWO, default_method
@@ -214,6 +212,9 @@ register(JobKind(
     request=AttributionsRequest,
     queue="explain",
     func="workers.jobs.attributions:run",
+    # a dataset-scale request splits its samples (a shard carries its own slice of inline samples)
+    fanout=FanOut(unit="samples", shard="workers.jobs.attributions:run_shard",
+                  reduce="workers.jobs.attributions:run_reduce", timeout_s=2 * 3600),
     timeout_s=2 * 3600,
     result_ttl_s=7 * 24 * 3600,
     summary="Integrated Gradients of a news recommender's score over the words of a headline",
@@ -223,4 +224,3 @@ register(JobKind(
     widgets={"samples": "news_samples"},
     validate=validate,
 ))
-register_fanout("attributions", "workers.jobs.attributions", timeout_s=2 * 3600)

@@ -6,37 +6,34 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
   workers) and the full-data model the estimators run on. The subset models' masks and outputs are kept in the
   store under a content address (recipe, data version, alpha, m, seed), so a later evaluation of other estimators
   trains nothing. An ensemble estimator (``trak_ensemble``) also needs ``ensemble`` more full-data models of the
-  recipe with other seeds, trained as further shards and stored the same way.
+  recipe with other seeds, trained as further shards and stored the same way. An evaluation whose models are all
+  stored runs as one job; either way its result is one :class:`LdsResult`
+  (``core/contract/results/evaluation.py``).
 - ``evaluate_mislabel``: corrupt a seeded ``fraction`` of the training triples' tails, train, and rank the training
-  triples by each estimator's self-influence: AUC, found@10%/20%, the recall curve.
+  triples by each estimator's self-influence: AUC, found@10%/20%, the recall curve (:class:`MislabelResult`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field
 
-from core import limits, memory
-from core.kinds.base import (
-    ADVANCED,
-    FieldError,
-    JobKind,
-    RequestModel,
-    register,
-    register_fanout,
-    shard_retries_field,
-)
+from core import estimators, limits, memory
+from core.contract.errors import FieldError
+from core.contract.fields import ADVANCED, JobRequest, RequestModel, shard_retries_field
+from core.contract.kind import FanOut, JobKind, register
+from core.contract.results.evaluation import LdsResult, MislabelResult
 from core.kinds.train_conve import NATIONS, dataset_counts, resolve_dataset
 from core.settings import Settings
-from models.kg.estimators import ESTIMATORS, ensembles
 from models.kg.shapes import check_image
 
-DEFAULT_ESTIMATORS = ["tracin", "tracin_last", "trak", "trak_ensemble", "random"]
-DEFAULT_MISLABEL_ESTIMATORS = [e for e in DEFAULT_ESTIMATORS if e not in ensembles()]
-# the names of models/kg/estimators.py: a new estimator there is accepted here, listed in the OpenAPI schema
-EstimatorName = Literal.__getitem__(tuple(ESTIMATORS))  # type: ignore[attr-defined]
+DEFAULT_ESTIMATORS = list(estimators.names(evaluated=True))
+DEFAULT_MISLABEL_ESTIMATORS = list(estimators.names(evaluated=True, ensemble=False))
+# the estimators an evaluation measures (core.estimators: one registry, one meaning per name), listed in the
+# OpenAPI schema
+EstimatorName = estimators.choices(evaluated=True)
 
 
 def _estimators_field(default: list[str], note: str) -> Any:
@@ -45,10 +42,10 @@ def _estimators_field(default: list[str], note: str) -> Any:
                  description="The data-attribution estimators measured, each at most once" + note)
 
 
-def ensemble_members(estimators: list[str], ensemble: int) -> int:
+def ensemble_members(names: list[str], ensemble: int) -> int:
     """The ensemble members an LDS evaluation trains: ``ensemble`` when it asks for an ensemble estimator, else 0
     (the API's budget check and the worker's plan both count them here)."""
-    return int(ensemble) if any(e in ensembles() for e in estimators) else 0
+    return int(ensemble) if any(estimators.get(e).ensemble for e in names) else 0
 
 
 class Recipe(RequestModel):
@@ -89,7 +86,7 @@ class Recipe(RequestModel):
                       description="Seed of the full-data model (each subset model trains with its subset's seed)")
 
 
-class _EvaluateRequest(RequestModel):
+class _EvaluateRequest(JobRequest):
     dataset: str = Field(NATIONS, min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Triples dataset",
                          description="'nations', 'umls' or 'kinships' (shipped), a registered triples dataset, or a "
                          "directory under the data roots")
@@ -181,7 +178,7 @@ def validate_attribution(req: EvaluateAttributionRequest, settings: Settings, ow
 
 def validate_mislabel(req: EvaluateMislabelRequest, settings: Settings, owner: str = "system") -> None:
     for i, name in enumerate(req.estimators):
-        if name in ensembles():
+        if estimators.get(name).ensemble:
             raise FieldError(("body", "estimators", i), f"estimator {name!r} averages over independently trained "
                              "models and is measured by LDS only (mislabel detection trains one model of the "
                              "corrupted graph); use 'trak'", value=name)
@@ -196,17 +193,20 @@ register(JobKind(
     request=EvaluateAttributionRequest,
     queue="bulk",
     func="workers.jobs.evaluate:run_attribution",
+    # one shard per model the ground truth lacks (subset models, replicates, the full-data model, members)
+    fanout=FanOut(unit="models", shard="workers.jobs.evaluate:run_shard", reduce="workers.jobs.evaluate:run_reduce",
+                  timeout_s=12 * 3600),
     timeout_s=12 * 3600,
     result_ttl_s=30 * 24 * 3600,
     summary="Linear datamodeling score (LDS) of data-attribution estimators, from models retrained on random "
             "subsets of the training triples",
     title="Attribution quality (LDS)",
     renderer="evaluation",
+    result=LdsResult,
     sdk_method="evaluate_attribution",
     pickers=PICKERS,
     validate=validate_attribution,
 ))
-register_fanout("evaluate_attribution", "workers.jobs.evaluate", timeout_s=12 * 3600)
 
 register(JobKind(
     name="evaluate_mislabel",
@@ -220,6 +220,7 @@ register(JobKind(
             "estimator's self-influence",
     title="Mislabel detection",
     renderer="evaluation",
+    result=MislabelResult,
     sdk_method="evaluate_mislabel",
     pickers=PICKERS,
     validate=validate_mislabel,

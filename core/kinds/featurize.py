@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from core import limits, registry
-from core.kinds.base import ADVANCED, FieldConflict, JobKind, RequestModel, register
+from core import estimators, limits, registry
+from core.contract.errors import FieldConflict
+from core.contract.fields import ADVANCED, RequestModel
+from core.contract.kind import JobKind, register
+from core.contract.results.base import Artifact, ResultModel
 from core.kinds.tracin import Checkpoints, Layers, Loss, _check_checkpoints, _check_layers, model_vocab
 from core.ownership import owns
 from core.settings import Settings
@@ -42,6 +45,35 @@ class FeaturizeRequest(RequestModel):
                             json_schema_extra=ADVANCED, description="Training triples featurized together")
 
 
+class FeaturizedCheckpoint(ResultModel):
+    """One checkpoint's features: its feature key in the store and how many rows were reused or computed."""
+
+    checkpoint: str
+    key: str
+    rows: int
+    reused: int
+    computed: int
+
+
+class FeaturizeResult(ResultModel):
+    """What a featurize job stored, and the estimators that now answer ``POST /tracin`` from it (with the same
+    checkpoints, layers, loss, ``projection_dim`` = ``proj_dim`` and seed)."""
+
+    model: str
+    format: str
+    layers: list[str]
+    loss: str
+    proj_dim: int
+    seed: int
+    n_train: int
+    checkpoints: list[FeaturizedCheckpoint]
+    rows_computed: int
+    serves: list[str] = Field(default_factory=lambda: list(estimators.names(stored=True)),
+                              description="the estimators a query can score against these features")
+    seconds: float
+    artifacts: list[Artifact] = Field(default_factory=list)
+
+
 def validate(req: FeaturizeRequest, settings: Settings, owner: str = "system") -> None:
     vocab = model_vocab(settings, req.model)  # a ConvE model with files (422 on model otherwise)
     entry = registry.get_model(settings, req.model) or {}
@@ -65,5 +97,6 @@ register(JobKind(
     summary="Store the projected gradient features of a ConvE model's training triples",
     title="Gradient features",
     pickers={"model": ("models", "conve")},
+    result=FeaturizeResult,
     validate=validate,
 ))

@@ -14,17 +14,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from core import limits
-from core.kinds.base import (
-    ADVANCED,
-    FieldError,
-    JobKind,
-    JobRequest,
-    RequestModel,
-    refuse_invalid_text,
-    refuse_non_finite,
-    register,
-    require_new_name,
-)
+from core.contract.checks import require_new_name
+from core.contract.errors import FieldError
+from core.contract.fields import ADVANCED, JobRequest, RequestModel, refuse_invalid_text, refuse_non_finite
+from core.contract.kind import JobKind, register
+from core.contract.results.base import RankMetrics, ResultModel
+from core.contract.results.training import ConvECheckpoint
 from core.settings import Settings
 from core.userfiles import (
     PathError,
@@ -98,6 +93,48 @@ class ImportModelRequest(JobRequest):
     @classmethod
     def _json_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         return refuse_invalid_text(refuse_non_finite(value))
+
+
+class ConvESmoke(RankMetrics):
+    """A ConvE import's smoke test: the unfiltered tail-prediction ranks of up to 64 training triples (a trained
+    model ranks them high)."""
+
+    triples: int
+
+
+class NewsSmoke(ResultModel):
+    """An NRMS / NAML import's smoke test: the scores of two candidates for two histories, and whether they are
+    finite."""
+
+    scores: list[float | None]
+    finite: bool
+
+
+class VisionSmoke(ResultModel):
+    """A Vision-BDH import's smoke test: the logits' shape for two random images, and whether they are finite."""
+
+    logits_shape: list[int]
+    finite: bool
+
+
+class ImportResult(ResultModel):
+    """``POST /models/import``: the registered model, its parameters and smoke test; a ConvE import also reports
+    its vocabulary sizes, whether the weights were PyKEEN's, the checkpoints written and, with validation or test
+    triples given, the filtered metrics per split (the fields are None for other kinds)."""
+
+    model: str = Field(description="the name the model is registered under")
+    kind: Literal["conve", "nrms", "naml", "vision_bdh"]
+    registry_kind: str = Field(description="the registry's kind of the model: conve, news or vision_bdh")
+    parameters: int
+    smoke: ConvESmoke | NewsSmoke | VisionSmoke
+    entities: int | None = None
+    relations: int | None = None
+    reciprocal: bool | None = None
+    pykeen: bool | None = Field(None, description="ConvE: the weights were a PyKEEN ConvE's (converted)")
+    train_triples: int | None = None
+    checkpoints: list[ConvECheckpoint] | None = None
+    metrics: dict[str, RankMetrics] | None = Field(
+        None, description="ConvE: filtered metrics per split given (valid, test); None when neither was given")
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:
@@ -280,5 +317,6 @@ register(JobKind(
     summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked); "
             "registers it",
     title="Import a model",
+    result=ImportResult,
     validate=validate,
 ))

@@ -11,24 +11,22 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
-from core import limits, registry
-from core.filestore import StoreError
-from core.kinds.base import (
+from core import estimators, limits, registry
+from core.contract.checks import require_model
+from core.contract.errors import FieldError
+from core.contract.fields import (
     ADVANCED,
-    FieldError,
-    JobKind,
     JobRequest,
     RequestModel,
     ShardSize,
     max_failed_field,
-    register,
-    register_fanout,
-    require_model,
     shard_retries_field,
     shard_size_field,
 )
+from core.contract.kind import FanOut, JobKind, register
+from core.filestore import StoreError
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, resolve_data_path
 from models.kg.shapes import LAYER_NAMES
@@ -42,6 +40,8 @@ Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[h
 Checkpoints = Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)]
 Layers = Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)]
 Loss = Literal["train", "score_bce"]
+# the estimators a query answers with (core.estimators: one registry, one meaning per name)
+QueryEstimator = estimators.choices(query=True)
 
 
 class FilterRequest(RequestModel):
@@ -102,12 +102,12 @@ class TracInRequest(JobRequest):
         "ghost", title="Gradient method", json_schema_extra=ADVANCED,
         description=("'ghost' computes the dot products in factored form (fast); 'vmap' materialises per-example "
                      "gradients (the slow reference)"))
-    estimator: Literal["exact", "tracin_projected", "trak"] = Field(
-        "exact", title="Influence estimator", json_schema_extra=ADVANCED,
-        description=("'exact': TracIn computed from the checkpoints; 'tracin_projected' (TracIn with projected "
-                     "gradients, approximate) and 'trak' (projected gradients with a Gauss-Newton inverse) score "
-                     "against the features stored by a featurize job with the same checkpoints, layers, loss, "
-                     "projection size and seed (mode 'test', no filter, a number of triples listed)"))
+    estimator: QueryEstimator = Field(
+        "tracin", title="Influence estimator", json_schema_extra=ADVANCED,
+        description=("'tracin': TracIn computed exactly from the checkpoints; 'tracin_projected' (TracIn with "
+                     "projected gradients, approximate) and 'trak' (projected gradients with a Gauss-Newton "
+                     "inverse) score against the features stored by a featurize job with the same checkpoints, "
+                     "layers, loss, projection size and seed (mode 'test', no filter, a number of triples listed)"))
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
                       description="For the stored-feature estimators: the seed of the random projection")
     damping: float = Field(0.01, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
@@ -116,6 +116,8 @@ class TracInRequest(JobRequest):
     shard_size: ShardSize = shard_size_field("modes 'test' and 'self': candidate training triples")
     max_failed_fraction: float = max_failed_field("candidate training triples")
     shard_retries: int = shard_retries_field()
+
+    _estimator_name = field_validator("estimator", mode="before")(estimators.canonical)
 
 
 def _read_names(text: str) -> frozenset[str]:
@@ -260,7 +262,7 @@ def _check_estimator(req: TracInRequest) -> None:
     def changed(name: str) -> bool:
         return name in req.model_fields_set and getattr(req, name) != type(req).model_fields[name].default
 
-    if req.estimator == "exact":
+    if not estimators.get(req.estimator).stored:
         for name in ("seed", "damping"):
             if changed(name):
                 raise FieldError(("body", name), f"{name} is used by the estimators over stored features only",
@@ -304,6 +306,9 @@ register(JobKind(
     request=TracInRequest,
     queue="explain",
     func="workers.jobs.tracin:run",
+    # modes test and self split their candidate training triples; the test triples are read from the parent
+    fanout=FanOut(unit="candidates", shard="workers.jobs.tracin:run_shard", reduce="workers.jobs.tracin:run_reduce",
+                  timeout_s=4 * 3600, from_parent=("test_triples",)),
     timeout_s=3600,
     result_ttl_s=7 * 24 * 3600,
     summary="TracIn influence of training triples on a ConvE prediction",
@@ -313,4 +318,3 @@ register(JobKind(
     widgets={"test_triples": "triples", "train_triples": "triples"},
     validate=validate,
 ))
-register_fanout("tracin", "workers.jobs.tracin", timeout_s=4 * 3600)

@@ -9,20 +9,15 @@ from pydantic import Field, field_validator
 
 from core import dataset_refs, limits, memory
 from core.artifacts import artifacts_key, owner_record
+from core.contract.charts import STEPS_CHART
+from core.contract.checks import require_name_free
+from core.contract.errors import FieldError, FieldNotFound
+from core.contract.fields import ADVANCED, JobRequest, RequestModel
+from core.contract.kind import JobKind, register
+from core.contract.results.training import TrainBDHResult
 from core.estimates import TrainingSize
 from core.filestore import get_store
 from core.keys import valid_job_id
-from core.kinds.base import (
-    ADVANCED,
-    STEPS_CHART,
-    FieldError,
-    FieldNotFound,
-    JobKind,
-    JobRequest,
-    RequestModel,
-    register,
-    require_name_free,
-)
 from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, check_tree, display, resolve_data_path
@@ -240,6 +235,7 @@ register(JobKind(
     title="Train Vision-BDH",
     estimate=training_size,
     renderer="training",
+    result=TrainBDHResult,
     live_rows="history",
     charts=(
         STEPS_CHART,

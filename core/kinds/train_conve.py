@@ -7,8 +7,13 @@ from pathlib import Path
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
+from core.contract.charts import STEPS_CHART
+from core.contract.checks import require_new_name
+from core.contract.errors import FieldError
+from core.contract.fields import ADVANCED, JobRequest
+from core.contract.kind import JobKind, register
+from core.contract.results.training import TrainConvEResult
 from core.estimates import TrainingSize
-from core.kinds.base import ADVANCED, STEPS_CHART, FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from models.kg.shapes import check_image
 
@@ -139,6 +144,7 @@ register(JobKind(
     title="Train ConvE",
     estimate=training_size,
     renderer="training",
+    result=TrainConvEResult,
     pickers={"dataset": ("datasets", "triples")},
     live_rows="history",
     charts=(

@@ -11,8 +11,13 @@ from typing import Literal
 from pydantic import Field
 
 from core import dataset_refs, limits, registry
+from core.contract.charts import STEPS_CHART
+from core.contract.checks import require_new_name
+from core.contract.errors import FieldError
+from core.contract.fields import ADVANCED, JobRequest
+from core.contract.kind import JobKind, register
+from core.contract.results.training import TrainNewsResult
 from core.estimates import TrainingSize
-from core.kinds.base import ADVANCED, STEPS_CHART, FieldError, JobKind, JobRequest, register, require_new_name
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, check_tree, resolve_data_path
 from models.news.data import has_split
@@ -186,6 +191,7 @@ register(JobKind(
     title="Train a news recommender",
     estimate=training_size,
     renderer="training",
+    result=TrainNewsResult,
     live_rows="history",
     charts=(
         STEPS_CHART,

@@ -1,6 +1,9 @@
-"""The data-attribution estimators an evaluation can measure, by name (torch-free: the API validates names here).
+"""ConvE's implementations of the data-attribution estimators, by the names of the one registry.
 
-An estimator is two functions, named by dotted path and imported when first used:
+What each name means, and which requests take it, is stated once in ``core.estimators`` (torch-free, read by the
+API); this table implements the names that registry marks ``evaluated`` for knowledge-graph models, and agrees
+with it on which average over an ensemble (``tests/test_evaluation.py`` holds the two equal). Each entry is two
+functions, named by dotted path and imported when first used:
 
 - ``scores(bundle, checkpoints, test, train) -> Tensor[m, n]``: the attribution of each of the ``n`` training
   triples (``train``, ids ``[n, 3]``) to each of the ``m`` test triples (``test``, ids ``[m, 3]``), computed on the
@@ -9,13 +12,9 @@ An estimator is two functions, named by dotted path and imported when first used
 - ``self_scores(bundle, checkpoints, train) -> Tensor[n]``: each training triple's attribution to itself (its
   self-influence), which mislabel detection ranks by.
 
-An estimator with ``ensemble=True`` averages over independently trained models of the same recipe (TRAK's model
-ensemble): its ``scores`` also takes ``members``, a list of further full-data :class:`models.kg.checkpoint.KGBundle`
-trained with other seeds (the LDS evaluation trains them, ``ensemble`` of them, once per recipe and data version).
-Mislabel detection trains one model of the corrupted graph, so it does not offer ensemble estimators.
-
-Adding one is one line in ``ESTIMATORS`` (``Estimator("name", "module:scores", "module:self_scores", "...")``);
-the request schemas, the dashboard and the benchmark read the names from here.
+An entry with ``ensemble=True`` averages over independently trained models of the same recipe (TRAK's model
+ensemble): its ``scores`` also takes ``members``, a list of further full-data bundles trained with other seeds
+(the LDS evaluation trains them, ``ensemble`` of them, once per recipe and data version).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ class Estimator:
     name: str
     scores: str        # "module:function", (bundle, checkpoints, test, train) -> Tensor[m, n]
     self_scores: str   # "module:function", (bundle, checkpoints, train) -> Tensor[n]
-    summary: str = ""
     ensemble: bool = False  # ``scores`` takes ``members=[KGBundle, ...]`` (further independently trained models)
 
     def load(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -45,20 +43,14 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 
 ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
-    Estimator("tracin", "models.kg.evaluation:tracin_scores", "models.kg.evaluation:tracin_self_scores",
-              "TracIn-CP over every checkpoint, every parameter"),
+    Estimator("tracin", "models.kg.evaluation:tracin_scores", "models.kg.evaluation:tracin_self_scores"),
     Estimator("tracin_last", "models.kg.evaluation:tracin_last_scores",
-              "models.kg.evaluation:tracin_last_self_scores",
-              "TracIn-CP over every checkpoint, the output layers only (fc and the entity table's output role)"),
-    Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores",
-              "TRAK: margin gradients projected to k=4096 (less on graphs too large for that), a damped "
-              "Gauss-Newton inverse per checkpoint, averaged over the checkpoints (models/explain/trak.py)"),
+              "models.kg.evaluation:tracin_last_self_scores"),
+    # the margin output function projected to k=4096 (less on graphs too large for that), damped Gauss-Newton
+    Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores"),
     Estimator("trak_ensemble", "models.kg.evaluation:trak_ensemble_scores",
-              "models.kg.evaluation:trak_self_scores",
-              "TRAK averaged over the full-data model and `ensemble` more models of the same recipe trained with "
-              "other seeds (TRAK's model ensemble); LDS only", ensemble=True),
-    Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores",
-              "seeded Gaussian noise: the floor any estimator must beat"),
+              "models.kg.evaluation:trak_self_scores", ensemble=True),
+    Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores"),
 )}
 
 

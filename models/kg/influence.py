@@ -16,12 +16,24 @@ scalar part of a per-parameter preconditioned step, so with Adam both weightings
 still counts how many epochs each checkpoint stands for and follows a decay inside the interval; ``last``
 ignores both. The weights used are in the result (``checkpoints[i].weight``).
 
-A NaN or infinite score fails the report (``NonFiniteError`` naming the triples); it is never dropped.
+One builder per mode, whichever path scored the candidates (one pass here, the features ``POST /featurize``
+stored (:mod:`models.kg.stored`), or the shards of a fanned-out job merged by its reduce step): :class:`TestReport`
+(modes ``test`` and ``single``: fed each test triple's entry in order) and :func:`self_report` (mode ``self``). They
+write the artifacts (``results.jsonl``: every test triple's entry; ``self_influence.jsonl``: every candidate,
+ranked; ``influence.csv``: every listed pair) and give the result's fields, the first ``RESULTS_INLINE`` entries
+inline, so the result has one shape however it was computed. Without an output directory (a library call) every
+entry is inline and the CSV rows are returned instead.
+
+A NaN or infinite score fails the report (``NonFiniteError`` naming the triples); it is never dropped. Every
+path reports one as :class:`models.explain.tracin.NonFiniteScores` (rows and columns of the scores) and
+:func:`raise_non_finite` names the triples.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +44,10 @@ from typing import Any
 import torch
 
 from models.common import NonFiniteError
-from models.explain.tracin import LR_WEIGHTS, CandidatePairs, NonFiniteScores, TracIn, interval_weights
+from models.explain.tracin import LR_WEIGHTS, CandidatePairs, NonFiniteScores, interval_weights
 from models.kg.checkpoint import KGBundle
 from models.kg.graph import AdjacencyIndex
+from models.kg.tracin import ConvETracIn
 
 MODES = ("test", "self", "single")
 CSV_COLUMNS = ["TestHead", "TestRel", "TestTail", "TrainHead", "TrainRel", "TrainTail", "TracInScore",
@@ -89,6 +102,17 @@ def _check_finite(ds, triples: torch.Tensor, values: torch.Tensor, what: str) ->
         _raise_non_finite(ds, triples[bad], what)
 
 
+def raise_non_finite(ds, exc: NonFiniteScores, test: torch.Tensor, train: torch.Tensor | None = None,
+                     what: str = "influence") -> None:
+    """The ``NonFiniteError`` of a ``NonFiniteScores`` raised while scoring ``test`` (rows) against ``train``
+    (columns): the test triples of its rows, or else the training triples of its columns."""
+    if exc.rows:
+        _raise_non_finite(ds, test[torch.as_tensor(exc.rows, dtype=torch.long)], what)
+    if train is not None and exc.cols:
+        _raise_non_finite(ds, train[torch.as_tensor(exc.cols, dtype=torch.long)], what)
+    raise NonFiniteError(f"non-finite {what}", [])
+
+
 def _raise_non_finite(ds, triples: torch.Tensor, what: str) -> None:
     names = ds.decode(triples)
     shown = ", ".join("(" + ", ".join(t) + ")" for t in names[:10])
@@ -123,7 +147,8 @@ def finish_entry(entry: dict, top_k: int | None) -> dict:
     for key in ("proponents", "opponents"):
         if key in entry:
             out[key] = [{k: v for k, v in e.items() if k != "train_index"} for e in entry[key]]
-    out["truncated"] = top_k is not None and (entry["n_positive"] > top_k or entry["n_negative"] > top_k)
+    out["truncated"] = top_k is not None and "proponents" in entry and (entry["n_positive"] > top_k
+                                                                          or entry["n_negative"] > top_k)
     return out
 
 
@@ -235,7 +260,7 @@ LIST_ALL_MAX_PAIRS = 100_000  # top_k null: every candidate listed in the result
 class Plan:
     """What a TracIn request scores: the engine, and in mode test/single the encoded triples and candidates."""
 
-    engine: TracIn
+    engine: ConvETracIn
     settings: dict
     test_ids: torch.Tensor
     train: torch.Tensor          # the training triples (ids) whose candidates are scored
@@ -243,12 +268,34 @@ class Plan:
     pairs: CandidatePairs | None  # per test triple, its candidate positions in ``union`` (None: all)
 
 
-def plan(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: str = "test",
-         top_k: int | None = 10, checkpoints: str | Sequence[str] = "all", layers: str | Sequence[str] = "all",
-         loss: str = "train", projection_dim: int | None = None, precision: str = "auto", batch_size: int = 256,
-         filter: FilterSpec | None = None, method: str = "ghost", device: torch.device | str | None = None,
-         lr_weight: str = "last") -> Plan:
-    """Build the engine and the candidate set of a request (cheap: no scoring)."""
+@dataclass(frozen=True)
+class TracInOptions:
+    """What a TracIn report computes (the library's defaults; the service fills them from its request): the mode,
+    how many training triples each test triple lists, the checkpoints and their weights, the layers and loss
+    whose gradients are compared, the exact or projected method and its precision, the candidate filter."""
+
+    mode: str = "test"
+    top_k: int | None = 10
+    checkpoints: str | Sequence[str] = "all"
+    layers: str | Sequence[str] = "all"
+    loss: str = "train"
+    projection_dim: int | None = None
+    precision: str = "auto"
+    batch_size: int = 256
+    filter: FilterSpec | None = None
+    method: str = "ghost"
+    lr_weight: str = "last"
+
+
+def plan(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, options: TracInOptions | None = None,
+         device: torch.device | str | None = None, **fields: Any) -> Plan:
+    """Build the engine and the candidate set of a request (cheap: no scoring). ``options``, or its fields given
+    as keywords (over ``options`` when both are)."""
+    o = TracInOptions(**fields) if options is None else dataclasses.replace(options, **fields)
+    mode, top_k, checkpoints, layers, loss = o.mode, o.top_k, o.checkpoints, o.layers, o.loss
+    projection_dim, precision, batch_size, filter, method = o.projection_dim, o.precision, o.batch_size, o.filter, \
+        o.method
+    lr_weight = o.lr_weight
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if top_k is not None and top_k < 0:
@@ -256,20 +303,22 @@ def plan(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: s
     ds = bundle.dataset
     ckpts = bundle.checkpoints if checkpoints == "all" else [bundle.checkpoint(str(c)) for c in checkpoints]
     weights = checkpoint_weights(bundle, ckpts, lr_weight)
-    engine = TracIn(bundle.model, ckpts, layers=layers, loss=loss, method=method, precision=precision,
+    engine = ConvETracIn(bundle.model, ckpts, layers=layers, loss=loss, method=method, precision=precision,
                     projection_dim=projection_dim, batch_size=batch_size, device=device, weights=weights)
     test_ids = ds.encode(test_triples) if test_triples else torch.empty(0, 3, dtype=torch.long)
     if filter is not None and len(test_ids) == 0:
         raise ValueError("filter needs test_triples (it is centred on their head and tail)")
     if mode != "self" and len(test_ids) == 0:
         raise ValueError("test_triples is empty")
-    settings = {"mode": mode, "top_k": top_k, "lr_weight": lr_weight,
+    settings = {"mode": mode, "estimator": "tracin", "approximate": projection_dim is not None, "top_k": top_k,
+                "lr_weight": lr_weight,
                 "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr, "weight": w}
                                 for c, w in zip(ckpts, weights, strict=True)],
                 "layers": list(engine.names), "loss": loss, "projection_dim": projection_dim,
+                "seed": engine.gradients.seed if projection_dim is not None else None, "damping": None,
                 "precision": engine.precision, "requested_precision": engine.requested_precision,
                 "warnings": list(engine.warnings), "method": method,
-                "filter": None if filter is None else filter.__dict__}
+                "filter": None if filter is None else dict(filter.__dict__)}
     train = ds.train
     pairs = None
     if filter is None:
@@ -312,9 +361,7 @@ def score_test(p: Plan, bundle: KGBundle, top_k: int | None, start: int = 0, end
         top = p.engine.top_influence(p.test_ids, p.train[cols], k, candidates=pairs, progress=progress, dense=dense,
                                      test_cache=test_cache)
     except NonFiniteScores as exc:
-        if exc.rows:
-            _raise_non_finite(ds, p.test_ids[exc.rows], "influence")
-        _raise_non_finite(ds, p.train[cols[exc.cols]], "influence")
+        raise_non_finite(ds, exc, p.test_ids, p.train[cols])
     names = ds.decode(p.test_ids)
     entries = []
     train_names: dict[int, list[str]] = {}
@@ -361,28 +408,121 @@ def pair_count(p: Plan) -> int:
     return len(p.test_ids) * len(p.union) if p.pairs is None else len(p.pairs.rows)
 
 
-def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None, mode: str = "test",
-                  top_k: int | None = 10, checkpoints: str | Sequence[str] = "all",
-                  layers: str | Sequence[str] = "all", loss: str = "train", projection_dim: int | None = None,
-                  precision: str = "auto", batch_size: int = 256, filter: FilterSpec | None = None,
-                  train_triples: Sequence[Sequence[str]] | None = None, method: str = "ghost",
-                  device: torch.device | str | None = None, lr_weight: str = "last",
-                  progress: ProgressFn | None = None, scores_path: Path | None = None) -> tuple[dict, list[dict]]:
-    """Run TracIn on ``bundle``; returns ``(result, csv_rows)``. Names are looked up in the bundle's vocabularies.
+RESULTS_INLINE = 200  # test triples whose entries a service result lists (every one is in results.jsonl)
+RANKING_INLINE = LIST_ALL_MAX_PAIRS  # self-influence rows a result lists at most (all in self_influence.jsonl)
+
+
+class TestReport:
+    """The report of modes ``test`` and ``single``, fed each test triple's entry in test order (its lists as
+    scored, with each training triple's ``train_index``): the global top pairs, each entry finished (public form,
+    the model's own prediction, the test triple itself marked when listed), ``results.jsonl`` and
+    ``influence.csv`` under ``out_dir``, and the first ``inline`` entries for the result (every one, and the CSV
+    rows in memory, without ``out_dir``)."""
+
+    def __init__(self, bundle: KGBundle, test_ids: torch.Tensor, top_k: int | None, out_dir: Path | None = None,
+                 inline: int = RESULTS_INLINE) -> None:
+        self.ds = bundle.dataset
+        self.top_k = top_k
+        self.preds = predictions(bundle, test_ids)
+        self.best = GlobalTop(GLOBAL_TOP if top_k is None else top_k)
+        self.out_dir = out_dir
+        self.inline = inline if out_dir is not None else None
+        self.results: list[dict] = []
+        self.rows: list[dict] = []
+        self.n = 0
+        self._jsonl = self._csv = None
+        if out_dir is not None:
+            self._jsonl = open(out_dir / "results.jsonl", "w", encoding="utf-8")  # noqa: SIM115 (closed in finish)
+            self._csv_fh = open(out_dir / "influence.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+            self._csv = csv.DictWriter(self._csv_fh, fieldnames=CSV_COLUMNS)
+            self._csv.writeheader()
+
+    def add(self, entry: dict) -> None:
+        t = self.n
+        self.best.add(t, entry)
+        public = finish_entry(entry, self.top_k)
+        add_predictions([public], self.preds[t:t + 1])
+        rows = entry_csv_rows(self.ds, public)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(public) + "\n")
+            self._csv.writerows(rows)
+        else:
+            self.rows += rows
+        if self.inline is None or len(self.results) < self.inline:
+            self.results.append(public)
+        self.n += 1
+
+    def finish(self) -> dict:
+        """The result's fields: ``n_test``, ``results`` (inline), ``listed``, ``top_proponents``,
+        ``top_opponents``."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._csv_fh.close()
+        return {"n_test": self.n, "results": self.results, **self.best.result(),
+                "listed": {"results": {"total": self.n, "inline": len(self.results),
+                                       "artifact": "results.jsonl" if self.out_dir is not None else None}}}
+
+
+def self_report(ds, train: torch.Tensor, idx: torch.Tensor, si: torch.Tensor, top_k: int | None,
+                out_dir: Path | None = None) -> tuple[dict, list[dict]]:
+    """The report of mode ``self`` from the candidates' self-influence (``train[idx]``, values ``si``): ranked
+    largest first, ties in training order; the strongest ``top_k`` (every one when None, at most
+    ``RANKING_INLINE``) listed, in ``influence.csv`` too; the whole ranking in ``self_influence.jsonl`` under
+    ``out_dir``. Returns the result's fields and the listed rows' CSV rows."""
+    order = torch.argsort(si, descending=True, stable=True)
+    shown = len(order) if top_k is None else min(top_k, len(order))
+    notes = []
+    if shown > RANKING_INLINE:
+        notes.append(f"{shown} ranked triples; the first {RANKING_INLINE} are listed here, all of them in "
+                     "self_influence.jsonl")
+        shown = RANKING_INLINE
+    keep = order[:shown]
+    ranking = [{"train_triple": n, "self_influence": float(si[k])}
+               for n, k in zip(ds.decode(train[idx[keep]]), keep.tolist(), strict=True)]
+    rows = [csv_row(ds, None, r["train_triple"], "", r["self_influence"], "self") for r in ranking]
+    if out_dir is not None:
+        with open(out_dir / "self_influence.jsonl", "w", encoding="utf-8") as fh:
+            for c in range(0, len(order), 65_536):
+                part = order[c:c + 65_536]
+                for name, value in zip(ds.decode(train[idx[part]]), si[part].tolist(), strict=True):
+                    fh.write(json.dumps({"train_triple": name, "self_influence": value}) + "\n")
+        write_csv(rows, out_dir / "influence.csv")
+    return {"n_test": 0, "ranking": ranking, "notes": notes,
+            "listed": {"ranking": {"total": len(order), "inline": len(ranking),
+                                   "artifact": "self_influence.jsonl" if out_dir is not None else None}}}, rows
+
+
+def dense_fields(n_test: int, n_cols: int, n_pairs: int, artifact: str | None) -> dict:
+    """The fields of a ``top_k: null`` report: where every score is, and a note when the lists leave it out."""
+    out: dict = {"notes": []}
+    if artifact is not None:
+        out["scores"] = {"artifact": artifact, "shape": [n_test, n_cols], "rows": "test_triples in request order",
+                         "columns": "candidates.tsv"}
+    if n_pairs > LIST_ALL_MAX_PAIRS:
+        out["notes"].append(f"top_k null asks for all {n_pairs} scores, more than the {LIST_ALL_MAX_PAIRS} listed "
+                            "in a result: they are in the scores artifact")
+    return out
+
+
+def tracin_report(bundle: KGBundle, test_triples: Sequence[Sequence[str]] | None,
+                  train_triples: Sequence[Sequence[str]] | None = None, options: TracInOptions | None = None, *,
+                  device: torch.device | str | None = None, progress: ProgressFn | None = None,
+                  out_dir: Path | None = None, **fields: Any) -> tuple[dict, list[dict]]:
+    """Run TracIn on ``bundle`` (``options``, or :class:`TracInOptions`' fields as keywords); returns ``(result,
+    csv_rows)``. Names are looked up in the bundle's vocabularies. ``train_triples``: mode ``single``'s.
 
     Mode ``test`` streams over the candidates (memory does not grow with test × train). With ``top_k`` None every
-    score is kept: in ``scores_path`` (a ``.npy`` file, ``[n_test, n_candidates]``, NaN where a column is not that
-    test triple's candidate; the columns are the result's ``candidates``) or, without a path, in memory; the
-    per-triple lists then hold every candidate when there are at most ``LIST_ALL_MAX_PAIRS`` pairs.
+    score is kept: in ``out_dir/scores.npy`` (``[n_test, n_candidates]``, NaN where a column is not that test
+    triple's candidate; its columns in ``candidates.tsv``) or, without ``out_dir``, in memory; the per-triple
+    lists then hold every candidate when there are at most ``LIST_ALL_MAX_PAIRS`` pairs.
     """
-    p = plan(bundle, test_triples, mode, top_k, checkpoints, layers, loss, projection_dim, precision, batch_size,
-             filter, method, device, lr_weight)
-    return report(p, bundle, train_triples, progress, scores_path)
+    return report(plan(bundle, test_triples, options, device, **fields), bundle, train_triples, progress, out_dir)
 
 
 def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | None = None,
-           progress: ProgressFn | None = None, scores_path: Path | None = None) -> tuple[dict, list[dict]]:
-    """``tracin_report`` for an already built ``plan``."""
+           progress: ProgressFn | None = None, out_dir: Path | None = None) -> tuple[dict, list[dict]]:
+    """``tracin_report`` for an already built ``plan``: the result's fields (the plan's settings, the mode's
+    report, ``n_candidates``, ``seconds``) and the CSV rows (empty when written under ``out_dir``)."""
     mode, top_k = p.settings["mode"], p.settings["top_k"]
     ds = bundle.dataset
     t0 = time.perf_counter()
@@ -391,15 +531,13 @@ def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | N
         if progress is not None:
             progress(done, total, f"{mode}: batch {done}/{total}")
 
-    rows: list[dict] = []
     if mode == "self":
         idx, si = score_self(p, bundle, progress=prog)
-        ranking, rows = self_ranking(ds, p.train, idx, si, top_k)
-        result = {**p.settings, "n_candidates": len(idx), "returned": len(ranking), "ranking": ranking,
-                  "seconds": time.perf_counter() - t0}
-        return result, rows
+        fields, rows = self_report(ds, p.train, idx, si, top_k, out_dir)
+        return {**p.settings, **fields, "n_candidates": len(p.union), "seconds": time.perf_counter() - t0}, rows
 
     engine, test_ids = p.engine, p.test_ids
+    out = TestReport(bundle, test_ids, top_k, out_dir)
     if mode == "single":
         if not train_triples:
             raise ValueError("mode 'single' needs train_triples")
@@ -408,58 +546,33 @@ def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | N
         _check_finite(ds, test_ids, torch.cat([scores, test_self[:, None]], 1), "influence")
         _check_finite(ds, tr_ids, torch.cat([scores.t(), tr_self[:, None]], 1), "influence")
         tr_names = ds.decode(tr_ids)
-        per_test = []
         for i, te in enumerate(ds.decode(test_ids)):
             pairs = [{"train_triple": tr_names[j], "influence": float(scores[i, j]),
                       "train_self_influence": float(tr_self[j])} for j in range(len(tr_ids))]
-            rows += [csv_row(ds, te, q["train_triple"], q["influence"], q["train_self_influence"], "single")
-                     for q in pairs]
-            per_test.append({"test_triple": te, "self_influence": float(test_self[i]), "pairs": pairs,
-                             "n_candidates": len(tr_ids)})
-        add_predictions(per_test, predictions(bundle, test_ids))
-        return {**p.settings, "results": per_test, "seconds": time.perf_counter() - t0}, rows
+            out.add({"test_triple": te, "self_influence": float(test_self[i]), "pairs": pairs,
+                     "n_candidates": len(tr_ids)})
+        return {**p.settings, **out.finish(), "n_candidates": len(tr_ids),
+                "seconds": time.perf_counter() - t0}, out.rows
 
     # mode == "test": every test triple against its candidates, streamed
-    result: dict = {**p.settings, "n_candidates_scored": len(p.union)}
     dense = None
     n_pairs = pair_count(p)
+    extra: dict = {"notes": []}
     if top_k is None:
         import numpy as np
 
         shape = (len(test_ids), len(p.union))
-        dense = (np.lib.format.open_memmap(scores_path, mode="w+", dtype=np.float32, shape=shape)
-                 if scores_path is not None else np.zeros(shape, dtype=np.float32))
+        dense = (np.lib.format.open_memmap(out_dir / "scores.npy", mode="w+", dtype=np.float32, shape=shape)
+                 if out_dir is not None else np.zeros(shape, dtype=np.float32))
+        extra = dense_fields(*shape, n_pairs, "scores.npy" if out_dir is not None else None)
     entries = score_test(p, bundle, top_k, progress=prog, dense=dense, list_all=n_pairs <= LIST_ALL_MAX_PAIRS)
-    if top_k is None and n_pairs > LIST_ALL_MAX_PAIRS:
-        result["lists_omitted"] = (f"top_k null asks for all {n_pairs} scores, more than the "
-                                   f"{LIST_ALL_MAX_PAIRS} listed in a result: they are in the scores artifact")
-    if dense is not None and scores_path is not None:
+    if dense is not None and out_dir is not None:
         dense.flush()
-        result["scores"] = {"artifact": scores_path.name, "shape": list(dense.shape),
-                            "rows": "test_triples in request order", "columns": "candidates.tsv"}
-    best = GlobalTop(GLOBAL_TOP if top_k is None else top_k)
-    for t, e in enumerate(entries):
-        best.add(t, e)
-    result.update(best.result())
-    per_test = [finish_entry(e, top_k) for e in entries]
-    add_predictions(per_test, predictions(bundle, test_ids))
-    for e in per_test:
-        rows += entry_csv_rows(ds, e)
-    result["results"] = per_test
-    result["seconds"] = time.perf_counter() - t0
-    return result, rows
-
-
-def self_ranking(ds, train: torch.Tensor, idx: torch.Tensor, si: torch.Tensor,
-                 top_k: int | None) -> tuple[list[dict], list[dict]]:
-    """Ranked self-influence (largest first, ties in training order) and its CSV rows."""
-    order = torch.argsort(si, descending=True, stable=True)
-    keep = order if top_k is None else order[:top_k]
-    names = ds.decode(train[idx[keep]])
-    ranking = [{"train_triple": n, "self_influence": float(si[k])} for n, k in zip(names, keep.tolist(),
-                                                                                  strict=True)]
-    rows = [csv_row(ds, None, r["train_triple"], "", r["self_influence"], "self") for r in ranking]
-    return ranking, rows
+        write_candidates(ds, p.train, p.union, out_dir / "candidates.tsv")
+    for e in entries:
+        out.add(e)
+    return {**p.settings, **out.finish(), **extra, "n_candidates": len(p.union),
+            "seconds": time.perf_counter() - t0}, out.rows
 
 
 def write_candidates(ds, train: torch.Tensor, union: torch.Tensor, path: Path) -> None:

@@ -24,6 +24,7 @@ from models.explain.faithfulness import (
     summarize,
 )
 from models.explain.occlusion import occlusion
+from models.news.chunks import build_chunk, length_chunks
 from models.news.modules import NewsRecommender
 
 CHUNK_SAMPLES = 32  # samples whose variants are built and scored together
@@ -42,8 +43,6 @@ def faithfulness_section(model: NewsRecommender, prepared: Sequence[Any], record
     """Add ``faithfulness`` to every record (a sample's report with ``id``, ``words`` and ``word_attributions``)
     and return the run's summary of it (:func:`models.explain.faithfulness.summarize`, with its settings and
     its time against the attribution's). ``reference``: score every variant alone (the slow reference path)."""
-    from models.news.attribution import _chunk, _chunks
-
     t0, c0 = time.perf_counter(), time.process_time()
     view = model.views[0]
     by_id = {r["id"]: r for r in records}
@@ -51,9 +50,9 @@ def faithfulness_section(model: NewsRecommender, prepared: Sequence[Any], record
     lengths = [int(p.enc[view][0].shape[0]) for p in items]
     done = 0
     all_recs: list[dict[str, Any]] = []
-    for chunk in _chunks(lengths, CHUNK_SAMPLES, exact=model.device.type != "cuda"):
+    for chunk in length_chunks(lengths, CHUNK_SAMPLES, exact=model.device.type != "cuda"):
         part = [items[i] for i in chunk]
-        ch = _chunk(model, part, view, baseline)
+        ch = build_chunk(model, part, view, baseline)
         occ = occlusion(ch.forward, ch.x, ch.base, ch.content).attributions[..., 0].double().cpu().numpy()
         samples = []
         for j, p in enumerate(part):
@@ -81,11 +80,12 @@ def faithfulness_section(model: NewsRecommender, prepared: Sequence[Any], record
             "time_ratio": seconds / attribution_seconds if attribution_seconds > 0 else None}
 
 
-def merged_section(records: Sequence[dict[str, Any]], request: dict[str, Any], view: str | None, seconds: float,
-                   attribution_seconds: float) -> dict[str, Any]:
-    """The run's faithfulness summary from the per-sample ``faithfulness`` of a sharded run's merged records
-    (times summed over shards, as the attribution's are)."""
-    return {**summarize(records, FRACTIONS), "view": view, "seed": request.get("faithfulness_seed", 0),
-            "baseline": request.get("baseline", "pad"), "max_curve_points": MAX_CURVE_POINTS, "seconds": seconds,
+def merged_section(records: Sequence[dict[str, Any]], view: str | None, seed: int, baseline: str, seconds: float,
+                   cpu_seconds: float, attribution_seconds: float) -> dict[str, Any]:
+    """The run's faithfulness summary from the per-sample ``faithfulness`` of its records, in sample order (a whole
+    run's, or a sharded run's merged records): the keys of :func:`faithfulness_section`, times summed over the
+    parts (as the attribution's are)."""
+    return {**summarize(records, FRACTIONS), "view": view, "seed": seed, "baseline": baseline,
+            "max_curve_points": MAX_CURVE_POINTS, "seconds": seconds, "cpu_seconds": cpu_seconds,
             "attribution_seconds": attribution_seconds,
             "time_ratio": seconds / attribution_seconds if attribution_seconds > 0 else None}

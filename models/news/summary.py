@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -206,6 +206,59 @@ class CompletenessWarnings:
         if self.n > len(self.listed):
             out.append(f"{self.prefix}{self.n - len(self.listed)} more samples exceed the relative completeness "
                        f"error {self.threshold:g} (e.g. {self.more})")
+        return out
+
+
+class InputWarnings:
+    """Streaming: what the caller should know about the inputs (``add`` each sample, attributed or not): no sample
+    has a real/fake label; for a model that reads bodies, samples without ``history_bodies`` or
+    ``candidate_body``. ``state()`` is a JSON summary that ``merge`` folds in (a shard's, in sample order), so a
+    sharded run words its warnings exactly as one job over the same samples."""
+
+    EXAMPLES = 3  # sample ids named per warning
+
+    def __init__(self) -> None:
+        self.labelled = False
+        self.missing: dict[str, list[Any]] = {"history_bodies": [0, []], "candidate_body": [0, []]}
+
+    def add(self, sample: Any) -> None:
+        self.labelled = self.labelled or sample.label is not None
+        for name in self.missing:
+            if getattr(sample, name) is None:
+                self._count(name, 1, [sample.id])
+
+    def _count(self, name: str, n: int, ids: list[str]) -> None:
+        entry = self.missing[name]
+        entry[0] += n
+        entry[1].extend(ids[: self.EXAMPLES - len(entry[1])])
+
+    def extend(self, samples: Iterable[Any]) -> InputWarnings:
+        for s in samples:
+            self.add(s)
+        return self
+
+    def state(self) -> dict[str, Any]:
+        return {"labelled": self.labelled, "missing": {k: [n, list(ids)] for k, (n, ids) in self.missing.items()}}
+
+    def merge(self, state: dict[str, Any]) -> InputWarnings:
+        self.labelled = self.labelled or bool(state["labelled"])
+        for name, (n, ids) in state["missing"].items():
+            self._count(name, n, list(ids))
+        return self
+
+    def warnings(self, views: Sequence[str]) -> list[str]:
+        out = []
+        if not self.labelled:
+            out.append("no sample has a real/fake label: word_stats has the single group 'unlabelled' and no "
+                       "per-label statistics")
+        if "body" in views:
+            (n_hist, hist), (n_cand, cand) = self.missing["history_bodies"], self.missing["candidate_body"]
+            if n_hist:
+                out.append(f"{n_hist} sample(s) have no history_bodies (e.g. {hist}): their user vectors "
+                           "were built with empty history bodies")
+            if n_cand:
+                out.append(f"{n_cand} sample(s) have no candidate_body (e.g. {cand}): the body view "
+                           "was attributed over an empty body")
         return out
 
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.fanjobs import PLUGINS
+from tests.fanjobs import PLUGINS, FanRequest
 from tests.fanjobs import register as register_fan_kinds
 
 register_fan_kinds()  # the API process must know the route before the app is created
@@ -238,16 +238,19 @@ def test_planning_again_creates_nothing_twice_and_each_end_counts_once(redis_set
     monkeypatch.setattr(worker_fanout, "PLAN_BATCH", 4, raising=False)
     interrupt = {"at": 6}
 
-    def shard_payload(i, start, end):
-        if i == interrupt["at"]:
+    calls = {"n": 0}
+
+    def shard_items(request, start, end):
+        calls["n"] += 1
+        if calls["n"] - 1 == interrupt["at"]:
             interrupt["at"] = None
             raise WorkerShutdown("worker is shutting down")
-        return {"parent": job.id, "index": i, "start": start, "end": end, "request": {"n": 10}}
+        return request, start, end
 
     def plan():
-        return worker_fanout.fan_out(ctx, shard_kind="test_fan_shard", reduce_kind="test_fan_reduce",
-                                     request={"n": 10}, n_items=10, shard_size=1, unit="items",
-                                     shard_payload=shard_payload, timeout_s=60, retries=0)
+        calls["n"] = 0
+        return worker_fanout.fan_out(ctx, "test_fan", FanRequest(n=10, shard_size=1), 10, 1, retries=0,
+                                     shard_items=shard_items)
 
     with pytest.raises(WorkerShutdown):
         plan()

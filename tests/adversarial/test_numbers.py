@@ -479,7 +479,7 @@ def test_conve_batch_that_cannot_fit_names_batch_size_first(client, home):
 
 
 def test_the_worker_memory_budget_comes_from_settings(tmp_path):
-    from core.kinds.base import FieldError
+    from core.contract.errors import FieldError
     from core.kinds.train_conve import TrainConvERequest, check_memory
 
     req = TrainConvERequest(name="m")

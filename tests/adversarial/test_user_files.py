@@ -103,7 +103,7 @@ def test_labels_csv_rows_cannot_name_files_outside_the_dataset(env, listed) -> N
 
 def _read_test_triples(env, path: str):
     """The TracIn request's ``test_triples_path`` check, as the API runs it before queueing the job."""
-    from core.kinds.base import FieldError
+    from core.contract.errors import FieldError
     from core.kinds.tracin import TracInRequest, _read_test_triples_path
 
     req = TracInRequest(model="conve-x", mode="test", test_triples_path=path)
@@ -375,7 +375,7 @@ def test_a_name_registered_by_another_owner_never_silently_replaces_a_directory(
     bob_data = _triples_dir(env["data"], "bob-poison")
     registry.register_dataset(env["settings"], "carol-kg", kind="triples", path=bob_data, owner="bob")
     _triples_dir(env["data"], "carol-kg")
-    from core.kinds.base import FieldConflict
+    from core.contract.errors import FieldConflict
     from core.kinds.train_conve import resolve_dataset
 
     with pytest.raises(FieldConflict, match="write './carol-kg' for the directory"):

@@ -3,6 +3,7 @@ representation, run), write ``results.json`` and ``results.txt``; and the demo d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -11,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from core import registry
+from core.contract.results.ablation import AblationResult
 from core.filestore import Store, get_store
-from core.kinds.ablations import resolve_dataset
+from core.kinds.ablations import AblationRequest, resolve_dataset
 from core.settings import Settings
 from workers.context import JobContext, JobError, user_dataset
 
@@ -60,28 +62,30 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in result.items() if k != "results"}, "results": slim}
 
 
-def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    from models.lora.data import LoraDataset
-    from models.lora.experiment import AblationConfig, format_table, run_ablation
-    from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError
+def ablation_config(request: AblationRequest) -> Any:
+    """The library's AblationConfig from the request: the fields the two share, ``representations: "all"`` as
+    every representation's name."""
+    from models.lora.experiment import AblationConfig
+    from models.lora.keys import REPRESENTATION_NAMES
 
-    root = user_dataset(ctx, resolve_dataset, payload["dataset"])
+    shared = {f.name for f in dataclasses.fields(AblationConfig)} - {"representations"}
+    reps = request.representations
+    return AblationConfig(**request.model_dump(include=shared),
+                          representations=list(REPRESENTATION_NAMES) if reps == "all" else list(reps))
+
+
+def run(request: AblationRequest, ctx: JobContext) -> AblationResult:
+    from models.lora.data import LoraDataset
+    from models.lora.experiment import format_table, run_ablation
+    from models.lora.keys import DatasetFormatError
+
+    root = user_dataset(ctx, resolve_dataset, request.dataset)
     ctx.progress(0, None, "runs", message="reading the dataset")
     try:
         dataset = LoraDataset(root)
     except DatasetFormatError as exc:
         raise JobError("bad_dataset", str(exc)) from None
-    reps = payload["representations"]
-    config = AblationConfig(
-        representations=list(REPRESENTATION_NAMES) if reps == "all" else list(reps),
-        layer_sets=list(payload["layer_sets"]),
-        num_runs=payload["num_runs"], n_splits=payload.get("n_splits"), quick=payload["quick"],
-        sample_layers=payload["sample_layers"],
-        cache_features=payload["cache_features"], batch_size=payload["batch_size"],
-        max_epochs=payload["max_epochs"], patience=payload["patience"], hidden_dim=payload["hidden_dim"],
-        dropout=payload["dropout"], weight_decay=payload["weight_decay"], precision=payload["precision"],
-        seed=payload["seed"],
-    )
+    config = ablation_config(request)
     cache_root = ctx.home / "cache"
     try:
         result = run_ablation(
@@ -90,7 +94,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             state_dir=cache_root / "ablations",
             progress=lambda done, total, msg: ctx.progress(done, total, "runs", message=msg),
             on_epoch=lambda epoch, acc: ctx.check_canceled(),
-            dataset_name=payload["dataset"],
+            dataset_name=request.dataset,
             shared_cache=StoreFeatureTier(get_store(ctx.settings)),
         )
     except DatasetFormatError as exc:
@@ -100,7 +104,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     ctx.artifact_path("results.json").write_text(json.dumps(result, indent=1))
     table = format_table(result)
     ctx.artifact_path("results.txt").write_text(table)
-    return {**_summary(result), "table": table, "artifacts": ctx.artifacts()}
+    return AblationResult.model_validate({**_summary(result), "table": table, "artifacts": ctx.artifacts()})
 
 
 def demo_steps() -> list[Any]:

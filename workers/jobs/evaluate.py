@@ -1,5 +1,6 @@
 """Worker side of ``POST /evaluate/attribution`` and ``POST /evaluate/mislabel`` (the maths:
-``models/kg/evaluation.py``).
+``models/kg/evaluation.py``). The job functions take the validated request (``core.kinds.evaluate``) and return
+the kind's result model (``core.contract.results.evaluation``: :class:`LdsResult`, :class:`MislabelResult`).
 
 What an evaluation trains is kept in the store, content-addressed, and reused by every later evaluation that asks
 for the same thing (whoever asks: the address is a digest of the data itself, so only a caller who holds the same
@@ -14,10 +15,26 @@ data can reach it):
   ``replicate-<i>.npz`` the same for its replicate (the same subset trained with another seed), when an evaluation
   asked for the noise ceiling (``replicates``).
 
-An LDS evaluation whose ground truth is complete runs as one job (no training). Otherwise it fans out one shard per
-missing model (the subset models and their replicates when asked for, the full-data model and the ensemble members
-the ensemble estimators need), and its reduce step computes the estimators' LDS. ``trainings`` in the result counts
-the models this evaluation trained.
+One shape whole or sharded. An LDS evaluation whose models are all stored runs as one job (no training) and
+returns its :class:`LdsResult` with ``shards`` None. Otherwise it fans out one shard per missing model and its
+reduce step computes the same :class:`LdsResult` (``shards`` set). Both go through ``_finish_lds``, so they differ
+only in ``trainings`` / ``ground_truth.trainings`` / ``ground_truth.reused`` (what this job trained), the
+estimators' ``seconds``, ``shards`` and the size of ``result.json``.
+
+How a shard knows what to train (the typed ``ShardRequest[EvaluateAttributionRequest]`` carries the request and a
+range, nothing else):
+
+- Every model an evaluation needs has a fixed position in :func:`_models`, a deterministic function of the request
+  alone: the subset models ``0..m-1``, their replicates ``m..2m-1`` (with ``replicates``), the full-data model,
+  then the ensemble members. The parent plans one shard per position whose model is missing from the store, and
+  gives each shard, through ``fan_out``'s ``shard_items``, the range ``[p, p + 1)`` of that position ``p`` in
+  this list (not its rank among the missing ones). So a shard trains exactly the model the parent planned, even
+  when another evaluation stored some models in between (recomputing the missing list in the shard would shift
+  the ranks), and a parent re-planned after a shutdown cannot make an existing shard train another model: each
+  shard's payload names its own model. A model another job stored meanwhile is skipped (``trained`` 0).
+- The data version the plan was made for is recorded in the parent job's meta (``evaluation_plan``) before any
+  shard exists; each shard and the reduce step read it and refuse data that changed since (``dataset_changed``),
+  instead of training models of other data or computing an LDS that mixes two versions.
 """
 
 from __future__ import annotations
@@ -29,16 +46,24 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from core.artifacts import artifacts_key
+from core.contract.kind import ReduceRequest, ShardRequest
+from core.contract.results.base import Shards
+from core.contract.results.evaluation import LdsResult, MislabelResult
 from core.filestore import StoreError, get_store
+from core.kinds.evaluate import EvaluateAttributionRequest, EvaluateMislabelRequest, Recipe
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
-from workers.fanout import fan_out, shard_done, write_jsonl
+from workers.fanout import Planned, fan_out, shard_done, write_jsonl
 from workers.fanout import run_shard as run_shard_once
 
+KIND = "evaluate_attribution"
 ROOT = "cache/evaluation"
-FULL = -1  # the item of the full-data model in a fan-out's item list; ensemble member i is item -2 - i, the
-# replicate of subset model i (same subset, another seed; ``replicates``) is item m + i
+FULL = -1  # the code of the full-data model in _models; ensemble member j is -2 - j, the replicate of subset
+# model i (same subset, another seed; ``replicates``) is m + i
+PLAN_META = "evaluation_plan"  # the parent's meta field that records the data version its plan was made for
 OUTPUT = ("margin of the true tail on the tail query (h, r, ?): s_t - logsumexp_{e != t} s_e (TRAK's multi-class "
           "margin), model in eval mode")
 MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
@@ -47,7 +72,7 @@ MAX_LISTED_CORRUPTED = 10_000  # corrupted triples listed in the result (all of 
 
 # ------------------------------------------------------------------------------------------------ shared
 def _dataset(ctx: JobContext, name: str) -> Any:
-    from core.kinds.base import FieldError
+    from core.contract.errors import FieldError
     from core.kinds.train_conve import resolve_dataset
     from core.userfiles import UserFileError, files_for
     from models.kg.triples import TriplesFormatError, load_nations, load_triples_dir
@@ -65,6 +90,11 @@ def _dataset(ctx: JobContext, name: str) -> Any:
         raise JobError("bad_dataset", str(exc)) from None
     except UnicodeDecodeError:
         raise JobError("bad_dataset", f"dataset {name!r}: a file is not UTF-8 text") from None
+
+
+def _recipe(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as JSON (what the content addresses digest, as the API stored it)."""
+    return recipe.model_dump(mode="json")
 
 
 def _config(recipe: dict[str, Any]) -> Any:
@@ -114,37 +144,42 @@ def _train_full(ctx: JobContext, ds: Any, recipe: dict[str, Any], key: str, extr
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _publish(ctx: JobContext, parent: str, out_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
-    """A reduce step's files go under the parent's id (what clients ask for)."""
-    (out_dir / "result.json").write_text(json.dumps(_clean(result)))
-    store = get_store(ctx.settings)
-    store.sync_dir(out_dir, artifacts_key(parent))
-    return {**result, "artifacts": store.list_files(artifacts_key(parent))}
+def _split_metrics(bundle: Any) -> dict[str, Any]:
+    """A trained model's validation and test metrics (its metrics.json also holds the training history)."""
+    return {k: v for k, v in (bundle.metrics or {}).items() if k in ("valid", "test")}
 
 
 # ------------------------------------------------------------------------------------------------ LDS
-def _member_recipes(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    from core.kinds.evaluate import ensemble_members
+def _member_recipes(request: EvaluateAttributionRequest) -> list[dict[str, Any]]:
     from models.kg.evaluation import member_seeds
 
-    recipe = payload["recipe"]
-    k = ensemble_members(payload["estimators"], payload.get("ensemble", 0))
-    return [{**recipe, "seed": s} for s in member_seeds(int(recipe.get("seed", 0)), k)]
+    recipe = _recipe(request.recipe)
+    return [{**recipe, "seed": s} for s in member_seeds(request.recipe.seed, request.members())]
 
 
-def _identity(payload: dict[str, Any], ds: Any) -> dict[str, Any]:
+def _identity(request: EvaluateAttributionRequest, ds: Any) -> dict[str, Any]:
+    """The store addresses of what the evaluation needs, from the request and the data."""
     from models.kg.evaluation import content_key, data_version, subset_seeds
 
     version = data_version(ds)
-    recipe = payload["recipe"]
-    members = _member_recipes(payload)
+    recipe = _recipe(request.recipe)
+    members = _member_recipes(request)
     return {"data_version": version,
             "full": content_key(what="full", recipe=recipe, data=version),
             "members": [content_key(what="full", recipe=r, data=version) for r in members],
             "member_recipes": members,
-            "lds": content_key(what="lds", recipe=recipe, data=version, alpha=payload["alpha"], m=payload["m"],
-                               seed=payload["seed"]),
-            "seeds": subset_seeds(payload["seed"], payload["m"])}
+            "lds": content_key(what="lds", recipe=recipe, data=version, alpha=request.alpha, m=request.m,
+                               seed=request.seed),
+            "seeds": subset_seeds(request.seed, request.m)}
+
+
+def _models(request: EvaluateAttributionRequest) -> list[int]:
+    """Every model the evaluation needs, in a fixed order that depends on the request alone (a shard's range is a
+    position in this list): subset model i as i, its replicate as m + i (with ``replicates``), the full-data model
+    as FULL, ensemble member j as FULL - 1 - j."""
+    m = request.m
+    replicates = list(range(m, 2 * m)) if request.replicates else []
+    return [*range(m), *replicates, FULL, *(FULL - 1 - j for j in range(request.members()))]
 
 
 def _subset_key(ident: dict[str, Any], i: int) -> str:
@@ -155,53 +190,50 @@ def _replicate_key(ident: dict[str, Any], i: int) -> str:
     return f"{ROOT}/lds/{ident['lds']}/replicate-{i:05d}.npz"
 
 
-def _missing(ctx: JobContext, ident: dict[str, Any], m: int, replicates: bool = False) -> list[int]:
+def _stored_at(ident: dict[str, Any], m: int, item: int) -> str:
+    """The store key whose presence says the model ``item`` (a code of :func:`_models`) is stored."""
+    if item == FULL:
+        return f"{_model_key(ident['full'])}/config.json"
+    if item < FULL:
+        return f"{_model_key(ident['members'][FULL - 1 - item])}/config.json"
+    return _replicate_key(ident, item - m) if item >= m else _subset_key(ident, item)
+
+
+def _missing(ctx: JobContext, request: EvaluateAttributionRequest, ident: dict[str, Any]) -> list[int]:
+    """The positions in :func:`_models` of the models the store lacks."""
     store = get_store(ctx.settings)
-    items = [i for i in range(m) if not store.exists(_subset_key(ident, i))]
-    if replicates:
-        items += [m + i for i in range(m) if not store.exists(_replicate_key(ident, i))]
-    if not store.exists(f"{_model_key(ident['full'])}/config.json"):
-        items.append(FULL)
-    items += [FULL - 1 - j for j, key in enumerate(ident["members"])
-              if not store.exists(f"{_model_key(key)}/config.json")]
-    return items
+    return [p for p, item in enumerate(_models(request)) if not store.exists(_stored_at(ident, request.m, item))]
 
 
-def _train_item(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[str, Any], item: int) -> bool:
-    """Train one missing model of the evaluation (False when another job stored it meanwhile)."""
+def _train_item(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, ident: dict[str, Any],
+                item: int) -> bool:
+    """Train one model of the evaluation (False when another job stored it meanwhile)."""
     import numpy as np
 
     store = get_store(ctx.settings)
+    if store.exists(_stored_at(ident, request.m, item)):
+        return False
     if item == FULL:
-        key = _model_key(ident["full"])
-        if store.exists(f"{key}/config.json"):
-            return False
-        _train_full(ctx, ds, payload["recipe"], key)
+        _train_full(ctx, ds, _recipe(request.recipe), _model_key(ident["full"]))
         return True
     if item < FULL:  # ensemble member j: the recipe's full-data model with the member's seed
         j = FULL - 1 - item
-        key = _model_key(ident["members"][j])
-        if store.exists(f"{key}/config.json"):
-            return False
-        _train_full(ctx, ds, ident["member_recipes"][j], key,
+        _train_full(ctx, ds, ident["member_recipes"][j], _model_key(ident["members"][j]),
                     what=f"ensemble member {j + 1}/{len(ident['members'])}")
         return True
     from models.kg.evaluation import replicate_seed, train_subset
 
-    m = payload["m"]
+    m = request.m
     index, replicate = (item - m, True) if item >= m else (item, False)
-    key = _replicate_key(ident, index) if replicate else _subset_key(ident, index)
-    if store.exists(key):
-        return False
     seed = ident["seeds"][index]
     train_seed = replicate_seed(seed) if replicate else seed
     what = f"replicate of subset model {index + 1}/{m}" if replicate else f"subset model {index + 1}/{m}"
-    out = train_subset(ds, _config(payload["recipe"]), payload["alpha"], seed, ctx.device,
+    out = train_subset(ds, _config(_recipe(request.recipe)), request.alpha, seed, ctx.device,
                        _train_progress(ctx, what), ctx.settings.work_dir, train_seed=train_seed)
     buf = io.BytesIO()
     np.savez(buf, mask=out["mask"], outputs=out["outputs"], seed=np.int64(seed), index=np.int64(index),
              train_seed=np.int64(train_seed), seconds=np.float64(out["seconds"]))
-    store.put_bytes(buf.getvalue(), key)
+    store.put_bytes(buf.getvalue(), _stored_at(ident, m, item))
     return True
 
 
@@ -219,81 +251,127 @@ def load_ground_truth(settings: Any, lds_key: str, m: int) -> tuple[Any, Any, li
     return np.stack(masks), np.stack(outputs), seeds
 
 
-def run_attribution(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    ds = _dataset(ctx, payload["dataset"])
+class EvaluationPlan(BaseModel):
+    """What a fanned-out parent records in its meta (``PLAN_META``) before its shards exist."""
+
+    data_version: str
+
+
+def _planned(ctx: JobContext, parent: str) -> EvaluationPlan:
+    """The plan the parent job recorded (its shards and reduce step check the data against it)."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job
+
+    try:
+        meta = Job.fetch(parent, connection=ctx.job.connection, serializer=ctx.job.serializer).meta
+    except NoSuchJobError:
+        raise JobError("parent_missing", f"the parent job {parent!r} (which holds the evaluation's plan) is "
+                       "gone") from None
+    try:
+        return EvaluationPlan.model_validate(meta[PLAN_META])
+    except (KeyError, ValidationError):
+        raise JobError("parent_missing", f"the parent job {parent!r} recorded no evaluation plan") from None
+
+
+def _same_data(ident: dict[str, Any], plan: EvaluationPlan, request: EvaluateAttributionRequest) -> None:
+    if ident["data_version"] != plan.data_version:
+        raise JobError("dataset_changed", f"dataset {request.dataset!r} changed since the evaluation started")
+
+
+def _lds_dataset(ctx: JobContext, request: EvaluateAttributionRequest) -> tuple[Any, dict[str, Any]]:
+    ds = _dataset(ctx, request.dataset)
     if len(ds.test) == 0:
-        raise JobError("bad_dataset", f"dataset {payload['dataset']!r} has no test split to evaluate on")
-    ident = _identity(payload, ds)
-    missing = _missing(ctx, ident, payload["m"], payload.get("replicates", False))
+        raise JobError("bad_dataset", f"dataset {request.dataset!r} has no test split to evaluate on")
+    return ds, _identity(request, ds)
+
+
+def run_attribution(request: EvaluateAttributionRequest, ctx: JobContext) -> LdsResult | Planned:
+    """The LDS whole when every model it needs is stored; otherwise one shard per missing model, and the reduce
+    step computes it."""
+    ds, ident = _lds_dataset(ctx, request)
+    missing = _missing(ctx, request, ident)
     if not missing:
-        result = _finish_lds(ctx, payload, ds, ident, 0, ctx.artifact_path)
-        ctx.artifact_path("result.json").write_text(json.dumps(result))
-        return {**result, "artifacts": ctx.artifacts()}
-    request = {**payload, "items": missing, "data_version": ident["data_version"]}
+        result = _finish_lds(ctx, request, ds, ident, 0, None, ctx.artifact_path)
+        ctx.artifact_path("result.json").write_text(_result_file(result))
+        return result.model_copy(update={"artifacts": _artifacts(ctx.artifacts())})
+    ctx.set_meta(PLAN_META, EvaluationPlan(data_version=ident["data_version"]).model_dump())
 
-    def shard_payload(index: int, start: int, end: int) -> dict[str, Any]:
-        return {"parent": ctx.job_id, "index": index, "start": start, "end": end, "request": request}
+    def one_model(carried: dict[str, Any], start: int, end: int) -> tuple[dict[str, Any], int, int]:
+        # a shard is one missing model: its range is the model's position in _models (see the module docstring)
+        return carried, missing[start], missing[start] + 1
 
-    return fan_out(ctx, shard_kind="evaluate_attribution_shard", reduce_kind="evaluate_attribution_reduce",
-                   request=request, n_items=len(missing), shard_size=1, unit="models", shard_payload=shard_payload,
-                   timeout_s=12 * 3600, retries=payload.get("shard_retries", 1), max_failed_fraction=0.0)
-
-
-def _same_data(ds: Any, request: dict[str, Any]) -> dict[str, Any]:
-    ident = _identity(request, ds)
-    if ident["data_version"] != request["data_version"]:
-        raise JobError("dataset_changed", f"dataset {request['dataset']!r} changed since the evaluation started")
-    return ident
+    return fan_out(ctx, KIND, request, len(missing), 1, retries=request.shard_retries, max_failed_fraction=0.0,
+                   shard_items=one_model)
 
 
-def run_shard(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    """Train the models ``items[start:end]`` of the parent's evaluation (a subset index i < m, m + i: subset i's
-    replicate, -1: the full data, or -2 - j: ensemble member j)."""
-    request = payload["request"]
+def run_shard(shard: ShardRequest[EvaluateAttributionRequest], ctx: JobContext) -> dict[str, Any]:
+    """Train the models at positions ``[start, end)`` of the evaluation's :func:`_models` (one, as planned)."""
+    request = shard.request
 
     def work() -> dict[str, Any]:
-        ds = _dataset(ctx, request["dataset"])
-        ident = _same_data(ds, request)
-        items = request["items"][payload["start"]:payload["end"]]
+        ds, ident = _lds_dataset(ctx, request)
+        _same_data(ident, _planned(ctx, shard.parent), request)
+        models = _models(request)
+        if shard.end > len(models) or shard.start >= shard.end:
+            raise JobError("invalid_payload", f"shard range [{shard.start}, {shard.end}) is not within the "
+                           f"evaluation's {len(models)} models")
+        items = models[shard.start:shard.end]
         trained = sum(_train_item(ctx, request, ds, ident, item) for item in items)
         return {"items": items, "trained": int(trained)}
 
     return run_shard_once(ctx, work)
 
 
-def run_reduce(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    parent, request = payload["parent"], payload["request"]
-    ds = _dataset(ctx, request["dataset"])
-    ident = _same_data(ds, request)
-    done = [shard_done(ctx, parent, i) for i in range(payload["shards"])]
-    missing = _missing(ctx, ident, request["m"], request.get("replicates", False))
+def run_reduce(reduce: ReduceRequest[EvaluateAttributionRequest], ctx: JobContext) -> LdsResult:
+    request = reduce.request
+    ds, ident = _lds_dataset(ctx, request)
+    _same_data(ident, _planned(ctx, reduce.parent), request)
+    done = [shard_done(ctx, reduce.parent, i) for i in range(reduce.shards)]
+    failed = [i for i, d in enumerate(done) if d is None]
+    missing = _missing(ctx, request, ident)
     if missing:
-        failed = [i for i, d in enumerate(done) if d is None]
         raise JobError("too_many_failures", f"{len(missing)} of the evaluation's models are missing (shards "
                        f"{failed[:20]} failed): the LDS needs every subset model (and replicate, when asked), the "
                        "full-data model and the ensemble members")
-    trainings = sum(int(d.get("trained", 0)) for d in done if d and not d.get("reused"))
+    trainings = sum(int(d["trained"]) for d in done if d is not None)
     out_dir = ctx.settings.work_dir / f"{ctx.job_id}-merged"
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        result = _finish_lds(ctx, request, ds, ident, trainings, lambda name: out_dir / name)
-        return _publish(ctx, parent, out_dir, result)
+        result = _finish_lds(ctx, request, ds, ident, trainings, Shards(total=reduce.shards, failed=failed),
+                             lambda name: out_dir / name)
+        (out_dir / "result.json").write_text(_result_file(result))
+        store = get_store(ctx.settings)  # the reduce step's files go under the parent's id (what clients ask for)
+        store.sync_dir(out_dir, artifacts_key(reduce.parent))
+        return result.model_copy(update={"artifacts": _artifacts(store.list_files(artifacts_key(reduce.parent)))})
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[str, Any], trainings: int,
-                path_of: Any) -> dict[str, Any]:
-    """The estimators' LDS on the stored ground truth; its files written at ``path_of(name)``."""
+def _result_file(result: BaseModel) -> str:
+    """``result.json``: the result without its file list."""
+    return result.model_dump_json(exclude={"artifacts"})
+
+
+def _artifacts(files: list[dict[str, Any]]) -> list[Any]:
+    from core.contract.results.base import Artifact
+
+    return [Artifact.model_validate(f) for f in files]
+
+
+def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, ident: dict[str, Any],
+                trainings: int, shards: Shards | None, path_of: Any) -> LdsResult:
+    """The estimators' LDS on the stored ground truth (whole or in the reduce step: the same code, the same
+    result); its files written at ``path_of(name)``."""
     import numpy as np
     import torch
 
     from models.kg.evaluation import lds_report, test_selection
 
-    masks, outputs, seeds = load_ground_truth(ctx.settings, ident["lds"], payload["m"])
+    m, seed, names_asked = request.m, request.seed, list(request.estimators)
+    masks, outputs, seeds = load_ground_truth(ctx.settings, ident["lds"], m)
     bundle = _load_model(ctx, _model_key(ident["full"]))
     members = [_load_model(ctx, _model_key(key)) for key in ident["members"]]
-    sel = test_selection(len(ds.test), payload["n_test"], payload["seed"])
+    sel = test_selection(len(ds.test), request.n_test, seed)
     test = ds.test[torch.from_numpy(sel)]
     names = ds.decode(test)
 
@@ -302,69 +380,70 @@ def _finish_lds(ctx: JobContext, payload: dict[str, Any], ds: Any, ident: dict[s
 
     scores: dict[str, Any] = {}
     try:
-        report = lds_report(bundle, masks, outputs[:, sel], test, payload["estimators"], payload["seed"],
-                            progress=progress, scores=scores, members=members)
+        report = lds_report(bundle, masks, outputs[:, sel], test, names_asked, seed, progress=progress,
+                            scores=scores, members=members)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
     ceiling = None
     extra: dict[str, Any] = {}
-    if payload.get("replicates"):
+    if request.replicates:
         from models.kg.evaluation import noise_ceiling
 
         store = get_store(ctx.settings)
         reps = []
-        for i in range(payload["m"]):
+        for i in range(m):
             with np.load(io.BytesIO(store.read_bytes(_replicate_key(ident, i)))) as z:
                 reps.append(z["outputs"])
         extra["replicate_outputs"] = np.stack(reps)[:, sel]
-        ceiling = noise_ceiling(outputs[:, sel], extra["replicate_outputs"], payload["seed"])
+        ceiling = noise_ceiling(outputs[:, sel], extra["replicate_outputs"], seed)
     np.savez(path_of("ground_truth.npz"), masks=masks, outputs=outputs[:, sel], test_index=sel,
              seeds=np.asarray(seeds, dtype=np.int64), **extra)
     if len(sel) * len(ds.train) <= MAX_SCORE_CELLS:  # the scores behind each LDS, for an independent check
         for name, values in scores.items():
             np.save(path_of(f"scores-{name}.npy"), values)
     with open(path_of("lds_per_test.csv"), "w", encoding="utf-8") as fh:
-        fh.write("head\trelation\ttail\t" + "\t".join(payload["estimators"]) + "\n")
+        fh.write("head\trelation\ttail\t" + "\t".join(names_asked) + "\n")
         for j, trip in enumerate(names):
-            vals = [report[e]["per_test"][j] for e in payload["estimators"]]
+            vals = [report[e]["per_test"][j] for e in names_asked]
             fh.write("\t".join(trip) + "\t" + "\t".join("" if v is None else repr(v) for v in vals) + "\n")
     result: dict[str, Any] = {
-        "metric": "lds", "dataset": payload["dataset"], "data_version": ident["data_version"],
-        "recipe": payload["recipe"], "m": payload["m"], "alpha": payload["alpha"], "seed": payload["seed"],
+        "metric": "lds", "dataset": request.dataset, "data_version": ident["data_version"],
+        "recipe": _recipe(request.recipe), "m": m, "alpha": request.alpha, "seed": seed,
         "seeds": seeds, "n_train": len(ds.train), "subset_size": int(masks[0].sum()), "n_test": len(sel),
         "test_triples": names, "output": OUTPUT,
         "ground_truth": {"key": ident["lds"], "full_model": ident["full"], "trainings": trainings,
-                         "reused": payload["m"] * (2 if ceiling else 1) + 1 + len(members) - trainings},
+                         "reused": len(_models(request)) - trainings},
         "noise_ceiling": ceiling,
         "ensemble": {"members": len(members), "seeds": [r["seed"] for r in ident["member_recipes"]],
                      "models": ident["members"]},
         "trainings": trainings,
-        "full_model": {"metrics": {k: v for k, v in (bundle.metrics or {}).items() if k in ("valid", "test")},
+        "full_model": {"metrics": _split_metrics(bundle),
                        "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr} for c in bundle.checkpoints]},
         "estimators": report,
+        "shards": shards,
     }
-    return _clean(result)
+    return LdsResult.model_validate(_clean(result))
 
 
 # ------------------------------------------------------------------------------------------------ mislabels
-def run_mislabel(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelResult:
     import numpy as np
     import torch
 
     from models.kg.evaluation import content_key, corrupt_tails, data_version, mislabel_report, with_train
 
-    ds = _dataset(ctx, payload["dataset"])
+    ds = _dataset(ctx, request.dataset)
     version = data_version(ds)
-    key = _model_key(content_key(what="mislabel", recipe=payload["recipe"], data=version,
-                                 fraction=payload["fraction"], seed=payload["seed"]))
-    corrupted_train, idx, new_tails = corrupt_tails(ds.train, len(ds.entities), payload["fraction"],
-                                                    payload["seed"])
+    recipe = _recipe(request.recipe)
+    key = _model_key(content_key(what="mislabel", recipe=recipe, data=version, fraction=request.fraction,
+                                 seed=request.seed))
+    corrupted_train, idx, new_tails = corrupt_tails(ds.train, len(ds.entities), request.fraction, request.seed)
     record = {"indices": idx.tolist(), "original_tails": ds.train[torch.from_numpy(idx), 2].tolist(),
               "new_tails": new_tails.tolist()}
     store = get_store(ctx.settings)
     trainings = 0
     if not store.exists(f"{key}/config.json"):
-        _train_full(ctx, with_train(ds, corrupted_train, keep_eval=True), payload["recipe"], key,
+        _train_full(ctx, with_train(ds, corrupted_train, keep_eval=True), recipe, key,
                     extra={"corruption.json": record}, what="model of the corrupted graph")
         trainings = 1
     bundle = _load_model(ctx, key)
@@ -378,7 +457,7 @@ def run_mislabel(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
 
     self_scores: dict[str, Any] = {}
     try:
-        report = mislabel_report(bundle, idx, payload["estimators"], progress=progress, scores=self_scores)
+        report = mislabel_report(bundle, idx, list(request.estimators), progress=progress, scores=self_scores)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
     originals = ds.decode(ds.train[torch.from_numpy(idx)])
@@ -392,13 +471,12 @@ def run_mislabel(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     np.savez(ctx.artifact_path("self_scores.npz"), **self_scores)  # the scores behind each ranking
     write_jsonl(ctx.artifact_path("recall_curves.jsonl"),
                 ({"estimator": n, **r["recall_curve"]} for n, r in report.items()))
-    result = {
-        "metric": "mislabel", "dataset": payload["dataset"], "data_version": version, "recipe": payload["recipe"],
-        "fraction": payload["fraction"], "seed": payload["seed"], "n_train": len(ds.train),
+    result = MislabelResult.model_validate(_clean({
+        "metric": "mislabel", "dataset": request.dataset, "data_version": version, "recipe": recipe,
+        "fraction": request.fraction, "seed": request.seed, "n_train": len(ds.train),
         "n_corrupted": int(len(idx)), "corrupted": listed, "corrupted_listed": len(listed),
-        "trainings": trainings, "model": {"key": key.rsplit("/", 1)[-1]},
-        "model_metrics": {k: v for k, v in (bundle.metrics or {}).items() if k in ("valid", "test")},
+        "trainings": trainings, "model": {"key": key.rsplit("/", 1)[-1]}, "model_metrics": _split_metrics(bundle),
         "estimators": report,
-    }
-    ctx.artifact_path("result.json").write_text(json.dumps(_clean(result)))
-    return {**_clean(result), "artifacts": ctx.artifacts()}
+    }))
+    ctx.artifact_path("result.json").write_text(_result_file(result))
+    return result.model_copy(update={"artifacts": _artifacts(ctx.artifacts())})

@@ -1,5 +1,6 @@
 """Worker side of ``POST /featurize``: the projected gradient features of the model's training triples, per
-checkpoint, into the file store (only the rows not stored yet are computed; see :mod:`models.explain.features`)."""
+checkpoint, into the file store (only the rows not stored yet are computed; see :mod:`models.explain.features`,
+and :mod:`models.kg.stored` for ConvE's side of it)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 from core import registry
 from core.filestore import get_store
-from workers.context import JobContext, JobError
-from workers.context import json_safe as _clean
+from core.kinds.featurize import FeaturizeRequest, FeaturizeResult
+from workers.context import JobContext, JobError, json_safe
 from workers.jobs.tracin import _bundle
 
 MODELS_FILE = "models.json"  # features/<key>/models.json: the model versions (store keys) these features belong to
@@ -27,22 +28,23 @@ def record_model(store: Any, feature_keys: list[str], location: str | None) -> N
             store.put_bytes(json.dumps(sorted(held | {location})).encode(), path)
 
 
-def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    from models.explain.features import featurize
+def run(request: FeaturizeRequest, ctx: JobContext) -> FeaturizeResult:
+    from models.kg.stored import featurize
 
-    bundle = _bundle(ctx, payload["model"])
+    bundle = _bundle(ctx, request.model)
 
     def progress(done: int, total: int, message: str) -> None:
         ctx.progress(done, total, "rows", message=message)
 
     try:
-        result = featurize(get_store(ctx.settings), bundle, payload["checkpoints"], layers=payload["layers"],
-                           loss=payload["loss"], proj_dim=payload["proj_dim"], seed=payload["seed"],
-                           device=ctx.device, batch_size=payload["batch_size"], progress=progress)
+        stored = featurize(get_store(ctx.settings), bundle, request.checkpoints, layers=request.layers,
+                           loss=request.loss, proj_dim=request.proj_dim, seed=request.seed, device=ctx.device,
+                           batch_size=request.batch_size, progress=progress)
     except (KeyError, ValueError) as exc:  # the API validated names; this catches a model re-trained in between
         raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None
-    record_model(get_store(ctx.settings), [c["key"] for c in result["checkpoints"]],
-                 (registry.get_model(ctx.settings, payload["model"]) or {}).get("location"))
-    result = {"model": payload["model"], **_clean(result)}
-    ctx.artifact_path("result.json").write_text(json.dumps(result))
-    return {**result, "artifacts": ctx.artifacts()}
+    record_model(get_store(ctx.settings), [c["key"] for c in stored["checkpoints"]],
+                 (registry.get_model(ctx.settings, request.model) or {}).get("location"))
+    result = FeaturizeResult.model_validate({"model": request.model, **json_safe(stored)})
+    ctx.artifact_path("result.json").write_text(result.model_dump_json(exclude={"artifacts"}))
+    result.artifacts = ctx.artifacts()
+    return result

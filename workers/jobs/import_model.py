@@ -8,18 +8,20 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from core.kinds.base import FieldError
+from core.contract.errors import FieldError
 from core.kinds.import_model import (
     PACKAGED_ENCODERS,
     REGISTRY_KIND,
     WEIGHT_DEFAULTS,
+    ImportModelRequest,
+    ImportResult,
     model_dir,
     pretrained_problem,
 )
 from core.userfiles import UserFileError, UserFiles, check_tree
 from models.files import LOCAL, read_bytes
 from workers.context import JobContext, JobError
-from workers.jobs.attributions import _clean
+from workers.context import json_safe as _clean
 
 LOADERS = {"conve": "models.kg.checkpoint:load", "nrms": "models.news.checkpoint:load",
            "naml": "models.news.checkpoint:load", "vision_bdh": "models.vision.checkpoint:load"}
@@ -39,7 +41,7 @@ def _config(src: Path, given: dict[str, Any] | None, settings: Any = None) -> di
     return config
 
 
-def _import_news(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict[str, Any]:
+def _import_news(src: Path, out: Path, request: ImportModelRequest, settings: Any) -> dict[str, Any]:
     import torch
 
     from models.news import checkpoint
@@ -47,17 +49,17 @@ def _import_news(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict
     from models.news.text import WordTokenizer
     from models.weight_files import check_state, load_state_file, strip_prefix
 
-    config = _config(src, p.get("config"), settings)
+    config = _config(src, request.config, settings)
     config.pop("meta", None)
-    config["kind"] = p["kind"]
+    config["kind"] = request.kind
     problem = pretrained_problem(src, config.get("pretrained"))
     if problem:
         raise JobError("invalid_model", f"config.pretrained: {problem}")
     if config.get("pretrained") not in (None, *PACKAGED_ENCODERS):  # an encoder inside the model directory
         config["pretrained"] = str((src / config["pretrained"]).resolve())
-    vocab = src / (p.get("vocab") or "vocab.json")
+    vocab = src / (request.vocab or "vocab.json")
     tokenizer = WordTokenizer.load(vocab) if vocab.is_file() else None
-    if p["kind"] == "naml" or config.get("encoder") == "word":
+    if request.kind == "naml" or config.get("encoder") == "word":
         if tokenizer is None:
             raise JobError("invalid_model", "vocab: a word-embedding model needs its vocabulary (vocab.json)")
     elif config.get("encoder") != "bert":
@@ -66,9 +68,10 @@ def _import_news(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict
         model = build_model(config, tokenizer)
     except (ValueError, OSError, KeyError) as exc:
         raise JobError("invalid_model", f"config: {exc}") from None
-    state = strip_prefix(load_state_file(src / _weights(src, p.get("weights"))))
+    weights = _weights(src, request.weights)
+    state = strip_prefix(load_state_file(src / weights))
     frozen = checkpoint.frozen_bert(model)
-    check_state(model, state, _weights(src, p.get("weights")), (checkpoint.FROZEN_PREFIX,) if frozen else ())
+    check_state(model, state, weights, (checkpoint.FROZEN_PREFIX,) if frozen else ())
     model.load_state_dict(state, strict=False)
     model.eval()
     checkpoint.save(model, out, meta={"imported_from": src.name})
@@ -79,7 +82,7 @@ def _import_news(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict
             "smoke": {"scores": [float(s) for s in scores], "finite": bool(torch.isfinite(scores).all())}}
 
 
-def _import_bdh(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict[str, Any]:
+def _import_bdh(src: Path, out: Path, request: ImportModelRequest, settings: Any) -> dict[str, Any]:
     import torch
 
     from models.vision.bdh import VisionBDH
@@ -87,15 +90,16 @@ def _import_bdh(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict[
     from models.vision.config import Optimizations, VisionBDHConfig
     from models.weight_files import check_state, load_state_file, strip_prefix
 
-    raw = _config(src, p.get("config"), settings)
+    raw = _config(src, request.config, settings)
     model_cfg = raw.get("model", raw)
     try:
         config = VisionBDHConfig.from_dict(model_cfg)
     except (TypeError, ValueError, KeyError) as exc:
         raise JobError("invalid_model", f"config: {exc}") from None
     model = VisionBDH(config, Optimizations())
-    state = strip_prefix(load_state_file(src / _weights(src, p.get("weights"))))
-    check_state(model, state, _weights(src, p.get("weights")))
+    weights = _weights(src, request.weights)
+    state = strip_prefix(load_state_file(src / weights))
+    check_state(model, state, weights)
     model.load_state_dict(state)
     model.eval()
     meta = {k: v for k, v in raw.items() if k != "model"} if "model" in raw else {}
@@ -108,12 +112,12 @@ def _import_bdh(src: Path, out: Path, p: dict[str, Any], settings: Any) -> dict[
             "smoke": {"logits_shape": list(logits.shape), "finite": bool(torch.isfinite(logits).all())}}
 
 
-def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
     from models.weight_files import StateMismatch
 
-    p = payload
+    r = request
     try:
-        src = model_dir(ctx.settings, p["path"])
+        src = model_dir(ctx.settings, r.path)
         check_tree(ctx.settings, src)
     except FieldError as exc:
         raise JobError("invalid_model", exc.message) from None
@@ -122,24 +126,24 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     out = ctx.settings.work_dir / f"import-{ctx.job_id}"
     ctx.progress(0, 2, "steps", message="checking names and shapes")
     try:
-        if p["kind"] == "conve":
+        if r.kind == "conve":
             from models.kg.importer import ImportError_, import_conve
 
-            spec = {**p, "weights": _weights(src, p.get("weights")),
-                    "train_triples": p.get("train_triples") or "train.txt",
-                    "checkpoints": p["checkpoints"], "dataset_name": p["name"]}
+            # the importer's spec: the request's fields (checkpoints as {file, lr, epoch}), the files defaulted
+            spec = {**r.model_dump(), "weights": _weights(src, r.weights),
+                    "train_triples": r.train_triples or "train.txt", "dataset_name": r.name}
             try:
                 report = import_conve(src, out, spec)
             except ImportError_ as exc:
                 raise JobError("invalid_model", str(exc)) from None
-        elif p["kind"] in ("nrms", "naml"):
-            report = _import_news(src, out, p, ctx.settings)
+        elif r.kind in ("nrms", "naml"):
+            report = _import_news(src, out, r, ctx.settings)
         else:
-            report = _import_bdh(src, out, p, ctx.settings)
+            report = _import_bdh(src, out, r, ctx.settings)
         ctx.progress(1, 2, "steps", message="registering")
-        ctx.register_model(p["name"], kind=REGISTRY_KIND[p["kind"]], loader=LOADERS[p["kind"]], path=out,
+        ctx.register_model(r.name, kind=REGISTRY_KIND[r.kind], loader=LOADERS[r.kind], path=out,
                            parameters=report["parameters"],
-                           meta=_clean({"imported": True, "architecture": p["kind"], "source": p["path"],
+                           meta=_clean({"imported": True, "architecture": r.kind, "source": r.path,
                                         "smoke": report.get("smoke")}))
     except StateMismatch as exc:
         raise JobError("shape_mismatch", str(exc)) from None
@@ -148,4 +152,5 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     finally:
         shutil.rmtree(out, ignore_errors=True)
     ctx.progress(2, 2, "steps", message="registered")
-    return _clean({"model": p["name"], "kind": p["kind"], "registry_kind": REGISTRY_KIND[p["kind"]], **report})
+    return ImportResult.model_validate(_clean({"model": r.name, "kind": r.kind,
+                                               "registry_kind": REGISTRY_KIND[r.kind], **report}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -9,9 +10,10 @@ from typing import Any
 
 from core import registry
 from core.artifacts import artifacts_key
+from core.contract.errors import FieldError
+from core.contract.results.training import TrainBDHResult
 from core.filestore import StoreError, get_store
-from core.kinds.base import FieldError
-from core.kinds.train_bdh import CIFAR_DIRS, checkpoint_key, cifar_dir, cifar_marker
+from core.kinds.train_bdh import CIFAR_DIRS, TrainBDHRequest, checkpoint_key, cifar_dir, cifar_marker
 from core.ownership import owns, owns_files
 from core.settings import Settings
 from workers.context import JobContext, JobError
@@ -20,50 +22,43 @@ LOADER = "models.vision.checkpoint:load"
 METRICS_INTERVAL_S = 2.0
 
 
-def train_config(payload: dict[str, Any], data_dir: Path | None, device_type: str) -> Any:
-    """The library's TrainConfig from the API payload."""
+def train_config(request: TrainBDHRequest, data_dir: Path | None, device_type: str) -> Any:
+    """The library's TrainConfig from the request: every field the two share, the resolved data directory, the
+    model's configuration, and the data-loading processes (by default 4 on a GPU, 0 on CPU)."""
     from models.vision.config import VisionBDHConfig
     from models.vision.train import TrainConfig
 
-    workers = payload.get("num_workers")
+    shared = {f.name for f in dataclasses.fields(TrainConfig)} - {"data_dir", "model", "num_workers"}
+    workers = request.num_workers
     if workers is None:
         workers = 4 if device_type == "cuda" else 0  # on CPU the cores are better spent on the matmuls
-    return TrainConfig(
-        dataset=payload["dataset"], data_dir=str(data_dir) if data_dir else None, epochs=payload["epochs"],
-        batch_size=payload["batch_size"], grad_accum_steps=payload["grad_accum_steps"], lr=payload["lr"],
-        weight_decay=payload["weight_decay"], warmup_steps=payload["warmup_steps"],
-        model=VisionBDHConfig.from_dict(payload["model"]), compile=payload["compile"],
-        precision=payload["precision"], deterministic=payload["deterministic"], seed=payload["seed"],
-        val_fraction=payload["val_fraction"], max_train_samples=payload.get("max_train_samples"),
-        augment=payload.get("augment", True), num_workers=workers,
-        keep_checkpoints=payload.get("keep_checkpoints", "last_best"),
-    )
+    return TrainConfig(**request.model_dump(include=shared), data_dir=str(data_dir) if data_dir else None,
+                       model=VisionBDHConfig.from_dict(request.model.model_dump()), num_workers=workers)
 
 
-def _data_dir(settings: Settings, payload: dict[str, Any], owner: str) -> Path | None:
-    dataset = payload["dataset"]
-    if dataset == "digits":
+def _data_dir(settings: Settings, request: TrainBDHRequest, owner: str) -> Path | None:
+    if request.dataset == "digits":
         return None
     try:
-        return cifar_dir(settings, dataset, payload.get("data_dir"), owner)
+        return cifar_dir(settings, request.dataset, request.data_dir, owner)
     except FieldError as exc:
         raise JobError("dataset_not_found", exc.message) from None
 
 
-def default_model_name(ctx: JobContext, payload: dict[str, Any]) -> str:
+def default_model_name(ctx: JobContext, request: TrainBDHRequest) -> str:
     """``bdh-<label or dataset>-<first 8 characters of the job id>``: readable in lists and pickers. The label is
     reduced to the registry's name characters (at most 40 of them). When that name is another owner's (or, for
     this owner, another job's model), the job id's full 32 characters make it unique."""
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(payload.get("label") or "")).strip("-.")[:40].strip("-.")
-    name = f"bdh-{label or payload['dataset']}-{ctx.job_id[:8]}"
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.label or "").strip("-.")[:40].strip("-.")
+    name = f"bdh-{label or request.dataset}-{ctx.job_id[:8]}"
     entry = registry.get_model(ctx.settings, name)
     if entry is not None and (not owns(entry, ctx.owner) or (entry.get("meta") or {}).get("job_id")
                               not in (None, ctx.job_id)):
-        name = f"bdh-{label or payload['dataset']}-{ctx.job_id}"
+        name = f"bdh-{label or request.dataset}-{ctx.job_id}"
     return name
 
 
-def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+def run(request: TrainBDHRequest, ctx: JobContext) -> TrainBDHResult:
     """Train; progress in batches, latest metrics in ``job.meta["metrics"]``; returns history and artifacts.
 
     If this job restarts (worker shutdown puts it back on its queue) and already wrote a checkpoint, it
@@ -79,8 +74,8 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         train,
     )
 
-    data_dir = _data_dir(ctx.settings, payload, ctx.owner)
-    config = train_config(payload, data_dir, ctx.device.type)
+    data_dir = _data_dir(ctx.settings, request, ctx.owner)
+    config = train_config(request, data_dir, ctx.device.type)
     out_dir = ctx.artifacts_dir
     store = get_store(ctx.settings)
     resume_from: Path | None = None
@@ -91,13 +86,13 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             store.local_dir(artifacts_key(ctx.job_id, "checkpoints", "best"))
         except StoreError:
             pass
-    elif payload.get("resume_from"):
-        if not owns_files(ctx.settings, payload["resume_from"], ctx.owner):
-            raise JobError("bad_resume_from", f"no job {payload['resume_from']!r} of yours to resume from")
+    elif request.resume_from:
+        if not owns_files(ctx.settings, request.resume_from, ctx.owner):
+            raise JobError("bad_resume_from", f"no job {request.resume_from!r} of yours to resume from")
         try:
-            resume_from = store.local_dir(checkpoint_key(payload["resume_from"]))
+            resume_from = store.local_dir(checkpoint_key(request.resume_from))
         except StoreError:
-            raise JobError("bad_resume_from", f"job {payload['resume_from']!r} has no checkpoint") from None
+            raise JobError("bad_resume_from", f"job {request.resume_from!r} has no checkpoint") from None
     if resume_from is not None:
         try:
             find_checkpoint(resume_from)
@@ -142,16 +137,16 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     except ResumeError as exc:
         raise JobError("bad_resume_from", str(exc)) from None
 
-    ctx.progress(result.epochs_completed, payload["epochs"], "epochs", message="done",
+    ctx.progress(result.epochs_completed, request.epochs, "epochs", message="done",
                  metrics={"history": result.history, "steps": result.steps})
-    name = payload.get("register_as") or default_model_name(ctx, payload)
+    name = request.register_as or default_model_name(ctx, request)
     ctx.register_model(
         name, kind="vision_bdh", loader=LOADER, path=out_dir / "checkpoints" / "best",  # copied into the store
         parameters=result.parameters,
-        meta={"dataset": payload["dataset"], "best_val_accuracy": result.best_val_accuracy,
+        meta={"dataset": request.dataset, "best_val_accuracy": result.best_val_accuracy,
               "test_accuracy": result.test_accuracy, "job_id": ctx.job_id},
     )
-    return {
+    return TrainBDHResult.model_validate({
         "history": result.history,
         "steps": result.steps,
         "best_epoch": result.best_epoch,
@@ -160,7 +155,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "parameters": result.parameters,
         "expected_parameters": result.expected_parameters,
         "epochs_completed": result.epochs_completed,
-        "resumed_from": payload.get("resume_from"),
+        "resumed_from": request.resume_from,
         "model_name": name,
         "model_config": result.model_config,
         "device": result.device,
@@ -170,7 +165,7 @@ def run(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         "warnings": result.warnings,
         "changed_on_resume": result.changed_on_resume,
         "artifacts": ctx.artifacts(),
-    }
+    })
 
 
 def demo_steps() -> list[Any]:

@@ -10,8 +10,9 @@ import uuid
 from typing import Any
 
 from core import registry
-from core.kinds.base import FieldError
-from core.kinds.train_conve import SHIPPED_COUNTS, resolve_dataset
+from core.contract.errors import FieldError
+from core.contract.results.training import TrainConvEResult
+from core.kinds.train_conve import SHIPPED_COUNTS, TrainConvERequest, resolve_dataset
 from core.ownership import owns
 from core.settings import Settings
 from core.userfiles import UserFileError, files_for
@@ -106,7 +107,7 @@ def _published_for(settings: Settings, dataset: str, owner: str) -> dict[str, An
     return published_meta(dataset)
 
 
-def run(payload: dict, ctx: JobContext) -> dict:
+def run(request: TrainConvERequest, ctx: JobContext) -> TrainConvEResult:
     """Train, checkpoint every ``checkpoint_every`` epochs, evaluate (filtered MRR, Hits@1/3/10), register.
 
     Live metrics: the history so far and the per-step running loss (``steps``), at most every
@@ -123,12 +124,14 @@ def run(payload: dict, ctx: JobContext) -> dict:
         ctx.progress(done, total, "batches", message=message, metrics=sent)
 
     try:
-        return _train_and_register(ctx.settings, payload["name"], payload["dataset"], payload, ctx.device,
-                                   progress=progress, register=ctx.register_model, owner=ctx.owner,
-                                   curve_for=lambda n: curve.setdefault("c", StepCurve(n)),
-                                   published=_published_for(ctx.settings, payload["dataset"], ctx.owner))
+        out = _train_and_register(ctx.settings, request.name, request.dataset,
+                                  request.model_dump(include=set(TRAIN_FIELDS)), ctx.device,
+                                  progress=progress, register=ctx.register_model, owner=ctx.owner,
+                                  curve_for=lambda n: curve.setdefault("c", StepCurve(n)),
+                                  published=_published_for(ctx.settings, request.dataset, ctx.owner))
     except ValueError as exc:
         raise JobError("invalid_request", str(exc)) from None
+    return TrainConvEResult.model_validate(out)
 
 
 def demo_models() -> list[tuple[str, str, dict[str, Any]]]:

@@ -1,0 +1,131 @@
+"""The ``influence`` renderer's result: TracIn and TRAK over a knowledge-graph model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from core.contract.results.base import Artifact, Listed, ResultModel, Shards, Triple
+
+
+class Prediction(ResultModel):
+    """The model's own prediction of a test triple: the tail's logit, its filtered rank among ``n_entities``, and
+    the dataset's splits that hold the triple."""
+
+    score: float | None
+    rank: float | None
+    n_entities: int
+    splits: list[str]
+
+
+class InfluencePair(ResultModel):
+    """A training triple's influence on one test triple (and its own self-influence under the same estimator)."""
+
+    train_triple: Triple
+    influence: float | None
+    train_self_influence: float | None = None
+    is_test_triple: bool = False  # the listed training triple is the test triple itself
+
+
+class TestEntry(ResultModel):
+    """One test triple: its candidates' counts, its strongest proponents and opponents (mode ``test``) or every
+    given pair (mode ``single``), and the model's own prediction."""
+
+    test_triple: Triple
+    self_influence: float | None
+    n_candidates: int
+    n_positive: int | None = None
+    n_negative: int | None = None
+    proponents: list[InfluencePair] | None = None
+    opponents: list[InfluencePair] | None = None
+    pairs: list[InfluencePair] | None = None
+    truncated: bool = False  # a list holds top_k of more candidates of its sign
+    prediction: Prediction | None = None
+    in_train: bool | None = None
+
+
+class TopPair(ResultModel):
+    """One of the strongest (test, training) pairs over every test triple."""
+
+    test_triple: Triple
+    train_triple: Triple
+    influence: float | None
+    train_self_influence: float | None = None
+
+
+class SelfInfluence(ResultModel):
+    train_triple: Triple
+    self_influence: float | None
+
+
+class CheckpointWeight(ResultModel):
+    """A checkpoint summed over and its weight (TracIn: the learning rate, by ``lr_weight``; TRAK: equal)."""
+
+    name: str
+    epoch: int | None = None
+    lr: float | None = None
+    weight: float
+
+
+class CandidateFilter(ResultModel):
+    n_hops: int
+    min_degree: int
+    preserve_test_entities: bool
+
+
+class ScoresMatrix(ResultModel):
+    """Every score, in a ``.npy`` artifact (``top_k: null``): ``rows`` and ``columns`` say what indexes it."""
+
+    artifact: str
+    shape: list[int]
+    rows: str
+    columns: str
+
+
+class Unscored(ResultModel):
+    """What failed shards left unscored: their indices, how many candidates, the first 1,000 of them."""
+
+    shards: list[int] = Field(default_factory=list)
+    candidates: int = 0
+    triples: list[Triple] = Field(default_factory=list)
+
+
+class InfluenceResult(ResultModel):
+    """TracIn-CP or TRAK influence of training triples on a ConvE model's predictions (``POST /tracin``).
+
+    Mode ``test``: per test triple its strongest proponents and opponents (``results``) and the strongest pairs
+    over all (``top_proponents``, ``top_opponents``); mode ``self``: every candidate's self-influence, ranked
+    (``ranking``); mode ``single``: every given (test, training) pair (``results[].pairs``).
+    """
+
+    model: str
+    mode: Literal["test", "self", "single"]
+    estimator: str = Field(description="the estimator's name in the one registry (core.estimators)")
+    approximate: bool = Field(description="scores come from projected gradients (an estimate of exact TracIn)")
+    top_k: int | None
+    checkpoints: list[CheckpointWeight]
+    lr_weight: str | None = None
+    layers: list[str]
+    loss: str
+    projection_dim: int | None = None
+    seed: int | None = None
+    damping: float | None = None
+    precision: str | None = None
+    requested_precision: str | None = None
+    method: str | None = None
+    filter: CandidateFilter | None = None
+    warnings: list[str] = Field(default_factory=list)
+    n_test: int = Field(description="test triples explained (0 in mode self)")
+    n_candidates: int = Field(description="candidate training triples scored")
+    results: list[TestEntry] = Field(default_factory=list)
+    ranking: list[SelfInfluence] = Field(default_factory=list)
+    top_proponents: list[TopPair] = Field(default_factory=list)
+    top_opponents: list[TopPair] = Field(default_factory=list)
+    listed: dict[str, Listed] = Field(default_factory=dict)
+    scores: ScoresMatrix | None = None
+    notes: list[str] = Field(default_factory=list, description="what the result leaves out, and where it is")
+    failed: Unscored | None = None
+    shards: Shards | None = None
+    seconds: float
+    artifacts: list[Artifact] = Field(default_factory=list)

@@ -1,0 +1,41 @@
+"""Comparing two results field by field: the check behind "one shape whether a job ran whole or as shards".
+
+``differences(got, want, tolerance, skip)`` lists every place two JSON values differ: keys at every level, types,
+list lengths, strings, integers and booleans exactly, floats within ``tolerance(where)`` (``(rtol, atol)`` for the
+dotted path of the field), fields named in ``skip`` (at any depth) only present in both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection
+from typing import Any
+
+Tolerance = Callable[[str], tuple[float, float]]
+
+
+def differences(got: Any, want: Any, tolerance: Tolerance, skip: Collection[str] = (),
+                where: str = "result") -> list[str]:
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(got) != set(want):
+            return [f"{where}: keys {sorted(got) if isinstance(got, dict) else type(got)} != {sorted(want)}"]
+        return [d for k in want if k not in skip
+                for d in differences(got[k], want[k], tolerance, skip, f"{where}.{k}")]
+    if isinstance(want, list):
+        if not isinstance(got, list) or len(got) != len(want):
+            return [f"{where}: {len(got) if isinstance(got, list) else type(got)} entries != {len(want)}"]
+        return [d for i, (g, w) in enumerate(zip(got, want, strict=True))
+                for d in differences(g, w, tolerance, skip, f"{where}[{i}]")]
+    if isinstance(want, float) and isinstance(got, float | int) and not isinstance(got, bool):
+        rtol, atol = tolerance(where)
+        ok = math.isclose(got, want, rel_tol=rtol, abs_tol=atol)
+        return [] if ok else [f"{where}: {got!r} != {want!r} (rtol {rtol}, atol {atol})"]
+    if isinstance(want, int) and isinstance(got, float) and not isinstance(want, bool):
+        return differences(got, float(want), tolerance, skip, where)
+    return [] if got == want and type(got) is type(want) else [f"{where}: {got!r} != {want!r}"]
+
+
+def assert_same(got: Any, want: Any, tolerance: Tolerance, skip: Collection[str] = (),
+                where: str = "result") -> None:
+    diffs = differences(got, want, tolerance, skip, where)
+    assert not diffs, f"{len(diffs)} differences:\n" + "\n".join(diffs[:30])
