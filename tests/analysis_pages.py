@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.ui import analysis, router
+from app.ui import router
 
 STATIC = Path(router.HERE) / "static"
 MODEL_A, MODEL_B = "nrms-a", "nrms-b"
@@ -31,21 +31,35 @@ def record(sid: str, display: list[str], values: list[float], rel: float = 1e-4,
             "top_positive": [], "top_negative": []}
 
 
-def attribution_result(n: int = 12, compare: bool = False) -> dict[str, Any]:
+def _summary(n: int, **extra: Any) -> dict[str, Any]:
+    return {"n_samples": n, "n_errors": 0, "method": "gausslegendre", "n_steps": 64, "baseline": "pad",
+            "median_relative_delta": 1e-4, **extra}
+
+
+def attribution_result(n: int = 12, compare: bool = False, total: int | None = None) -> dict[str, Any]:
     """``n`` samples; sample s1 is "SHOCKING: Fans can't believe it" with the page's largest |attribution| (2.6);
     s2's completeness error is 0.42; the others end with a word wider than a phone; with ``compare`` a second
-    model's records and per-sample changes."""
+    model's records and per-sample changes. ``total``: the run attributed that many samples, of which the result
+    holds these ``n`` inline (every one in ``samples.jsonl``). The result as ``AttributionResult`` validates it."""
+    from core.contract.results.attributions import AttributionResult
+
     samples = [record("s1", ["SHOCKING", ":", "Fans", "can't", "believe", "it"], [2.6, 0.1, -0.4, 0.3, 1.2, -0.05]),
                record("s2", ["Senate", "passes", "budget"], [1.4, -0.7, 0.2], rel=0.42, label="real")]
     for i in range(3, n + 1):
         samples.append(record(f"s{i}", ["Lakers", "beat", "Celtics", "at", LONG_WORD], [0.1 * i / n, -0.2, 0.05, 0.0, 0.01],
                               label="real"))
+    total = n if total is None else total
+    deltas = {"median": 1e-4, "p95": 0.42, "max": 0.42}
     result: dict[str, Any] = {
-        "model": MODEL_A, "samples": samples, "errors": [], "warn_relative_delta": 0.05,
+        "model": MODEL_A, "n_samples": total, "n_errors": 0, "samples": samples, "errors": [],
+        "warn_relative_delta": 0.05,
         "warnings": ["sample 's2': relative completeness error 0.42 (title) exceeds 0.05: its attributions do not "
                      "add up to score − baseline score; raise n_steps or set a tolerance"],
-        "summary": {"method": "gausslegendre", "n_steps": 64, "baseline": "pad", "median_relative_delta": 1e-4},
-        "word_stats": {}, "artifacts": [],
+        "summary": _summary(total), "relative_delta": deltas, "relative_delta_by_view": {"title": deltas},
+        "top_words": {"positive": [], "negative": [], "min_count": 3}, "word_stats": {},
+        "labels": [["fake", 1], ["real", total - 1]], "artifacts": [],
+        "listed": {"samples": {"total": total, "inline": len(samples), "artifact": "samples.jsonl"},
+                   "errors": {"total": 0, "inline": 0, "artifact": "errors.jsonl"}},
     }
     if compare:
         from models.news.summary import ReportAccumulator, compare_sample
@@ -54,15 +68,25 @@ def attribution_result(n: int = 12, compare: bool = False) -> dict[str, Any]:
         other = [dict(r, word_attributions=[v * (1.5 if j % 2 else -1.0) for j, v in
                                             enumerate(r["word_attributions"])]) for r in samples]
         cmp = compare_acc(ReportAccumulator().extend(samples), ReportAccumulator().extend(other), 0.1, 3, 3)
-        result["comparison"] = {"model": MODEL_B, **cmp, "top_n": 2, "samples": other, "n_samples": len(other),
-                                "per_sample": [compare_sample(a, b, 2) for a, b in zip(samples, other, strict=True)],
-                                "summary": {"median_relative_delta": 2e-4}}
-    return result
+        result["comparison"] = {
+            "model": MODEL_B, **cmp, "changed_total": len(cmp["changed"]), "top_n": 2, "samples": other,
+            "errors": [], "n_samples": total, "n_errors": 0,
+            "per_sample": [compare_sample(a, b, 2) for a, b in zip(samples, other, strict=True)],
+            "summary": _summary(total, median_relative_delta=2e-4), "relative_delta": deltas,
+            "relative_delta_by_view": {"title": deltas}, "word_stats": {}}
+        result["listed"].update({"comparison.samples": {"total": total, "inline": len(other),
+                                                        "artifact": "compare.jsonl"},
+                                 "comparison.errors": {"total": 0, "inline": 0, "artifact": "compare_errors.jsonl"}})
+    return AttributionResult.model_validate(result).model_dump(mode="json")
 
 
-def tracin_result() -> dict[str, Any]:
+def tracin_result(total: int | None = None) -> dict[str, Any]:
     """Mode test, two test triples: the first is itself a training triple (its own top proponent); influences in
-    a narrow band (0.0138 to 0.0148) so that 0..max bars would look identical."""
+    a narrow band (0.0138 to 0.0148) so that 0..max bars would look identical. ``total``: the run explained that
+    many test triples, of which the result holds these two inline (every one in ``results.jsonl``). The result as
+    ``InfluenceResult`` validates it."""
+    from core.contract.results.influence import InfluenceResult
+
     t1, t2 = ["usa", "embassy", "uk"], ["china", "intergovorgs", "india"]
     props = [{"train_triple": t1, "influence": 0.0148, "train_self_influence": 0.02, "is_test_triple": True},
              {"train_triple": ["usa", "treaties", "uk"], "influence": 0.0143, "train_self_influence": 0.01},
@@ -70,27 +94,46 @@ def tracin_result() -> dict[str, Any]:
     opps = [{"train_triple": ["usa", "boycottembargo", "cuba"], "influence": -0.002, "train_self_influence": 0.03},
             {"train_triple": ["uk", "boycottembargo", "cuba"], "influence": -0.001, "train_self_influence": 0.03}]
     entry = {"self_influence": 0.02, "n_candidates": 1500, "n_positive": 800, "n_negative": 700, "truncated": True}
-    return {"mode": "test", "top_k": 3, "checkpoints": [{"name": "e1", "epoch": 1, "lr": 0.01, "weight": 0.01}],
-            "layers": ["ent", "fc"], "loss": "train", "filter": None, "artifacts": [],
-            "results": [{**entry, "test_triple": t1, "proponents": props, "opponents": opps, "in_train": True,
-                         "prediction": {"score": 3.25, "rank": 1.0, "n_entities": 14, "splits": ["train"]}},
-                        {**entry, "test_triple": t2, "proponents": props[1:], "opponents": opps, "in_train": False,
-                         "prediction": {"score": -1.5, "rank": 7.5, "n_entities": 14, "splits": ["test"]}}]}
+    results = [{**entry, "test_triple": t1, "proponents": props, "opponents": opps, "in_train": True,
+                "prediction": {"score": 3.25, "rank": 1.0, "n_entities": 14, "splits": ["train"]}},
+               {**entry, "test_triple": t2, "proponents": props[1:], "opponents": opps, "in_train": False,
+                "prediction": {"score": -1.5, "rank": 7.5, "n_entities": 14, "splits": ["test"]}}]
+    total = len(results) if total is None else total
+    return InfluenceResult.model_validate({
+        "model": "conve-a", "mode": "test", "estimator": "tracin", "approximate": False, "top_k": 3,
+        "checkpoints": [{"name": "e1", "epoch": 1, "lr": 0.01, "weight": 0.01}], "layers": ["ent", "fc"],
+        "loss": "train", "filter": None, "artifacts": [], "n_test": total, "n_candidates": 1500,
+        "results": results, "listed": {"results": {"total": total, "inline": len(results),
+                                                   "artifact": "results.jsonl"}},
+        "seconds": 1.0}).model_dump(mode="json")
+
+
+def self_ranking_result(n: int, top_k: int | None = None) -> dict[str, Any]:
+    """Mode self: ``n`` candidates ranked by self-influence, the first ``top_k`` (all: None) in the result, the
+    whole ranking in ``self_influence.jsonl``."""
+    from core.contract.results.influence import InfluenceResult
+
+    ranking = [{"train_triple": ["a", "r", str(i)], "self_influence": 0.02 - i * 1e-4} for i in range(n)]
+    inline = ranking if top_k is None else ranking[:top_k]
+    return InfluenceResult.model_validate({
+        "model": "conve-a", "mode": "self", "estimator": "tracin", "approximate": False, "top_k": top_k,
+        "checkpoints": [{"name": "e1", "epoch": 1, "lr": 0.01, "weight": 0.01}], "layers": ["ent", "fc"],
+        "loss": "train", "n_test": 0, "n_candidates": n, "ranking": inline,
+        "listed": {"ranking": {"total": n, "inline": len(inline), "artifact": "self_influence.jsonl"}},
+        "seconds": 1.0}).model_dump(mode="json")
 
 
 def job_page(result: dict[str, Any], kind: str = "attributions", page: int = 1,
-             options: dict[str, str] | None = None, artifacts: list[dict[str, Any]] | None = None) -> str:
-    """The job page the dashboard serves for a succeeded job with ``result``."""
+             options: dict[str, str] | None = None, artifacts: list[dict[str, Any]] | None = None,
+             schema: str | None = None) -> str:
+    """The job page the dashboard serves for a succeeded job with ``result`` (its schema header ``schema``), drawn
+    by the renderer the kind names, through the router's own table of renderers."""
+    renderer = {"attributions": "attributions", "tracin": "influence"}.get(kind, "evaluation"
+                                                                          if kind.startswith("evaluate_") else None)
     job = {"id": JOB_ID, "kind": kind, "status": "succeeded", "queue": "explain", "created_at": None,
            "started_at": None, "finished_at": None, "progress": {"done": 12, "total": 12, "unit": "samples"}}
-    ctx: dict[str, Any] = {"job": job, "result": result, "artifacts": artifacts or [], "downloadable": True,
-                           "page": page, "renderer": "attributions" if kind == "attributions" else "influence",
-                           "resume_field": None, "user": None, "auth_on": False, "csrf_field": "csrf_token",
-                           "path": f"/ui/jobs/{JOB_ID}"}
-    if kind == "attributions":
-        ctx.update(router._attribution_context(result, page, options or {}))
-    elif kind.startswith("evaluate_"):
-        ctx.update(renderer="evaluation", evaluation=router.evaluation_view(result))
-    else:
-        ctx["tracin"] = analysis.tracin_context(result)
+    described = {"name": kind, "title": kind.replace("_", " ").capitalize(), "renderer": renderer, "route": None}
+    ctx = router.page_context(router.PageInput(job, result, schema, described, artifacts or [], True, page,
+                                               options or {}))
+    ctx.update(user=None, auth_on=False, csrf_field="csrf_token", path=f"/ui/jobs/{JOB_ID}")
     return router.templates.get_template("job.html").render(ctx)

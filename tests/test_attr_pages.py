@@ -1,38 +1,49 @@
-"""The attribution and TracIn pages rendered from results (no browser): a fanned-out run's summary, old results
-without the newer fields, and the reading options' fallbacks."""
+"""The attribution and TracIn pages rendered from results (no browser): how many entries a result holds inline
+of how many in all (and the artifact with every one), samples without the optional fields, a result of an earlier
+version (shown as JSON), and the reading options' fallbacks."""
 
 from __future__ import annotations
 
 import re
 
-from tests.analysis_pages import attribution_result, job_page, tracin_result
+from tests.analysis_pages import JOB_ID, attribution_result, job_page, self_ranking_result, tracin_result
 
 
 def _text(html: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
-def test_a_fanned_out_summary_renders_its_counts_word_statistics_and_csv_link() -> None:
-    result = attribution_result()
-    result.pop("samples")
-    result["n_samples"] = 500
+def test_a_result_with_more_samples_than_inline_says_how_many_and_links_samples_jsonl() -> None:
+    result = attribution_result(n=12, total=500)
     result["word_stats"] = {"fake": {"top": [{"word": "secret", "mean": 1.5, "std": 0.1, "count": 40}],
                                      "bottom": [{"word": "senate", "mean": -0.5, "std": 0.1, "count": 30}],
                                      "words": 2}}
     html = job_page(result, artifacts=[{"name": "words.csv", "size": 10}])
     text = _text(html)
-    assert "Attributions 500 samples" in text and "summary of 500 samples" in text
-    assert "secret +1.5" in text and "senate −0.5" in text
+    assert "Attributions 500 samples" in text
+    assert "Showing the first 12 of 500 samples; all of them are in samples.jsonl" in text
+    assert f'href="/jobs/{JOB_ID}/artifacts/samples.jsonl"' in html
+    assert "secret +1.5" in text and "senate −0.5" in text and "the highest and lowest of 2 words" in text
     assert "/artifacts/words.csv" in html
-    assert "colour-bar" not in html  # no scale without words to colour
+    assert "page 1 of 2" in text  # the pages are of the samples the result holds
 
 
-def test_an_older_result_without_display_words_spans_or_history_still_renders() -> None:
+def test_every_sample_inline_needs_no_note() -> None:
+    html = job_page(attribution_result(n=3))
+    assert "listed-more" not in html and "Attributions 3 samples" in _text(html)
+
+
+def test_a_comparison_counts_the_samples_both_models_attributed() -> None:
+    result = attribution_result(n=3, compare=True, total=40)
+    text = _text(job_page(result))
+    assert "40 of 40 samples attributed by both" in text
+
+
+def test_samples_without_display_words_spans_or_history_still_render() -> None:
     result = attribution_result(n=2)
     for s in result["samples"]:
         for key in ("display_words", "spans", "history"):
-            s.pop(key)
-    result.pop("warn_relative_delta")
+            s[key] = None  # optional per sample: null when the pipeline has none
     html = job_page(result)
     assert 'data-display="shocking"' in html and "History" not in _text(html)
 
@@ -44,10 +55,30 @@ def test_unknown_reading_options_fall_back_to_the_defaults() -> None:
 
 
 def test_tracin_page_of_a_self_ranking_shows_its_range_and_count() -> None:
-    result = tracin_result()
-    result.pop("results")
-    result.update(mode="self", returned=3, n_candidates=1592,
-                  ranking=[{"train_triple": ["a", "r", str(i)], "self_influence": 0.02 - i * 1e-4} for i in range(250)])
-    text = _text(job_page(result, kind="tracin"))
+    result = self_ranking_result(250)
+    html = job_page(result, kind="tracin")
+    text = _text(html)
     assert "bars: 1.00e-04 … 0.02" in text  # the 200 rows shown, not the 250 ranked
-    assert "The first 200 are shown; the CSV has all 250." in text
+    assert "250 of 250 training triples" in text
+    assert "Showing the first 200 of 250 ranked training triples; all of them are in self_influence.jsonl" in text
+    assert f'href="/jobs/{JOB_ID}/artifacts/self_influence.jsonl"' in html
+    top = _text(job_page(self_ranking_result(1592, top_k=5), kind="tracin"))
+    assert "5 of 1592 training triples" in top
+    assert "Showing the first 5 of 1592 ranked training triples" in top
+
+
+def test_tracin_page_of_more_test_triples_than_inline_says_so_and_links_results_jsonl() -> None:
+    html = job_page(tracin_result(total=500), kind="tracin")
+    text = _text(html)
+    assert text.count("filtered rank of the tail") == 2  # the two inline entries are drawn
+    assert "Showing the first 2 of 500 test triples; all of them are in results.jsonl" in text
+    assert f'<a class="mono" href="/jobs/{JOB_ID}/artifacts/results.jsonl" download>results.jsonl</a>' in html
+    assert "listed-more" not in job_page(tracin_result(), kind="tracin")
+
+
+def test_an_unvalidated_result_is_shown_as_json_with_a_note_not_drawn() -> None:
+    old = {"model": "conve-a", "mode": "test", "results": {"artifact": "results.jsonl", "count": 500}}
+    html = job_page(old, kind="tracin", schema="unvalidated")
+    assert 'id="result-unvalidated"' in html and "written by an earlier version" in _text(html)
+    assert 'id="tracin"' not in html and '"count": 500' in html
+    assert 'id="result-unvalidated"' not in job_page(tracin_result(), kind="tracin", schema="InfluenceResult")

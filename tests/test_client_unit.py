@@ -28,8 +28,9 @@ from explainq_client import (
     ValidationError,
     diverging_color,
 )
-from explainq_client._http import SSEParser, parse_retry_after
+from explainq_client._http import SSEParser
 from explainq_client._kinds import route_for
+from explainq_client.errors import parse_retry_after
 from explainq_client.render import NEGATIVE_RGB, NEUTRAL_RGB, POSITIVE_RGB, attribution_html
 from explainq_client.results import make_result
 
@@ -266,7 +267,7 @@ def test_attribution_html_escapes_and_signs_every_word():
     result = make_result("attributions", {"model": "<m>", "samples": [{
         "id": "s<1>", "label": "fake", "words": ["<script>alert(1)</script>", "fine", "bad"],
         "word_attributions": [0.5, 0.0, -0.25], "score": 1.0, "baseline_score": 0.25, "delta": 1e-6}],
-        "word_stats": {"fake": [{"word": "<b>", "mean": 0.5, "count": 1}]},
+        "word_stats": {"fake": {"top": [{"word": "<b>", "mean": 0.5, "count": 1}], "bottom": [], "words": 1}},
         "comparison": {"model": "twin", "threshold": 0.1, "changed": [
             {"word": "&x", "mean_before": 0.0, "mean_after": 0.3, "change": 0.3}]}})
     html = result._repr_html_()
@@ -399,12 +400,15 @@ def test_results_as_plain_text_tables():
     attributions = make_result("attributions", {"model": "nrms", "samples": [
         {"id": "s1", "label": 1, "score": 0.8, "delta": 0.01, "words": ["lakers", "win", "title"],
          "word_attributions": [0.5, -0.05, 0.2]}],
-        "word_stats": {"1": [{"word": "lakers", "mean": 0.5, "count": 3}]}}).text()
+        "word_stats": {"1": {"top": [{"word": "lakers", "mean": 0.5, "count": 3}],
+                             "bottom": [{"word": "win", "mean": -0.05, "count": 3}], "words": 2}}}).text()
     lines = attributions.splitlines()
     assert lines[0] == "attributions of model nrms" and lines[2].split()[:4] == ["sample", "label", "score", "delta"]
     assert lines[3].split()[:4] == ["s1", "1", "0.8", "0.01"]
     assert lines[3].endswith("lakers(+0.5) title(+0.2) win(-0.05)")  # by |attribution|
-    assert "top words for label 1" in attributions and "<" not in attributions
+    assert "highest and lowest words for label 1 (of 2; all in word_stats.json)" in attributions
+    assert [line.split() for line in attributions.splitlines()[-2:]] == [["lakers", "+0.5", "3"], ["win", "-0.05", "3"]]
+    assert "<" not in attributions
 
     tracin = make_result("influence", {"model": "kg", "mode": "test", "results": [{
         "test_triple": ["usa", "embassy", "uk"], "self_influence": 2.0, "n_candidates": 3,
@@ -468,7 +472,7 @@ def test_every_public_kind_has_typed_sdk_methods_with_the_request_schemas_fields
     the kind's request schema, and posting to the kind's route."""
     import inspect
 
-    from core.kinds import load_all
+    from core.contract.kind import load_kinds as load_all
 
     kinds = {k.name: k for k in load_all().values() if not k.internal and not k.name.startswith("test_")}
     assert {"attributions", "tracin", "train_bdh", "train_conve", "train_news", "import_model", "ablations"} <= \
@@ -486,3 +490,97 @@ def test_every_public_kind_has_typed_sdk_methods_with_the_request_schemas_fields
         with Client("http://x", transport=transport) as c:
             getattr(c, name)(**required)
         assert seen[0].url.path == kind.route and json.loads(seen[0].content) == required
+
+
+# ------------------------------------------------------------------------------------- listed lists, schemas
+LISTED = {"model": "kg", "mode": "test", "n_test": 5,
+          "results": [{"test_triple": ["a", "r", str(i)], "self_influence": 1.0, "n_candidates": 3}
+                      for i in range(2)],
+          "top_proponents": [{"test_triple": ["a", "r", "0"], "train_triple": ["b", "r", "c"], "influence": 0.5}],
+          "listed": {"results": {"total": 5, "inline": 2, "artifact": "results.jsonl"}}}
+ENTRIES = [{"test_triple": ["a", "r", str(i)], "self_influence": 1.0, "n_candidates": 3} for i in range(5)]
+
+
+def listed_server(schema: str = "InfluenceResult", result: dict | None = None) -> tuple[httpx.MockTransport,
+                                                                                      list[str]]:
+    """A succeeded tracin job whose result holds 2 of its 5 test triples (all in results.jsonl, streamed in
+    chunks), served with ``X-Explainq-Result-Schema: schema``; records the paths asked for."""
+    paths: list[str] = []
+    body = "".join(json.dumps(e) + "\n" for e in ENTRIES).encode()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path == "/kinds":
+            return httpx.Response(200, json={"kinds": [{"name": "tracin", "route": "/tracin", "queue": "explain",
+                                                        "renderer": "influence", "result": "InfluenceResult"}]})
+        if request.url.path == "/jobs/j1/result":
+            return httpx.Response(200, json=result or LISTED, headers={"X-Explainq-Result-Schema": schema})
+        if request.url.path == "/jobs/j1/artifacts/results.jsonl":
+            return httpx.Response(200, stream=httpx.ByteStream(body), headers={"Content-Type": "application/x-ndjson"})
+        return httpx.Response(200, json={**JOB, "status": "succeeded"})
+
+    return httpx.MockTransport(handler), paths
+
+
+def test_entries_streams_every_entry_of_a_listed_list_from_its_artifact():
+    transport, paths = listed_server()
+    with Client("http://x", transport=transport) as c:
+        job = c.jobs.get("j1")
+        result = job.result()
+        assert isinstance(result, TracInResult) and result.validated and result.schema == "InfluenceResult"
+        assert len(result["results"]) == 2 and result.total("results") == 5
+        assert list(job.entries("results")) == ENTRIES  # more than the result holds inline
+        assert paths.count("/jobs/j1/artifacts/results.jsonl") == 1
+        assert list(job.entries("top_proponents")) == LISTED["top_proponents"]  # held whole: the result's own
+        assert paths.count("/jobs/j1/result") == 1  # the result is read once
+        with pytest.raises(ExplainqError, match="no list 'bogus'"):
+            list(job.entries("bogus"))
+
+    async def scenario() -> list:
+        transport, _ = listed_server()
+        async with AsyncClient("http://x", transport=transport) as ac:
+            job = await ac.jobs.get("j1")
+            return [e async for e in job.entries("results")]
+
+    assert asyncio.run(scenario()) == ENTRIES
+
+
+def test_a_listed_list_without_its_artifact_is_an_error_not_a_short_list():
+    missing = {**LISTED, "listed": {"results": {"total": 5, "inline": 2, "artifact": None}}}
+    transport, _ = listed_server(result=missing)
+    with Client("http://x", transport=transport) as c, pytest.raises(ExplainqError, match="2 of the 5 entries"):
+        list(c.jobs.get("j1").entries("results"))
+
+
+def test_an_unvalidated_result_header_gives_a_plain_result_shown_as_json():
+    from explainq_client.results import Result
+
+    old = {"model": "kg", "mode": "test", "results": {"artifact": "results.jsonl", "count": 5}}
+    transport, _ = listed_server("unvalidated", old)
+    with Client("http://x", transport=transport) as c:
+        job = c.jobs.get("j1")
+        result = job.result()
+    assert type(result) is Result and result.validated is False and result == old
+    assert json.loads(result.text()) == old
+    assert "written by an earlier version" in result._repr_html_()
+    assert "written by an earlier version" in job._repr_html_()  # the job shows it too
+
+
+def test_cli_entries_prints_json_lines_and_result_table_notes_an_unvalidated_result(monkeypatch, capsys):
+    from explainq_client import cli
+
+    transport, _ = listed_server()
+    monkeypatch.setattr(cli, "Client", lambda *a, **k: Client("http://x", transport=transport))
+    assert cli.run(["entries", "j1", "results"]) == cli.EXIT_OK
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == ENTRIES
+    assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "showing 2 of 5 test triples; all of them are in results.jsonl: explainq-client entries <job id> " \
+        "results" in out
+
+    old = {"model": "kg", "results": {"artifact": "results.jsonl", "count": 5}}
+    transport, _ = listed_server("unvalidated", old)
+    monkeypatch.setattr(cli, "Client", lambda *a, **k: Client("http://x", transport=transport))
+    assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
+    printed = capsys.readouterr()
+    assert json.loads(printed.out) == old and "earlier version" in printed.err

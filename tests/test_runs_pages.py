@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from core.kinds.base import TRAIN_COLOUR
+from core.contract.charts import TRAIN_COLOUR
 
 KEYS = "alice:runs-key-alice-0123456789,bob:runs-key-bob-0123456789"
 ALICE, BOB = "runs-key-alice-0123456789", "runs-key-bob-0123456789"

@@ -92,10 +92,24 @@ def _sample_view(rec: dict[str, Any], scale: float, marked: set[int], threshold:
             "scale_": scale, "warned_": _warned(rec, threshold)}
 
 
+def listed(result: dict[str, Any], name: str, inline: list[Any] | None = None) -> dict[str, Any]:
+    """How much of the list ``name`` the result holds (``listed[name]``: ``total``, ``inline``, ``artifact``); a
+    list the result holds whole (no ``listed`` entry) is all inline. ``more``: entries the result leaves out."""
+    entry = (result.get("listed") or {}).get(name) if isinstance(result.get("listed"), dict) else None
+    shown = len(inline) if inline is not None else 0
+    if isinstance(entry, dict) and isinstance(entry.get("total"), int):
+        shown = entry["inline"] if isinstance(entry.get("inline"), int) else shown
+        return {"total": entry["total"], "inline": shown, "artifact": entry.get("artifact"),
+                "more": entry["total"] > shown}
+    return {"total": shown, "inline": shown, "artifact": None, "more": False}
+
+
 def attribution_context(result: dict[str, Any], page: int, per_page: int, scale_mode: str = "global",
                         show_values: bool = False, view: str = "heatmap") -> dict[str, Any]:
     """The attribution page's context: the samples of ``page`` (with the comparison model's beside them), the
-    scale and its colour bar, the completeness threshold and warnings, the comparison table and word statistics."""
+    scale and its colour bar, the completeness threshold and warnings, the comparison table and word statistics.
+    The result holds its first samples inline (every one in ``samples.jsonl``): the pages are of those, and
+    ``samples_listed`` says how many there are in all."""
     scale_mode = scale_mode if scale_mode in SCALES else "global"
     view = view if view in VIEWS else "heatmap"
     samples = [s for s in result.get("samples") or [] if isinstance(s, dict)]
@@ -124,26 +138,17 @@ def attribution_context(result: dict[str, Any], page: int, per_page: int, scale_
         s = max(abs(c.get("mean_before") or 0.0), abs(c.get("mean_after") or 0.0)) or 1.0
         table.append({**c, "before_style": views.attr_style(c.get("mean_before"), s),
                       "after_style": views.attr_style(c.get("mean_after"), s)})
-    n_samples = len(samples) if samples else result.get("n_samples") if isinstance(result.get("n_samples"), int) else 0
+    n_samples = result.get("n_samples") if isinstance(result.get("n_samples"), int) else len(samples)
+    n_compared = (comparison or {}).get("n_samples")
     return {"samples": shown, "pages": pages, "page": page, "n_samples": n_samples,
-            "n_compared": len(other_samples), "scale": scale, "scale_mode": scale_mode, "page_bar": colour_bar(scale),
+            "samples_listed": listed(result, "samples", samples),
+            "errors_listed": listed(result, "errors", result.get("errors") or []),
+            "n_compared": n_compared if isinstance(n_compared, int) else len(other_samples),
+            "scale": scale, "scale_mode": scale_mode, "page_bar": colour_bar(scale),
             "show_values": show_values, "view": view, "threshold": threshold,
             "warnings": [w for w in result.get("warnings") or [] if isinstance(w, str)],
-            "word_bars": word_stat_bars(result.get("word_stats") or {}),
+            "word_bars": views.word_stat_bars(result.get("word_stats") or {}),
             "comparison": comparison, "changed": table}
-
-
-def word_stat_bars(word_stats: dict[str, Any], n: int = 10) -> list[dict[str, Any]]:
-    """``views.word_stat_bars`` for a single job's statistics (a list of rows per label) and a fanned-out job's
-    (``{"top", "bottom", "words"}`` per label)."""
-    rows: dict[str, list[dict[str, Any]]] = {}
-    for label, value in word_stats.items():
-        if isinstance(value, dict):
-            top = list(value.get("top") or [])
-            rows[label] = top + [r for r in reversed(value.get("bottom") or []) if r not in top]
-        elif isinstance(value, list):
-            rows[label] = value
-    return views.word_stat_bars(rows, n)
 
 
 # ------------------------------------------------------------------------------------------------- TracIn
@@ -168,13 +173,15 @@ def range_bars(rows: list[dict[str, Any]], key: str, magnitude: bool = False) ->
     return {"rows": out, "lo": min(shown) if shown else None, "hi": max(shown) if shown else None}
 
 
-RANKING_SHOWN = 200  # self-influence rows drawn on the page (the CSV has them all)
+RANKING_SHOWN = 200  # self-influence rows drawn on the page (self_influence.jsonl has the whole ranking)
 
 
-def tracin_context(result: dict[str, Any], per_test: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Per test triple: its lists with range-scaled bars (a listed training triple that is the test triple itself
-    marked), its prediction and in-training flag; the first ``RANKING_SHOWN`` of a self-influence ranking."""
-    entries = per_test if per_test is not None else [r for r in result.get("results") or [] if isinstance(r, dict)]
+def tracin_context(result: dict[str, Any]) -> dict[str, Any]:
+    """Per test triple of the result (its first ``RESULTS_INLINE``; ``results_listed`` says how many in all): its
+    lists with range-scaled bars (a listed training triple that is the test triple itself marked), its prediction
+    and in-training flag; the first ``RANKING_SHOWN`` of a self-influence ranking (``ranking_listed``: of how
+    many, and where the whole ranking is)."""
+    entries = [r for r in result.get("results") or [] if isinstance(r, dict)]
     out = []
     for r in entries:
         test = list(r.get("test_triple") or [])
@@ -185,5 +192,8 @@ def tracin_context(result: dict[str, Any], per_test: list[dict[str, Any]] | None
             lists[key + "_"] = range_bars(rows, "influence", magnitude)
         out.append({**r, **lists})
     ranking = [r for r in result.get("ranking") or [] if isinstance(r, dict)]
-    return {"per_test": out, "ranking": range_bars(ranking[:RANKING_SHOWN], "self_influence"),
-            "ranking_total": len(ranking)}
+    ranking_listed = listed(result, "ranking", ranking)
+    shown = ranking[:RANKING_SHOWN]
+    return {"per_test": out, "results_listed": listed(result, "results", entries),
+            "ranking": range_bars(shown, "self_influence"), "ranking_listed": ranking_listed,
+            "ranking_more": ranking_listed["total"] > len(shown)}

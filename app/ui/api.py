@@ -12,7 +12,10 @@ from urllib.parse import quote
 import httpx
 from starlette.requests import Request
 
+from app.routers.jobs import RESULT_SCHEMA_HEADER
 from app.ui.session import Session
+
+UNVALIDATED = "unvalidated"  # the schema header of a result that matches no renderer's model (an earlier version's)
 
 
 class ApiError(Exception):
@@ -81,6 +84,12 @@ class Api:
 
     async def result(self, job_id: str) -> Any:
         return await self.get(f"/jobs/{quote(job_id, safe='')}/result")
+
+    async def result_and_schema(self, job_id: str) -> tuple[Any, str | None]:
+        """A succeeded job's result and its ``X-Explainq-Result-Schema``: the name of the result model it
+        validated against, ``unvalidated`` (written by an earlier version; drawn by no renderer) or ``none``."""
+        r = await self.call("GET", f"/jobs/{quote(job_id, safe='')}/result")
+        return r.json(), r.headers.get(RESULT_SCHEMA_HEADER)
 
     async def models(self) -> dict[str, Any]:
         return await self.get("/models")

@@ -7,9 +7,11 @@ key (``app.ui.api.Api``); nothing here reads Redis or the registry.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -23,7 +25,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.datastructures import FormData
 
 from app.ui import analysis, forms, session, views
-from app.ui.api import Api, ApiError
+from app.ui.api import UNVALIDATED, Api, ApiError
 from app.ui.evaluation import evaluation_view
 from app.ui.session import Session
 from core.ownership import owns
@@ -357,25 +359,108 @@ async def _job_context(api: Api, job_id: str, page: int, options: dict[str, str]
     r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/request", ok=(200, 404))
     if r.status_code == 200:
         job["request"] = r.json()
-    result = await api.result(job_id) if job["status"] == "succeeded" else None
+    result, schema = await api.result_and_schema(job_id) if job["status"] == "succeeded" else (None, None)
     artifacts, downloadable = await api.artifacts(job_id, result) if job["status"] in views.TERMINAL else ([], False)
-    ctx: dict[str, Any] = {"job": job, "result": result, "artifacts": artifacts, "downloadable": downloadable,
-                           "page": page}
     described = await _described(api, job.get("kind"))
-    renderer = described.get("renderer")
-    ctx["renderer"] = renderer
-    ctx["resume_field"] = described.get("resume_field")
-    ctx["clonable"] = bool(described.get("route"))  # a kind with a form (not a fan-out's shard or reduce step)
-    if renderer == "attributions" and isinstance(result, dict):
-        ctx.update(_attribution_context(result, page, options or {}))
-    elif renderer == "influence" and isinstance(result, dict):
-        ctx["tracin"] = analysis.tracin_context(result, await _tracin_entries(api, job_id, result))
-    elif renderer == "ablation" and isinstance(result, dict):
-        ctx["ablation"] = views.ablation_view(result)
-    elif renderer == "evaluation" and isinstance(result, dict):
-        ctx["evaluation"] = evaluation_view(result)
-    elif renderer == "training":
-        ctx["curves"] = _curves(described, job, result)
+    return page_context(PageInput(job, result, schema, described, artifacts, downloadable, page, options or {}))
+
+
+@dataclass(frozen=True)
+class PageInput:
+    """What a job's page is drawn from: the job's view (with its request), its result and the result's schema
+    header (None before it succeeded), how its kind describes itself (``GET /kinds``), its artifacts, the page of
+    samples and the reading options."""
+
+    job: dict[str, Any]
+    result: Any
+    schema: str | None
+    described: dict[str, Any]
+    artifacts: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    downloadable: bool = False
+    page: int = 1
+    options: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """How the job page draws a renderer's results: the template of its card, and the function that builds the
+    card's context from the page's input (``live``: it draws before the job has a result, a training run's curves
+    as it runs)."""
+
+    template: str
+    context: Callable[[PageInput], dict[str, Any]]
+    live: bool = False
+
+
+def _attributions_card(p: PageInput) -> dict[str, Any]:
+    return _attribution_context(p.result, p.page, p.options)
+
+
+def _influence_card(p: PageInput) -> dict[str, Any]:
+    return {"tracin": analysis.tracin_context(p.result)}
+
+
+def _ablation_card(p: PageInput) -> dict[str, Any]:
+    return {"ablation": views.ablation_view(p.result)}
+
+
+def _evaluation_card(p: PageInput) -> dict[str, Any]:
+    return {"evaluation": evaluation_view(p.result)}
+
+
+# A training kind's own summary under its curves, chosen by the result model its kind declares (``GET /kinds``
+# ``result``); any other training result (a plugin's, say) gets the table of its top-level values.
+TRAINING_SUMMARIES: dict[str, str] = {
+    "TrainBDHResult": "_summary_bdh.html",
+    "TrainConvEResult": "_summary_conve.html",
+    "TrainNewsResult": "_summary_news.html",
+}
+SUMMARY_SKIPPED = ("history", "steps", "warnings", "artifacts")  # drawn elsewhere on the page
+
+
+def scalar_fields(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A result's top-level values that print in a cell (numbers, strings, booleans), in the result's order."""
+    return [(k, v) for k, v in result.items()
+            if k not in SUMMARY_SKIPPED and isinstance(v, str | int | float | bool)]
+
+
+def _training_card(p: PageInput) -> dict[str, Any]:
+    result = p.result if isinstance(p.result, dict) else None
+    ctx: dict[str, Any] = {"curves": _curves(p.described, p.job, result)}
+    if result is not None:
+        ctx["summary_template"] = TRAINING_SUMMARIES.get(p.described.get("result") or "")
+        ctx["scalars"] = scalar_fields(result)
+    return ctx
+
+
+# Renderer name (a kind's ``renderer`` in ``GET /kinds``) -> how its results are drawn: a new renderer is one entry.
+RENDERERS: dict[str, Renderer] = {
+    "attributions": Renderer("_attributions.html", _attributions_card),
+    "influence": Renderer("_tracin.html", _influence_card),
+    "ablation": Renderer("_ablations.html", _ablation_card),
+    "evaluation": Renderer("_evaluation.html", _evaluation_card),
+    "training": Renderer("_curves.html", _training_card, live=True),
+}
+
+
+def page_context(p: PageInput) -> dict[str, Any]:
+    """The job page's context (no I/O): the job, its result and artifacts, and the card of its kind's renderer. A
+    result whose schema header says ``unvalidated`` (an earlier version's, matching no renderer's model) is shown
+    as JSON, not drawn."""
+    renderer = p.described.get("renderer")
+    ctx: dict[str, Any] = {
+        "job": p.job, "result": p.result, "artifacts": p.artifacts, "downloadable": p.downloadable,
+        "page": p.page, "renderer": renderer, "kind_title": p.described.get("title") or p.job.get("kind"),
+        "resume_field": p.described.get("resume_field"),
+        "clonable": bool(p.described.get("route")),  # a kind with a form (not a fan-out's shard or reduce step)
+        "unvalidated": p.schema == UNVALIDATED, "card": None,
+    }
+    drawn = RENDERERS.get(renderer or "")
+    if drawn is None or ctx["unvalidated"]:
+        return ctx
+    if isinstance(p.result, dict) or (drawn.live and p.result is None):
+        ctx.update(drawn.context(p))
+        ctx["card"] = drawn.template
     return ctx
 
 
@@ -392,42 +477,20 @@ def _attribution_context(result: dict[str, Any], page: int, options: dict[str, s
     return ctx
 
 
-TRACIN_SHOWN_TEST_TRIPLES = 200  # a fanned-out result's test triples read back from results.jsonl for the page
-
-
-async def _tracin_entries(api: Api, job_id: str, result: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """A fanned-out TracIn result lists its test triples in ``results.jsonl`` (``results: {"artifact"}``): the
-    first ``TRACIN_SHOWN_TEST_TRIPLES`` are read back for the page; a single job's are in the result."""
-    listed = result.get("results")
-    if not isinstance(listed, dict) or listed.get("artifact") != "results.jsonl":
-        return None
-    r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/artifacts/results.jsonl", ok=(200, 404))
-    if r.status_code != 200:
-        return []
-    out = []
-    for line in r.text.splitlines()[:TRACIN_SHOWN_TEST_TRIPLES]:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            break
-        if isinstance(entry, dict):
-            out.append(entry)
-    return out
-
-
-def _curves(described: dict[str, Any], job: dict[str, Any], result: Any) -> dict[str, Any]:
-    """The kind's chart specs and their rows: the result's history and per-step curve when finished, the live
-    metrics otherwise (the whole history so far, or the latest metrics as one row, as the kind says)."""
+def _curves(described: dict[str, Any], job: dict[str, Any], result: dict[str, Any] | None) -> dict[str, Any]:
+    """The kind's chart specs and their rows: the result's history and per-step curve when finished (every
+    training result has both), the live metrics otherwise (the whole history so far, or the latest metrics as one
+    row, as the kind says)."""
     metrics = job.get("metrics") or {}
     live = described.get("live_rows", "latest")
-    finished = isinstance(result, dict) and result.get("history") is not None
-    if finished:
-        rows = result["history"]
-    elif live == "history":
-        rows = metrics.get("history") or []
+    if result is not None:
+        rows, steps = result.get("history") or [], result.get("steps") or []
     else:
-        rows = [metrics] if metrics.get("epoch") is not None else []
-    steps = (result if finished else metrics).get("steps") or []
+        if live == "history":
+            rows = metrics.get("history") or []
+        else:
+            rows = [metrics] if metrics.get("epoch") is not None else []
+        steps = metrics.get("steps") or []
     return {"source": live, "rows": [views.flat_row(r) for r in rows if isinstance(r, dict)],
             "steps": [r for r in steps if isinstance(r, dict)], "charts": described.get("charts") or []}
 

@@ -129,16 +129,18 @@ def word_cells(words: list[str], values: list[float], scale: float | None = None
             for w, v in zip(words, values, strict=False)]
 
 
-def word_stat_bars(word_stats: dict[str, list[dict[str, Any]]], n: int = 10) -> list[dict[str, Any]]:
-    """Per label, the ``n`` most positive and ``n`` most negative mean attributions, as bar widths (%)."""
+def word_stat_bars(word_stats: dict[str, dict[str, Any]], n: int = 10) -> list[dict[str, Any]]:
+    """Per label (``{"top", "bottom", "words"}``: its words of largest and smallest mean attribution, of ``words``
+    in all), the ``n`` most positive then the ``n`` most negative, largest mean first, as bar widths (%)."""
     out = []
-    for label, rows in sorted(word_stats.items()):
-        top = rows[:n]
-        bottom = [r for r in rows[-n:] if r not in top]
+    for label, stats in sorted(word_stats.items()):
+        top = list(stats.get("top") or [])[:n]
+        bottom = [r for r in reversed(list(stats.get("bottom") or [])[:n]) if r not in top]
         chosen = top + bottom
-        scale = max((abs(r["mean"]) for r in chosen), default=0.0) or 1.0
-        out.append({"label": label, "rows": [{**r, "width": 50.0 * abs(r["mean"]) / scale,
-                                               "cls": "pos" if r["mean"] > 0 else "neg"} for r in chosen]})
+        scale = max((abs(r["mean"]) for r in chosen if r.get("mean") is not None), default=0.0) or 1.0
+        out.append({"label": label, "words": stats.get("words"), "rows": [
+            {**r, "width": 50.0 * abs(r.get("mean") or 0.0) / scale,
+             "cls": "pos" if (r.get("mean") or 0.0) > 0 else "neg"} for r in chosen]})
     return out
 
 

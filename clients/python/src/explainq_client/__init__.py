@@ -34,13 +34,21 @@ from explainq_client.errors import (
 )
 from explainq_client.jobs import Artifact, DatasetInfo, JobPage, ModelInfo, ModelList
 from explainq_client.render import diverging_color
-from explainq_client.results import AblationResult, AttributionResult, Result, TracInResult, TrainingResult
+from explainq_client.results import (
+    AblationResult,
+    AttributionResult,
+    EvaluationResult,
+    Result,
+    TracInResult,
+    TrainingResult,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NOT_GIVEN", "APIConnectionError", "APIError", "AblationResult", "Artifact", "AsyncClient", "AsyncJob",
-    "AttributionResult", "AuthenticationError", "Client", "ConflictError", "DatasetInfo", "ExplainqError",
+    "AttributionResult", "AuthenticationError", "Client", "ConflictError", "DatasetInfo", "EvaluationResult",
+    "ExplainqError",
     "FieldError", "Job", "JobCanceledError", "JobError", "JobEvent", "JobFailedError", "JobPage", "ModelInfo",
     "ModelList", "NotFoundError", "NotGiven", "PayloadTooLargeError", "PermissionDeniedError", "RateLimitError",
     "Result", "RetryPolicy", "ServerError", "ServiceUnavailableError", "TracInResult", "TrainingResult",

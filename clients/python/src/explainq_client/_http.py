@@ -7,14 +7,12 @@ import os
 import random
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
 
-from explainq_client.errors import APIConnectionError, ExplainqError, error_from_response
+from explainq_client.errors import APIConnectionError, ExplainqError, error_from_response, parse_retry_after
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 ENV_URL = "EXPLAINQ_URL"
@@ -43,24 +41,6 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(max_retries=0)
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """``Retry-After`` as seconds: a number of seconds or an HTTP date (RFC 9110 §10.2.3)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 def _retryable(response: httpx.Response) -> bool:

@@ -25,7 +25,17 @@ from explainq_client._http import (
 )
 from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
-from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
+from explainq_client.jobs import (
+    RESULT_SCHEMA_HEADER,
+    Artifact,
+    JobBase,
+    JobPage,
+    ModelList,
+    WaitClock,
+    dataset_body,
+    list_params,
+    parse_entry,
+)
 from explainq_client.results import Result
 
 __all__ = ["AsyncClient", "AsyncDatasets", "AsyncJob", "AsyncJobs", "AsyncModels"]
@@ -186,10 +196,30 @@ class AsyncJob(JobBase):
         """The result of the succeeded job (a dict that renders itself in Jupyter). A job that has not
         succeeded raises :class:`ConflictError` (code ``not_ready``, ``failed`` or ``canceled``)."""
         if self._result is None:
-            data = (await self._client._send("GET", self.path + "/result")).json()
-            self._keep_result(data, await self._client._renderer(self.kind))
+            response = await self._client._send("GET", self.path + "/result")
+            self._keep_result(response.json(), await self._client._renderer(self.kind),
+                              response.headers.get(RESULT_SCHEMA_HEADER))
         assert self._result is not None
         return self._result
+
+    async def entries(self, name: str) -> AsyncIterator[Any]:
+        """Every entry of the result's list ``name``, in order, however many the result holds inline (see
+        :meth:`explainq_client.Job.entries`): streamed from the JSONL artifact ``listed[name]`` names, or the
+        result's own list when it holds it whole.
+
+            async for entry in job.entries("results"):
+                ...
+        """
+        artifact, inline = self._listed_source(await self.result(), name)
+        if artifact is None:
+            for entry in inline:
+                yield entry
+            return
+        async with self._client._stream(self._artifact_path(artifact)) as response:
+            async for line in response.aiter_lines():
+                entry = parse_entry(line)
+                if entry is not None:
+                    yield entry
 
     async def cancel(self) -> AsyncJob:
         """Cancel: at once when queued, at its next step when running. A finished job raises

@@ -184,9 +184,19 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
 def cmd_result(client: Client, args: argparse.Namespace) -> int:
     result = client.jobs.get(args.id).result()
     if args.table:
+        if not result.validated:
+            print("note: this result was written by an earlier version of the server and does not match its "
+                  "kind's result schema; it is printed as JSON", file=sys.stderr)
         sys.stdout.write(result.text() + "\n")
     else:
         _print_json(dict(result))
+    return EXIT_OK
+
+
+def cmd_entries(client: Client, args: argparse.Namespace) -> int:
+    """Every entry of a listed list, one JSON object per line (JSON Lines), streamed from its artifact."""
+    for entry in client.jobs.get(args.id).entries(args.name):
+        sys.stdout.write(json.dumps(entry, ensure_ascii=False) + "\n")
     return EXIT_OK
 
 
@@ -277,8 +287,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--table", action="store_true", help="plain-text tables: attributions (each sample's top "
                    "words), influence (each test triple's proponents and opponents), training (one row per "
-                   "epoch), ablation (the representation table); JSON for other kinds")
+                   "epoch, then the result's values), ablation (the representation table), evaluation (each "
+                   "estimator's numbers); JSON for other kinds and for a result of an earlier version")
     p.set_defaults(func=cmd_result)
+
+    p = sub.add_parser("entries", help="every entry of a result's list, one JSON per line, however many the result "
+                       "holds inline (e.g. an influence query's results, an attribution run's samples)")
+    p.add_argument("id")
+    p.add_argument("name", help="the list: a key of the result's `listed` (results, ranking, samples, errors, "
+                   "comparison.samples...) or any list the result holds whole")
+    p.set_defaults(func=cmd_entries)
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")

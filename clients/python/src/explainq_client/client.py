@@ -24,7 +24,17 @@ from explainq_client._http import (
 )
 from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
-from explainq_client.jobs import Artifact, JobBase, JobPage, ModelList, WaitClock, dataset_body, list_params
+from explainq_client.jobs import (
+    RESULT_SCHEMA_HEADER,
+    Artifact,
+    JobBase,
+    JobPage,
+    ModelList,
+    WaitClock,
+    dataset_body,
+    list_params,
+    parse_entry,
+)
 from explainq_client.results import Result
 
 __all__ = ["Client", "Datasets", "Job", "Jobs", "Models"]
@@ -184,10 +194,31 @@ class Job(JobBase):
         """The result of the succeeded job (a dict that renders itself in Jupyter). A job that has not
         succeeded raises :class:`ConflictError` (code ``not_ready``, ``failed`` or ``canceled``)."""
         if self._result is None:
-            data = self._client._send("GET", self.path + "/result").json()
-            self._keep_result(data, self._client._renderer(self.kind))
+            response = self._client._send("GET", self.path + "/result")
+            self._keep_result(response.json(), self._client._renderer(self.kind),
+                              response.headers.get(RESULT_SCHEMA_HEADER))
         assert self._result is not None
         return self._result
+
+    def entries(self, name: str) -> Iterator[Any]:
+        """Every entry of the result's list ``name``, in order, however many the result holds inline: a list
+        the result holds in part (``listed[name]``: an influence query's ``results``, an attribution run's
+        ``samples``, a self-influence ``ranking``...) is streamed from the JSONL artifact that has them all, one
+        entry at a time; a list held whole is the result's own. Dotted names reach a nested list
+        (``comparison.samples``).
+
+            for entry in job.entries("results"):
+                print(entry["test_triple"], entry["proponents"][0])
+        """
+        artifact, inline = self._listed_source(self.result(), name)
+        if artifact is None:
+            yield from inline
+            return
+        with self._client._stream(self._artifact_path(artifact)) as response:
+            for line in response.iter_lines():
+                entry = parse_entry(line)
+                if entry is not None:
+                    yield entry
 
     def cancel(self) -> Job:
         """Cancel: at once when queued, at its next step when running. A finished job raises

@@ -7,12 +7,11 @@ a job that ends badly raises a :class:`JobError` carrying the job's own error co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Protocol
 
 import httpx
-
-if TYPE_CHECKING:
-    from explainq_client.jobs import JobBase
 
 __all__ = [
     "APIConnectionError", "APIError", "AuthenticationError", "ConflictError", "ExplainqError", "FieldError",
@@ -20,6 +19,37 @@ __all__ = [
     "PermissionDeniedError", "RateLimitError", "ServerError", "ServiceUnavailableError", "ValidationError",
     "WaitTimeoutError", "error_from_response",
 ]
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: a number of seconds or an HTTP date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+
+
+class JobLike(Protocol):
+    """What an error says of the job it is about (a :class:`explainq_client.jobs.JobBase`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str | None: ...
+
+    @property
+    def status(self) -> str: ...
 
 
 class ExplainqError(Exception):
@@ -47,8 +77,6 @@ class APIError(ExplainqError):
     @property
     def retry_after(self) -> float | None:
         """The ``Retry-After`` the server sent, in seconds (None when absent or not a number)."""
-        from explainq_client._http import parse_retry_after
-
         return parse_retry_after(self.response.headers.get("retry-after"))
 
 
@@ -158,7 +186,7 @@ def error_from_response(response: httpx.Response) -> APIError:
 class JobError(ExplainqError):
     """A job ended without a result. ``code`` and ``message`` are the job's ``error``; ``job`` is the job."""
 
-    def __init__(self, job: JobBase, code: str, message: str):
+    def __init__(self, job: JobLike, code: str, message: str):
         self.job = job
         self.code = code
         self.message = message
@@ -176,7 +204,7 @@ class JobCanceledError(JobError):
 class WaitTimeoutError(ExplainqError, TimeoutError):
     """``Job.wait(timeout=...)`` ran out of time; the job itself goes on (cancel it if it should stop)."""
 
-    def __init__(self, job: JobBase, timeout: float):
+    def __init__(self, job: JobLike, timeout: float):
         self.job = job
         self.timeout = timeout
         super().__init__(f"job {job.id} still {job.status} after {timeout:g}s")

@@ -3,6 +3,7 @@ I/O, shared by :class:`explainq_client.Job` and :class:`explainq_client.AsyncJob
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,15 @@ from explainq_client._http import TERMINAL, JobEvent, SSEParser
 from explainq_client.errors import ExplainqError, JobCanceledError, JobFailedError, WaitTimeoutError
 from explainq_client.results import Result, make_result
 
-__all__ = ["Artifact", "DatasetInfo", "JobBase", "JobPage", "ModelInfo", "ModelList"]
+__all__ = ["Artifact", "DatasetInfo", "JobBase", "JobPage", "ModelInfo", "ModelList", "parse_entry"]
+
+RESULT_SCHEMA_HEADER = "x-explainq-result-schema"  # the result model a result validated against, or "unvalidated"
+
+
+def parse_entry(line: str) -> Any:
+    """One entry of a listed JSONL artifact (None for a blank line)."""
+    line = line.strip()
+    return json.loads(line) if line else None
 
 
 @dataclass(frozen=True)
@@ -237,9 +246,31 @@ class JobBase:
         if self.status == "canceled":
             raise JobCanceledError(self, str(error.get("code", "canceled")), str(error.get("message", "")))
 
-    def _keep_result(self, data: Any, renderer: str | None) -> Result:
-        self._result = make_result(renderer, data, self.kind)
+    def _keep_result(self, data: Any, renderer: str | None, schema: str | None = None) -> Result:
+        """The result as its renderer's class; ``schema``: the response's ``X-Explainq-Result-Schema``
+        (``unvalidated``: a plain :class:`Result` shown as JSON)."""
+        self._result = make_result(renderer, data, self.kind, schema)
         return self._result
+
+    def _listed_source(self, result: Result, name: str) -> tuple[str | None, list[Any]]:
+        """Where every entry of the list ``name`` is: the JSONL artifact ``listed[name]`` names (None when the
+        result holds the list whole), and the entries the result holds inline."""
+        inline = render._lookup(result, name)
+        entry = (result.get("listed") or {}).get(name)
+        if isinstance(entry, dict):
+            if entry.get("artifact"):
+                return str(entry["artifact"]), []
+            if int(entry.get("total") or 0) > len(inline or []):
+                raise ExplainqError(f"job {self.id}: the result holds {len(inline or [])} of the "
+                                    f"{entry.get('total')} entries of {name!r} and names no artifact with them all")
+        if not isinstance(inline, list):
+            lists = sorted([*(result.get("listed") or {}),
+                            *(k for k, v in result.items() if isinstance(v, list) and k not in ("artifacts",))])
+            raise ExplainqError(f"job {self.id}: its result has no list {name!r}; it has {lists}")
+        return None, inline
+
+    def _artifact_path(self, name: str) -> str:
+        return f"{self.path}/artifacts/{quote(name)}"
 
     def _on_line(self, parser: SSEParser, line: str) -> JobEvent | None:
         """Feed one line of the event stream; a status event also updates this job's view."""

@@ -7,6 +7,7 @@ escaped with :func:`html.escape`. Attributions use one diverging, colour-blind-s
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
@@ -14,8 +15,9 @@ from typing import Any
 
 __all__ = [
     "NEGATIVE_RGB", "NEUTRAL_RGB", "OTHER_COLOURS", "POSITIVE_RGB", "TRAIN_COLOUR", "VALIDATION_COLOUR",
-    "ablation_html", "attribution_html", "curves_html", "diverging_color", "evaluation_html", "evaluation_text",
-    "job_html", "series_colours", "steps_chart", "tracin_html",
+    "ablation_html", "ablation_text", "attribution_html", "attribution_text", "curves_html", "diverging_color",
+    "evaluation_html", "evaluation_text", "job_html", "json_html", "listed_total", "series_colours", "steps_chart",
+    "tracin_html", "tracin_text", "training_html", "training_summary", "training_text",
 ]
 
 # The scale's three anchors, the same as the dashboard's (ColorBrewer ends, distinct under the common colour-vision
@@ -113,9 +115,48 @@ def _bar(value: float, scale: float, width_px: int = 120) -> str:
             f" <code>{_signed(value)}</code>")
 
 
-def _more(shown: int, total: int, what: str) -> str:
-    return f"<p><em>showing {shown} of {total} {escape(what)}; the full result is in the returned dict</em></p>" \
-        if total > shown else ""
+def _lookup(result: Mapping[str, Any], name: str) -> Any:
+    """``result[name]``, a dotted name reaching into nested objects (``comparison.samples``)."""
+    value: Any = result
+    for part in name.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def listed_total(result: Mapping[str, Any], name: str) -> int:
+    """How many entries the list ``name`` has in all: ``listed[name]["total"]`` when the result holds only its first
+    ones inline, else the length of the list it holds whole."""
+    entry = (result.get("listed") or {}).get(name)
+    if isinstance(entry, Mapping) and isinstance(entry.get("total"), int):
+        return int(entry["total"])
+    inline = _lookup(result, name)
+    return len(inline) if isinstance(inline, Sequence) and not isinstance(inline, str) else 0
+
+
+def _artifact(result: Mapping[str, Any], name: str) -> str | None:
+    entry = (result.get("listed") or {}).get(name)
+    return entry.get("artifact") if isinstance(entry, Mapping) else None
+
+
+def _where(result: Mapping[str, Any], name: str | None, html: bool) -> str:
+    """Where the entries left out are: the listed list's artifact, read with ``job.entries(name)``; else the
+    returned dict."""
+    artifact = _artifact(result, name) if name else None
+    if artifact is None:
+        return "the returned dict has all of them"
+    if html:
+        return (f"all of them are in <code>{escape(artifact)}</code>: "
+                f"<code>job.entries({escape(repr(name))})</code>")
+    return f"all of them are in {artifact}: explainq-client entries <job id> {name}"
+
+
+def _more(shown: int, total: int, what: str, result: Mapping[str, Any] | None = None,
+          name: str | None = None) -> str:
+    """"showing N of M": of the ``total`` entries (``listed`` totals, for a list the result holds in part), the
+    ``shown`` ones drawn, and where the others are."""
+    if total <= shown:
+        return ""
+    return f"<p><em>showing {shown} of {total} {escape(what)}; {_where(result or {}, name, True)}</em></p>"
 
 
 # ------------------------------------------------------------------------------------------------ attributions
@@ -154,13 +195,27 @@ def _max_abs(records: Iterable[Mapping[str, Any]]) -> float:
     for s in records:
         for v in [s, *((s.get("views") or {}).values())]:
             if isinstance(v, Mapping):
-                out = max([out, *(abs(a) for a in v.get("word_attributions") or [] if math.isfinite(a))])
+                out = max([out, *(abs(a) for a in v.get("word_attributions") or []
+                                  if isinstance(a, int | float) and math.isfinite(a))])
     return out
+
+
+def _word_stat_rows(stats: Mapping[str, Any], n: int = 10) -> list[Mapping[str, Any]]:
+    """A label's word statistics (``{"top", "bottom", "words"}``): its ``n`` highest mean attributions, then its
+    ``n`` lowest, highest first."""
+    top = [r for r in list(stats.get("top") or [])[:n] if isinstance(r, Mapping)]
+    bottom = [r for r in reversed(list(stats.get("bottom") or [])[:n]) if isinstance(r, Mapping) and r not in top]
+    return top + bottom
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def attribution_html(result: Mapping[str, Any]) -> str:
     """Each sample's candidate (and body, when attributed) as coloured words, its score, baseline score and
-    completeness delta; the comparison's changed words; per-label word statistics."""
+    completeness delta; the comparison's changed words; per-label word statistics. Of a run with more samples
+    than the result holds, the first ones, and how many there are in all (``listed``)."""
     samples = list(result.get("samples") or [])
     scale = _max_abs(samples)
     parts = [f"<div><b>attributions</b> of model <code>{escape(str(result.get('model', '')))}</code>",
@@ -173,34 +228,42 @@ def attribution_html(result: Mapping[str, Any]) -> str:
         views = [("title", s), *((name, v) for name, v in (s.get("views") or {}).items() if isinstance(v, Mapping))]
         cells = "<br>".join(
             (f"<small>{escape(name)}</small> " if len(views) > 1 else "")
-            + words_html(v.get("display_words") or v.get("words") or [], v.get("word_attributions") or [], scale,
-                         values=True)
+            + words_html(v.get("display_words") or v.get("words") or [],
+                         [_float(a) for a in v.get("word_attributions") or []], scale, values=True)
             for name, v in views)
         rows.append([escape(str(s.get("id", ""))), escape(str(s.get("label") or "")), cells,
                      _num(s.get("score")), _num(s.get("baseline_score")), _num(s.get("delta"), 2)])
     parts.append(_table(["id", "label", "candidate", "score", "baseline score", "completeness delta"], rows))
-    parts.append(_more(min(len(samples), MAX_SAMPLES_SHOWN), len(samples), "samples"))
-    errors = result.get("errors") or []
+    parts.append(_more(len(rows), listed_total(result, "samples"), "samples", result, "samples"))
+    errors = list(result.get("errors") or [])
     if errors:
         parts.append(_table(["sample", "error"], ([escape(str(e.get("id"))), escape(str(e.get("error")))]
                                                   for e in errors), caption="samples not attributed"))
+        parts.append(_more(len(errors), listed_total(result, "errors"), "samples not attributed", result, "errors"))
     comparison = result.get("comparison")
     if isinstance(comparison, Mapping):
         changed = list(comparison.get("changed") or [])
-        scale = max((abs(c.get("change", 0.0)) for c in changed), default=0.0)
+        scale = max((abs(_float(c.get("change"))) for c in changed), default=0.0)
         parts.append(_table(
             ["word", "mean before", "mean after", "change"],
             ([escape(str(c.get("word"))), _num(c.get("mean_before")), _num(c.get("mean_after")),
-              _bar(float(c.get("change", 0.0)), scale)] for c in changed[:MAX_ROWS_SHOWN]),
+              _bar(_float(c.get("change")), scale)] for c in changed[:MAX_ROWS_SHOWN]),
             caption=f"words that changed vs {comparison.get('model')} (|change| > {comparison.get('threshold')})"))
-        parts.append(_more(min(len(changed), MAX_ROWS_SHOWN), len(changed), "changed words"))
+        total = comparison.get("changed_total") if isinstance(comparison.get("changed_total"), int) else len(changed)
+        if total > min(len(changed), MAX_ROWS_SHOWN):
+            where = ("all of them are in <code>comparison.json</code>" if total > len(changed)
+                     else "the returned dict has all of them")
+            parts.append(f"<p><em>showing {min(len(changed), MAX_ROWS_SHOWN)} of {total} changed words; "
+                         f"{where}</em></p>")
     for label, stats in sorted((result.get("word_stats") or {}).items()):
-        top = list(stats)[:10]
-        scale = max((abs(r.get("mean", 0.0)) for r in top), default=0.0)
+        rows_ = _word_stat_rows(stats) if isinstance(stats, Mapping) else []
+        scale = max((abs(_float(r.get("mean"))) for r in rows_), default=0.0)
+        words = stats.get("words") if isinstance(stats, Mapping) else None
         parts.append(_table(["word", "mean attribution", "count"],
-                            ([escape(str(r.get("word"))), _bar(float(r.get("mean", 0.0)), scale),
-                              _num(r.get("count"))] for r in top),
-                            caption=f"top words for label {label}"))
+                            ([escape(str(r.get("word"))), _bar(_float(r.get("mean")), scale),
+                              _num(r.get("count"))] for r in rows_),
+                            caption=f"highest and lowest words for label {label}"
+                            + (f" (of {words}; all in word_stats.json)" if isinstance(words, int) else "")))
     return "".join(parts) + "</div>"
 
 
@@ -281,14 +344,48 @@ def curves_html(history: Sequence[Mapping[str, Any]], title: str = "training",
     return f"<div>{charts or '<em>no steps recorded yet</em>'}</div>"
 
 
+SUMMARY_SKIPPED = ("history", "steps", "warnings", "artifacts")  # drawn as the curves, or listed elsewhere
+
+
+def training_summary(result: Mapping[str, Any]) -> dict[str, Any]:
+    """What every training result's table shows whatever its kind: its top-level values that print in a cell
+    (numbers, strings, booleans), and the numbers in its objects (``metrics: {test: {mrr}}`` is
+    ``metrics.test.mrr``); the per-epoch ``history`` and the ``steps`` are drawn as curves instead."""
+    out: dict[str, Any] = {}
+    for key, value in result.items():
+        if key in SUMMARY_SKIPPED or value is None:
+            continue
+        if isinstance(value, str | int | float | bool):
+            out[key] = value
+        elif isinstance(value, Mapping):
+            out.update(_flat(value, key + "."))
+    return out
+
+
+def _title(result: Mapping[str, Any]) -> str:
+    for key in ("model_name", "model"):
+        if isinstance(result.get(key), str):
+            return str(result[key])
+    return ""
+
+
 def training_html(result: Mapping[str, Any]) -> str:
-    """Curves, then the final metrics (scalars, and one level of nesting such as ``test: {mrr, hits@10}``)."""
-    final = {k: v for k, v in _flat({k: v for k, v in result.items()
-                                     if k in ("metrics", "best_val_accuracy", "test_accuracy", "best_epoch",
-                                              "epochs_completed", "parameters")}).items()}
-    table = _table(["metric", "value"], ([escape(k), _num(v)] for k, v in final.items()), caption="final")
-    return curves_html(result.get("history") or [], str(result.get("model_name") or result.get("model") or
-                                                          "training"), result.get("steps") or []) + table
+    """Curves, then the result's values (:func:`training_summary`): the same for every training kind."""
+    table = _table(["field", "value"], ([escape(k), _num(v)] for k, v in training_summary(result).items()),
+                   caption="result")
+    warnings = [w for w in result.get("warnings") or [] if isinstance(w, str)]
+    warned = ("<ul style='color:#8a4b00'>" + "".join(f"<li>{escape(w)}</li>" for w in warnings) + "</ul>"
+              if warnings else "")
+    return curves_html(result.get("history") or [], _title(result) or "training", result.get("steps") or []) + \
+        table + warned
+
+
+def json_html(result: Mapping[str, Any], validated: bool = True) -> str:
+    """A result no renderer draws, as indented JSON; one that did not validate with a note saying why."""
+    note = ("<p><em>This result was written by an earlier version of the server and does not match its kind's "
+            "result schema, so it is shown as JSON rather than drawn.</em></p>" if not validated else "")
+    body = escape(json.dumps(dict(result), indent=2, ensure_ascii=False))
+    return f"<div>{note}<pre style='font-size:12px;max-height:32em;overflow:auto'>{body}</pre></div>"
 
 
 # ------------------------------------------------------------------------------------------------ tracin
@@ -296,13 +393,54 @@ def _triple(t: Any) -> str:
     return escape(" · ".join(map(str, t))) if isinstance(t, Sequence) and not isinstance(t, str) else escape(str(t))
 
 
+def _tracin_head(result: Mapping[str, Any]) -> str:
+    """Mode, estimator (approximate or exact), what was scored, and how the run was split."""
+    parts = [f"mode {result.get('mode', '')}"]
+    if result.get("estimator"):
+        parts.append(f"estimator {result['estimator']}" + (" (approximate)" if result.get("approximate") else ""))
+    n_test, n_cand = result.get("n_test"), result.get("n_candidates")
+    if result.get("mode") != "self" and isinstance(n_test, int):
+        parts.append(f"{n_test} test triple{'s' if n_test != 1 else ''}")
+    if isinstance(n_cand, int):
+        parts.append(f"{n_cand} candidate training triples")
+    shards = result.get("shards")
+    if isinstance(shards, Mapping):
+        parts.append(f"{shards.get('total')} shards")
+    return ", ".join(parts)
+
+
+def _tracin_caveats(result: Mapping[str, Any]) -> list[str]:
+    """The result's warnings and notes (what it leaves out, and where), and what failed shards left unscored."""
+    lines = [str(w) for w in result.get("warnings") or []] + [str(n) for n in result.get("notes") or []]
+    failed = result.get("failed")
+    if isinstance(failed, Mapping) and failed.get("shards"):
+        lines.append(f"incomplete: shards {', '.join(map(str, failed['shards']))} failed, leaving "
+                     f"{failed.get('candidates')} candidates unscored")
+    return lines
+
+
+def _influence(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _ibar(value: Any, scale: float) -> str:
+    v = _influence(value)
+    return _bar(v, scale) if v is not None else "–"
+
+
 def tracin_html(result: Mapping[str, Any]) -> str:
-    """Per test triple: proponents and opponents with influence bars; or the self-influence ranking."""
-    parts = [f"<div><b>TracIn</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
-             f"{escape(str(result.get('mode', '')))}"]
+    """Per test triple: proponents and opponents with influence bars (the first ``MAX_SAMPLES_SHOWN`` test
+    triples; how many there are in all, ``listed``), the strongest pairs over every test triple; or the
+    self-influence ranking."""
+    parts = [f"<div><b>TracIn</b> on <code>{escape(str(result.get('model', '')))}</code>, "
+             f"{escape(_tracin_head(result))}"]
     if result.get("filter"):
         parts.append(f", filter <code>{escape(str(result['filter']))}</code>")
-    for entry in result.get("results") or []:
+    caveats = _tracin_caveats(result)
+    if caveats:
+        parts.append("<ul style='color:#8a4b00'>" + "".join(f"<li>{escape(c)}</li>" for c in caveats) + "</ul>")
+    entries = [e for e in result.get("results") or [] if isinstance(e, Mapping)]
+    for entry in entries[:MAX_SAMPLES_SHOWN]:
         pred = entry.get("prediction") if isinstance(entry.get("prediction"), Mapping) else None
         context = (f"model score {_num(pred.get('score'))}, filtered rank {_num(pred.get('rank'))} of "
                    f"{_num(pred.get('n_entities'))}; " if pred else "")
@@ -311,21 +449,34 @@ def tracin_html(result: Mapping[str, Any]) -> str:
                         else "")
                      + f"<small>({escape(context)}self-influence {_num(entry.get('self_influence'))}, "
                      f"{_num(entry.get('n_candidates'))} candidates)</small></h4>")
-        groups = [(k, entry.get(k) or []) for k in ("proponents", "opponents", "pairs") if k in entry]
-        scale = max((abs(r.get("influence", 0.0)) for _, rows in groups for r in rows), default=0.0)
+        groups = [(k, list(entry.get(k) or [])) for k in ("proponents", "opponents", "pairs")
+                  if entry.get(k) is not None]
+        scale = max((abs(_influence(r.get("influence")) or 0.0) for _, rows in groups for r in rows), default=0.0)
         for name, rows in groups:
             parts.append(_table(["training triple", "influence", "train self-influence"],
-                                ([_triple(r.get("train_triple")), _bar(float(r.get("influence", 0.0)), scale),
+                                ([_triple(r.get("train_triple")), _ibar(r.get("influence"), scale),
                                   _num(r.get("train_self_influence"))] for r in rows[:MAX_ROWS_SHOWN]),
                                 caption=name))
             parts.append(_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name))
-    ranking = result.get("ranking")
+    parts.append(_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
+                       result, "results"))
+    if len(entries) > 1:
+        for name in ("top_proponents", "top_opponents"):
+            rows = [r for r in result.get(name) or [] if isinstance(r, Mapping)]
+            scale = max((abs(_influence(r.get("influence")) or 0.0) for r in rows), default=0.0)
+            if rows:
+                parts.append(_table(["test triple", "training triple", "influence"],
+                                    ([_triple(r.get("test_triple")), _triple(r.get("train_triple")),
+                                      _ibar(r.get("influence"), scale)] for r in rows[:MAX_ROWS_SHOWN]),
+                                    caption=f"strongest {name[4:]} over every test triple"))
+    ranking = list(result.get("ranking") or [])
     if ranking:
         parts.append(_table(["rank", "training triple", "self-influence"],
                             ([str(i + 1), _triple(r.get("train_triple")), _num(r.get("self_influence"))]
                              for i, r in enumerate(ranking[:MAX_ROWS_SHOWN])),
                             caption="self-influence ranking (highest first: candidates for mislabelled facts)"))
-        parts.append(_more(min(len(ranking), MAX_ROWS_SHOWN), len(ranking), "ranked triples"))
+        parts.append(_more(min(len(ranking), MAX_ROWS_SHOWN), listed_total(result, "ranking"), "ranked triples",
+                           result, "ranking"))
     return "".join(parts) + "</div>"
 
 
@@ -500,8 +651,11 @@ def _text_triple(t: Any) -> str:
     return " · ".join(map(str, t)) if isinstance(t, Sequence) and not isinstance(t, str) else str(t)
 
 
-def _text_more(shown: int, total: int, what: str) -> list[str]:
-    return [f"... {total - shown} more {what}"] if total > shown else []
+def _text_more(shown: int, total: int, what: str, result: Mapping[str, Any] | None = None,
+               name: str | None = None) -> list[str]:
+    if total <= shown:
+        return []
+    return [f"... showing {shown} of {total} {what}; {_where(result or {}, name, False)}"]
 
 
 def _top_words(view: Mapping[str, Any], k: int = 5) -> str:
@@ -513,41 +667,51 @@ def _top_words(view: Mapping[str, Any], k: int = 5) -> str:
 
 def attribution_text(result: Mapping[str, Any]) -> str:
     """Per sample: id, label, score, completeness delta and its words of largest |attribution|; the changed
-    words of a comparison; each label's top words."""
+    words of a comparison; each label's highest and lowest words."""
     samples = list(result.get("samples") or [])
     out = [f"attributions of model {result.get('model', '')}", ""]
     rows = [[s.get("id", ""), s.get("label"), _tnum(s.get("score")), _tnum(s.get("delta"), 2), _top_words(s)]
             for s in samples[:MAX_SAMPLES_SHOWN]]
     out += [text_table(["sample", "label", "score", "delta", "top words (attribution)"], rows),
-            *_text_more(len(rows), len(samples), "samples")]
+            *_text_more(len(rows), listed_total(result, "samples"), "samples", result, "samples")]
     warnings = [w for w in result.get("warnings") or [] if isinstance(w, str)]
     if warnings:
         out += ["", "warnings", *(f"  {w}" for w in warnings)]
-    errors = result.get("errors") or []
+    errors = list(result.get("errors") or [])
     if errors:
         out += ["", "samples not attributed",
-                text_table(["sample", "error"], ([e.get("id"), e.get("error")] for e in errors))]
+                text_table(["sample", "error"], ([e.get("id"), e.get("error")] for e in errors)),
+                *_text_more(len(errors), listed_total(result, "errors"), "samples not attributed", result, "errors")]
     comparison = result.get("comparison")
     if isinstance(comparison, Mapping):
         changed = list(comparison.get("changed") or [])
+        shown = min(len(changed), MAX_ROWS_SHOWN)
+        total = comparison.get("changed_total") if isinstance(comparison.get("changed_total"), int) else len(changed)
         out += ["", f"words that changed vs {comparison.get('model')} (|change| > {comparison.get('threshold')})",
                 text_table(["word", "mean before", "mean after", "change"],
                            ([c.get("word"), _tnum(c.get("mean_before")), _tnum(c.get("mean_after")),
-                             _signed(float(c.get("change", 0.0)))] for c in changed[:MAX_ROWS_SHOWN])),
-                *_text_more(min(len(changed), MAX_ROWS_SHOWN), len(changed), "changed words")]
+                             _signed(_float(c.get("change")))] for c in changed[:shown]))]
+        if total > shown:
+            out.append(f"... showing {shown} of {total} changed words; "
+                       + ("all of them are in comparison.json" if total > len(changed)
+                          else "the JSON result has all of them"))
     for label, stats in sorted((result.get("word_stats") or {}).items()):
-        out += ["", f"top words for label {label}",
+        words = stats.get("words") if isinstance(stats, Mapping) else None
+        out += ["", f"highest and lowest words for label {label}"
+                + (f" (of {words}; all in word_stats.json)" if isinstance(words, int) else ""),
                 text_table(["word", "mean attribution", "count"],
-                           ([r.get("word"), _signed(float(r.get("mean", 0.0))), _tnum(r.get("count"))]
-                            for r in list(stats)[:10]))]
+                           ([r.get("word"), _signed(_float(r.get("mean"))), _tnum(r.get("count"))]
+                            for r in (_word_stat_rows(stats) if isinstance(stats, Mapping) else [])))]
     return "\n".join(out)
 
 
 def tracin_text(result: Mapping[str, Any]) -> str:
     """Per test triple: its proponents and opponents by influence; or the self-influence ranking."""
-    out = [f"TracIn on {result.get('model', '')}, mode {result.get('mode', '')}"
+    out = [f"TracIn on {result.get('model', '')}, {_tracin_head(result)}"
            + (f", filter {result['filter']}" if result.get("filter") else "")]
-    for entry in result.get("results") or []:
+    out += [f"  note: {c}" for c in _tracin_caveats(result)]
+    entries = [e for e in result.get("results") or [] if isinstance(e, Mapping)]
+    for entry in entries[:MAX_SAMPLES_SHOWN]:
         pred = entry.get("prediction") if isinstance(entry.get("prediction"), Mapping) else None
         context = (f"model score {_tnum(pred.get('score'))}, filtered rank {_tnum(pred.get('rank'))} of "
                    f"{_tnum(pred.get('n_entities'))}; " if pred else "")
@@ -556,42 +720,53 @@ def tracin_text(result: Mapping[str, Any]) -> str:
                 + f" ({context}self-influence {_tnum(entry.get('self_influence'))}, "
                 f"{_tnum(entry.get('n_candidates'))} candidates)"]
         for name in ("proponents", "opponents", "pairs"):
-            if name not in entry:
+            if entry.get(name) is None:
                 continue
             rows = list(entry.get(name) or [])
             out += [f"  top {name}",
                     text_table(["  rank", "training triple", "influence", "train self-influence"],
                                ([f"  {i + 1}", _text_triple(r.get("train_triple")),
-                                 _signed(float(r.get("influence", 0.0))), _tnum(r.get("train_self_influence"))]
+                                 _tsigned(r.get("influence")), _tnum(r.get("train_self_influence"))]
                                 for i, r in enumerate(rows[:MAX_ROWS_SHOWN]))),
                     *_text_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name)]
+    more = _text_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
+                      result, "results")
+    out += ["", *more] if more else []
     ranking = list(result.get("ranking") or [])
     if ranking:
         out += ["", "self-influence ranking (highest first: candidates for mislabelled facts)",
                 text_table(["rank", "training triple", "self-influence"],
                            ([i + 1, _text_triple(r.get("train_triple")), _tnum(r.get("self_influence"))]
                             for i, r in enumerate(ranking[:MAX_ROWS_SHOWN]))),
-                *_text_more(min(len(ranking), MAX_ROWS_SHOWN), len(ranking), "ranked triples")]
+                *_text_more(min(len(ranking), MAX_ROWS_SHOWN), listed_total(result, "ranking"), "ranked triples",
+                            result, "ranking")]
     return "\n".join(out)
 
 
+def _tsigned(value: Any) -> str:
+    v = _influence(value)
+    return _signed(v) if v is not None else "-"
+
+
 def training_text(result: Mapping[str, Any]) -> str:
-    """One row per epoch (every numeric field of the history, nested ones as ``valid.mrr``), then the final
-    metrics."""
+    """One row per epoch (every numeric field of the history, nested ones as ``valid.mrr``), then the result's
+    values (:func:`training_summary`), the same for every training kind."""
     history = list(result.get("history") or [])
     flat = [_flat(row) for row in history]
     columns = list(dict.fromkeys(k for row in flat for k in row))
-    out = [f"training {result.get('model_name') or result.get('model') or ''}".rstrip(), ""]
+    out = [f"training {_title(result)}".rstrip(), ""]
     if history:
         out.append(text_table(["epoch", *columns],
                               ([_tnum(row.get("epoch", i + 1)), *(_tnum(f.get(c)) if c in f else "" for c in columns)]
                                for i, (row, f) in enumerate(zip(history, flat, strict=True)))))
     else:
         out.append("no epochs finished")
-    final = _flat({k: v for k, v in result.items() if k in ("metrics", "best_val_accuracy", "test_accuracy",
-                                                            "best_epoch", "epochs_completed", "parameters")})
+    final = training_summary(result)
     if final:
-        out += ["", "final", text_table(["metric", "value"], ([k, _tnum(v)] for k, v in final.items()))]
+        out += ["", "result", text_table(["field", "value"], ([k, _tnum(v)] for k, v in final.items()))]
+    warnings = [w for w in result.get("warnings") or [] if isinstance(w, str)]
+    if warnings:
+        out += ["", "warnings", *(f"  {w}" for w in warnings)]
     return "\n".join(out)
 
 

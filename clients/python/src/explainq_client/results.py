@@ -9,24 +9,48 @@ from typing import Any
 from explainq_client import render
 from explainq_client.faithfulness import FaithfulnessTable, faithfulness_table
 
-__all__ = ["AblationResult", "AttributionResult", "EvaluationResult", "Result", "TracInResult", "TrainingResult",
-           "make_result"]
+__all__ = ["UNVALIDATED", "AblationResult", "AttributionResult", "EvaluationResult", "Result", "TracInResult",
+           "TrainingResult", "make_result"]
+
+
+UNVALIDATED = "unvalidated"  # the schema header of a result that does not match its kind's result model
 
 
 class Result(dict[str, Any]):
-    """The JSON result of a succeeded job, as a dict; ``kind`` is the job's kind."""
+    """The JSON result of a succeeded job, as a dict; ``kind`` is the job's kind.
 
-    def __init__(self, data: Mapping[str, Any], kind: str | None = None):
+    ``schema`` is the name of the result model the server validated it against (its ``X-Explainq-Result-Schema``
+    header, e.g. ``InfluenceResult``; ``none`` for a kind without one, None when unknown). ``validated`` is False
+    for a result written by an earlier version of the server that does not match its kind's model: it is kept as
+    it was stored, a plain :class:`Result`, and shows as JSON rather than through a renderer.
+
+    A list that grows with the request (an influence query's ``results``, an attribution run's ``samples``, a
+    self-influence ``ranking``) holds its first entries here; ``listed[name]`` says how many there are in all
+    (:meth:`total`) and which artifact holds every one: read them with ``job.entries(name)``."""
+
+    def __init__(self, data: Mapping[str, Any], kind: str | None = None, schema: str | None = None):
         super().__init__(data)
         self.kind = kind
+        self.schema = schema
+        self.validated = schema != UNVALIDATED
 
     @property
     def artifacts(self) -> list[dict[str, Any]]:
         """The artifacts the result lists (``name``, ``size``, ``media_type``); download them with the job."""
         return list(self.get("artifacts") or [])
 
+    def total(self, name: str) -> int:
+        """How many entries the list ``name`` has in all (``listed[name]["total"]``), of which the result holds
+        the first ones inline; a list without a ``listed`` entry is held whole. Dotted names reach a nested list
+        (``comparison.samples``)."""
+        return render.listed_total(self, name)
+
+    def _repr_html_(self) -> str:
+        return render.json_html(self, validated=self.validated)
+
     def text(self) -> str:
-        """The result as plain text for a terminal: tables for the known renderers, else indented JSON."""
+        """The result as plain text for a terminal: tables for the known renderers, else indented JSON (always
+        JSON for a result that did not validate: ``validated`` is False)."""
         return json.dumps(self, indent=2, ensure_ascii=False)
 
 
@@ -110,8 +134,9 @@ RESULT_TYPES: dict[str, type[Result]] = {
 }
 
 
-def make_result(renderer: str | None, data: Any, kind: str | None = None) -> Result:
+def make_result(renderer: str | None, data: Any, kind: str | None = None, schema: str | None = None) -> Result:
     """The result class for the kind's ``renderer`` around ``data`` (a non-object result is kept under
-    ``"value"``); a kind without a renderer, or one this SDK does not know, gets a plain :class:`Result`."""
-    cls = RESULT_TYPES.get(renderer or "", Result)
-    return cls(data if isinstance(data, Mapping) else {"value": data}, kind)
+    ``"value"``); a kind without a renderer, or one this SDK does not know, gets a plain :class:`Result`, and so
+    does a result whose ``schema`` header says ``unvalidated`` (it is not drawn: ``validated`` is False)."""
+    cls = Result if schema == UNVALIDATED else RESULT_TYPES.get(renderer or "", Result)
+    return cls(data if isinstance(data, Mapping) else {"value": data}, kind, schema)
