@@ -2,7 +2,8 @@
 
 ``differences(got, want, tolerance, skip)`` lists every place two JSON values differ: keys at every level, types,
 list lengths, strings, integers and booleans exactly, floats within ``tolerance(where)`` (``(rtol, atol)`` for the
-dotted path of the field), fields named in ``skip`` (at any depth) only present in both.
+dotted path of the field), fields named in ``skip`` (at any depth) only present in both. ``assert_renders`` checks
+that the SDK (HTML and text) and ``explainq-client result --table`` draw the results of real jobs.
 """
 
 from __future__ import annotations
@@ -39,3 +40,20 @@ def assert_same(got: Any, want: Any, tolerance: Tolerance, skip: Collection[str]
                 where: str = "result") -> None:
     diffs = differences(got, want, tolerance, skip, where)
     assert not diffs, f"{len(diffs)} differences:\n" + "\n".join(diffs[:30])
+
+
+def assert_renders(settings: Any, job_ids: Collection[str], result_class: type, api_key: str | None = None) -> None:
+    """The SDK's renderers (HTML and text) and ``explainq-client result --table`` draw each job's result, fetched
+    over HTTP from a server on ``settings`` (as ``api_key``'s owner), as a ``result_class``."""
+    from explainq_client import Client
+    from explainq_client.cli import run as cli
+
+    from tests.http_server import HttpServer
+
+    key = ["--api-key", api_key] if api_key else []
+    with HttpServer(settings) as server, Client(server.url, api_key) as client:
+        for job_id in job_ids:
+            result = client.jobs.get(job_id).result()
+            assert isinstance(result, result_class) and result.validated
+            assert "<table" in result._repr_html_() and result.text().strip()
+            assert cli(["--url", server.url, *key, "result", job_id, "--table"]) == 0

@@ -14,7 +14,7 @@ import pytest
 
 from core.contract.results.attributions import AttributionResult
 from models.news.report import CHANGED_INLINE, NPZ_MIN_SAMPLES, SAMPLES_INLINE
-from tests.results_compare import assert_same
+from tests.results_compare import assert_renders, assert_same
 from tests.test_fanout import DATASET, MODEL, NAML, _setup
 
 HISTORY = ["Lakers beat Celtics in overtime thriller", "Yankees rally to win the league title"]
@@ -128,6 +128,11 @@ def test_whole_and_sharded_runs_give_one_result(svc, runs, case):
     assert whole["shards"] is None
     assert sharded["shards"] == {"total": -(-n // shard_size), "failed": []}
 
+    # the SDK's renderers and the CLI's table draw both
+    from explainq_client import AttributionResult as SDKAttributionResult
+
+    assert_renders(svc.settings, (whole_id, sharded_id), SDKAttributionResult)
+
     # every field but how the run was split and the files' sizes (their names and contents are compared below)
     _assert_same(*({k: v for k, v in r.items() if k not in ("shards", "artifacts")} for r in (sharded, whole)),
                  "result")
@@ -164,6 +169,10 @@ def test_whole_and_sharded_runs_give_one_result(svc, runs, case):
     if "samples" in body:  # the input warnings are worded over every sample, not per shard
         assert any(w.startswith("4 sample(s) have no candidate_body") for w in whole["warnings"]), whole["warnings"]
         assert whole["errors"] == [{"id": "q4", "error": "candidate must be a non-empty string"}]
+        # an empty body is its own baseline: nothing to attribute, completeness exact (not 0 or 1 by rounding)
+        empty = [s for s in whole["samples"] if not s["views"]["body"]["words"]]
+        assert empty and all(s["views"]["body"]["relative_delta"] == 0.0 for s in empty)
+        assert not any("(body) exceeds" in w for w in whole["warnings"]), whole["warnings"]
 
     # the artifacts: every record, in order, equal
     for name in ("samples.jsonl", "errors.jsonl", "compare.jsonl") if comparing else ("samples.jsonl", "errors.jsonl"):

@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
+from tests.results_compare import assert_renders
 from tests.service import api_client
 
 TINY = {"epochs": 1, "batch_size": 256, "lr": 0.01, "embedding_dim": 20, "embedding_height": 4, "num_filters": 4,
@@ -410,6 +411,10 @@ def test_an_lds_evaluation_has_one_shape_sharded_or_whole(svc):
         whole_job["id"], "lds_per_test.csv", headers=ALICE)
     stored = json.loads(svc.artifact(whole_job["id"], "result.json", headers=ALICE))
     assert stored == {k: v for k, v in whole.items() if k != "artifacts"}
+    # the SDK's renderers and the CLI's table draw both
+    from explainq_client import EvaluationResult
+
+    assert_renders(svc.settings, (sharded_job["id"], whole_job["id"]), EvaluationResult, api_key="key-alice")
 
 
 def test_result_models_are_strict_and_the_recipe_echoes_the_request_recipe():

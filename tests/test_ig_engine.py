@@ -348,3 +348,26 @@ def test_relative_delta_is_the_one_completeness_measure_and_never_negative():
     sums, scores, base = torch.tensor([1.0, 3.0]), torch.tensor([3.0, 3.0]), torch.tensor([1.0, 1.0])
     out = relative_delta(sums, scores, base)
     assert out.dtype == torch.float64 and out.tolist() == [0.5, 0.5]
+
+
+def test_an_input_equal_to_its_baseline_meets_completeness_exactly():
+    """Nothing between the input and the baseline (an empty text): every attribution is exactly zero, F(x) = F(x'),
+    and the difference two passes compute is rounding alone. Its relative error is 0 whatever that rounding (it
+    would be 1 or 0 by chance), and the adaptive rule takes it as converged at once."""
+    from models.explain.ig import inert, relative_delta
+
+    assert float(relative_delta(0.0, 1.0 + 1e-7, 1.0)) == pytest.approx(1.0)  # the noise, divided by itself
+    assert float(relative_delta(0.0, 1.0 + 1e-7, 1.0, inert=True)) == 0.0
+    assert float(relative_delta(0.0, 1.0, 1.0, inert=True)) == 0.0
+    same = relative_delta(torch.tensor([0.0, 1.0]), torch.tensor([1.0 + 1e-7, 3.0]), torch.tensor([1.0, 1.0]),
+                          inert=torch.tensor([True, False]))
+    assert same.tolist() == [0.0, 0.5]
+    assert inert(torch.tensor([[0.0, 0.0], [0.0, 1e-30]])).tolist() == [True, False]
+
+    rate = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    f = _exp_net(rate)
+    x = torch.stack([torch.zeros(2, 2), torch.full((2, 2), 0.5)])  # the first sample is its own baseline
+    res = integrated_gradients_adaptive(lambda z, rows: f(z.double(), rows), x, torch.zeros(2, 2, 2),
+                                        tolerance=1e-6, start_steps=2)
+    assert bool(res.converged.all()) and int(res.steps[0]) == 2  # not refined to max_steps
+    assert res.relative_deltas.tolist()[0] == 0.0 and float(res.attributions[0].abs().sum()) == 0.0

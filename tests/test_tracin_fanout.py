@@ -14,7 +14,7 @@ from core import registry
 from core.contract.results.influence import InfluenceResult
 from models.kg.train import TrainConfig, train_conve
 from models.kg.triples import load_nations
-from tests.results_compare import assert_same
+from tests.results_compare import assert_renders, assert_same
 
 TINY = {"epochs": 2, "batch_size": 256, "lr": 0.01, "embedding_dim": 20, "embedding_height": 4, "num_filters": 4,
         "checkpoint_every": 1, "seed": 0}
@@ -89,19 +89,9 @@ def _same_result(fan: dict, one: dict) -> None:
 
 def _renders(svc, *job_ids: str) -> None:
     """The SDK's renderers (HTML and text) and ``explainq-client result --table`` draw every result."""
-    from explainq_client import Client, TracInResult
-    from explainq_client.cli import run as cli
-    from explainq_client.render import tracin_html, tracin_text
+    from explainq_client import TracInResult
 
-    from tests.http_server import HttpServer
-
-    with HttpServer(svc.settings) as server, Client(server.url) as client:
-        for job_id in job_ids:
-            result = client.jobs.get(job_id).result()
-            assert isinstance(result, TracInResult)
-            assert "<table" in tracin_html(result) and tracin_text(result).strip()
-            assert result._repr_html_() and result.text()
-            assert cli(["--url", server.url, "result", job_id, "--table"]) == 0
+    assert_renders(svc.settings, job_ids, TracInResult)
 
 
 @pytest.mark.parametrize("extra", [{}, {"filter": {"n_hops": 1}, "layers": "last"}])

@@ -136,21 +136,32 @@ class IGResult:
 
     @property
     def relative_deltas(self) -> torch.Tensor:
-        """|delta| / |F(x) − F(x')| (the denominator floored at 1e-12)."""
-        return relative_delta(self.attribution_sums, self.scores, self.baseline_scores)
+        """|delta| / |F(x) − F(x')| (the denominator floored at 1e-12; 0 for an inert sample)."""
+        return relative_delta(self.attribution_sums, self.scores, self.baseline_scores, inert(self.attributions))
 
 
 COMPLETENESS_FLOOR = 1e-12
 
 
-def relative_delta(sums: Any, scores: Any, baseline_scores: Any) -> torch.Tensor:
+def relative_delta(sums: Any, scores: Any, baseline_scores: Any, inert: Any = None) -> torch.Tensor:
     """The relative completeness error |Σ attributions − (F(x) − F(x'))| / |F(x) − F(x')|, element-wise, in fp64,
     the denominator floored at :data:`COMPLETENESS_FLOOR`; never negative. Tensors or numbers (a 0-d tensor back).
+
+    ``inert`` marks the samples whose attributions are all exactly zero (:func:`inert`): their input equals their
+    baseline (an empty text, say), so F(x) = F(x') and completeness holds exactly; the difference the two passes
+    compute is rounding alone, and dividing by it would give 0 or 1 by chance. Their error is 0.
 
     The one definition used by the engine, the adaptive refinement, the reference loop and the reports."""
     sums, scores, baseline_scores = (torch.as_tensor(t, dtype=torch.float64) for t in (sums, scores, baseline_scores))
     diff = scores - baseline_scores
-    return (sums - diff).abs() / diff.abs().clamp_min(COMPLETENESS_FLOOR)
+    rel = (sums - diff).abs() / diff.abs().clamp_min(COMPLETENESS_FLOOR)
+    return rel if inert is None else torch.where(torch.as_tensor(inert, dtype=torch.bool), 0.0, rel)
+
+
+def inert(attributions: torch.Tensor) -> torch.Tensor:
+    """Per sample (the first dimension), whether every attribution is exactly zero: nothing lies between its input
+    and its baseline."""
+    return (attributions.flatten(1) == 0).all(1).cpu()
 
 
 def _rows(n_samples: int, n_alphas: int, device: torch.device) -> torch.Tensor:
@@ -516,7 +527,7 @@ def integrated_gradients_adaptive(
             scores, base_scores = ends[1.0], ends[0.0]
         steps[active] = n
         sums_a = attributions[rows].double().flatten(1).sum(1).cpu()
-        rel = relative_delta(sums_a, scores[active], base_scores[active])
+        rel = relative_delta(sums_a, scores[active], base_scores[active], inert(attributions[rows]))
         ok = rel <= tolerance
         converged[active[ok]] = True
         # a non-finite delta never converges: stop refining it (the caller reports it), do not spend max_steps

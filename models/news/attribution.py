@@ -464,7 +464,8 @@ def _run_view(model: NewsRecommender, prepared: Sequence[_Prepared], view: str, 
 
 
 def _rel(run: _ViewRun, sid: str) -> float:
-    return float(relative_delta(run.sums[sid], run.scores[sid], run.baseline_scores[sid]))
+    inert = all(float(a) == 0.0 for a in run.token_attr[sid])  # an empty view: nothing to attribute (ig.inert)
+    return float(relative_delta(run.sums[sid], run.scores[sid], run.baseline_scores[sid], inert))
 
 
 def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int) -> dict[str, Any]:
