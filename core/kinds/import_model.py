@@ -1,8 +1,15 @@
-"""``POST /models/import``: register a model trained elsewhere (ConvE, NRMS/NAML, Vision-BDH) for the caller.
+"""``POST /models/import``: register a model trained elsewhere (ConvE, NRMS/NAML, Vision-BDH, or a Hugging Face
+sequence classifier) for the caller.
 
 API side (no torch): the file names must exist inside the model directory, which must be under the data roots.
 The job reads the weights (``.safetensors``, or ``.pt`` with ``weights_only=True`` only), checks every tensor's
 name and shape against the config before anything is registered, and reports the parameters and a smoke score.
+
+A Hugging Face checkpoint (``kind: "huggingface"``) is read as data only (:func:`models.hf.files.inspect_checkpoint`
+through :class:`core.userfiles.UserFiles`): ``auto_map`` (remote code), pickle-only weights, an unsupported
+``model_type`` or architecture, no ``tokenizer.json`` or an unreadable safetensors header is a 422 on ``path``
+saying why and how to convert; only ``name``, ``path``, ``overwrite`` (and the job's ``label`` and ``tags``) apply
+to it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from core.contract.fields import ADVANCED, JobRequest, RequestModel, refuse_inva
 from core.contract.kind import JobKind, register
 from core.contract.results.base import RankMetrics, ResultModel
 from core.contract.results.training import ConvECheckpoint
+from core.memory import gib
 from core.settings import Settings
 from core.userfiles import (
     PathError,
@@ -31,9 +39,16 @@ from core.userfiles import (
     shown,
 )
 from models.files import read_bytes
+from models.hf.files import CheckpointError, inspect_checkpoint
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh"}
+REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh",
+                 "huggingface": "hf_classifier"}
+ImportKind = Literal["conve", "nrms", "naml", "vision_bdh", "huggingface"]
+# The request fields a Hugging Face import takes besides the job's label and tags: the checkpoint's own files say
+# the rest (config.json, the safetensors weights, tokenizer.json).
+HF_FIELDS = ("name", "kind", "path", "overwrite")
+HF_FLOAT_BYTES = 4  # transformers loads the weights as float32 by default: the most a parameter takes in memory
 WEIGHT_DEFAULTS = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin")
 FILE = limits.MAX_FILE_NAME_LENGTH  # a file inside the model directory
 
@@ -50,8 +65,10 @@ class CheckpointIn(RequestModel):
 class ImportModelRequest(JobRequest):
     name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN, title="Model name",
         description="Name to register the model under")
-    kind: Literal["conve", "nrms", "naml", "vision_bdh"] = Field(..., title="Model type",
-        description="What the files hold: ConvE, NRMS, NAML or Vision-BDH")
+    kind: ImportKind = Field(..., title="Model type",
+        description=("What the files hold: ConvE, NRMS, NAML, Vision-BDH, or a Hugging Face sequence classifier "
+                     "(huggingface: config.json, model.safetensors and tokenizer.json, as save_pretrained writes "
+                     "them; no remote code, no pickles)"))
     path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Model directory",
         description="The directory holding the model's files, under the data roots")
     weights: str | None = Field(
@@ -117,16 +134,27 @@ class VisionSmoke(ResultModel):
     finite: bool
 
 
+class HFSmoke(ResultModel):
+    """A Hugging Face import's smoke test: the logits of a few words, one text per pass; their shape
+    (``[texts, labels]``) and whether they are finite."""
+
+    texts: int
+    logits_shape: list[int]
+    finite: bool
+
+
 class ImportResult(ResultModel):
     """``POST /models/import``: the registered model, its parameters and smoke test; a ConvE import also reports
     its vocabulary sizes, whether the weights were PyKEEN's, the checkpoints written and, with validation or test
-    triples given, the filtered metrics per split (the fields are None for other kinds)."""
+    triples given, the filtered metrics per split; a Hugging Face import its model type, architecture, task and
+    class labels (the fields are None for other kinds)."""
 
     model: str = Field(description="the name the model is registered under")
-    kind: Literal["conve", "nrms", "naml", "vision_bdh"]
-    registry_kind: str = Field(description="the registry's kind of the model: conve, news or vision_bdh")
+    kind: ImportKind
+    registry_kind: str = Field(description="the registry's kind of the model: conve, news, vision_bdh or "
+                               "hf_classifier")
     parameters: int
-    smoke: ConvESmoke | NewsSmoke | VisionSmoke
+    smoke: ConvESmoke | NewsSmoke | VisionSmoke | HFSmoke
     entities: int | None = None
     relations: int | None = None
     reciprocal: bool | None = None
@@ -135,6 +163,12 @@ class ImportResult(ResultModel):
     checkpoints: list[ConvECheckpoint] | None = None
     metrics: dict[str, RankMetrics] | None = Field(
         None, description="ConvE: filtered metrics per split given (valid, test); None when neither was given")
+    model_type: str | None = Field(None, description="Hugging Face: config.json's model_type (bert, gpt2, ...)")
+    architecture: str | None = Field(None, description="Hugging Face: the transformers class "
+                                     "(BertForSequenceClassification, ...)")
+    task: str | None = Field(None, description="Hugging Face: what the model does (sequence_classification)")
+    labels: list[str] | None = Field(None, description="Hugging Face: the class names, in logit order "
+                                     "(config.json's id2label)")
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:
@@ -268,7 +302,50 @@ def _check_pretrained(req: ImportModelRequest, directory: Path, files: UserFiles
                          config.get("pretrained"))
 
 
+def hf_directory_names(directory: Path) -> set[str]:
+    """The regular files of a checkpoint directory (after :func:`core.userfiles.check_tree`, so inside the roots)."""
+    return {p.name for p in directory.iterdir() if p.is_file()}
+
+
+def inspect_hf(settings: Settings, directory: Path, raw: str) -> Any:
+    """The checkpoint in ``directory`` read as data through the user-file opener (API and job alike); every refusal
+    is a FieldError on ``path`` with the checker's reason and the way out."""
+    try:
+        return inspect_checkpoint(directory, UserFiles(settings), hf_directory_names(directory))
+    except (CheckpointError, UserFileError) as exc:
+        raise FieldError(("body", "path"), str(exc), value=raw) from None
+    except OSError as exc:
+        raise FieldError(("body", "path"), f"{shown(raw)} cannot be read ({exc.strerror or exc})", value=raw) \
+            from None
+
+
+def _validate_huggingface(req: ImportModelRequest, settings: Settings, owner: str) -> None:
+    given = req.model_dump(mode="json")
+    for name in ImportModelRequest.model_fields:
+        if name in HF_FIELDS or name in JobRequest.model_fields:
+            continue
+        if given[name] is not None and given[name] != []:
+            raise FieldError(("body", name), f"{name} is not for Hugging Face imports: the checkpoint's own files "
+                             "are read (config.json, the safetensors weights, tokenizer.json)", value=given[name])
+    directory = model_dir(settings, req.path)
+    try:
+        check_tree(settings, directory)
+    except UserFileError as exc:
+        raise FieldError(("body", "path"), str(exc), value=req.path) from None
+    info = inspect_hf(settings, directory, req.path)
+    budget = settings.worker_memory_bytes
+    need = info.parameters * HF_FLOAT_BYTES
+    if budget and need > budget:
+        raise FieldError(("body", "path"), f"the checkpoint's {info.parameters:,} parameters would need about "
+                         f"{gib(need)} of worker memory, more than the {gib(budget)} a worker offers "
+                         "(EXPLAINQ_WORKER_MEMORY_BYTES)", value=req.path)
+    require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)
+
+
 def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
+    if req.kind == "huggingface":
+        _validate_huggingface(req, settings, owner)
+        return
     directory = model_dir(settings, req.path)
     try:
         check_tree(settings, directory)
@@ -284,7 +361,8 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
             _inside(settings, directory, getattr(req, field), field)
     conve_only = {"entities": req.entities, "relations": req.relations, "reciprocal": req.reciprocal,
                   "train_triples": req.train_triples, "valid_triples": req.valid_triples,
-                  "test_triples": req.test_triples, "checkpoints": req.checkpoints or None}
+                  "test_triples": req.test_triples,
+                  "checkpoints": [ck.model_dump(mode="json") for ck in req.checkpoints] or None}
     if req.kind == "conve":
         _inside(settings, directory, req.train_triples or "train.txt", "train_triples")
         if not req.checkpoints:
@@ -314,8 +392,8 @@ register(JobKind(
     queue="train",
     func="workers.jobs.import_model:run",
     timeout_s=2 * 3600,
-    summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked); "
-            "registers it",
+    summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked), or a "
+            "Hugging Face sequence classifier (safetensors, no remote code); registers it",
     title="Import a model",
     result=ImportResult,
     validate=validate,

@@ -1,5 +1,10 @@
 """Worker side of ``POST /models/import``: check a model trained elsewhere against its config, convert it into
-this project's model directory, smoke-test it and register it for the job's owner."""
+this project's model directory, smoke-test it and register it for the job's owner.
+
+A Hugging Face checkpoint is inspected again as data (the directory may have changed since the API checked it),
+only the files loading reads are copied to a staging directory (config.json, the safetensors weights and index,
+the tokenizer's JSON files: never a pickle or anything else the directory holds), and the copy is loaded with
+:func:`models.hf.checkpoint.load` (``trust_remote_code=False``, safetensors only), smoke-tested and registered."""
 
 from __future__ import annotations
 
@@ -15,16 +20,20 @@ from core.kinds.import_model import (
     WEIGHT_DEFAULTS,
     ImportModelRequest,
     ImportResult,
+    inspect_hf,
     model_dir,
     pretrained_problem,
 )
-from core.userfiles import UserFileError, UserFiles, check_tree
+from core.userfiles import UserFileError, UserFiles, check_tree, display
 from models.files import LOCAL, read_bytes
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
 
 LOADERS = {"conve": "models.kg.checkpoint:load", "nrms": "models.news.checkpoint:load",
-           "naml": "models.news.checkpoint:load", "vision_bdh": "models.vision.checkpoint:load"}
+           "naml": "models.news.checkpoint:load", "vision_bdh": "models.vision.checkpoint:load",
+           "huggingface": "models.hf.checkpoint:load"}
+HF_SMOKE_TEXTS = ["a good one", "not bad at all", "the worst"]
+MAX_MESSAGE = 500
 
 
 def _weights(src: Path, given: str | None) -> str:
@@ -112,6 +121,56 @@ def _import_bdh(src: Path, out: Path, request: ImportModelRequest, settings: Any
             "smoke": {"logits_shape": list(logits.shape), "finite": bool(torch.isfinite(logits).all())}}
 
 
+def _copy_checkpoint_file(files: UserFiles, src: Path, name: str, out: Path) -> None:
+    """One file of the checkpoint, read through the user-file opener (inside the roots, a regular file, bounded)."""
+    from models.hf.files import TOKENIZER
+
+    fmt = "tokenizer" if name == TOKENIZER else "safetensors" if name.endswith(".safetensors") else "json"
+    with files.open(src / name, fmt) as fh, open(out / name, "wb") as dst:
+        shutil.copyfileobj(fh, dst, 1 << 20)
+
+
+def _import_huggingface(src: Path, out: Path, request: ImportModelRequest, settings: Any) -> dict[str, Any]:
+    import torch
+
+    from models.hf import checkpoint
+
+    try:
+        info = inspect_hf(settings, src, request.path)
+    except FieldError as exc:
+        raise JobError("invalid_model", exc.message) from None
+    files = UserFiles(settings)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in info.files:
+        try:
+            _copy_checkpoint_file(files, src, name, out)
+        except (UserFileError, OSError) as exc:
+            raise JobError("invalid_model", str(exc) if isinstance(exc, UserFileError) else
+                           f"{display(settings, src / name)} cannot be read ({exc.strerror or exc})") from None
+    try:
+        model = checkpoint.load(out, "cpu")
+        logits = model.logits(HF_SMOKE_TEXTS)
+    except Exception as exc:  # whatever transformers raises on a checkpoint it cannot build
+        text = str(exc).replace(str(out), display(settings, src)).strip().splitlines()
+        message = text[0] if text else type(exc).__name__
+        raise JobError("invalid_model", f"the checkpoint does not load with transformers: "
+                       f"{message[:MAX_MESSAGE]}") from None
+    labels = model.labels
+    shape = list(logits.shape)
+    finite = bool(torch.isfinite(logits).all())
+    if shape != [len(HF_SMOKE_TEXTS), len(labels)]:
+        raise JobError("invalid_model", f"the classifier gives {shape[-1]} logits per text but config.json names "
+                       f"{len(labels)} labels (id2label)")
+    if not finite:
+        raise JobError("invalid_model", "the classifier's logits of a few words are not finite (NaN or infinite "
+                       "weights?)")
+    smoke = {"texts": len(HF_SMOKE_TEXTS), "logits_shape": shape, "finite": finite}
+    described = {"model_type": info.model_type, "architecture": info.architecture, "task": info.task,
+                 "labels": labels}
+    return {"parameters": model.parameters, "smoke": smoke, **described,
+            "meta": {**described, "source": display(settings, src)}}
+
+
 def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
     from models.weight_files import StateMismatch
 
@@ -138,13 +197,15 @@ def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
                 raise JobError("invalid_model", str(exc)) from None
         elif r.kind in ("nrms", "naml"):
             report = _import_news(src, out, r, ctx.settings)
-        else:
+        elif r.kind == "vision_bdh":
             report = _import_bdh(src, out, r, ctx.settings)
+        else:
+            report = _import_huggingface(src, out, r, ctx.settings)
         ctx.progress(1, 2, "steps", message="registering")
         ctx.register_model(r.name, kind=REGISTRY_KIND[r.kind], loader=LOADERS[r.kind], path=out,
                            parameters=report["parameters"],
                            meta=_clean({"imported": True, "architecture": r.kind, "source": r.path,
-                                        "smoke": report.get("smoke")}))
+                                        "smoke": report.get("smoke"), **report.pop("meta", {})}))
     except StateMismatch as exc:
         raise JobError("shape_mismatch", str(exc)) from None
     except ValueError as exc:
