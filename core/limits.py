@@ -61,13 +61,21 @@ MAX_JOB_ID_LENGTH = _limit(
 MAX_DESCRIPTION_LENGTH = _limit(
     "MAX_DESCRIPTION_LENGTH", 2000, ("datasets.description",), "a description kept in the registry record")
 MAX_SAMPLE_ID_LENGTH = _limit(
-    "MAX_SAMPLE_ID_LENGTH", 200, ("attributions.samples[].id",), "a sample's id, repeated in every result row")
+    "MAX_SAMPLE_ID_LENGTH", 200, ("attributions.samples[].id", "attributions.texts[].id"),
+    "a sample's id, repeated in every result row")
 MAX_TITLE_LENGTH = _limit(
     "MAX_TITLE_LENGTH", 2000, ("attributions.samples[].history[]", "attributions.samples[].candidate"),
     "a news title (tokenised to at most the model's title length anyway)")
 MAX_BODY_TEXT_LENGTH = _limit(
     "MAX_BODY_TEXT_LENGTH", 20_000, ("attributions.samples[].candidate_body", "attributions.samples[].history_bodies[]"),
     "a news body (NAML's body view reads its first tokens)")
+MAX_TEXT_LENGTH = _limit(
+    "MAX_TEXT_LENGTH", 20_000, ("attributions.texts[].text",),
+    "a text for a Hugging Face classifier (it reads at most its maximum tokens, 512 for BERT-family models; the "
+    "rest is truncated and the record says so)")
+MAX_CLASS_NAME_LENGTH = _limit(
+    "MAX_CLASS_NAME_LENGTH", 200, ("attributions.texts[].label", "attributions.texts[].target"),
+    "a class name of a classifier (config.json's id2label), or a text's own label")
 MAX_CONFIG_KEYS = _limit(
     "MAX_CONFIG_KEYS", 256, ("import_model.config",),
     "entries of an imported model's config (a config has tens; the request body limit bounds their values)")
@@ -140,7 +148,7 @@ MAX_SHARD_RETRIES = _limit(
 # -------------------------------------------------------------------------------------------------- attributions
 
 MAX_SAMPLES = _limit(
-    "MAX_SAMPLES", 20_000, ("attributions.samples",),
+    "MAX_SAMPLES", 20_000, ("attributions.samples", "attributions.texts"),
     "samples given inline (a 20,000-sample body is about the 8 MiB body limit); more come from a dataset")
 MAX_DATASET_SAMPLES = _limit(
     "MAX_DATASET_SAMPLES", 1_000_000, ("attributions.dataset.n_samples",),
@@ -162,6 +170,10 @@ MAX_IG_ROWS_PER_PASS = _limit(
     "MAX_IG_ROWS_PER_PASS", 65_536, (),
     "alpha_batch_size x batch_size interpolated rows in one pass, when both are given (checked by validate); "
     "'auto' sizes passes from the model's measured memory per row instead")
+MAX_CLASS_INDEX = _limit(
+    "MAX_CLASS_INDEX", 9_999, ("attributions.texts[].target",),
+    "a class index of a classifier: the service loads classifiers of at most 10,000 classes "
+    "(models.hf.files.MAX_LABELS)")
 MAX_ATTRIBUTION_TOP_K = _limit(
     "MAX_ATTRIBUTION_TOP_K", 200, ("attributions.top_k",), "words listed per sample (a title has tens)")
 MAX_COMPARE_TOP_N = _limit(

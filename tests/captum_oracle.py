@@ -67,3 +67,47 @@ def captum_tracincp(bundle: KGBundle, train: torch.Tensor, layers: list[str] | N
     return TracInCP(wrapper, loader, [str(c.path) for c in bundle.checkpoints],
                     checkpoints_load_func=load_checkpoint, layers=layers, loss_fn=TripleLoss(wrapper.model, loss),
                     batch_size=batch_size, sample_wise_grads_per_batch=False)
+
+
+def captum_layer_ig(clf: Any, text: str, target: int, baseline: str, n_steps: int,
+                    method: str = "gausslegendre") -> tuple[torch.Tensor, float]:
+    """Captum's ``LayerIntegratedGradients(forward, model.get_input_embeddings())`` of one text of a Hugging Face
+    classifier (``models.hf.checkpoint.HFClassifier``), for class ``target``: the token attributions ``(L,)`` (summed
+    over the embedding dimension, fp64) and their sum. ``forward`` takes the token ids (every position attended)
+    and returns the logits; the baseline ids put the pad or mask token at every content position (structural tokens
+    kept), so Captum takes the baseline embeddings from the same table. ``baseline`` ``zero`` has no token:
+    Captum's ``IntegratedGradients`` over the word embeddings, passed as ``inputs_embeds``, attributes it."""
+    from captum.attr import IntegratedGradients, LayerIntegratedGradients
+
+    from models.news.text import structural_ids
+
+    model, tok = clf.model, clf.tokenizer
+    enc = tok(text, truncation=True, return_tensors="pt")
+    ids = enc["input_ids"].to(clf.device)
+    special = structural_ids(tok)
+    word_ids = enc.word_ids(0)
+    content = torch.tensor([[w is not None and int(t) not in special for t, w in zip(ids[0].tolist(), word_ids,
+                                                                                   strict=True)]],
+                           device=ids.device)
+
+    def forward(input_ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits
+
+    if baseline == "zero":
+        with torch.no_grad():
+            x = model.get_input_embeddings()(ids)
+
+        def from_embeddings(e: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones(e.shape[:2], dtype=torch.long, device=e.device)
+            return model(inputs_embeds=e, attention_mask=mask).logits
+
+        base = torch.where(content[..., None], torch.zeros_like(x), x)
+        attr = IntegratedGradients(from_embeddings).attribute(x, baselines=base, target=target, n_steps=n_steps,
+                                                              method=method)
+    else:
+        token = tok.pad_token_id if baseline == "pad" else tok.mask_token_id
+        base_ids = torch.where(content, torch.full_like(ids, token), ids)
+        lig = LayerIntegratedGradients(forward, model.get_input_embeddings())
+        attr = lig.attribute(ids, baselines=base_ids, target=target, n_steps=n_steps, method=method)
+    tokens = attr[0].sum(-1).double().cpu()
+    return tokens, float(tokens.sum())

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE_MAY_USE = {
     "models.explain.rules",
     "models.files",
+    "models.hf.files",
     "models.kg.shapes",
     "models.kg.tsv",
     "models.lora.keys",
@@ -87,7 +88,7 @@ def test_models_know_nothing_of_the_service() -> None:
     assert _violations("models", ("app", "core", "workers", "explainq", "fastapi", "starlette", "redis", "rq")) == []
 
 
-MODEL_FAMILIES = ("models.kg", "models.news", "models.vision", "models.lora")
+MODEL_FAMILIES = ("models.kg", "models.news", "models.vision", "models.lora", "models.hf")
 
 
 def test_explain_methods_import_no_model_family() -> None:

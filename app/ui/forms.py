@@ -221,9 +221,14 @@ def _max_length(prop: dict[str, Any], default: int) -> int:
                                               if a.get("maxLength")), default))
 
 
+def registry_kinds(picker: list[Any]) -> list[str]:
+    """The registry kinds a picker ``[section, kind or kinds]`` offers."""
+    return list(picker[1]) if isinstance(picker[1], list | tuple) else [picker[1]]
+
+
 def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict[str, Any]) -> None:
     """Turn registry-name fields into selects of the registered models or datasets of the right kind
-    (``pickers``: the kind's own, dotted field -> [section, registry kind])."""
+    (``pickers``: the kind's own, dotted field -> [section, registry kind or a list of them])."""
     for f in fields:
         if f.children:
             apply_pickers(pickers, f.children, models)
@@ -231,8 +236,8 @@ def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict
         picker = pickers.get(f.name)
         if not picker:
             continue
-        section, reg_kind = picker
-        names = [m["name"] for m in models.get(section, []) if m.get("kind") == reg_kind]
+        section, reg_kinds = picker[0], registry_kinds(picker)
+        names = [m["name"] for m in models.get(section, []) if m.get("kind") in reg_kinds]
         if f.default is not None and str(f.default) not in names:
             names.insert(0, str(f.default))
         if names:

@@ -583,8 +583,8 @@ def explain_actions(kinds: list[dict[str, Any]], model_kind: str | None) -> list
     ``{"kind", "title", "field"}`` for each, to open that form with the model chosen."""
     out = []
     for k in kinds:
-        for field, (section, registry_kind) in (k.get("pickers") or {}).items():
-            if section == "models" and registry_kind == model_kind and k.get("route"):
+        for field, picker in (k.get("pickers") or {}).items():
+            if picker[0] == "models" and model_kind in forms.registry_kinds(picker) and k.get("route"):
                 out.append({"kind": k["name"], "title": k.get("title") or k["name"], "field": field})
                 break
     return out

@@ -75,8 +75,9 @@ class JobKind:
     # the result view: one of RENDERERS, or None for the result as JSON
     renderer: str | None = None
     sdk_method: str | None = None  # the SDK's typed submit method; default: the kind's name
-    # form fields that name registry entries: dotted field -> ("models" | "datasets", registry kind)
-    pickers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # form fields that name registry entries: dotted field -> ("models" | "datasets", registry kind, or the
+    # registry kinds it takes: ("news", "hf_classifier"))
+    pickers: dict[str, tuple[str, str | tuple[str, ...]]] = field(default_factory=dict)
     # form fields with a widget of their own: dotted field -> widget name (see FORM_WIDGETS)
     widgets: dict[str, str] = field(default_factory=dict)
     # renderer "training": charts of the per-epoch rows, each {"id", "title", "series": [[row key, label], ...]},
@@ -123,7 +124,8 @@ class JobKind:
             "summary": self.summary,
             "renderer": self.renderer,
             "sdk_method": self.sdk_method or self.name,
-            "pickers": {k: list(v) for k, v in self.pickers.items()},
+            # [section, registry kind], or [section, [registry kinds]] for a field that takes several
+            "pickers": {k: [v[0], list(v[1]) if isinstance(v[1], tuple) else v[1]] for k, v in self.pickers.items()},
             "widgets": dict(self.widgets),
             "charts": [chart_description(c) for c in self.charts],
             "live_rows": self.live_rows,

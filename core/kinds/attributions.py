@@ -1,13 +1,18 @@
-"""``POST /attributions``: Integrated Gradients (or occlusion) over the words of a news headline.
+"""``POST /attributions``: Integrated Gradients (or occlusion) over the words of a news headline, or of a text given
+to a Hugging Face sequence classifier.
 
-API side only: request schema and checks that need the registry. Never imports torch.
+API side only: request schema and checks that need the registry. Never imports torch. What a request takes depends
+on the model's registry kind: a ``news`` recommender takes ``samples`` or ``dataset`` (a history and a candidate
+headline per sample), an ``hf_classifier`` takes ``texts`` (a text and, optionally, the class to explain); anything
+else is a 422 naming the field.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictStr
+from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from core import limits, registry
 from core.contract.checks import require_model
@@ -23,20 +28,28 @@ from core.contract.fields import (
 )
 from core.contract.kind import FanOut, JobKind, register
 from core.dataset_formats import news_labelled
+from core.filestore import StoreError
 from core.settings import Settings
 from models.explain.rules import METHODS as RULES
 from models.explain.rules import NEEDS_TWO, default_method
 
 METHODS = (*RULES, "occlusion")
 MODEL_KIND = "news"
+HF_KIND = "hf_classifier"
+MODEL_KINDS = {MODEL_KIND: "a news recommender", HF_KIND: "a Hugging Face classifier"}
 DATASET_KIND = "news"
+BASELINES = ("pad", "mask", "zero")
+NEWS_BASELINES = ("pad", "zero")
 
 Title = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_TITLE_LENGTH)]
 BodyText = Annotated[StrictStr, Field(max_length=limits.MAX_BODY_TEXT_LENGTH)]
+SampleId = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_SAMPLE_ID_LENGTH)]
+ClassName = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_CLASS_NAME_LENGTH)]
+ClassIndex = Annotated[StrictInt, Field(ge=0, le=limits.MAX_CLASS_INDEX)]
 
 
 class SampleIn(RequestModel):
-    id: Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_SAMPLE_ID_LENGTH)] = Field(
+    id: SampleId = Field(
         ..., title="Sample id",
         description="A name for the sample, unique in the request")
     history: list[Title] = Field(min_length=1, max_length=limits.MAX_HISTORY, title="Reading history",
@@ -50,6 +63,16 @@ class SampleIn(RequestModel):
     history_bodies: list[BodyText] | None = Field(
         None, max_length=limits.MAX_HISTORY, title="History body texts",
         description="One body per history title, for models that read them (NAML)")
+
+
+class TextIn(RequestModel):
+    id: SampleId = Field(..., title="Text id", description="A name for the text, unique in the request")
+    text: Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_TEXT_LENGTH)] = Field(
+        ..., title="Text", description="The text the classifier reads (truncated to the model's maximum tokens)")
+    label: ClassName | None = Field(None, title="True label",
+        description="The text's class as you know it, when known (groups the word statistics)")
+    target: ClassIndex | ClassName | None = Field(None, title="Class to explain",
+        description="A class index or class name of the model; by default the class the model predicts")
 
 
 class DatasetIn(RequestModel):
@@ -67,11 +90,15 @@ class DatasetIn(RequestModel):
 
 class AttributionsRequest(JobRequest):
     model: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Model to explain",
-        description="The news recommender whose score for the candidate is explained")
+        description=("The news recommender whose score for the candidate is explained, or the Hugging Face "
+                     "classifier whose class logit for each text is explained"))
     samples: list[SampleIn] | None = Field(None, min_length=1, max_length=limits.MAX_SAMPLES, title="Headlines to explain",
         description="Users (their reading history) and a candidate headline each; or draw samples from a dataset")
     dataset: DatasetIn | None = Field(None, title="Samples from a dataset",
         description="Draw the samples from a registered news dataset instead of typing them")
+    texts: list[TextIn] | None = Field(
+        None, min_length=1, max_length=limits.MAX_SAMPLES, title="Texts to explain",
+        description="For a Hugging Face classifier: the texts whose class logit is explained (not samples or dataset)")
     n_steps: int = Field(64, ge=1, le=limits.MAX_IG_STEPS, title="Integration steps",
         description=("Points on the path from the baseline to the headline: more steps, more exact attributions, a "
                      "longer run"))
@@ -92,9 +119,10 @@ class AttributionsRequest(JobRequest):
     precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
         "auto", title="Numeric precision", json_schema_extra=ADVANCED,
         description="Floating-point format of the model's passes; 'auto' picks what suits the device")
-    baseline: Literal["pad", "zero"] = Field(
+    baseline: Literal[BASELINES] = Field(
         "pad", title="Reference input", json_schema_extra=ADVANCED,
-        description="What the headline is compared with: the padding token's embedding ('pad') or zeros ('zero')")
+        description=("What the text is compared with at its word positions: the padding token's embedding ('pad'), "
+                     "the mask token's ('mask': Hugging Face classifiers whose tokenizer has one) or zeros ('zero')"))
     top_k: int = Field(
         10, ge=0, le=limits.MAX_ATTRIBUTION_TOP_K, title="Top words listed", json_schema_extra=ADVANCED,
         description="How many of each sample's most influential words the result lists")
@@ -102,7 +130,8 @@ class AttributionsRequest(JobRequest):
         description="Batched computation; off runs the plain reference loop (for checking)")
     compare_with: str | None = Field(
         None, min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Compare with model",
-        description="A second news recommender (a poisoned twin, say) whose attributions are compared word by word")
+        description=("A second model of the same kind (a poisoned twin, say; for a classifier, one with the same class "
+                     "names, explaining the same class) whose attributions are compared word by word"))
     compare_threshold: float = Field(
         0.1, ge=0, title="Change threshold", json_schema_extra=ADVANCED,
         description="The comparison table lists words whose mean attribution moved by more than this")
@@ -118,7 +147,7 @@ class AttributionsRequest(JobRequest):
                      "flagged, in the warnings and on its page"))
     max_history: int = Field(
         50, ge=1, le=limits.MAX_HISTORY, title="History titles read", json_schema_extra=ADVANCED,
-        description="How many of the most recent history titles the model reads")
+        description="How many of the most recent history titles the model reads (news recommenders)")
     faithfulness: StrictBool = Field(
         False, title="Measure faithfulness",
         description=("Per sample, comprehensiveness and sufficiency at 10/20/50% of the words and deletion/insertion "
@@ -130,12 +159,122 @@ class AttributionsRequest(JobRequest):
     shard_retries: int = shard_retries_field()
 
 
-def _check_models(req: AttributionsRequest, settings: Settings) -> None:
-    """``model`` and ``compare_with`` (when given) are registered news recommenders."""
-    for field, name in (("model", req.model), ("compare_with", req.compare_with)):
-        if name is None:
+def _check_models(req: AttributionsRequest, settings: Settings) -> dict[str, Any]:
+    """``model`` is a registered news recommender or Hugging Face classifier, and ``compare_with`` (when given) a
+    model of the same kind (for classifiers, with the same class names). Returns the model's registry entry."""
+    entry = registry.get_model(settings, req.model)
+    if entry is None or entry.get("kind") not in MODEL_KINDS:
+        entry = require_model(settings, req.model, MODEL_KIND, kind_label=" or ".join(MODEL_KINDS.values()))
+    kind = entry["kind"]
+    if req.compare_with is not None:
+        other = require_model(settings, req.compare_with, kind, field="compare_with", kind_label=(
+            f"{MODEL_KINDS[kind]} like model {req.model!r}"))
+        if kind == HF_KIND:
+            mine, theirs = class_names(settings, entry), class_names(settings, other)
+            if mine is not None and theirs is not None and sorted(mine) != sorted(theirs):
+                raise FieldError(("body", "compare_with"), f"classifier {req.compare_with!r} has the classes "
+                                 f"{_shown(theirs)} and {req.model!r} has {_shown(mine)}: a comparison explains the "
+                                 "same class under both models, so they need the same class names",
+                                 value=req.compare_with)
+    return entry
+
+
+def _shown(names: list[str], n: int = 10) -> str:
+    return "[" + ", ".join(repr(v) for v in names[:n]) + (", ..." if len(names) > n else "") + "]"
+
+
+def _read_json(settings: Settings, entry: dict[str, Any], name: str) -> Any:
+    """A small JSON file of a registered model's directory, or None when it is missing or not JSON."""
+    try:
+        return json.loads(registry.read_file(settings, entry, name))
+    except (StoreError, OSError, ValueError):  # missing, unreadable or not JSON: the worker decides
+        return None
+
+
+def class_names(settings: Settings, entry: dict[str, Any]) -> list[str] | None:
+    """A classifier's class names in logit order: its registry meta's ``labels`` (what the import records), else
+    its config.json's ``id2label``; None when neither can be read."""
+    labels = (entry.get("meta") or {}).get("labels")
+    if isinstance(labels, list) and labels and all(isinstance(v, str) for v in labels):
+        return labels
+    config = _read_json(settings, entry, "config.json")
+    id2label = config.get("id2label") if isinstance(config, dict) else None
+    if isinstance(id2label, dict) and id2label:
+        try:
+            ordered = sorted((int(k), str(v)) for k, v in id2label.items())
+        except (TypeError, ValueError):
+            return None
+        if [k for k, _ in ordered] == list(range(len(ordered))):
+            return [v for _, v in ordered]
+    return None
+
+
+def tokenizer_has(settings: Settings, entry: dict[str, Any], token: str) -> bool | None:
+    """Whether a classifier's tokenizer defines ``token`` (``pad``, ``mask``), from tokenizer_config.json or
+    special_tokens_map.json (what transformers reads it from); None when neither can be read."""
+    seen = False
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        cfg = _read_json(settings, entry, name)
+        if not isinstance(cfg, dict):
             continue
-        require_model(settings, name, MODEL_KIND, field=field, kind_label="a news recommender")
+        seen = True
+        value = cfg.get(f"{token}_token")
+        if isinstance(value, str) and value or isinstance(value, dict) and value.get("content"):
+            return True
+    return False if seen else None
+
+
+def _check_news_inputs(req: AttributionsRequest, settings: Settings) -> None:
+    """A news recommender reads samples (or a dataset's), never texts, with a pad or zero baseline."""
+    if req.texts is not None:
+        raise FieldError(("body", "texts"), f"model {req.model!r} is a news recommender: give samples (a reading "
+                         "history and a candidate headline each) or dataset; texts are for Hugging Face "
+                         "classifiers", value=None)
+    if (req.samples is None) == (req.dataset is None):
+        raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
+    if req.samples is not None:
+        _check_samples(req.samples)
+    if req.dataset is not None:
+        _check_dataset(req.dataset, settings)
+    if req.baseline not in NEWS_BASELINES:
+        raise FieldError(("body", "baseline"), f"baseline {req.baseline!r} is for Hugging Face classifiers; a news "
+                         f"recommender takes {' or '.join(NEWS_BASELINES)}", value=req.baseline)
+
+
+def _check_hf_inputs(req: AttributionsRequest, settings: Settings, entry: dict[str, Any]) -> None:
+    """A Hugging Face classifier reads texts (never news samples, a news dataset or a history length); each target
+    is a class of the model, and the baseline's token is one its tokenizer has."""
+    for name in ("samples", "dataset"):
+        if getattr(req, name) is not None:
+            raise FieldError(("body", name), f"model {req.model!r} is a Hugging Face classifier: give texts "
+                             f"({{id, text}} each); {name} is for news recommenders", value=None)
+    if "max_history" in req.model_fields_set:
+        raise FieldError(("body", "max_history"), f"model {req.model!r} is a Hugging Face classifier: it reads no "
+                         "history (max_history is for news recommenders)", value=req.max_history)
+    if req.texts is None:
+        raise FieldError(("body", "texts"), f"model {req.model!r} is a Hugging Face classifier: give texts "
+                         "({id, text} each)", value=None)
+    seen: set[str] = set()
+    labels = class_names(settings, entry)
+    for i, t in enumerate(req.texts):
+        if t.id in seen:
+            raise FieldError(("body", "texts", i, "id"), f"duplicate text id {t.id!r}", value=t.id)
+        seen.add(t.id)
+        if t.target is None or labels is None:
+            continue
+        if isinstance(t.target, int) and t.target >= len(labels):
+            raise FieldError(("body", "texts", i, "target"), f"class index {t.target} is not one of model "
+                             f"{req.model!r}'s {len(labels)} classes (0..{len(labels) - 1})", value=t.target)
+        if isinstance(t.target, str) and t.target not in labels:
+            raise FieldError(("body", "texts", i, "target"), f"{t.target!r} is not a class of model {req.model!r} "
+                             f"(its classes: {_shown(labels)})", value=t.target)
+    if req.baseline != "zero":
+        for name in filter(None, (req.model, req.compare_with)):
+            other = entry if name == req.model else registry.get_model(settings, name)
+            if other is not None and tokenizer_has(settings, other, req.baseline) is False:
+                raise FieldError(("body", "baseline"), f"baseline {req.baseline!r}: the tokenizer of model {name!r} "
+                                 f"has no {req.baseline} token; choose "
+                                 + " or ".join(repr(b) for b in BASELINES if b != req.baseline), value=req.baseline)
 
 
 def _check_samples(samples: list[SampleIn]) -> None:
@@ -194,13 +333,11 @@ def _check_faithfulness(req: AttributionsRequest) -> None:
 
 def validate(req: AttributionsRequest, settings: Settings, owner: str = "system") -> None:
     """Registry and cross-field checks; each raises a FieldError naming the field (422)."""
-    _check_models(req, settings)
-    if (req.samples is None) == (req.dataset is None):
-        raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
-    if req.samples is not None:
-        _check_samples(req.samples)
-    if req.dataset is not None:
-        _check_dataset(req.dataset, settings)
+    entry = _check_models(req, settings)
+    if entry["kind"] == HF_KIND:
+        _check_hf_inputs(req, settings, entry)
+    else:
+        _check_news_inputs(req, settings)
     _check_batch_sizes(req)
     _check_steps(req)
     _check_faithfulness(req)
@@ -212,15 +349,17 @@ register(JobKind(
     request=AttributionsRequest,
     queue="explain",
     func="workers.jobs.attributions:run",
-    # a dataset-scale request splits its samples (a shard carries its own slice of inline samples)
+    # a dataset-scale request splits its samples (a shard carries its own slice of inline samples or texts)
     fanout=FanOut(unit="samples", shard="workers.jobs.attributions:run_shard",
                   reduce="workers.jobs.attributions:run_reduce", timeout_s=2 * 3600),
     timeout_s=2 * 3600,
     result_ttl_s=7 * 24 * 3600,
-    summary="Integrated Gradients of a news recommender's score over the words of a headline",
+    summary=("Integrated Gradients of a news recommender's score over the words of a headline, or of a Hugging Face "
+             "classifier's class logit over the words of a text"),
     title="Attributions (Integrated Gradients)",
     renderer="attributions",
-    pickers={"model": ("models", "news"), "compare_with": ("models", "news"), "dataset.name": ("datasets", "news")},
+    pickers={"model": ("models", ("news", "hf_classifier")), "compare_with": ("models", ("news", "hf_classifier")),
+             "dataset.name": ("datasets", "news")},
     widgets={"samples": "news_samples"},
     validate=validate,
 ))

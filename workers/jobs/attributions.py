@@ -4,6 +4,11 @@ A request of at most one shard's samples runs whole (``run``); a larger one fans
 samples, then ``run_reduce``). Both end in the same builder, ``models.news.report.AttributionReport``, fed the
 same parts (a whole run is one part, a shard one each), so the result has one shape and the same numbers either
 way (``core.contract.results.attributions.AttributionResult``).
+
+The loaded model decides the pipeline at one explain point (:func:`_explain`): a Hugging Face classifier
+(``models.hf.checkpoint.HFClassifier``, registry kind ``hf_classifier``) is explained over the request's ``texts``
+by ``models.hf.attribution``, a news recommender over its ``samples`` (or dataset's) by
+``models.news.attribution``; both give the same report shape, so everything after that point is shared.
 """
 
 from __future__ import annotations
@@ -64,6 +69,45 @@ def _samples(request: AttributionsRequest, ctx: JobContext, with_bodies: bool) -
         raise JobError("bad_dataset", f"dataset {ds.name!r}: {exc}") from exc
 
 
+def _texts(request: AttributionsRequest) -> list:
+    from models.hf.batches import TextSample
+
+    if request.texts is None:
+        raise JobError("invalid_request", f"model {request.model!r} is a Hugging Face classifier: give texts")
+    return [TextSample(id=t.id, text=t.text, label=t.label, target=t.target) for t in request.texts]
+
+
+def _is_hf(loaded: Any) -> bool:
+    """Whether a loaded model is a Hugging Face classifier (else a news bundle, whose ``.model`` is explained)."""
+    from models.hf.checkpoint import HFClassifier
+
+    return isinstance(loaded, HFClassifier)
+
+
+def _inputs(request: AttributionsRequest, ctx: JobContext, loaded: Any) -> list:
+    """The request's items for the loaded model: texts for a classifier, news samples for a recommender."""
+    if _is_hf(loaded):
+        if request.samples is not None or request.dataset is not None:
+            raise JobError("invalid_request", f"model {request.model!r} is a Hugging Face classifier: give texts, "
+                           "not samples or dataset")
+        return _texts(request)
+    if request.texts is not None:
+        raise JobError("invalid_request", f"model {request.model!r} is a news recommender: give samples or "
+                       "dataset, not texts")
+    return _samples(request, ctx, with_bodies="body" in loaded.model.views)
+
+
+def _hf_options(request: AttributionsRequest) -> Any:
+    from models.hf.attribution import HFOptions
+
+    return HFOptions(
+        n_steps=request.n_steps, method=request.method, tolerance=request.tolerance,
+        alpha_batch_size=request.alpha_batch_size, batch_size=request.batch_size, precision=request.precision,
+        baseline=request.baseline, top_k=request.top_k, optimized=request.optimized,
+        faithfulness=request.faithfulness, faithfulness_seed=request.faithfulness_seed,
+    )
+
+
 def _options(request: AttributionsRequest) -> Any:
     from models.news.attribution import IGOptions
 
@@ -91,9 +135,18 @@ def _record(rec: dict[str, Any]) -> dict[str, Any]:
     return SampleRecord.model_validate(rec).model_dump(mode="json")
 
 
-def _without_faithfulness(opts: Any) -> Any:
-    """The options of the ``compare_with`` pass: faithfulness is reported for the request's own model only."""
-    return dataclasses.replace(opts, faithfulness=False)
+def _part(n: int, report: dict[str, Any], report_b: dict[str, Any] | None, items: list, hf: bool) -> dict[str, Any]:
+    """One part's summary (``models.news.report.part_summary``); a classifier's texts have no bodies to miss, and
+    whether any has a label is what the input warnings' state says of them."""
+    from models.news.report import part_summary
+
+    if not hf:
+        return part_summary(n, report, report_b, items)
+    from models.hf.attribution import input_state
+
+    done = part_summary(n, report, report_b, ())
+    done["inputs"] = input_state(items)
+    return done
 
 
 def _pass_progress(ctx: JobContext, passes: int, n_samples: int) -> Any:
@@ -111,54 +164,78 @@ def _pass_progress(ctx: JobContext, passes: int, n_samples: int) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- one part's work
-def _explain(model: Any, samples: list, opts: Any, progress: Any, prefix: str = "") -> dict[str, Any]:
-    """``explain``'s report, its failures as job errors (``prefix`` names the comparison model) and its errors in
-    the samples' order (as a sharded run lists them, shard after shard)."""
+def _explain(loaded: Any, items: list, request: AttributionsRequest, progress: Any, prefix: str = "",
+             compare: bool = False, targets: dict[str, str] | None = None) -> dict[str, Any]:
+    """The one explain point: the report of a Hugging Face classifier over texts (``models.hf.attribution``) or of
+    a news recommender over samples (``models.news.attribution``), with its failures as job errors (``prefix``
+    names the comparison model) and its errors in the items' order (as a sharded run lists them, shard after
+    shard). ``compare``: the ``compare_with`` pass (faithfulness is the request's model's only); ``targets``: the
+    classes it explains (text id -> class name)."""
     from models.common import NonFiniteError
-    from models.news.attribution import AttributionError, explain
+    from models.news.attribution import AttributionError
 
     try:
-        report = explain(model, samples, opts, progress)
+        if _is_hf(loaded):
+            from models.hf.attribution import explain as explain_texts
+
+            opts = _hf_options(request)
+            if compare:
+                opts = dataclasses.replace(opts, faithfulness=False)
+            report = explain_texts(loaded, items, opts, progress, targets=targets)
+        else:
+            from models.news.attribution import explain
+
+            opts = _options(request)
+            if compare:
+                opts = dataclasses.replace(opts, faithfulness=False)
+            report = explain(loaded.model, items, opts, progress)
     except NonFiniteError as exc:
         raise JobError("non_finite_scores", f"{prefix}{exc}") from exc
     except AttributionError as exc:
         raise JobError("attribution_failed", f"{prefix}{exc}") from exc
-    position = {s.id: i for i, s in enumerate(samples)}
+    except ValueError as exc:  # options the model cannot take (a baseline token its tokenizer lacks)
+        raise JobError("invalid_request", f"{prefix}{exc}") from exc
+    position = {s.id: i for i, s in enumerate(items)}
     report["errors"].sort(key=lambda e: position.get(e["id"], len(position)))
     return report
 
 
-def _attribute(ctx: JobContext, request: AttributionsRequest, model: Any, samples: list,
+def _attribute(ctx: JobContext, request: AttributionsRequest, loaded: Any, items: list,
                whole: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The model's report over ``samples``, and the ``compare_with`` model's. A whole run with no sample
-    attributed fails, naming them (a shard's failures count towards the parent's ``max_failed_fraction``)."""
-    opts = _options(request)
+    """The model's report over ``items``, and the ``compare_with`` model's (for a classifier, explaining the class
+    the model's record explains). A whole run with no item attributed fails, naming them (a shard's failures count
+    towards the parent's ``max_failed_fraction``)."""
     compare = request.compare_with
-    progress_for = _pass_progress(ctx, 2 if compare else 1, len(samples))
-    report = _explain(model, samples, opts, progress_for(0))
+    progress_for = _pass_progress(ctx, 2 if compare else 1, len(items))
+    report = _explain(loaded, items, request, progress_for(0))
     if whole and not report["samples"]:
         detail = "; ".join(f"{e['id']}: {e['error']}" for e in report["errors"][:10])
         raise JobError("all_samples_failed", f"no sample could be attributed ({detail})")
     report_b = None
     if compare is not None:
-        report_b = _explain(ctx.model(compare).model, samples, _without_faithfulness(opts), progress_for(1),
-                            f"compare_with {compare!r}: ")
+        other = ctx.model(compare)
+        if _is_hf(other) != _is_hf(loaded):
+            raise JobError("invalid_request", f"compare_with {compare!r} is not the same kind of model as "
+                           f"{request.model!r}")
+        targets = {r["id"]: r["target"]["label"] for r in report["samples"]} if _is_hf(loaded) else None
+        report_b = _explain(other, items, request, progress_for(1), f"compare_with {compare!r}: ", compare=True,
+                            targets=targets)
     return report, report_b
 
 
 def run(request: AttributionsRequest, ctx: JobContext) -> AttributionResult | Planned:
-    from models.news.report import AttributionReport, part_summary
+    from models.news.report import AttributionReport
 
-    model = ctx.model(request.model).model
-    samples = _samples(request, ctx, with_bodies="body" in model.views)
+    loaded = ctx.model(request.model)
+    samples = _inputs(request, ctx, loaded)
     if not samples:
         raise JobError("no_samples", "the request selected no samples")
     shard_size = _shard_size(request, ctx)
     if len(samples) > shard_size:  # a dataset-scale run: shards on every worker, then a reduce step
         return _fan_out(request, ctx, len(samples), shard_size)
-    report, report_b = _attribute(ctx, request, model, samples, whole=True)
+    report, report_b = _attribute(ctx, request, loaded, samples, whole=True)
     with AttributionReport(ctx.artifacts_dir, _report_options(request), _record) as out:
-        out.part(part_summary(len(samples), report, report_b, samples), report["samples"],
+        out.part(_part(len(samples), report, report_b, samples, _is_hf(loaded)), report["samples"],
                  report_b["samples"] if report_b is not None else ())
         result = out.finish()
     result["artifacts"] = ctx.artifacts()
@@ -239,12 +316,12 @@ def _shard_size(request: AttributionsRequest, ctx: JobContext) -> int:
 
 
 def _fan_out(request: AttributionsRequest, ctx: JobContext, n: int, shard_size: int) -> Planned:
-    inline = request.samples is not None
+    inline = "texts" if request.texts is not None else "samples" if request.samples is not None else None
 
     def shard_items(carried: dict[str, Any], start: int, end: int) -> tuple[dict[str, Any], int, int]:
-        if not inline:
+        if inline is None:
             return carried, start, end
-        return {**carried, "samples": carried["samples"][start:end]}, 0, end - start  # a shard carries its own
+        return {**carried, inline: carried[inline][start:end]}, 0, end - start  # a shard carries its own
 
     return fan_out(ctx, "attributions", request, n, shard_size, retries=request.shard_retries,
                    max_failed_fraction=request.max_failed_fraction, shard_items=shard_items)
@@ -253,19 +330,17 @@ def _fan_out(request: AttributionsRequest, ctx: JobContext, n: int, shard_size: 
 def run_shard(shard: ShardRequest[AttributionsRequest], ctx: JobContext) -> dict[str, Any]:
     """Attribute samples ``[start, end)`` of the parent's request; write ``samples.jsonl`` (and ``compare.jsonl``)
     and return the part's summary (``models.news.report.part_summary``), stored as ``done.json``."""
-    from models.news.report import part_summary
-
     request = shard.request
 
     def work() -> dict[str, Any]:
-        model = ctx.model(request.model).model
-        samples = _samples(request, ctx, with_bodies="body" in model.views)[shard.start:shard.end]
+        loaded = ctx.model(request.model)
+        samples = _inputs(request, ctx, loaded)[shard.start:shard.end]
         t0 = time.perf_counter()
-        report, report_b = _attribute(ctx, request, model, samples, whole=False)
+        report, report_b = _attribute(ctx, request, loaded, samples, whole=False)
         write_jsonl(ctx.artifact_path("samples.jsonl"), report["samples"])
         if report_b is not None:
             write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
-        done = part_summary(len(samples), report, report_b, samples)
+        done = _part(len(samples), report, report_b, samples, _is_hf(loaded))
         # the rate is of sample-steps: the faithfulness numbers' time (no steps) is left out of it
         passes = 2 if report_b is not None else 1
         record_rate(ctx, "attributions", request.model, len(samples) * request.n_steps * passes,
@@ -317,7 +392,9 @@ def run_reduce(reduce: ReduceRequest[AttributionsRequest], ctx: JobContext) -> A
 
 
 def _parent_sample_ids(request: AttributionsRequest, ctx: JobContext) -> list[str]:
-    """The parent's samples' ids in order (for naming the samples of a failed shard)."""
+    """The parent's samples' (or texts') ids in order (for naming the samples of a failed shard)."""
+    if request.texts is not None:
+        return [t.id for t in request.texts]
     if request.samples is not None:
         return [s.id for s in request.samples]
     try:

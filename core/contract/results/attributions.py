@@ -1,4 +1,5 @@
-"""The ``attributions`` renderer's result: Integrated Gradients over a news recommender's words.
+"""The ``attributions`` renderer's result: Integrated Gradients over a news recommender's words, or over the words of a
+text given to a Hugging Face classifier (its records also name the class explained and the class predicted).
 
 One shape whether the job ran whole or as shards (``models.news.report.AttributionReport`` builds both): the first
 records and errors inline, every one in a JSONL artifact (``listed``); the statistics over every sample.
@@ -6,7 +7,7 @@ records and errors inline, every one in a JSONL artifact (``listed``); the stati
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -58,9 +59,29 @@ class SampleFaithfulness(OpenRecord):
     orders: dict[str, OrderFaithfulness]
 
 
+class TargetClass(ResultModel):
+    """The class whose logit a classifier's record explains (``score`` is that logit): its index and name, and
+    ``source``: ``request`` (the text's ``target``), ``predicted`` (by default, the class the model predicts) or
+    ``model`` (a ``compare_with`` record explains the class the request's model's record explains)."""
+
+    index: int
+    label: str
+    source: Literal["request", "predicted", "model"]
+
+
+class PredictedClass(ResultModel):
+    """The class a classifier predicts for the text (the largest logit) and its softmax probability."""
+
+    index: int
+    label: str
+    probability: float | None
+
+
 class SampleRecord(ViewRecord):
-    """One sample's attributions: its main view (the title) at the top level, other views under ``views``.
-    With a tolerance (adaptive runs), ``n_steps`` per view and whether the sample met it."""
+    """One sample's attributions: its main view (the title, or a classifier's text) at the top level, other views
+    under ``views``. With a tolerance (adaptive runs), ``n_steps`` per view and whether the sample met it. A
+    Hugging Face classifier's record also has ``target``, ``predicted`` and ``truncated`` (whether the text was cut
+    to the model's maximum tokens); a news record has ``history``."""
 
     id: str
     label: str | None = None
@@ -70,6 +91,9 @@ class SampleRecord(ViewRecord):
     n_steps: dict[str, int] | None = None
     tolerance_met: bool | None = None
     faithfulness: SampleFaithfulness | None = None
+    target: TargetClass | None = None
+    predicted: PredictedClass | None = None
+    truncated: bool | None = None
 
 
 class SampleError(ResultModel):
@@ -253,8 +277,8 @@ class FaithfulnessSection(ResultModel):
 
 
 class AttributionResult(ModelAttributions):
-    """Integrated Gradients over a news recommender (``POST /attributions``): per sample the words of its
-    candidate coloured by attribution (``samples``: the first ``SAMPLES_INLINE`` inline, all in
+    """Integrated Gradients over a news recommender or a Hugging Face classifier (``POST /attributions``): per
+    sample the words of its candidate (or text) coloured by attribution (``samples``: the first ``SAMPLES_INLINE`` inline, all in
     ``samples.jsonl``), and over the samples the completeness error, the word statistics per label (``word_stats``:
     each label's top and bottom words, all in ``word_stats.json``) and the top words. ``errors`` holds the first
     ``ERRORS_INLINE`` of ``n_errors`` samples that could not be attributed (all in ``errors.jsonl``). ``listed``

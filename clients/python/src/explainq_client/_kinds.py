@@ -91,6 +91,7 @@ class KindMethods(Generic[R]):
         self, *, model: str,
         samples: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
         dataset: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        texts: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
         n_steps: int | NotGiven = NOT_GIVEN,
         method: Literal["gausslegendre", "clenshaw_curtis", "riemann_right", "riemann_left", "riemann_middle",
                         "riemann_trapezoid", "occlusion"] | None | NotGiven = NOT_GIVEN,
@@ -98,7 +99,7 @@ class KindMethods(Generic[R]):
         alpha_batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         precision: Precision | NotGiven = NOT_GIVEN,
-        baseline: Literal["pad", "zero"] | NotGiven = NOT_GIVEN,
+        baseline: Literal["pad", "mask", "zero"] | NotGiven = NOT_GIVEN,
         top_k: int | NotGiven = NOT_GIVEN,
         optimized: bool | NotGiven = NOT_GIVEN,
         compare_with: str | None | NotGiven = NOT_GIVEN,
@@ -117,10 +118,14 @@ class KindMethods(Generic[R]):
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
-        """Integrated Gradients of a news recommender's score over the words of candidate headlines.
+        """Integrated Gradients of a news recommender's score over the words of candidate headlines, or of a
+        Hugging Face classifier's class logit over the words of texts.
 
-        Give exactly one of ``samples`` (``[{"id", "history": [titles], "candidate", "label"?,
-        "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced", "seed"}``).
+        For a news recommender give exactly one of ``samples`` (``[{"id", "history": [titles], "candidate",
+        "label"?, "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced",
+        "seed"}``); for a Hugging Face classifier (registry kind ``hf_classifier``) give ``texts`` (``[{"id",
+        "text", "label"?, "target"?}]``, ``target`` a class index or name, by default the predicted class;
+        ``baseline`` may also be ``"mask"``).
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared: per sample the ``compare_top_n`` (3) most changed words,

@@ -1,0 +1,415 @@
+r"""Which words made a Hugging Face sequence classifier give this text this class?
+
+The attributed function is the logit of one class (the *target*),
+
+.. math:: F(e) = \mathrm{logits}(e)_t,
+
+where :math:`e` is the output of the classifier's token-embedding table (``model.get_input_embeddings()``), passed
+to the model as ``inputs_embeds``: everything after it is the real model in eval mode (position and token-type
+embeddings, LayerNorm, every layer, the pooler and the classification head). Position and token-type embeddings
+stay real on the whole path, which is what Captum's ``LayerIntegratedGradients(forward,
+model.get_input_embeddings())`` attributes (a test checks the two agree, with the same baselines, steps and rule).
+
+Target: per text a class index or a class name (``TextSample.target``), by default the class the model predicts
+for the text (fp32 argmax of its logits); each record says which (``target``: index, label, ``source``) and gives the
+predicted class with its softmax probability (``predicted``).
+
+Baselines: ``pad`` (default) puts the tokenizer's padding token at every content position and passes it through the
+same embedding table; ``mask`` the mask token (tokenizers that have one: BERT-family, RoBERTa); ``zero`` zero
+vectors there. Structural tokens ([CLS], [SEP], or ``<s>``, ``</s>``) keep their real embedding in the baseline, so
+their attribution is exactly zero and they are no word (as in :mod:`models.news.attribution`); ``[UNK]`` is content
+like any word. Words are the fast tokenizer's word ids (:meth:`models.news.text.NewsTokenizer.group_words`); a
+word's character span is trimmed of surrounding white space (byte-level BPE pieces carry their leading space), so
+the words of two tokenizers over one text align (``compare_with``).
+
+Batching: texts are grouped by token length and a batch holds texts of one length only, so nothing is ever padded
+and every architecture's logits are exact (GPT-2's classifier reads the last position: with no padding it is the
+text's last token, on the input and on the baseline alike). A text longer than the model's maximum is truncated to
+it (``truncated`` in its record). Each batch is integrated by :mod:`models.explain.ig` with ``alpha_batch_size``
+alphas per pass; ``"auto"`` sizes the passes from the model's measured memory per interpolated row.
+
+The engine (:mod:`models.explain`) sees the model only through :class:`models.hf.batches.Batch`: the inputs ``x``
+and baselines ``x'`` (embeddings) and ``forward(x, rows)``, the target logit of each row's text.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.common import NonFiniteError, resolve_precision
+from models.explain.ig import (
+    MAX_STEPS,
+    IGResult,
+    integrated_gradients,
+    integrated_gradients_adaptive,
+    integrated_gradients_reference,
+    probe_bytes_per_row,
+    relative_delta,
+    rows_for_budget,
+)
+from models.explain.occlusion import occlusion
+from models.explain.rules import METHODS, NEEDS_TWO, default_method
+from models.hf.batches import (
+    BASELINES,
+    VIEW,
+    Batch,
+    Prepared,
+    TextSample,
+    baseline_token,
+    build_batch,
+    length_batches,
+    logits_from_embeddings,
+    max_tokens,
+    prepare,
+    trimmed_spans,
+)
+from models.hf.checkpoint import HFClassifier
+from models.news.attribution import AttributionError, length_bucket, word_stats
+from models.news.summary import ReportAccumulator
+
+__all__ = ["HFOptions", "TextSample", "explain", "input_state", "length_batches", "max_tokens", "prepare"]
+
+ADAPTIVE_START_STEPS = 16
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+@dataclass
+class HFOptions:
+    n_steps: int = 64
+    method: str | None = None  # a rule of models.explain.rules.METHODS or "occlusion"; None: the default rule
+    tolerance: float | None = None
+    alpha_batch_size: int | str = "auto"
+    batch_size: int | str = "auto"
+    precision: str = "auto"
+    baseline: str = "pad"
+    top_k: int = 10
+    optimized: bool = True
+    memory_budget: int | None = None
+    max_steps: int = MAX_STEPS
+    faithfulness: bool = False
+    faithfulness_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method is None:
+            self.method = default_method(self.tolerance)
+
+    def check(self) -> None:
+        if self.method not in (*METHODS, "occlusion"):
+            raise ValueError(f"method must be one of {', '.join((*METHODS, 'occlusion'))}")
+        if not 1 <= self.n_steps <= self.max_steps:
+            raise ValueError(f"n_steps must be in [1, {self.max_steps}]")
+        if self.method in NEEDS_TWO and self.n_steps < 2:
+            raise ValueError(f"{self.method} needs n_steps >= 2")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {', '.join(BASELINES)}")
+        if self.tolerance is not None and not self.tolerance > 0:
+            raise ValueError("tolerance must be > 0")
+        if self.faithfulness and self.method == "occlusion":
+            raise ValueError("faithfulness compares IG's word ranking with occlusion's: use an IG method")
+
+
+# ------------------------------------------------------------------------------------------------- the run
+@dataclass
+class _Run:
+    """Per text id: token attributions (fp64, one per token), F(x), F(x'), their sum, the classes, and (adaptive)
+    the steps, gradient evaluations and convergence."""
+
+    n_steps: int
+    batch_size: int
+    alpha_batch_size: int | None
+    attr: dict[str, np.ndarray] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
+    baseline_scores: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+    target: dict[str, dict[str, Any]] = field(default_factory=dict)
+    predicted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
+    evaluations: dict[str, int] = field(default_factory=dict)
+    converged: dict[str, bool] = field(default_factory=dict)
+
+
+# transformers model -> {(precision, device, length bucket): bytes per interpolated row}
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _bytes_per_row(clf: HFClassifier, length: int, precision: str,
+                   logits: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    """Memory per interpolated row for texts up to ``length``'s bucket (the next power of two, capped at the
+    model's maximum), probed once per model, precision, device and bucket."""
+    bucket = max(length, min(length_bucket(length), max_tokens(clf)))
+    key = (precision, str(clf.device), bucket)
+    cache = _PROBES.setdefault(clf.model, {})
+    if key not in cache:
+        with torch.no_grad():
+            x0 = clf.embeddings()(torch.zeros(1, bucket, dtype=torch.long, device=clf.device)).float()
+
+        def forward(xs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            return logits(xs)[:, 0].float()
+
+        cache[key] = probe_bytes_per_row(forward, x0, torch.zeros_like(x0), precision)
+    return cache[key]
+
+
+def _resolve_batches(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, precision: str,
+                     n_steps: int, logits: Callable[[torch.Tensor], torch.Tensor]
+                     ) -> tuple[int, int | None, int | None]:
+    """(batch_size, alpha_batch_size, rows per pass within the memory budget (None when nothing is auto))."""
+    bs, abs_ = opts.batch_size, opts.alpha_batch_size
+    if opts.method == "occlusion" or not opts.optimized:
+        return max(1, min(len(prepared), len(prepared) if bs == "auto" else int(bs))), None, None
+    rows = None
+    if bs == "auto" or abs_ == "auto":
+        per_row = _bytes_per_row(clf, max(len(p.ids) for p in prepared), precision, logits)
+        rows = rows_for_budget(per_row, clf.device, opts.memory_budget)
+        if abs_ == "auto":
+            abs_ = min(n_steps, rows) if bs == "auto" else max(1, min(n_steps, rows // int(bs)))
+        if bs == "auto":
+            bs = max(1, rows // int(abs_))
+    return max(1, min(int(bs), len(prepared))), int(abs_), rows
+
+
+def _classes(clf: HFClassifier, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, list[dict[str, Any]],
+                                                         list[dict[str, Any]]]:
+    """Set each text's target class (asked for, or predicted) and return (F(x), F(x')) of the targets (fp64) and
+    the records' ``target`` and ``predicted``."""
+    lx, lb = batch.endpoint_logits()
+    probs = torch.softmax(lx, dim=1)
+    predicted = lx.argmax(1).tolist()
+    targets = [p.target if p.target is not None else predicted[j] for j, p in enumerate(batch.items)]
+    batch.targets = torch.tensor(targets, dtype=torch.long, device=batch.x.device)
+    rows = torch.arange(len(targets))
+    t = torch.tensor(targets)
+    target_recs = [{"index": c, "label": clf.labels[c], "source": p.target_source}
+                   for p, c in zip(batch.items, targets, strict=True)]
+    predicted_recs = [{"index": c, "label": clf.labels[c], "probability": float(probs[j, c])}
+                      for j, c in enumerate(predicted)]
+    return lx[rows, t], lb[rows, t], target_recs, predicted_recs
+
+
+def _integrate(batch: Batch, opts: HFOptions, n_steps: int, alpha_batch_size: int | None, rows: int | None,
+               precision: str, fx: torch.Tensor, fb: torch.Tensor) -> IGResult:
+    """Occlusion, the reference loop, IG refined per text until ``opts.tolerance``, or IG at ``n_steps``."""
+    if opts.method == "occlusion":
+        return occlusion(batch.forward, batch.x, batch.base, batch.content)
+    if not opts.optimized:
+        results = []
+        for i in range(batch.x.shape[0]):
+            row = torch.tensor([i], device=batch.x.device)
+            with torch.enable_grad():
+                results.append(integrated_gradients_reference(
+                    lambda e, row=row: batch.forward(e, row), batch.x[i], batch.base[i], n_steps=n_steps,
+                    method=opts.method))
+        return IGResult(torch.cat([r.attributions for r in results]), torch.cat([r.scores for r in results]),
+                        torch.cat([r.baseline_scores for r in results]), n_steps, opts.method)
+    if opts.tolerance is not None:
+        auto = opts.alpha_batch_size == "auto"
+        return integrated_gradients_adaptive(
+            batch.forward, batch.x, batch.base, tolerance=opts.tolerance, method=opts.method, start_steps=n_steps,
+            max_steps=opts.max_steps, alpha_batch_size=None if auto else alpha_batch_size,
+            max_rows=rows if auto else None, precision=precision, token_sums=True)
+    return integrated_gradients(batch.forward, batch.x, batch.base, n_steps=n_steps, method=opts.method,
+                                alpha_batch_size=alpha_batch_size, precision=precision, endpoint_scores=(fx, fb))
+
+
+def _run(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, precision: str, n_steps: int,
+         progress: ProgressFn | None) -> _Run:
+    """Every prepared text, batch by batch."""
+    logits = logits_from_embeddings(clf)
+    batch_size, alpha_batch_size, rows = _resolve_batches(clf, prepared, opts, precision, n_steps, logits)
+    run = _Run(n_steps, batch_size, alpha_batch_size)
+    done = 0
+    for items in length_batches(prepared, batch_size):
+        ids = [p.sample.id for p in items]
+        try:
+            batch = build_batch(clf, items, opts.baseline, logits)
+            fx, fb, target_recs, predicted_recs = _classes(clf, batch)
+            res = _integrate(batch, opts, n_steps, alpha_batch_size, rows, precision, fx, fb)
+        except (RuntimeError, ValueError) as exc:
+            raise AttributionError(f"attribution failed for texts {ids}: {exc}") from exc
+        tok_attr = res.attributions.sum(-1).double().cpu().numpy()
+        bad = [sid for j, sid in enumerate(ids) if not (np.isfinite(tok_attr[j]).all() and math.isfinite(
+            float(res.scores[j])) and math.isfinite(float(res.baseline_scores[j])))]
+        if bad:
+            raise NonFiniteError(f"non-finite attribution or score for texts {bad}", bad)
+        for j, sid in enumerate(ids):
+            run.attr[sid] = tok_attr[j]
+            run.scores[sid] = float(res.scores[j])
+            run.baseline_scores[sid] = float(res.baseline_scores[j])
+            run.sums[sid] = float(tok_attr[j].sum())
+            run.target[sid] = target_recs[j]
+            run.predicted[sid] = predicted_recs[j]
+            steps = getattr(res, "steps", None)
+            if steps is not None:
+                run.steps[sid] = int(steps[j])
+                run.evaluations[sid] = int(res.evaluations[j])
+                run.converged[sid] = bool(res.converged[j])
+        done += len(items)
+        if progress is not None:
+            progress(done, len(prepared), f"{done}/{len(prepared)} texts, n_steps={n_steps}")
+    return run
+
+
+def _rel(run: _Run, sid: str) -> float:
+    inert = bool((run.attr[sid] == 0).all())
+    return float(relative_delta(run.sums[sid], run.scores[sid], run.baseline_scores[sid], inert))
+
+
+def _is_adaptive(opts: HFOptions) -> bool:
+    return opts.tolerance is not None and opts.optimized and opts.method != "occlusion"
+
+
+@dataclass
+class _Attributed:
+    run: _Run | None  # None without texts
+    n_steps: int
+    tolerance_met: bool | None = None
+
+
+def _attribute(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, precision: str,
+               progress: ProgressFn | None) -> _Attributed:
+    """Adaptive (each text refined on its own from at most 16 steps), doubling (the reference loop with a
+    tolerance: the whole run at twice the steps until the median relative delta meets it), or one run."""
+    if not prepared:
+        return _Attributed(None, opts.n_steps)
+    if _is_adaptive(opts):
+        n_steps = min(opts.n_steps, ADAPTIVE_START_STEPS)
+        if opts.method in NEEDS_TWO:
+            n_steps = max(n_steps, 2)
+        run = _run(clf, prepared, opts, precision, n_steps, progress)
+        return _Attributed(run, n_steps, all(run.converged.values()))
+    if opts.tolerance is not None and opts.method != "occlusion":
+        n_steps = opts.n_steps
+        while True:
+            run = _run(clf, prepared, opts, precision, n_steps, progress)
+            met = statistics.median(_rel(run, sid) for sid in run.attr) <= opts.tolerance
+            if met or n_steps >= opts.max_steps:
+                return _Attributed(run, n_steps, met)
+            n_steps = min(opts.max_steps, n_steps * 2)
+    return _Attributed(_run(clf, prepared, opts, precision, opts.n_steps, progress), opts.n_steps)
+
+
+# ------------------------------------------------------------------------------------------------ the report
+def _record(p: Prepared, run: _Run, opts: HFOptions) -> dict[str, Any]:
+    """One text's record, in the news records' shape (``core.contract.results.attributions.SampleRecord``)."""
+    sid = p.sample.id
+    attr = run.attr[sid]
+    text = p.sample.text
+    word_attr = [float(sum(attr[i] for i in pos)) for _, pos in p.words]
+    spans = trimmed_spans(text, p.words, p.offsets)
+    ranked = sorted(zip([w for w, _ in p.words], word_attr, strict=True), key=lambda t: -t[1])
+    diff = run.scores[sid] - run.baseline_scores[sid]
+    rec: dict[str, Any] = {
+        "id": sid,
+        "label": p.sample.label,
+        "tokens": p.tokens,
+        "token_attributions": [float(a) for a in attr],
+        "words": [w for w, _ in p.words],
+        "display_words": [(text[sp[0]:sp[1]] if sp is not None else "") or w
+                          for (w, _), sp in zip(p.words, spans, strict=True)],
+        "spans": [list(sp) if sp is not None else None for sp in spans],
+        "word_attributions": word_attr,
+        "score": run.scores[sid],
+        "baseline_score": run.baseline_scores[sid],
+        "attribution_sum": run.sums[sid],
+        "delta": run.sums[sid] - diff,
+        "relative_delta": _rel(run, sid),
+        "top_positive": [{"word": w, "attribution": a} for w, a in ranked if a > 0][:opts.top_k],
+        "top_negative": [{"word": w, "attribution": a} for w, a in reversed(ranked) if a < 0][:opts.top_k],
+        "target": run.target[sid],
+        "predicted": run.predicted[sid],
+        "truncated": p.truncated,
+    }
+    if _is_adaptive(opts):
+        rec["n_steps"] = {VIEW: run.steps[sid]}
+        rec["tolerance_met"] = run.converged[sid]
+    return rec
+
+
+def _summary(opts: HFOptions, precision: str, att: _Attributed, records: Sequence[dict[str, Any]],
+             errors: Sequence[dict[str, Any]], started: float, prepare_seconds: float) -> dict[str, Any]:
+    run = att.run
+    rels = [_rel(run, sid) for sid in run.attr] if run is not None else []
+    if opts.method == "occlusion":
+        n_steps = evaluations = None
+    elif _is_adaptive(opts):
+        n_steps = max(run.steps.values()) if run is not None else att.n_steps
+        evaluations = sum(run.evaluations.values()) if run is not None else 0
+    else:
+        n_steps, evaluations = att.n_steps, att.n_steps * len(rels)
+    return {
+        "n_samples": len(records),
+        "n_errors": len(errors),
+        "method": opts.method,
+        "n_steps": n_steps,
+        "gradient_evaluations": evaluations,
+        "precision": precision,
+        "baseline": opts.baseline,
+        "optimized": opts.optimized,
+        "views": [VIEW],
+        "median_relative_delta": statistics.median(rels) if rels else float("nan"),
+        "max_relative_delta": max(rels) if rels else float("nan"),
+        "relative_delta_by_view": ReportAccumulator(VIEW).extend(records).delta_by_view(),
+        "tolerance": opts.tolerance,
+        "tolerance_met": att.tolerance_met,
+        "batch_size": run.batch_size if run is not None else None,
+        "alpha_batch_size": run.alpha_batch_size if run is not None else None,
+        "seconds": time.perf_counter() - started,
+        "seconds_prepare": prepare_seconds,
+    }
+
+
+def explain(clf: HFClassifier, samples: Sequence[TextSample], opts: HFOptions | None = None,
+            progress: ProgressFn | None = None, targets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Attribute each text's target logit to its words. Returns the JSON-ready report: ``samples`` (one record per
+    attributed text, in the request's order), ``errors`` (texts that could not be attributed, with the reason),
+    ``summary`` and ``word_stats``, and with ``opts.faithfulness`` the ``faithfulness`` section
+    (:mod:`models.hf.faithfulness`). ``targets`` (text id -> class name) overrides the texts' own targets (the
+    ``compare_with`` pass). A NaN or infinite attribution or score raises ``NonFiniteError`` naming the texts."""
+    opts = opts or HFOptions()
+    opts.check()
+    baseline_token(clf, opts.baseline)  # ValueError when the tokenizer has no such token
+    started = time.perf_counter()
+    precision = resolve_precision(opts.precision, clf.device)
+    if opts.method == "occlusion" or not opts.optimized:
+        precision = "fp32"
+    errors: list[dict[str, Any]] = []
+    prepared = prepare(clf, samples, errors, targets)
+    prepare_seconds = time.perf_counter() - started
+    att = _attribute(clf, prepared, opts, precision, progress)
+    records = [_record(p, att.run, opts) for p in prepared] if att.run is not None else []
+    position = {s.id: i for i, s in enumerate(samples)}
+    errors.sort(key=lambda e: position.get(e["id"], len(position)))
+    summary = _summary(opts, precision, att, records, errors, started, prepare_seconds)
+    report: dict[str, Any] = {"samples": records, "errors": errors, "summary": summary,
+                              "word_stats": word_stats(records)}
+    if opts.faithfulness and records:
+        from models.hf.faithfulness import faithfulness_section
+
+        def faith_progress(done: int, total: int) -> None:
+            if progress is not None:
+                progress(len(prepared), len(prepared), f"faithfulness: {done}/{total} texts")
+
+        report["faithfulness"] = faithfulness_section(clf, prepared, records, opts.baseline, opts.faithfulness_seed,
+                                                      summary["seconds"], reference=not opts.optimized,
+                                                      progress=faith_progress)
+    return report
+
+
+def input_state(samples: Sequence[TextSample]) -> dict[str, Any]:
+    """The input warnings' state of a part (``models.news.summary.InputWarnings.state``): whether any text has a
+    label; texts have no bodies to miss."""
+    from models.news.summary import InputWarnings
+
+    state = InputWarnings().state()
+    state["labelled"] = any(s.label is not None for s in samples)
+    return state
