@@ -209,7 +209,7 @@ def test_input_warnings_merged_from_parts_equal_one_pass():
         merged.merge(json.loads(json.dumps(InputWarnings().extend(samples[lo:lo + 7]).state())))
     assert merged.warnings(("title", "body")) == whole.warnings(("title", "body"))
     lines = whole.warnings(("title", "body"))
-    assert lines[0].startswith("no sample has a real/fake label")
+    assert lines[0].startswith("no sample has a label (a news item's real/fake label")
     assert lines[1].startswith("32 sample(s) have no history_bodies (e.g. ['s1', 's2', 's3'])")
     assert lines[2].startswith("30 sample(s) have no candidate_body (e.g. ['s1', 's2', 's3'])")
     assert whole.warnings(("title",)) == lines[:1]

@@ -249,8 +249,8 @@ class InputWarnings:
     def warnings(self, views: Sequence[str]) -> list[str]:
         out = []
         if not self.labelled:
-            out.append("no sample has a real/fake label: word_stats has the single group 'unlabelled' and no "
-                       "per-label statistics")
+            out.append("no sample has a label (a news item's real/fake label, a text's own label): word_stats has "
+                       "the single group 'unlabelled' and no per-label statistics")
         if "body" in views:
             (n_hist, hist), (n_cand, cand) = self.missing["history_bodies"], self.missing["candidate_body"]
             if n_hist:
