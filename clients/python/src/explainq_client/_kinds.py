@@ -408,7 +408,7 @@ class KindMethods(Generic[R]):
         return self._submit("/train/news", _body(dict(locals())), idempotency_key)
 
     def import_model(
-        self, *, name: str, kind: Literal["conve", "nrms", "naml", "vision_bdh"], path: str,
+        self, *, name: str, kind: Literal["conve", "nrms", "naml", "vision_bdh", "huggingface"], path: str,
         weights: str | None | NotGiven = NOT_GIVEN,
         config: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         entities: str | None | NotGiven = NOT_GIVEN,
@@ -426,7 +426,9 @@ class KindMethods(Generic[R]):
         **extra: Any,
     ) -> R:
         """Register a model trained elsewhere (``POST /models/import``) as ``name``: ConvE, NRMS/NAML or
-        Vision-BDH weights in the directory ``path`` under the data roots.
+        Vision-BDH weights, or a Hugging Face sequence classifier (``kind="huggingface"``: config.json,
+        model.safetensors and tokenizer.json, as ``save_pretrained`` writes them), in the directory ``path`` under
+        the data roots.
 
         The job checks every tensor's name and shape against the config before registering, and reports the
         parameters and a smoke score. File names are relative to ``path``: ``weights`` (default the first of
