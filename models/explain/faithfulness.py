@@ -131,6 +131,18 @@ class SampleWords:
     orders: dict[str, np.ndarray]
 
 
+def sample_words(name: str, key: str, words: Sequence[Sequence[int]], attributions: Sequence[float],
+                 occlusion_scores: Sequence[float], seed: int) -> SampleWords:
+    """One sample's three word orders: IG's ranking of ``attributions`` (one per word), the seeded random order
+    (keyed by ``key``, the sample's id) and occlusion's ranking of ``occlusion_scores`` (one per token: each word's
+    is its tokens' sum). ``name`` says which sample a mismatch of words and attributions is about."""
+    if len(words) != len(attributions):
+        raise ValueError(f"{name}: {len(words)} words, {len(attributions)} attributions")
+    occ_words = [float(sum(occlusion_scores[q] for q in w)) for w in words]
+    return SampleWords(list(words), {"ig": rank_words(attributions), "random": random_order(len(words), seed, key),
+                                     "occlusion": rank_words(occ_words)})
+
+
 def _auc(points: Sequence[int], n_words: int, curve: Sequence[float]) -> float:
     x = np.asarray(points, dtype=np.float64) / max(n_words, 1)
     return float(np.trapezoid(np.asarray(curve, dtype=np.float64), x))

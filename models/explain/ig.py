@@ -44,9 +44,7 @@ import numpy as np
 import torch
 
 from models.common import autocast
-from models.explain.rules import METHODS, NEEDS_TWO
-
-MAX_STEPS = 4096
+from models.explain.rules import MAX_STEPS, METHODS, NEEDS_TWO
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``forward(x, rows)``: ``x`` is ``(M, L, D)`` interpolated inputs, ``rows`` ``(M,)`` the index of the sample

@@ -40,14 +40,13 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from models.common import NonFiniteError, resolve_precision
 from models.explain.ig import (
-    MAX_STEPS,
     IGResult,
     integrated_gradients,
     integrated_gradients_adaptive,
@@ -57,7 +56,8 @@ from models.explain.ig import (
     rows_for_budget,
 )
 from models.explain.occlusion import occlusion
-from models.explain.rules import METHODS, NEEDS_TWO, default_method
+from models.explain.records import view_record
+from models.explain.rules import AttributionOptions, refine_by_doubling
 from models.hf.batches import (
     BASELINES,
     VIEW,
@@ -78,44 +78,15 @@ from models.news.summary import ReportAccumulator
 
 __all__ = ["HFOptions", "TextSample", "explain", "input_state", "length_batches", "max_tokens", "prepare"]
 
-ADAPTIVE_START_STEPS = 16
 
 ProgressFn = Callable[[int, int, str], None]
 
 
 @dataclass
-class HFOptions:
-    n_steps: int = 64
-    method: str | None = None  # a rule of models.explain.rules.METHODS or "occlusion"; None: the default rule
-    tolerance: float | None = None
-    alpha_batch_size: int | str = "auto"
-    batch_size: int | str = "auto"
-    precision: str = "auto"
-    baseline: str = "pad"
-    top_k: int = 10
-    optimized: bool = True
-    memory_budget: int | None = None
-    max_steps: int = MAX_STEPS
-    faithfulness: bool = False
-    faithfulness_seed: int = 0
+class HFOptions(AttributionOptions):
+    """The attribution options of a text classifier: every pipeline's, and a mask-token baseline too."""
 
-    def __post_init__(self) -> None:
-        if self.method is None:
-            self.method = default_method(self.tolerance)
-
-    def check(self) -> None:
-        if self.method not in (*METHODS, "occlusion"):
-            raise ValueError(f"method must be one of {', '.join((*METHODS, 'occlusion'))}")
-        if not 1 <= self.n_steps <= self.max_steps:
-            raise ValueError(f"n_steps must be in [1, {self.max_steps}]")
-        if self.method in NEEDS_TWO and self.n_steps < 2:
-            raise ValueError(f"{self.method} needs n_steps >= 2")
-        if self.baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {', '.join(BASELINES)}")
-        if self.tolerance is not None and not self.tolerance > 0:
-            raise ValueError("tolerance must be > 0")
-        if self.faithfulness and self.method == "occlusion":
-            raise ValueError("faithfulness compares IG's word ranking with occlusion's: use an IG method")
+    BASELINES: ClassVar[tuple[str, ...]] = BASELINES
 
 
 # ------------------------------------------------------------------------------------------------- the run
@@ -264,10 +235,6 @@ def _rel(run: _Run, sid: str) -> float:
     return float(relative_delta(run.sums[sid], run.scores[sid], run.baseline_scores[sid], inert))
 
 
-def _is_adaptive(opts: HFOptions) -> bool:
-    return opts.tolerance is not None and opts.optimized and opts.method != "occlusion"
-
-
 @dataclass
 class _Attributed:
     run: _Run | None  # None without texts
@@ -281,20 +248,13 @@ def _attribute(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions,
     tolerance: the whole run at twice the steps until the median relative delta meets it), or one run."""
     if not prepared:
         return _Attributed(None, opts.n_steps)
-    if _is_adaptive(opts):
-        n_steps = min(opts.n_steps, ADAPTIVE_START_STEPS)
-        if opts.method in NEEDS_TWO:
-            n_steps = max(n_steps, 2)
-        run = _run(clf, prepared, opts, precision, n_steps, progress)
-        return _Attributed(run, n_steps, all(run.converged.values()))
+    if opts.adaptive:
+        run = _run(clf, prepared, opts, precision, opts.start_steps, progress)
+        return _Attributed(run, opts.start_steps, all(run.converged.values()))
     if opts.tolerance is not None and opts.method != "occlusion":
-        n_steps = opts.n_steps
-        while True:
-            run = _run(clf, prepared, opts, precision, n_steps, progress)
-            met = statistics.median(_rel(run, sid) for sid in run.attr) <= opts.tolerance
-            if met or n_steps >= opts.max_steps:
-                return _Attributed(run, n_steps, met)
-            n_steps = min(opts.max_steps, n_steps * 2)
+        return _Attributed(*refine_by_doubling(
+            opts, lambda n: _run(clf, prepared, opts, precision, n, progress),
+            lambda run: [_rel(run, sid) for sid in run.attr]))
     return _Attributed(_run(clf, prepared, opts, precision, opts.n_steps, progress), opts.n_steps)
 
 
@@ -302,34 +262,17 @@ def _attribute(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions,
 def _record(p: Prepared, run: _Run, opts: HFOptions) -> dict[str, Any]:
     """One text's record, in the news records' shape (``core.contract.results.attributions.SampleRecord``)."""
     sid = p.sample.id
-    attr = run.attr[sid]
-    text = p.sample.text
-    word_attr = [float(sum(attr[i] for i in pos)) for _, pos in p.words]
-    spans = trimmed_spans(text, p.words, p.offsets)
-    ranked = sorted(zip([w for w, _ in p.words], word_attr, strict=True), key=lambda t: -t[1])
-    diff = run.scores[sid] - run.baseline_scores[sid]
     rec: dict[str, Any] = {
         "id": sid,
         "label": p.sample.label,
-        "tokens": p.tokens,
-        "token_attributions": [float(a) for a in attr],
-        "words": [w for w, _ in p.words],
-        "display_words": [(text[sp[0]:sp[1]] if sp is not None else "") or w
-                          for (w, _), sp in zip(p.words, spans, strict=True)],
-        "spans": [list(sp) if sp is not None else None for sp in spans],
-        "word_attributions": word_attr,
-        "score": run.scores[sid],
-        "baseline_score": run.baseline_scores[sid],
-        "attribution_sum": run.sums[sid],
-        "delta": run.sums[sid] - diff,
-        "relative_delta": _rel(run, sid),
-        "top_positive": [{"word": w, "attribution": a} for w, a in ranked if a > 0][:opts.top_k],
-        "top_negative": [{"word": w, "attribution": a} for w, a in reversed(ranked) if a < 0][:opts.top_k],
+        **view_record(p.sample.text, p.tokens, run.attr[sid], p.words,
+                      trimmed_spans(p.sample.text, p.words, p.offsets), run.scores[sid], run.baseline_scores[sid],
+                      run.sums[sid], _rel(run, sid), opts.top_k),
         "target": run.target[sid],
         "predicted": run.predicted[sid],
         "truncated": p.truncated,
     }
-    if _is_adaptive(opts):
+    if opts.adaptive:
         rec["n_steps"] = {VIEW: run.steps[sid]}
         rec["tolerance_met"] = run.converged[sid]
     return rec
@@ -341,7 +284,7 @@ def _summary(opts: HFOptions, precision: str, att: _Attributed, records: Sequenc
     rels = [_rel(run, sid) for sid in run.attr] if run is not None else []
     if opts.method == "occlusion":
         n_steps = evaluations = None
-    elif _is_adaptive(opts):
+    elif opts.adaptive:
         n_steps = max(run.steps.values()) if run is not None else att.n_steps
         evaluations = sum(run.evaluations.values()) if run is not None else 0
     else:
@@ -379,9 +322,7 @@ def explain(clf: HFClassifier, samples: Sequence[TextSample], opts: HFOptions | 
     opts.check()
     baseline_token(clf, opts.baseline)  # ValueError when the tokenizer has no such token
     started = time.perf_counter()
-    precision = resolve_precision(opts.precision, clf.device)
-    if opts.method == "occlusion" or not opts.optimized:
-        precision = "fp32"
+    precision = opts.pass_precision(resolve_precision(opts.precision, clf.device))
     errors: list[dict[str, Any]] = []
     prepared = prepare(clf, samples, errors, targets)
     prepare_seconds = time.perf_counter() - started

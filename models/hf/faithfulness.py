@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from models.explain.faithfulness import FRACTIONS, SampleWords, evaluate, random_order, rank_words
+from models.explain.faithfulness import FRACTIONS, evaluate, sample_words
 from models.explain.occlusion import occlusion
 from models.hf.batches import VIEW, Prepared, build_batch, length_batches, logits_from_embeddings
 from models.hf.checkpoint import HFClassifier
@@ -37,18 +37,9 @@ def faithfulness_section(clf: HFClassifier, prepared: Sequence[Prepared], record
         recs = [by_id[p.sample.id] for p in part]
         batch = build_batch(clf, part, baseline, logits, [int(r["target"]["index"]) for r in recs])
         occ = occlusion(batch.forward, batch.x, batch.base, batch.content).attributions[..., 0].double().cpu()
-        samples = []
-        for j, (p, rec) in enumerate(zip(part, recs, strict=True)):
-            words = [pos for _, pos in p.words]
-            if len(words) != len(rec["word_attributions"]):
-                raise ValueError(f"text {p.sample.id!r}: {len(words)} words, {len(rec['word_attributions'])} "
-                                 "attributions")
-            occ_words = [float(sum(occ[j, q] for q in w)) for w in words]
-            samples.append(SampleWords(words, {
-                "ig": rank_words(rec["word_attributions"]),
-                "random": random_order(len(words), seed, p.sample.id),
-                "occlusion": rank_words(occ_words),
-            }))
+        samples = [sample_words(f"text {p.sample.id!r}", p.sample.id, [pos for _, pos in p.words],
+                                rec["word_attributions"], occ[j], seed)
+                   for j, (p, rec) in enumerate(zip(part, recs, strict=True))]
         results = evaluate(batch.forward, batch.x, batch.base, samples, FRACTIONS, reference=reference)
         for rec, res in zip(recs, results, strict=True):
             rec["faithfulness"] = res

@@ -39,7 +39,6 @@ import torch
 
 from models.common import NonFiniteError, resolve_precision
 from models.explain.ig import (
-    METHODS,
     IGResult,
     integrated_gradients,
     integrated_gradients_adaptive,
@@ -49,14 +48,14 @@ from models.explain.ig import (
     rows_for_budget,
 )
 from models.explain.occlusion import occlusion
-from models.explain.rules import NEEDS_TWO, default_method
+from models.explain.records import view_record
+from models.explain.rules import AttributionOptions, refine_by_doubling
 from models.news.chunks import Chunk, build_chunk, can_pack, length_chunks
 from models.news.data import Sample, recent_history
 from models.news.modules import NewsRecommender
 from models.news.summary import ReportAccumulator, compare, compare_sample
 
 ProgressFn = Callable[[int, int, str], None]
-ADAPTIVE_START_STEPS = 16
 
 
 class AttributionError(RuntimeError):
@@ -64,41 +63,11 @@ class AttributionError(RuntimeError):
 
 
 @dataclass
-class IGOptions:
-    n_steps: int = 64
-    # one of models.explain.rules.METHODS, or "occlusion"; None: "clenshaw_curtis" with a tolerance (its levels
-    # are nested, so refining reuses every earlier gradient), "gausslegendre" without
-    method: str | None = None
-    tolerance: float | None = None
-    alpha_batch_size: int | str = "auto"
-    batch_size: int | str = "auto"
-    precision: str = "auto"
-    baseline: str = "pad"
-    top_k: int = 10
-    optimized: bool = True
-    memory_budget: int | None = None
+class IGOptions(AttributionOptions):
+    """The attribution options of a news recommender: every pipeline's, and how many history titles build the
+    user vector."""
+
     max_history: int = 50
-    max_steps: int = 4096
-    faithfulness: bool = False  # add comprehensiveness, sufficiency and curves (models.news.faithfulness)
-    faithfulness_seed: int = 0  # of the random word order the faithfulness numbers are compared with
-
-    def __post_init__(self) -> None:
-        if self.method is None:
-            self.method = default_method(self.tolerance)
-
-    def check(self) -> None:
-        if self.method not in (*METHODS, "occlusion"):
-            raise ValueError(f"method must be one of {', '.join((*METHODS, 'occlusion'))}")
-        if not 1 <= self.n_steps <= self.max_steps:
-            raise ValueError(f"n_steps must be in [1, {self.max_steps}]")
-        if self.method in NEEDS_TWO and self.n_steps < 2:
-            raise ValueError(f"{self.method} needs n_steps >= 2")
-        if self.baseline not in ("pad", "zero"):
-            raise ValueError("baseline must be pad or zero")
-        if self.tolerance is not None and not self.tolerance > 0:
-            raise ValueError("tolerance must be > 0")
-        if self.faithfulness and self.method == "occlusion":
-            raise ValueError("faithfulness compares IG's word ranking with occlusion's: use an IG method")
 
 
 @dataclass
@@ -408,7 +377,7 @@ def _optimized_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _
     """The whole chunk in batched passes (every method but the reference loop)."""
     ch = build_chunk(model, items, plan.view, opts.baseline, pack=plan.pack)
     res = _integrate(model, ch, plan, opts)
-    if _is_adaptive(opts):
+    if opts.adaptive:
         _record_refinement(run, items, res)
     tok_attr = res.attributions.sum(-1).double().cpu().numpy()
     return _ChunkAttributions([tok_attr[i, : ch.lengths[i]] for i in range(len(items))],
@@ -472,30 +441,9 @@ def _view_report(model: NewsRecommender, p: _Prepared, run: _ViewRun, top_k: int
     sid = p.sample.id
     ids = p.enc[run.view][0].tolist()
     tokens = model.tokenizer.convert_ids_to_tokens(ids)
-    attr = run.token_attr[sid]
     words = model.tokenizer.group_words(tokens, ids, (p.word_ids or {}).get(run.view))
-    word_attr = [float(sum(attr[i] for i in pos)) for _, pos in words]
-    spans = word_spans(words, (p.offsets or {}).get(run.view))
-    text = (p.texts or {}).get(run.view, "")
-    ranked = sorted(zip([w for w, _ in words], word_attr, strict=True), key=lambda t: -t[1])
-    diff = run.scores[sid] - run.baseline_scores[sid]
-    return {
-        "tokens": tokens,
-        "token_attributions": [float(a) for a in attr],
-        "words": [w for w, _ in words],
-        # each word as the text has it (original casing), and its [start, end) characters there (None: unknown)
-        "display_words": [(text[sp[0]:sp[1]] if sp is not None else "") or w
-                          for (w, _), sp in zip(words, spans, strict=True)],
-        "spans": [list(sp) if sp is not None else None for sp in spans],
-        "word_attributions": word_attr,
-        "score": run.scores[sid],
-        "baseline_score": run.baseline_scores[sid],
-        "attribution_sum": run.sums[sid],
-        "delta": run.sums[sid] - diff,
-        "relative_delta": _rel(run, sid),
-        "top_positive": [{"word": w, "attribution": a} for w, a in ranked if a > 0][:top_k],
-        "top_negative": [{"word": w, "attribution": a} for w, a in reversed(ranked) if a < 0][:top_k],
-    }
+    return view_record((p.texts or {}).get(run.view, ""), tokens, run.token_attr[sid], words, word_spans(words, (p.offsets or {}).get(run.view)),
+                       run.scores[sid], run.baseline_scores[sid], run.sums[sid], _rel(run, sid), top_k)
 
 
 def word_spans(words: Sequence[tuple[str, list[int]]], offsets: Sequence[tuple[int, int] | None] | None
@@ -533,20 +481,10 @@ def compare_reports(base: dict[str, Any], other: dict[str, Any], threshold: floa
 
 
 # ------------------------------------------------------------------ explain: the paths, the views, the report
-def _is_adaptive(opts: IGOptions) -> bool:
-    """Whether each sample is refined on its own until ``opts.tolerance`` is met (:mod:`models.explain.ig`). The
-    reference loop (``optimized=False``) meets a tolerance by rerunning everything at twice the steps instead;
-    occlusion has no steps."""
-    return opts.tolerance is not None and opts.optimized and opts.method != "occlusion"
-
-
 def _precision(model: NewsRecommender, opts: IGOptions) -> str:
-    """The precision of the forward and backward passes; occlusion and the reference loop always run in fp32
-    (``opts.precision`` is still validated)."""
-    precision = resolve_precision(opts.precision, model.device)
-    if opts.method == "occlusion" or not opts.optimized:
-        precision = "fp32"
-    return precision
+    """The precision of the forward and backward passes (``opts.precision`` is validated even where
+    :meth:`AttributionOptions.pass_precision` overrides it)."""
+    return opts.pass_precision(resolve_precision(opts.precision, model.device))
 
 
 @dataclass
@@ -573,39 +511,18 @@ def _relative_deltas(runs: Sequence[_ViewRun]) -> list[float]:
     return [_rel(r, sid) for r in runs for sid in r.token_attr]
 
 
-def _attribute_adaptive(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
-                        progress: ProgressFn | None) -> _Attributed:
-    """One pass: every sample starts at (at most) ``ADAPTIVE_START_STEPS`` and is refined on its own."""
-    n_steps = min(opts.n_steps, ADAPTIVE_START_STEPS)
-    runs = _run_views(model, prepared, opts, precision, n_steps, progress)
-    met = all(all(r.converged.values()) for r in runs) if runs else None
-    return _Attributed(runs, n_steps, met)
-
-
-def _attribute_doubling(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
-                        progress: ProgressFn | None) -> _Attributed:
-    """The reference loop with a tolerance: the whole run at twice the steps until the median relative delta
-    meets it, or ``opts.max_steps`` is reached."""
-    n_steps = opts.n_steps
-    while True:
-        runs = _run_views(model, prepared, opts, precision, n_steps, progress)
-        rels = _relative_deltas(runs)
-        if not rels:
-            return _Attributed(runs, n_steps)
-        met = statistics.median(rels) <= opts.tolerance
-        if met or n_steps >= opts.max_steps:
-            return _Attributed(runs, n_steps, met)
-        n_steps = min(opts.max_steps, n_steps * 2)
-
-
 def _attribute(model: NewsRecommender, prepared: Sequence[_Prepared], opts: IGOptions, precision: str,
                progress: ProgressFn | None) -> _Attributed:
-    """Every view of every prepared sample: adaptive, doubling (the reference loop with a tolerance), or one
-    run at ``opts.n_steps`` (and occlusion, which ignores a tolerance)."""
-    if _is_adaptive(opts):
-        return _attribute_adaptive(model, prepared, opts, precision, progress)
+    """Every view of every prepared sample: adaptive (every sample starts at ``opts.start_steps`` and is refined on
+    its own), doubling (the reference loop with a tolerance), or one run at ``opts.n_steps`` (and occlusion,
+    which ignores a tolerance)."""
+    if opts.adaptive:
+        runs = _run_views(model, prepared, opts, precision, opts.start_steps, progress)
+        met = all(all(r.converged.values()) for r in runs) if runs else None
+        return _Attributed(runs, opts.start_steps, met)
     if opts.tolerance is not None and opts.method != "occlusion":
-        return _attribute_doubling(model, prepared, opts, precision, progress)
+        return _Attributed(*refine_by_doubling(
+            opts, lambda n: _run_views(model, prepared, opts, precision, n, progress), _relative_deltas))
     return _Attributed(_run_views(model, prepared, opts, precision, opts.n_steps, progress), opts.n_steps)
 
 
@@ -615,7 +532,7 @@ def _sample_record(model: NewsRecommender, p: _Prepared, runs: Sequence[_ViewRun
     main = _view_report(model, p, runs[0], opts.top_k)
     history, _ = recent_history(p.sample.history, None, opts.max_history)
     rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main, "history": history}
-    if _is_adaptive(opts):
+    if opts.adaptive:
         rec["n_steps"] = {r.view: r.steps[p.sample.id] for r in runs}
         rec["tolerance_met"] = all(r.converged[p.sample.id] for r in runs)
     if len(runs) > 1:
@@ -637,7 +554,7 @@ def _step_counts(att: _Attributed, opts: IGOptions, n_runs: int) -> tuple[int | 
     both None for occlusion. ``n_runs``: samples times views."""
     if opts.method == "occlusion":
         return None, None
-    if _is_adaptive(opts):
+    if opts.adaptive:
         n_steps = max(st for r in att.runs for st in r.steps.values()) if att.runs else att.n_steps
         return n_steps, sum(sum(r.evaluations.values()) for r in att.runs)
     return att.n_steps, att.n_steps * n_runs

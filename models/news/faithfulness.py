@@ -14,15 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from models.explain.faithfulness import (
-    FRACTIONS,
-    MAX_CURVE_POINTS,
-    SampleWords,
-    evaluate,
-    random_order,
-    rank_words,
-    summarize,
-)
+from models.explain.faithfulness import FRACTIONS, MAX_CURVE_POINTS, evaluate, sample_words, summarize
 from models.explain.occlusion import occlusion
 from models.news.chunks import build_chunk, length_chunks
 from models.news.modules import NewsRecommender
@@ -54,19 +46,8 @@ def faithfulness_section(model: NewsRecommender, prepared: Sequence[Any], record
         part = [items[i] for i in chunk]
         ch = build_chunk(model, part, view, baseline)
         occ = occlusion(ch.forward, ch.x, ch.base, ch.content).attributions[..., 0].double().cpu().numpy()
-        samples = []
-        for j, p in enumerate(part):
-            rec = by_id[p.sample.id]
-            words = word_positions(model, p, view)
-            if len(words) != len(rec["word_attributions"]):
-                raise ValueError(f"sample {p.sample.id!r}: {len(words)} words, {len(rec['word_attributions'])} "
-                                 "attributions")
-            occ_words = [float(sum(occ[j, q] for q in w)) for w in words]
-            samples.append(SampleWords(words, {
-                "ig": rank_words(rec["word_attributions"]),
-                "random": random_order(len(words), seed, p.sample.id),
-                "occlusion": rank_words(occ_words),
-            }))
+        samples = [sample_words(f"sample {p.sample.id!r}", p.sample.id, word_positions(model, p, view),
+                                by_id[p.sample.id]["word_attributions"], occ[j], seed) for j, p in enumerate(part)]
         results = evaluate(ch.forward, ch.x, ch.base, samples, FRACTIONS, reference=reference)
         for p, res in zip(part, results, strict=True):
             by_id[p.sample.id]["faithfulness"] = res
@@ -74,10 +55,8 @@ def faithfulness_section(model: NewsRecommender, prepared: Sequence[Any], record
         done += len(part)
         if progress is not None:
             progress(done, len(items))
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-    return {**summarize(all_recs, FRACTIONS), "view": view, "seed": seed, "baseline": baseline,
-            "max_curve_points": MAX_CURVE_POINTS, "seconds": seconds, "cpu_seconds": cpu_seconds, "attribution_seconds": attribution_seconds,
-            "time_ratio": seconds / attribution_seconds if attribution_seconds > 0 else None}
+    return merged_section(all_recs, view, seed, baseline, time.perf_counter() - t0, time.process_time() - c0,
+                          attribution_seconds)
 
 
 def merged_section(records: Sequence[dict[str, Any]], view: str | None, seed: int, baseline: str, seconds: float,
