@@ -61,7 +61,8 @@ MAX_JOB_ID_LENGTH = _limit(
 MAX_DESCRIPTION_LENGTH = _limit(
     "MAX_DESCRIPTION_LENGTH", 2000, ("datasets.description",), "a description kept in the registry record")
 MAX_SAMPLE_ID_LENGTH = _limit(
-    "MAX_SAMPLE_ID_LENGTH", 200, ("attributions.samples[].id", "attributions.texts[].id"),
+    "MAX_SAMPLE_ID_LENGTH", 200, ("attributions.samples[].id", "attributions.texts[].id",
+                                    "attributions.inputs[].id"),
     "a sample's id, repeated in every result row")
 MAX_TITLE_LENGTH = _limit(
     "MAX_TITLE_LENGTH", 2000, ("attributions.samples[].history[]", "attributions.samples[].candidate"),
@@ -73,8 +74,13 @@ MAX_TEXT_LENGTH = _limit(
     "MAX_TEXT_LENGTH", 20_000, ("attributions.texts[].text",),
     "a text for a Hugging Face classifier (it reads at most its maximum tokens, 512 for BERT-family models; the "
     "rest is truncated and the record says so)")
+MAX_INPUT_VALUES = _limit(
+    "MAX_INPUT_VALUES", 3 * 512 * 512, ("attributions.inputs[].values", "attributions.baseline_values"),
+    "entries of an exported classifier's input at its outer level (its first dimension: channels or features); "
+    "the model's spec bounds the whole input to as many values (models.export.spec.MAX_INPUT_VALUES)")
 MAX_CLASS_NAME_LENGTH = _limit(
-    "MAX_CLASS_NAME_LENGTH", 200, ("attributions.texts[].label", "attributions.texts[].target"),
+    "MAX_CLASS_NAME_LENGTH", 200, ("attributions.texts[].label", "attributions.texts[].target",
+                                     "attributions.inputs[].label", "attributions.inputs[].target"),
     "a class name of a classifier (config.json's id2label), or a text's own label")
 MAX_CONFIG_KEYS = _limit(
     "MAX_CONFIG_KEYS", 256, ("import_model.config",),
@@ -148,7 +154,7 @@ MAX_SHARD_RETRIES = _limit(
 # -------------------------------------------------------------------------------------------------- attributions
 
 MAX_SAMPLES = _limit(
-    "MAX_SAMPLES", 20_000, ("attributions.samples", "attributions.texts"),
+    "MAX_SAMPLES", 20_000, ("attributions.samples", "attributions.texts", "attributions.inputs"),
     "samples given inline (a 20,000-sample body is about the 8 MiB body limit); more come from a dataset")
 MAX_DATASET_SAMPLES = _limit(
     "MAX_DATASET_SAMPLES", 1_000_000, ("attributions.dataset.n_samples",),

@@ -42,6 +42,7 @@ SIZE_CAPS: dict[str, int] = {
     "pickle": 16 * GiB,          # a torch.save zip archive
     "pickle_member": 256 * MiB,  # data.pkl inside it (the object graph, not the tensor bytes)
     "image_batch": 1 * GiB,      # a CIFAR python batch
+    "program": 16 * GiB,         # a torch.export archive (.pt2: JSON and raw tensor bytes)
     "embeddings": 8 * GiB,       # GloVe text vectors (glove.840B.300d.txt is 5.6 GB)
 }
 DEFAULT_CAP = 1 * GiB

@@ -137,3 +137,35 @@ def job_page(result: dict[str, Any], kind: str = "attributions", page: int = 1,
                                                options or {}))
     ctx.update(user=None, auth_on=False, csrf_field="csrf_token", path=f"/ui/jobs/{JOB_ID}")
     return router.templates.get_template("job.html").render(ctx)
+
+
+def tensor_result(kind: str, tmp_dir: Any, n: int = 3, compare: bool = False) -> dict[str, Any]:
+    """A real exported classifier's attribution result (``image``: the 8x8 CNN, ``tabular``: the 6-feature MLP),
+    computed by the pipeline and built by the job's own report builder, as the job page receives it."""
+    import numpy as np
+
+    from core.contract.results.attributions import AttributionResult
+    from core.kinds.attributions import AttributionsRequest
+    from models.export.attribution import TensorSample, explain
+    from models.export.program import build
+    from models.news.report import AttributionReport
+    from tests.export_fixtures import save_model_dir
+    from workers.jobs.attributions import _export_options, _part, _record, _report_options
+
+    directory, _ = save_model_dir(tmp_dir / kind, kind)
+    clf = build(directory / "model.pt2", __import__("json").loads((directory / "spec.json").read_text()))
+    rng = np.random.default_rng(1)
+    shape = clf.spec.shape
+    items = [TensorSample(f"{kind}-{i}", rng.normal(size=shape), label=clf.labels[i % len(clf.labels)])
+             for i in range(n)]
+    request = AttributionsRequest(model=f"{kind}-model", inputs=[{"id": s.id, "values": s.values.tolist()}
+                                                                  for s in items], n_steps=16, top_k=5,
+                                  compare_with=f"{kind}-model-b" if compare else None)
+    report = explain(clf, items, _export_options(request))
+    report_b = explain(clf, items, _export_options(request)) if compare else None
+    with AttributionReport(tmp_dir / f"{kind}-out", _report_options(request), _record) as out:
+        out.part(_part(n, report, report_b, items, True), report["samples"],
+                 report_b["samples"] if report_b is not None else ())
+        result = out.finish()
+    result["artifacts"] = []
+    return AttributionResult.model_validate(result).model_dump(mode="json")

@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE_MAY_USE = {
     "models.explain.rules",
     "models.files",
+    "models.export.files",
+    "models.export.spec",
     "models.hf.files",
     "models.kg.shapes",
     "models.kg.tsv",

@@ -279,7 +279,7 @@ def test_a_saved_classifier_imports_and_predicts_exactly_as_transformers(svc, so
         "smoke": {"texts": 3, "logits_shape": [3, len(LABELS)], "finite": True},
         "model_type": model_type, "architecture": ARCHITECTURES[model_type], "task": "sequence_classification",
         "labels": list(LABELS), "entities": None, "relations": None, "reciprocal": None, "pykeen": None,
-        "train_triples": None, "checkpoints": None, "metrics": None}
+        "train_triples": None, "checkpoints": None, "metrics": None, "spec": None, "operators": None}
     listed = {m["name"]: m for m in svc.client.get("/models").json()["models"]}[name]
     assert listed["kind"] == "hf_classifier" and listed["parameters"] == res["parameters"]
     meta = listed["meta"]

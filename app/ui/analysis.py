@@ -86,10 +86,61 @@ def _warned(rec: dict[str, Any], threshold: float | None) -> list[dict[str, Any]
     return out
 
 
+TABLE_CELLS = 24  # an image's cells listed in its table (the strongest by |attribution|); every one is in the CSV
+
+
+def _grey(value: float | None, lo: float, hi: float) -> str:
+    """The input's intensity as a grey outline colour (dark = low), for drawing the image under its heatmap."""
+    if value is None or hi <= lo:
+        return "rgb(128,128,128)"
+    g = round(255 * (value - lo) / (hi - lo))
+    return f"rgb({g},{g},{g})"
+
+
+def tensor_view(rec: dict[str, Any], scale: float) -> dict[str, Any] | None:
+    """An exported classifier's record drawn over its input: an image as its grid of cells (each coloured by its
+    attribution on the page's scale, outlined by the input's intensity, its value in its title and in the table of
+    the strongest cells), a tabular row as one signed bar per feature with the feature's value. None for text."""
+    inp = rec.get("input")
+    if not isinstance(inp, dict) or inp.get("kind") not in ("image", "tabular"):
+        return None
+    names = [str(w) for w in rec.get("words") or []]
+    values = [_finite(v) for v in rec.get("word_attributions") or []]
+    inputs = [_finite(v) for v in inp.get("values") or []]
+    if inp["kind"] == "tabular":
+        bars = []
+        for i, (name, v) in enumerate(zip(names, values, strict=False)):
+            width = min(100.0, abs(v) / scale * 100) if v is not None and scale else 0.0
+            bars.append({"i": i, "name": name, "value": v, "input": inputs[i] if i < len(inputs) else None,
+                         "width": round(width, 2), "cls": "pos" if (v or 0) > 0 else "neg" if (v or 0) < 0 else "zero"})
+        return {"kind": "tabular", "bars": bars}
+    grid = inp.get("grid") if isinstance(inp.get("grid"), list) and len(inp["grid"]) == 2 else None
+    if grid is None or grid[0] * grid[1] != len(values):
+        return None
+    finite = [v for v in inputs if v is not None]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    rows = []
+    for r in range(grid[0]):
+        row = []
+        for c in range(grid[1]):
+            k = r * grid[1] + c
+            v = values[k]
+            row.append({"name": names[k] if k < len(names) else f"r{r}c{c}", "value": v,
+                        "style": views.attr_style(v, scale),
+                        "outline": _grey(inputs[k] if k < len(inputs) else None, lo, hi)})
+        rows.append(row)
+    strongest = sorted((k for k, v in enumerate(values) if v is not None), key=lambda k: (-abs(values[k]), k))
+    table = [{"i": k, "word": names[k], "display": names[k], "value": values[k],
+              "style": views.attr_style(values[k], scale), "cls": "pos" if values[k] > 0 else "neg"
+              if values[k] < 0 else "zero", "changed": False} for k in strongest[:TABLE_CELLS]]
+    return {"kind": "image", "rows": rows, "cols": grid[1], "patch": inp.get("patch"), "shape": inp.get("shape"),
+            "table": table, "n_cells": len(values)}
+
+
 def _sample_view(rec: dict[str, Any], scale: float, marked: set[int], threshold: float | None) -> dict[str, Any]:
     return {**rec, "views_": [{"name": name, "cells": cells(part, scale, marked if name == "title" else None)}
                               for name, part in _parts(rec)],
-            "scale_": scale, "warned_": _warned(rec, threshold)}
+            "tensor_": tensor_view(rec, scale), "scale_": scale, "warned_": _warned(rec, threshold)}
 
 
 def listed(result: dict[str, Any], name: str, inline: list[Any] | None = None) -> dict[str, Any]:

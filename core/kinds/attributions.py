@@ -36,10 +36,14 @@ from models.explain.rules import NEEDS_TWO, default_method
 METHODS = (*RULES, "occlusion")
 MODEL_KIND = "news"
 HF_KIND = "hf_classifier"
-MODEL_KINDS = {MODEL_KIND: "a news recommender", HF_KIND: "a Hugging Face classifier"}
+EXPORT_KIND = "exported_classifier"
+MODEL_KINDS = {MODEL_KIND: "a news recommender", HF_KIND: "a Hugging Face classifier",
+               EXPORT_KIND: "an exported classifier"}
 DATASET_KIND = "news"
-BASELINES = ("pad", "mask", "zero")
+BASELINES = ("pad", "mask", "zero", "mean", "blur", "custom")
 NEWS_BASELINES = ("pad", "zero")
+HF_BASELINES = ("pad", "mask", "zero")
+EXPORT_BASELINES = ("zero", "mean", "blur", "custom")
 
 Title = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_TITLE_LENGTH)]
 BodyText = Annotated[StrictStr, Field(max_length=limits.MAX_BODY_TEXT_LENGTH)]
@@ -75,6 +79,18 @@ class TextIn(RequestModel):
         description="A class index or class name of the model; by default the class the model predicts")
 
 
+class TensorIn(RequestModel):
+    id: SampleId = Field(..., title="Input id", description="A name for the input, unique in the request")
+    values: list[Any] = Field(
+        ..., min_length=1, max_length=limits.MAX_INPUT_VALUES, title="Values",
+        description=("The input as nested lists of numbers in the model's per-example shape (an image "
+                     "[channels][height][width], a tabular row [features]), without the batch dimension"))
+    label: ClassName | None = Field(None, title="True label",
+        description="The input's class as you know it, when known (groups the statistics)")
+    target: ClassIndex | ClassName | None = Field(None, title="Class to explain",
+        description="A class index or class name of the model; by default the class the model predicts")
+
+
 class DatasetIn(RequestModel):
     name: str = Field(min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Dataset name",
         description="A registered news dataset")
@@ -99,6 +115,10 @@ class AttributionsRequest(JobRequest):
     texts: list[TextIn] | None = Field(
         None, min_length=1, max_length=limits.MAX_SAMPLES, title="Texts to explain",
         description="For a Hugging Face classifier: the texts whose class logit is explained (not samples or dataset)")
+    inputs: list[TensorIn] | None = Field(
+        None, min_length=1, max_length=limits.MAX_SAMPLES, title="Inputs to explain",
+        description=("For an exported classifier: the images or tabular rows whose class logit is explained, each "
+                     "in the model's per-example shape"))
     n_steps: int = Field(64, ge=1, le=limits.MAX_IG_STEPS, title="Integration steps",
         description=("Points on the path from the baseline to the headline: more steps, more exact attributions, a "
                      "longer run"))
@@ -119,10 +139,15 @@ class AttributionsRequest(JobRequest):
     precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
         "auto", title="Numeric precision", json_schema_extra=ADVANCED,
         description="Floating-point format of the model's passes; 'auto' picks what suits the device")
-    baseline: Literal[BASELINES] = Field(
-        "pad", title="Reference input", json_schema_extra=ADVANCED,
-        description=("What the text is compared with at its word positions: the padding token's embedding ('pad'), "
-                     "the mask token's ('mask': Hugging Face classifiers whose tokenizer has one) or zeros ('zero')"))
+    baseline: Literal[BASELINES] | None = Field(
+        None, title="Reference input", json_schema_extra=ADVANCED,
+        description=("What the input is compared with. Text: the padding token's embedding at its word positions "
+                     "('pad', the default), the mask token's ('mask': Hugging Face classifiers whose tokenizer has "
+                     "one) or zeros ('zero'). Exported classifiers: zeros ('zero', the default), the training mean "
+                     "of the model's spec ('mean'), the image blurred ('blur') or baseline_values ('custom')"))
+    baseline_values: list[Any] | None = Field(
+        None, min_length=1, max_length=limits.MAX_INPUT_VALUES, title="Custom reference input", json_schema_extra=ADVANCED,
+        description="With baseline 'custom' (exported classifiers): one input's values, the reference of every input")
     top_k: int = Field(
         10, ge=0, le=limits.MAX_ATTRIBUTION_TOP_K, title="Top words listed", json_schema_extra=ADVANCED,
         description="How many of each sample's most influential words the result lists")
@@ -159,6 +184,12 @@ class AttributionsRequest(JobRequest):
     shard_retries: int = shard_retries_field()
 
 
+def baseline_of(req: AttributionsRequest) -> str:
+    """The request's baseline, or its model family's default: ``zero`` for an exported classifier's ``inputs``,
+    ``pad`` for text."""
+    return req.baseline or ("zero" if req.inputs is not None else "pad")
+
+
 def _check_models(req: AttributionsRequest, settings: Settings) -> dict[str, Any]:
     """``model`` is a registered news recommender or Hugging Face classifier, and ``compare_with`` (when given) a
     model of the same kind (for classifiers, with the same class names). Returns the model's registry entry."""
@@ -169,7 +200,15 @@ def _check_models(req: AttributionsRequest, settings: Settings) -> dict[str, Any
     if req.compare_with is not None:
         other = require_model(settings, req.compare_with, kind, field="compare_with", kind_label=(
             f"{MODEL_KINDS[kind]} like model {req.model!r}"))
-        if kind == HF_KIND:
+        if kind == EXPORT_KIND:
+            mine_spec, their_spec = model_spec(entry), model_spec(other)
+            if mine_spec is not None and their_spec is not None and \
+                    mine_spec["input"].get("shape") != their_spec["input"].get("shape"):
+                raise FieldError(("body", "compare_with"), f"classifier {req.compare_with!r} takes inputs of shape "
+                                 f"{their_spec['input'].get('shape')} and {req.model!r} of "
+                                 f"{mine_spec['input'].get('shape')}: a comparison needs the same input spec",
+                                 value=req.compare_with)
+        if kind in (HF_KIND, EXPORT_KIND):
             mine, theirs = class_names(settings, entry), class_names(settings, other)
             if mine is not None and theirs is not None and sorted(mine) != sorted(theirs):
                 raise FieldError(("body", "compare_with"), f"classifier {req.compare_with!r} has the classes "
@@ -230,51 +269,149 @@ def _check_news_inputs(req: AttributionsRequest, settings: Settings) -> None:
         raise FieldError(("body", "texts"), f"model {req.model!r} is a news recommender: give samples (a reading "
                          "history and a candidate headline each) or dataset; texts are for Hugging Face "
                          "classifiers", value=None)
+    _refuse_inputs(req, "a news recommender")
     if (req.samples is None) == (req.dataset is None):
         raise FieldError(("body", "samples"), "give exactly one of samples or dataset", value=None)
     if req.samples is not None:
         _check_samples(req.samples)
     if req.dataset is not None:
         _check_dataset(req.dataset, settings)
-    if req.baseline not in NEWS_BASELINES:
-        raise FieldError(("body", "baseline"), f"baseline {req.baseline!r} is for Hugging Face classifiers; a news "
+    if baseline_of(req) not in NEWS_BASELINES:
+        raise FieldError(("body", "baseline"), f"baseline {req.baseline!r} is not for news recommenders; a news "
                          f"recommender takes {' or '.join(NEWS_BASELINES)}", value=req.baseline)
+
+
+def _refuse_inputs(req: AttributionsRequest, what: str) -> None:
+    for name in ("inputs", "baseline_values"):
+        if getattr(req, name) is not None:
+            raise FieldError(("body", name), f"model {req.model!r} is {what}: {name} is for exported classifiers",
+                             value=None)
+
+
+def _own_items(req: AttributionsRequest, what: str, own: str, hint: str, others: tuple[str, ...]) -> None:
+    """A classifier reads its own items (``own``: texts or inputs), never the other families' nor a history
+    length."""
+    for name in others:
+        if getattr(req, name) is not None:
+            raise FieldError(("body", name), f"model {req.model!r} is {what}: give {own} ({hint}); {name} is for "
+                             "other models", value=None)
+    if "max_history" in req.model_fields_set:
+        raise FieldError(("body", "max_history"), f"model {req.model!r} is {what}: it reads no history "
+                         "(max_history is for news recommenders)", value=req.max_history)
+    if getattr(req, own) is None:
+        raise FieldError(("body", own), f"model {req.model!r} is {what}: give {own} ({hint})", value=None)
 
 
 def _check_hf_inputs(req: AttributionsRequest, settings: Settings, entry: dict[str, Any]) -> None:
     """A Hugging Face classifier reads texts (never news samples, a news dataset or a history length); each target
     is a class of the model, and the baseline's token is one its tokenizer has."""
-    for name in ("samples", "dataset"):
-        if getattr(req, name) is not None:
-            raise FieldError(("body", name), f"model {req.model!r} is a Hugging Face classifier: give texts "
-                             f"({{id, text}} each); {name} is for news recommenders", value=None)
-    if "max_history" in req.model_fields_set:
-        raise FieldError(("body", "max_history"), f"model {req.model!r} is a Hugging Face classifier: it reads no "
-                         "history (max_history is for news recommenders)", value=req.max_history)
-    if req.texts is None:
-        raise FieldError(("body", "texts"), f"model {req.model!r} is a Hugging Face classifier: give texts "
-                         "({id, text} each)", value=None)
+    _own_items(req, "a Hugging Face classifier", "texts", "{id, text} each", ("samples", "dataset"))
+    _refuse_inputs(req, "a Hugging Face classifier")
+    if baseline_of(req) not in HF_BASELINES:
+        raise FieldError(("body", "baseline"), f"baseline {req.baseline!r} is not for text classifiers; a Hugging "
+                         f"Face classifier takes {' or '.join(HF_BASELINES)}", value=req.baseline)
     seen: set[str] = set()
     labels = class_names(settings, entry)
     for i, t in enumerate(req.texts):
         if t.id in seen:
             raise FieldError(("body", "texts", i, "id"), f"duplicate text id {t.id!r}", value=t.id)
         seen.add(t.id)
-        if t.target is None or labels is None:
-            continue
-        if isinstance(t.target, int) and t.target >= len(labels):
-            raise FieldError(("body", "texts", i, "target"), f"class index {t.target} is not one of model "
-                             f"{req.model!r}'s {len(labels)} classes (0..{len(labels) - 1})", value=t.target)
-        if isinstance(t.target, str) and t.target not in labels:
-            raise FieldError(("body", "texts", i, "target"), f"{t.target!r} is not a class of model {req.model!r} "
-                             f"(its classes: {_shown(labels)})", value=t.target)
-    if req.baseline != "zero":
+        _check_target(("body", "texts", i, "target"), t.target, labels, req.model)
+    if baseline_of(req) != "zero":
         for name in filter(None, (req.model, req.compare_with)):
             other = entry if name == req.model else registry.get_model(settings, name)
-            if other is not None and tokenizer_has(settings, other, req.baseline) is False:
-                raise FieldError(("body", "baseline"), f"baseline {req.baseline!r}: the tokenizer of model {name!r} "
-                                 f"has no {req.baseline} token; choose "
-                                 + " or ".join(repr(b) for b in BASELINES if b != req.baseline), value=req.baseline)
+            base = baseline_of(req)
+            if other is not None and tokenizer_has(settings, other, base) is False:
+                raise FieldError(("body", "baseline"), f"baseline {base!r}: the tokenizer of model {name!r} "
+                                 f"has no {base} token; choose "
+                                 + " or ".join(repr(b) for b in HF_BASELINES if b != base), value=req.baseline)
+
+
+def _check_target(loc: tuple, target: int | str | None, labels: list[str] | None, model: str) -> None:
+    """An item's class to explain is an index or a name of the model's classes (unchecked when they are unknown)."""
+    if target is None or labels is None:
+        return
+    if isinstance(target, int) and target >= len(labels):
+        raise FieldError(loc, f"class index {target} is not one of model {model!r}'s {len(labels)} classes "
+                         f"(0..{len(labels) - 1})", value=target)
+    if isinstance(target, str) and target not in labels:
+        raise FieldError(loc, f"{target!r} is not a class of model {model!r} (its classes: {_shown(labels)})",
+                         value=target)
+
+
+def model_spec(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """An exported classifier's checked spec, as its import recorded it in the registry (None when absent)."""
+    spec = (entry.get("meta") or {}).get("spec")
+    return spec if isinstance(spec, dict) and isinstance(spec.get("input"), dict) else None
+
+
+def values_problem(values: Any, shape: list[int]) -> tuple[tuple[int, ...], str] | None:
+    """Why nested lists ``values`` are not finite numbers of ``shape`` (the index path where it goes wrong and the
+    reason), or None. Iterative: the depth is the shape's."""
+    import math
+
+    stack: list[tuple[Any, tuple[int, ...]]] = [(values, ())]
+    while stack:
+        v, at = stack.pop()
+        depth = len(at)
+        if depth == len(shape):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                return at, "must be a finite number"
+            continue
+        if not isinstance(v, list):
+            return at, f"must be a list of {shape[depth]} (the shape is {shape})"
+        if len(v) != shape[depth]:
+            return at, f"has {len(v)} entries; the model's input has {shape[depth]} there (the shape is {shape})"
+        stack.extend((item, (*at, i)) for i, item in enumerate(v))
+    return None
+
+
+def _check_export_inputs(req: AttributionsRequest, settings: Settings, entry: dict[str, Any]) -> None:
+    """An exported classifier reads inputs of its spec's shape; each target is one of its classes; the baseline
+    is one its input kind and spec have."""
+    _own_items(req, "an exported classifier", "inputs", "{id, values} each, in the model's per-example shape",
+               ("samples", "dataset", "texts"))
+    spec = model_spec(entry)
+    shape = list(spec["input"]["shape"][1:]) if spec is not None else None
+    labels = class_names(settings, entry)
+    seen: set[str] = set()
+    for i, t in enumerate(req.inputs):
+        if t.id in seen:
+            raise FieldError(("body", "inputs", i, "id"), f"duplicate input id {t.id!r}", value=t.id)
+        seen.add(t.id)
+        if shape is not None:
+            problem = values_problem(t.values, shape)
+            if problem is not None:
+                at, why = problem
+                raise FieldError(("body", "inputs", i, "values", *at), f"values{''.join(f'[{j}]' for j in at)} "
+                                 f"{why}", value=None)
+        _check_target(("body", "inputs", i, "target"), t.target, labels, req.model)
+    base = baseline_of(req)
+    if base not in EXPORT_BASELINES:
+        raise FieldError(("body", "baseline"), f"baseline {base!r} is for text models; an exported classifier takes "
+                         f"{', '.join(EXPORT_BASELINES)}", value=req.baseline)
+    if base == "custom":
+        if req.baseline_values is None:
+            raise FieldError(("body", "baseline_values"), "baseline 'custom' needs baseline_values: one input's "
+                             "values in the model's per-example shape", value=None)
+        problem = values_problem(req.baseline_values, shape) if shape is not None else None
+        if problem is not None:
+            at, why = problem
+            raise FieldError(("body", "baseline_values", *at), f"baseline_values{''.join(f'[{j}]' for j in at)} "
+                             f"{why}", value=None)
+    elif req.baseline_values is not None:
+        raise FieldError(("body", "baseline_values"), "baseline_values is the reference of baseline 'custom'; "
+                         f"baseline is {base!r}", value=None)
+    if spec is not None and base == "blur" and spec["input"].get("kind") != "image":
+        raise FieldError(("body", "baseline"), f"baseline 'blur' is for images; model {req.model!r} takes "
+                         f"{spec['input'].get('kind')} inputs", value=req.baseline)
+    if base == "mean":
+        for name in filter(None, (req.model, req.compare_with)):
+            other = entry if name == req.model else registry.get_model(settings, name)
+            other_spec = model_spec(other) if other is not None else None
+            if other_spec is not None and other_spec["input"].get("mean") is None:
+                raise FieldError(("body", "baseline"), f"baseline 'mean': model {name!r}'s spec has no training "
+                                 "mean (spec.input.mean); choose zero, blur or custom", value=req.baseline)
 
 
 def _check_samples(samples: list[SampleIn]) -> None:
@@ -336,6 +473,8 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
     entry = _check_models(req, settings)
     if entry["kind"] == HF_KIND:
         _check_hf_inputs(req, settings, entry)
+    elif entry["kind"] == EXPORT_KIND:
+        _check_export_inputs(req, settings, entry)
     else:
         _check_news_inputs(req, settings)
     _check_batch_sizes(req)
@@ -354,11 +493,13 @@ register(JobKind(
                   reduce="workers.jobs.attributions:run_reduce", timeout_s=2 * 3600),
     timeout_s=2 * 3600,
     result_ttl_s=7 * 24 * 3600,
-    summary=("Integrated Gradients of a news recommender's score over the words of a headline, or of a Hugging Face "
-             "classifier's class logit over the words of a text"),
+    summary=("Integrated Gradients of a news recommender's score over the words of a headline, of a Hugging Face "
+             "classifier's class logit over the words of a text, or of an exported classifier's class logit over "
+             "the pixels of an image or the features of a tabular row"),
     title="Attributions (Integrated Gradients)",
     renderer="attributions",
-    pickers={"model": ("models", ("news", "hf_classifier")), "compare_with": ("models", ("news", "hf_classifier")),
+    pickers={"model": ("models", ("news", "hf_classifier", "exported_classifier")),
+             "compare_with": ("models", ("news", "hf_classifier", "exported_classifier")),
              "dataset.name": ("datasets", "news")},
     widgets={"samples": "news_samples"},
     validate=validate,

@@ -1,5 +1,5 @@
-"""``POST /models/import``: register a model trained elsewhere (ConvE, NRMS/NAML, Vision-BDH, or a Hugging Face
-sequence classifier) for the caller.
+"""``POST /models/import``: register a model trained elsewhere (ConvE, NRMS/NAML, Vision-BDH, a Hugging Face
+sequence classifier, or any classifier exported with ``torch.export``) for the caller.
 
 API side (no torch): the file names must exist inside the model directory, which must be under the data roots.
 The job reads the weights (``.safetensors``, or ``.pt`` with ``weights_only=True`` only), checks every tensor's
@@ -10,6 +10,11 @@ through :class:`core.userfiles.UserFiles`): ``auto_map`` (remote code), pickle-o
 ``model_type`` or architecture, no ``tokenizer.json`` or an unreadable safetensors header is a 422 on ``path``
 saying why and how to convert; only ``name``, ``path``, ``overwrite`` (and the job's ``label`` and ``tags``) apply
 to it.
+
+An exported program (``kind: "export"``) is the ``.pt2`` archive ``weights`` names (by default ``model.pt2``) and
+its spec (``config``, by default the directory's ``spec.json``): both read as data only
+(:func:`models.export.files.inspect_program`, :func:`models.export.spec.check_spec`); a pickle inside the archive,
+an operator the service does not run, a spec that disagrees with the program is a 422 on the field that holds it.
 """
 
 from __future__ import annotations
@@ -43,11 +48,16 @@ from models.hf.files import CheckpointError, inspect_checkpoint
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 REGISTRY_KIND = {"conve": "conve", "nrms": "news", "naml": "news", "vision_bdh": "vision_bdh",
-                 "huggingface": "hf_classifier"}
-ImportKind = Literal["conve", "nrms", "naml", "vision_bdh", "huggingface"]
+                 "huggingface": "hf_classifier", "export": "exported_classifier"}
+ImportKind = Literal["conve", "nrms", "naml", "vision_bdh", "huggingface", "export"]
 # The request fields a Hugging Face import takes besides the job's label and tags: the checkpoint's own files say
 # the rest (config.json, the safetensors weights, tokenizer.json).
 HF_FIELDS = ("name", "kind", "path", "overwrite")
+# An exported program's import takes these: the archive (``weights``, by default model.pt2) and its spec
+# (``config``, by default the directory's spec.json).
+EXPORT_FIELDS = ("name", "kind", "path", "weights", "config", "overwrite")
+PROGRAM_DEFAULT = "model.pt2"
+SPEC_DEFAULT = "spec.json"
 HF_FLOAT_BYTES = 4  # transformers loads the weights as float32 by default: the most a parameter takes in memory
 WEIGHT_DEFAULTS = ("model.safetensors", "model.pt", "model.pth", "pytorch_model.bin")
 FILE = limits.MAX_FILE_NAME_LENGTH  # a file inside the model directory
@@ -66,18 +76,21 @@ class ImportModelRequest(JobRequest):
     name: str = Field(..., max_length=limits.MAX_NAME_LENGTH, pattern=NAME_PATTERN, title="Model name",
         description="Name to register the model under")
     kind: ImportKind = Field(..., title="Model type",
-        description=("What the files hold: ConvE, NRMS, NAML, Vision-BDH, or a Hugging Face sequence classifier "
+        description=("What the files hold: ConvE, NRMS, NAML, Vision-BDH, a Hugging Face sequence classifier "
                      "(huggingface: config.json, model.safetensors and tokenizer.json, as save_pretrained writes "
-                     "them; no remote code, no pickles)"))
+                     "them; no remote code, no pickles), or any classifier exported with torch.export (export: a "
+                     ".pt2 archive as torch.export.save writes it, and its spec)"))
     path: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Model directory",
         description="The directory holding the model's files, under the data roots")
     weights: str | None = Field(
         None, min_length=1, max_length=FILE, title="Weights file", json_schema_extra=ADVANCED,
-        description=f"The state dict; by default the first of {', '.join(WEIGHT_DEFAULTS)}")
+        description=(f"The state dict; by default the first of {', '.join(WEIGHT_DEFAULTS)}; for an exported "
+                     f"program, the .pt2 archive (by default {PROGRAM_DEFAULT})"))
     config: dict[str, Any] | None = Field(
         None, max_length=limits.MAX_CONFIG_KEYS, title="Configuration", json_schema_extra=ADVANCED,
         description=("ConvE's shape settings, or the NRMS / NAML / Vision-BDH configuration; by default the "
-                     "directory's config.json"))
+                     "directory's config.json. For an exported program, its spec: {\"input\": {\"kind\": \"image\" "
+                     "or \"tabular\", \"features\", \"mean\"}, \"labels\": [...]} (by default spec.json)"))
     entities: str | None = Field(
         None, min_length=1, max_length=FILE, title="Entity ids file", json_schema_extra=ADVANCED,
         description=("ConvE: the entity ids (node_dict, entity_to_id.tsv[.gz] or .json, entities.dict); found by name "
@@ -143,6 +156,15 @@ class HFSmoke(ResultModel):
     finite: bool
 
 
+class ExportSmoke(ResultModel):
+    """An exported program's import smoke test: the logits of two inputs (zeros and ones), their shape and whether
+    they are finite, and the elements the program's values hold for one example (its dry run)."""
+
+    logits_shape: list[int]
+    finite: bool
+    elements_per_example: int
+
+
 class ImportResult(ResultModel):
     """``POST /models/import``: the registered model, its parameters and smoke test; a ConvE import also reports
     its vocabulary sizes, whether the weights were PyKEEN's, the checkpoints written and, with validation or test
@@ -154,7 +176,7 @@ class ImportResult(ResultModel):
     registry_kind: str = Field(description="the registry's kind of the model: conve, news, vision_bdh or "
                                "hf_classifier")
     parameters: int
-    smoke: ConvESmoke | NewsSmoke | VisionSmoke | HFSmoke
+    smoke: ConvESmoke | NewsSmoke | VisionSmoke | HFSmoke | ExportSmoke
     entities: int | None = None
     relations: int | None = None
     reciprocal: bool | None = None
@@ -167,8 +189,11 @@ class ImportResult(ResultModel):
     architecture: str | None = Field(None, description="Hugging Face: the transformers class "
                                      "(BertForSequenceClassification, ...)")
     task: str | None = Field(None, description="Hugging Face: what the model does (sequence_classification)")
-    labels: list[str] | None = Field(None, description="Hugging Face: the class names, in logit order "
-                                     "(config.json's id2label)")
+    labels: list[str] | None = Field(None, description="Hugging Face and exported programs: the class names, in "
+                                     "logit order (config.json's id2label, or the spec's labels)")
+    spec: dict[str, Any] | None = Field(None, description="Exported programs: the checked spec (the input's name, "
+                                        "kind, dtype and shape, its features and mean, the labels)")
+    operators: list[str] | None = Field(None, description="Exported programs: the ATen operators the program calls")
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:
@@ -342,9 +367,73 @@ def _validate_huggingface(req: ImportModelRequest, settings: Settings, owner: st
     require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)
 
 
+def inspect_export(settings: Settings, directory: Path, req: ImportModelRequest) -> tuple[Any, Any]:
+    """The program archive and its spec read as data through the user-file opener (API and job alike): (archive
+    info, checked spec); every refusal is a FieldError on ``weights`` (the archive), ``config`` (the spec given
+    inline, at the spec's own field) or ``path`` (a spec.json of the directory)."""
+    from models.export.files import ProgramError, inspect_program
+    from models.export.spec import SpecError, check_spec
+
+    files = UserFiles(settings)
+    name = req.weights or PROGRAM_DEFAULT
+    archive = _inside(settings, directory, name, "weights")
+    try:
+        info = inspect_program(archive, files)
+    except (ProgramError, UserFileError) as exc:
+        raise FieldError(("body", "weights"), f"{name}: {exc}", value=name) from None
+    except OSError as exc:
+        raise FieldError(("body", "weights"), f"{shown(name)} cannot be read ({exc.strerror or exc})",
+                         value=name) from None
+    spec: Any = req.config
+    where: tuple = ("body", "config")
+    if spec is None:
+        path = directory / SPEC_DEFAULT
+        if not path.is_file():
+            raise FieldError(("body", "config"), f"give the program's spec as config or put {SPEC_DEFAULT} in the "
+                             "model directory", value=None)
+        try:
+            spec = json.loads(read_bytes(files, path, "json"))
+        except (ValueError, OSError) as exc:
+            raise FieldError(("body", "path"), f"{SPEC_DEFAULT}: "
+                             f"{exc if isinstance(exc, UserFileError) else 'not JSON'}", value=req.path) from None
+        where = ("body", "path")
+    try:
+        checked = check_spec(spec, info)
+    except SpecError as exc:
+        loc = (*where, *exc.field) if where[-1] == "config" else where
+        prefix = "" if where[-1] == "config" else f"{SPEC_DEFAULT}: spec.{'.'.join(map(str, exc.field))}: "
+        raise FieldError(loc, prefix + str(exc), value=None) from None
+    return info, checked
+
+
+def _validate_export(req: ImportModelRequest, settings: Settings, owner: str) -> None:
+    given = req.model_dump(mode="json")
+    for name in ImportModelRequest.model_fields:
+        if name in EXPORT_FIELDS or name in JobRequest.model_fields:
+            continue
+        if given[name] is not None and given[name] != []:
+            raise FieldError(("body", name), f"{name} is not for exported programs: the archive and its spec say "
+                             "everything (weights: the .pt2 file, config: the spec)", value=given[name])
+    directory = model_dir(settings, req.path)
+    try:
+        check_tree(settings, directory)
+    except UserFileError as exc:
+        raise FieldError(("body", "path"), str(exc), value=req.path) from None
+    info, _ = inspect_export(settings, directory, req)
+    budget = settings.worker_memory_bytes
+    if budget and info.nbytes > budget:
+        raise FieldError(("body", "weights"), f"the program's weights would need about {gib(info.nbytes)} of "
+                         f"worker memory, more than the {gib(budget)} a worker offers (EXPLAINQ_WORKER_MEMORY_BYTES)",
+                         value=req.weights or PROGRAM_DEFAULT)
+    require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)
+
+
 def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
     if req.kind == "huggingface":
         _validate_huggingface(req, settings, owner)
+        return
+    if req.kind == "export":
+        _validate_export(req, settings, owner)
         return
     directory = model_dir(settings, req.path)
     try:
@@ -392,8 +481,9 @@ register(JobKind(
     queue="train",
     func="workers.jobs.import_model:run",
     timeout_s=2 * 3600,
-    summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked), or a "
-            "Hugging Face sequence classifier (safetensors, no remote code); registers it",
+    summary="Import a ConvE, NRMS/NAML or Vision-BDH model trained elsewhere (names and shapes checked), a "
+            "Hugging Face sequence classifier (safetensors, no remote code) or a classifier exported with "
+            "torch.export (.pt2, run by the service's own interpreter); registers it",
     title="Import a model",
     result=ImportResult,
     validate=validate,

@@ -34,30 +34,25 @@ and baselines ``x'`` (embeddings) and ``forward(x, rows)``, the target logit of 
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from models.common import NonFiniteError, resolve_precision
+from models.common import resolve_precision
 from models.explain.ig import (
     IGResult,
-    integrated_gradients,
-    integrated_gradients_adaptive,
-    integrated_gradients_reference,
     probe_bytes_per_row,
-    relative_delta,
     rows_for_budget,
 )
 from models.explain.occlusion import occlusion
 from models.explain.records import view_record
-from models.explain.rules import AttributionOptions, refine_by_doubling
+from models.explain.rules import AttributionOptions
+from models.explain.runs import ClassRun, attribute, integrate
+from models.explain.runs import summary as run_summary
 from models.hf.batches import (
     BASELINES,
     VIEW,
@@ -90,25 +85,6 @@ class HFOptions(AttributionOptions):
 
 
 # ------------------------------------------------------------------------------------------------- the run
-@dataclass
-class _Run:
-    """Per text id: token attributions (fp64, one per token), F(x), F(x'), their sum, the classes, and (adaptive)
-    the steps, gradient evaluations and convergence."""
-
-    n_steps: int
-    batch_size: int
-    alpha_batch_size: int | None
-    attr: dict[str, np.ndarray] = field(default_factory=dict)
-    scores: dict[str, float] = field(default_factory=dict)
-    baseline_scores: dict[str, float] = field(default_factory=dict)
-    sums: dict[str, float] = field(default_factory=dict)
-    target: dict[str, dict[str, Any]] = field(default_factory=dict)
-    predicted: dict[str, dict[str, Any]] = field(default_factory=dict)
-    steps: dict[str, int] = field(default_factory=dict)
-    evaluations: dict[str, int] = field(default_factory=dict)
-    converged: dict[str, bool] = field(default_factory=dict)
-
-
 # transformers model -> {(precision, device, length bucket): bytes per interpolated row}
 _PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -172,32 +148,16 @@ def _integrate(batch: Batch, opts: HFOptions, n_steps: int, alpha_batch_size: in
     """Occlusion, the reference loop, IG refined per text until ``opts.tolerance``, or IG at ``n_steps``."""
     if opts.method == "occlusion":
         return occlusion(batch.forward, batch.x, batch.base, batch.content)
-    if not opts.optimized:
-        results = []
-        for i in range(batch.x.shape[0]):
-            row = torch.tensor([i], device=batch.x.device)
-            with torch.enable_grad():
-                results.append(integrated_gradients_reference(
-                    lambda e, row=row: batch.forward(e, row), batch.x[i], batch.base[i], n_steps=n_steps,
-                    method=opts.method))
-        return IGResult(torch.cat([r.attributions for r in results]), torch.cat([r.scores for r in results]),
-                        torch.cat([r.baseline_scores for r in results]), n_steps, opts.method)
-    if opts.tolerance is not None:
-        auto = opts.alpha_batch_size == "auto"
-        return integrated_gradients_adaptive(
-            batch.forward, batch.x, batch.base, tolerance=opts.tolerance, method=opts.method, start_steps=n_steps,
-            max_steps=opts.max_steps, alpha_batch_size=None if auto else alpha_batch_size,
-            max_rows=rows if auto else None, precision=precision, token_sums=True)
-    return integrated_gradients(batch.forward, batch.x, batch.base, n_steps=n_steps, method=opts.method,
-                                alpha_batch_size=alpha_batch_size, precision=precision, endpoint_scores=(fx, fb))
+    return integrate(batch.forward, batch.x, batch.base, opts, n_steps, alpha_batch_size, rows, precision,
+                     endpoint_scores=None if opts.tolerance is not None else (fx, fb))
 
 
 def _run(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, precision: str, n_steps: int,
-         progress: ProgressFn | None) -> _Run:
+         progress: ProgressFn | None) -> ClassRun:
     """Every prepared text, batch by batch."""
     logits = logits_from_embeddings(clf)
     batch_size, alpha_batch_size, rows = _resolve_batches(clf, prepared, opts, precision, n_steps, logits)
-    run = _Run(n_steps, batch_size, alpha_batch_size)
+    run = ClassRun(n_steps, batch_size, alpha_batch_size)
     done = 0
     for items in length_batches(prepared, batch_size):
         ids = [p.sample.id for p in items]
@@ -207,59 +167,15 @@ def _run(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, preci
             res = _integrate(batch, opts, n_steps, alpha_batch_size, rows, precision, fx, fb)
         except (RuntimeError, ValueError) as exc:
             raise AttributionError(f"attribution failed for texts {ids}: {exc}") from exc
-        tok_attr = res.attributions.sum(-1).double().cpu().numpy()
-        bad = [sid for j, sid in enumerate(ids) if not (np.isfinite(tok_attr[j]).all() and math.isfinite(
-            float(res.scores[j])) and math.isfinite(float(res.baseline_scores[j])))]
-        if bad:
-            raise NonFiniteError(f"non-finite attribution or score for texts {bad}", bad)
-        for j, sid in enumerate(ids):
-            run.attr[sid] = tok_attr[j]
-            run.scores[sid] = float(res.scores[j])
-            run.baseline_scores[sid] = float(res.baseline_scores[j])
-            run.sums[sid] = float(tok_attr[j].sum())
-            run.target[sid] = target_recs[j]
-            run.predicted[sid] = predicted_recs[j]
-            steps = getattr(res, "steps", None)
-            if steps is not None:
-                run.steps[sid] = int(steps[j])
-                run.evaluations[sid] = int(res.evaluations[j])
-                run.converged[sid] = bool(res.converged[j])
+        run.add(ids, res, target_recs, predicted_recs, "texts")
         done += len(items)
         if progress is not None:
             progress(done, len(prepared), f"{done}/{len(prepared)} texts, n_steps={n_steps}")
     return run
 
 
-def _rel(run: _Run, sid: str) -> float:
-    inert = bool((run.attr[sid] == 0).all())
-    return float(relative_delta(run.sums[sid], run.scores[sid], run.baseline_scores[sid], inert))
-
-
-@dataclass
-class _Attributed:
-    run: _Run | None  # None without texts
-    n_steps: int
-    tolerance_met: bool | None = None
-
-
-def _attribute(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, precision: str,
-               progress: ProgressFn | None) -> _Attributed:
-    """Adaptive (each text refined on its own from at most 16 steps), doubling (the reference loop with a
-    tolerance: the whole run at twice the steps until the median relative delta meets it), or one run."""
-    if not prepared:
-        return _Attributed(None, opts.n_steps)
-    if opts.adaptive:
-        run = _run(clf, prepared, opts, precision, opts.start_steps, progress)
-        return _Attributed(run, opts.start_steps, all(run.converged.values()))
-    if opts.tolerance is not None and opts.method != "occlusion":
-        return _Attributed(*refine_by_doubling(
-            opts, lambda n: _run(clf, prepared, opts, precision, n, progress),
-            lambda run: [_rel(run, sid) for sid in run.attr]))
-    return _Attributed(_run(clf, prepared, opts, precision, opts.n_steps, progress), opts.n_steps)
-
-
 # ------------------------------------------------------------------------------------------------ the report
-def _record(p: Prepared, run: _Run, opts: HFOptions) -> dict[str, Any]:
+def _record(p: Prepared, run: ClassRun, opts: HFOptions) -> dict[str, Any]:
     """One text's record, in the news records' shape (``core.contract.results.attributions.SampleRecord``)."""
     sid = p.sample.id
     rec: dict[str, Any] = {
@@ -267,7 +183,7 @@ def _record(p: Prepared, run: _Run, opts: HFOptions) -> dict[str, Any]:
         "label": p.sample.label,
         **view_record(p.sample.text, p.tokens, run.attr[sid], p.words,
                       trimmed_spans(p.sample.text, p.words, p.offsets), run.scores[sid], run.baseline_scores[sid],
-                      run.sums[sid], _rel(run, sid), opts.top_k),
+                      float(run.attr[sid].sum()), run.rel(sid), opts.top_k),
         "target": run.target[sid],
         "predicted": run.predicted[sid],
         "truncated": p.truncated,
@@ -276,39 +192,6 @@ def _record(p: Prepared, run: _Run, opts: HFOptions) -> dict[str, Any]:
         rec["n_steps"] = {VIEW: run.steps[sid]}
         rec["tolerance_met"] = run.converged[sid]
     return rec
-
-
-def _summary(opts: HFOptions, precision: str, att: _Attributed, records: Sequence[dict[str, Any]],
-             errors: Sequence[dict[str, Any]], started: float, prepare_seconds: float) -> dict[str, Any]:
-    run = att.run
-    rels = [_rel(run, sid) for sid in run.attr] if run is not None else []
-    if opts.method == "occlusion":
-        n_steps = evaluations = None
-    elif opts.adaptive:
-        n_steps = max(run.steps.values()) if run is not None else att.n_steps
-        evaluations = sum(run.evaluations.values()) if run is not None else 0
-    else:
-        n_steps, evaluations = att.n_steps, att.n_steps * len(rels)
-    return {
-        "n_samples": len(records),
-        "n_errors": len(errors),
-        "method": opts.method,
-        "n_steps": n_steps,
-        "gradient_evaluations": evaluations,
-        "precision": precision,
-        "baseline": opts.baseline,
-        "optimized": opts.optimized,
-        "views": [VIEW],
-        "median_relative_delta": statistics.median(rels) if rels else float("nan"),
-        "max_relative_delta": max(rels) if rels else float("nan"),
-        "relative_delta_by_view": ReportAccumulator(VIEW).extend(records).delta_by_view(),
-        "tolerance": opts.tolerance,
-        "tolerance_met": att.tolerance_met,
-        "batch_size": run.batch_size if run is not None else None,
-        "alpha_batch_size": run.alpha_batch_size if run is not None else None,
-        "seconds": time.perf_counter() - started,
-        "seconds_prepare": prepare_seconds,
-    }
 
 
 def explain(clf: HFClassifier, samples: Sequence[TextSample], opts: HFOptions | None = None,
@@ -326,11 +209,12 @@ def explain(clf: HFClassifier, samples: Sequence[TextSample], opts: HFOptions | 
     errors: list[dict[str, Any]] = []
     prepared = prepare(clf, samples, errors, targets)
     prepare_seconds = time.perf_counter() - started
-    att = _attribute(clf, prepared, opts, precision, progress)
+    att = attribute(opts, bool(prepared), lambda n: _run(clf, prepared, opts, precision, n, progress))
     records = [_record(p, att.run, opts) for p in prepared] if att.run is not None else []
     position = {s.id: i for i, s in enumerate(samples)}
     errors.sort(key=lambda e: position.get(e["id"], len(position)))
-    summary = _summary(opts, precision, att, records, errors, started, prepare_seconds)
+    summary = run_summary(opts, precision, att, records, errors, started, prepare_seconds, VIEW,
+                          ReportAccumulator(VIEW).extend(records).delta_by_view())
     report: dict[str, Any] = {"samples": records, "errors": errors, "summary": summary,
                               "word_stats": word_stats(records)}
     if opts.faithfulness and records:

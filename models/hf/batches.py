@@ -51,6 +51,17 @@ def resolve_target(labels: Sequence[str], target: int | str | None) -> int | Non
     return list(labels).index(target)
 
 
+def item_target(labels: Sequence[str], item_id: str, own: int | str | None,
+                targets: Mapping[str, str] | None) -> tuple[int | None, str]:
+    """The class an item's record explains and where it comes from: ``model`` (``targets``, by name: a
+    ``compare_with`` pass explains the class the first model's record explains), ``request`` (the item's own
+    target) or ``predicted`` (None: the model's predicted class). ValueError for a class the model lacks."""
+    if targets is not None and item_id in targets:
+        return resolve_target(labels, targets[item_id]), "model"
+    target = resolve_target(labels, own)
+    return target, "predicted" if target is None else "request"
+
+
 def baseline_token(clf: HFClassifier, baseline: str) -> int | None:
     """The token id the baseline puts at content positions (None for ``zero``), or ValueError when the tokenizer
     has no such token."""
@@ -151,11 +162,7 @@ def prepare(clf: HFClassifier, samples: Sequence[TextSample], errors: list[dict[
             errors.append({"id": s.id, "error": "text must be a non-empty string"})
             continue
         try:
-            if targets is not None and s.id in targets:
-                target, source = resolve_target(clf.labels, targets[s.id]), "model"
-            else:
-                target = resolve_target(clf.labels, s.target)
-                source = "predicted" if target is None else "request"
+            target, source = item_target(clf.labels, s.id, s.target, targets)
         except ValueError as exc:
             errors.append({"id": s.id, "error": str(exc)})
             continue

@@ -181,9 +181,12 @@ class NpzSpool:
 
     def add(self, rec: dict[str, Any]) -> None:
         self._strings("ids", [str(rec["id"])])
-        self._strings("tokens", list(rec["tokens"]))
-        self._numbers("token_attributions", rec["token_attributions"])
-        self._numbers("lengths", [len(rec["tokens"])], "q")
+        # an exported classifier's record has cells (pixels, patches or features) and no tokens: its cells are stored
+        tokens = rec["tokens"] if rec.get("tokens") is not None else rec["words"]
+        values = rec["token_attributions"] if rec.get("token_attributions") is not None else rec["word_attributions"]
+        self._strings("tokens", list(tokens))
+        self._numbers("token_attributions", values)
+        self._numbers("lengths", [len(tokens)], "q")
         for name in ("score", "baseline_score", "attribution_sum", "relative_delta"):
             self._numbers(name, [rec.get(name)])
 

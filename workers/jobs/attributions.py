@@ -7,8 +7,10 @@ way (``core.contract.results.attributions.AttributionResult``).
 
 The loaded model decides the pipeline at one explain point (:func:`_explain`): a Hugging Face classifier
 (``models.hf.checkpoint.HFClassifier``, registry kind ``hf_classifier``) is explained over the request's ``texts``
-by ``models.hf.attribution``, a news recommender over its ``samples`` (or dataset's) by
-``models.news.attribution``; both give the same report shape, so everything after that point is shared.
+by ``models.hf.attribution``, an exported classifier (``models.export.program.ExportedClassifier``, registry
+kind ``exported_classifier``) over the request's ``inputs`` by ``models.export.attribution``, a news recommender
+over its ``samples`` (or dataset's) by ``models.news.attribution``; all give the same report shape, so everything
+after that point is shared.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from core.artifacts import artifacts_key
 from core.contract.kind import ReduceRequest, ShardRequest
 from core.contract.results.attributions import AttributionResult, SampleRecord
 from core.filestore import get_store
-from core.kinds.attributions import AttributionsRequest
+from core.kinds.attributions import AttributionsRequest, baseline_of
 from workers.context import JobContext, JobError
 from workers.fanout import (
     Planned,
@@ -77,16 +79,43 @@ def _texts(request: AttributionsRequest) -> list:
     return [TextSample(id=t.id, text=t.text, label=t.label, target=t.target) for t in request.texts]
 
 
-def _is_hf(loaded: Any) -> bool:
-    """Whether a loaded model is a Hugging Face classifier (else a news bundle, whose ``.model`` is explained)."""
+def _tensors(request: AttributionsRequest) -> list:
+    import numpy as np
+
+    from models.export.attribution import TensorSample
+
+    if request.inputs is None:
+        raise JobError("invalid_request", f"model {request.model!r} is an exported classifier: give inputs")
+    return [TensorSample(id=t.id, values=np.asarray(t.values, dtype=np.float64), label=t.label, target=t.target)
+            for t in request.inputs]
+
+
+def _family(loaded: Any) -> str:
+    """``hf`` (a Hugging Face classifier), ``export`` (an exported classifier) or ``news`` (a news bundle, whose
+    ``.model`` is explained)."""
+    from models.export.program import ExportedClassifier
     from models.hf.checkpoint import HFClassifier
 
-    return isinstance(loaded, HFClassifier)
+    return "hf" if isinstance(loaded, HFClassifier) else "export" if isinstance(loaded, ExportedClassifier) \
+        else "news"
+
+
+def _classifier(loaded: Any) -> bool:
+    """Whether a loaded model is a classifier whose records name classes (Hugging Face or exported)."""
+    return _family(loaded) != "news"
 
 
 def _inputs(request: AttributionsRequest, ctx: JobContext, loaded: Any) -> list:
-    """The request's items for the loaded model: texts for a classifier, news samples for a recommender."""
-    if _is_hf(loaded):
+    """The request's items for the loaded model: texts or inputs for a classifier, news samples for a
+    recommender."""
+    if _family(loaded) == "export":
+        if request.samples is not None or request.dataset is not None or request.texts is not None:
+            raise JobError("invalid_request", f"model {request.model!r} is an exported classifier: give inputs")
+        return _tensors(request)
+    if request.inputs is not None:
+        raise JobError("invalid_request", f"model {request.model!r} takes no inputs (they are for exported "
+                       "classifiers)")
+    if _classifier(loaded):
         if request.samples is not None or request.dataset is not None:
             raise JobError("invalid_request", f"model {request.model!r} is a Hugging Face classifier: give texts, "
                            "not samples or dataset")
@@ -97,15 +126,30 @@ def _inputs(request: AttributionsRequest, ctx: JobContext, loaded: Any) -> list:
     return _samples(request, ctx, with_bodies="body" in loaded.model.views)
 
 
+def _classifier_options(request: AttributionsRequest) -> dict[str, Any]:
+    """The engine options every classifier family takes from the request."""
+    return dict(
+        n_steps=request.n_steps, method=request.method, tolerance=request.tolerance,
+        alpha_batch_size=request.alpha_batch_size, batch_size=request.batch_size, precision=request.precision,
+        baseline=baseline_of(request), top_k=request.top_k, optimized=request.optimized,
+        faithfulness=request.faithfulness, faithfulness_seed=request.faithfulness_seed,
+    )
+
+
 def _hf_options(request: AttributionsRequest) -> Any:
     from models.hf.attribution import HFOptions
 
-    return HFOptions(
-        n_steps=request.n_steps, method=request.method, tolerance=request.tolerance,
-        alpha_batch_size=request.alpha_batch_size, batch_size=request.batch_size, precision=request.precision,
-        baseline=request.baseline, top_k=request.top_k, optimized=request.optimized,
-        faithfulness=request.faithfulness, faithfulness_seed=request.faithfulness_seed,
-    )
+    return HFOptions(**_classifier_options(request))
+
+
+def _export_options(request: AttributionsRequest) -> Any:
+    import numpy as np
+
+    from models.export.attribution import ExportOptions
+
+    values = request.baseline_values
+    return ExportOptions(**_classifier_options(request),
+                         baseline_values=np.asarray(values, dtype=np.float64) if values is not None else None)
 
 
 def _options(request: AttributionsRequest) -> Any:
@@ -114,7 +158,8 @@ def _options(request: AttributionsRequest) -> Any:
     return IGOptions(
         n_steps=request.n_steps, method=request.method, tolerance=request.tolerance,
         alpha_batch_size=request.alpha_batch_size, batch_size=request.batch_size, precision=request.precision,
-        baseline=request.baseline, top_k=request.top_k, optimized=request.optimized, max_history=request.max_history,
+        baseline=baseline_of(request), top_k=request.top_k, optimized=request.optimized,
+        max_history=request.max_history,
         faithfulness=request.faithfulness, faithfulness_seed=request.faithfulness_seed,
     )
 
@@ -126,7 +171,7 @@ def _report_options(request: AttributionsRequest) -> Any:
         model=request.model, top_k=request.top_k, warn_relative_delta=request.warn_relative_delta,
         compare_with=request.compare_with, compare_threshold=request.compare_threshold,
         compare_min_count=request.compare_min_count, compare_top_n=request.compare_top_n,
-        faithfulness=request.faithfulness, faithfulness_seed=request.faithfulness_seed, baseline=request.baseline,
+        faithfulness=request.faithfulness, faithfulness_seed=request.faithfulness_seed, baseline=baseline_of(request),
     )
 
 
@@ -175,7 +220,14 @@ def _explain(loaded: Any, items: list, request: AttributionsRequest, progress: A
     from models.news.attribution import AttributionError
 
     try:
-        if _is_hf(loaded):
+        if _family(loaded) == "export":
+            from models.export.attribution import explain as explain_inputs
+
+            opts = _export_options(request)
+            if compare:
+                opts = dataclasses.replace(opts, faithfulness=False)
+            report = explain_inputs(loaded, items, opts, progress, targets=targets)
+        elif _classifier(loaded):
             from models.hf.attribution import explain as explain_texts
 
             opts = _hf_options(request)
@@ -214,10 +266,10 @@ def _attribute(ctx: JobContext, request: AttributionsRequest, loaded: Any, items
     report_b = None
     if compare is not None:
         other = ctx.model(compare)
-        if _is_hf(other) != _is_hf(loaded):
+        if _family(other) != _family(loaded):
             raise JobError("invalid_request", f"compare_with {compare!r} is not the same kind of model as "
                            f"{request.model!r}")
-        targets = {r["id"]: r["target"]["label"] for r in report["samples"]} if _is_hf(loaded) else None
+        targets = {r["id"]: r["target"]["label"] for r in report["samples"]} if _classifier(loaded) else None
         report_b = _explain(other, items, request, progress_for(1), f"compare_with {compare!r}: ", compare=True,
                             targets=targets)
     return report, report_b
@@ -235,7 +287,7 @@ def run(request: AttributionsRequest, ctx: JobContext) -> AttributionResult | Pl
         return _fan_out(request, ctx, len(samples), shard_size)
     report, report_b = _attribute(ctx, request, loaded, samples, whole=True)
     with AttributionReport(ctx.artifacts_dir, _report_options(request), _record) as out:
-        out.part(_part(len(samples), report, report_b, samples, _is_hf(loaded)), report["samples"],
+        out.part(_part(len(samples), report, report_b, samples, _classifier(loaded)), report["samples"],
                  report_b["samples"] if report_b is not None else ())
         result = out.finish()
     result["artifacts"] = ctx.artifacts()
@@ -316,7 +368,7 @@ def _shard_size(request: AttributionsRequest, ctx: JobContext) -> int:
 
 
 def _fan_out(request: AttributionsRequest, ctx: JobContext, n: int, shard_size: int) -> Planned:
-    inline = "texts" if request.texts is not None else "samples" if request.samples is not None else None
+    inline = next((name for name in ("texts", "inputs", "samples") if getattr(request, name) is not None), None)
 
     def shard_items(carried: dict[str, Any], start: int, end: int) -> tuple[dict[str, Any], int, int]:
         if inline is None:
@@ -340,7 +392,7 @@ def run_shard(shard: ShardRequest[AttributionsRequest], ctx: JobContext) -> dict
         write_jsonl(ctx.artifact_path("samples.jsonl"), report["samples"])
         if report_b is not None:
             write_jsonl(ctx.artifact_path("compare.jsonl"), report_b["samples"])
-        done = _part(len(samples), report, report_b, samples, _is_hf(loaded))
+        done = _part(len(samples), report, report_b, samples, _classifier(loaded))
         # the rate is of sample-steps: the faithfulness numbers' time (no steps) is left out of it
         passes = 2 if report_b is not None else 1
         record_rate(ctx, "attributions", request.model, len(samples) * request.n_steps * passes,
@@ -395,6 +447,8 @@ def _parent_sample_ids(request: AttributionsRequest, ctx: JobContext) -> list[st
     """The parent's samples' (or texts') ids in order (for naming the samples of a failed shard)."""
     if request.texts is not None:
         return [t.id for t in request.texts]
+    if request.inputs is not None:
+        return [t.id for t in request.inputs]
     if request.samples is not None:
         return [s.id for s in request.samples]
     try:

@@ -4,7 +4,9 @@ this project's model directory, smoke-test it and register it for the job's owne
 A Hugging Face checkpoint is inspected again as data (the directory may have changed since the API checked it),
 only the files loading reads are copied to a staging directory (config.json, the safetensors weights and index,
 the tokenizer's JSON files: never a pickle or anything else the directory holds), and the copy is loaded with
-:func:`models.hf.checkpoint.load` (``trust_remote_code=False``, safetensors only), smoke-tested and registered."""
+:func:`models.hf.checkpoint.load` (``trust_remote_code=False``, safetensors only), smoke-tested and registered.
+An exported program is checked again as data, its archive copied and its checked spec written beside it, and it
+is built by :mod:`models.export.program` (the service's own interpreter), dry-run and smoke-tested."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from core.kinds.import_model import (
     WEIGHT_DEFAULTS,
     ImportModelRequest,
     ImportResult,
+    inspect_export,
     inspect_hf,
     model_dir,
     pretrained_problem,
@@ -31,7 +34,7 @@ from workers.context import json_safe as _clean
 
 LOADERS = {"conve": "models.kg.checkpoint:load", "nrms": "models.news.checkpoint:load",
            "naml": "models.news.checkpoint:load", "vision_bdh": "models.vision.checkpoint:load",
-           "huggingface": "models.hf.checkpoint:load"}
+           "huggingface": "models.hf.checkpoint:load", "export": "models.export.program:load"}
 HF_SMOKE_TEXTS = ["a good one", "not bad at all", "the worst"]
 MAX_MESSAGE = 500
 
@@ -171,6 +174,46 @@ def _import_huggingface(src: Path, out: Path, request: ImportModelRequest, setti
             "meta": {**described, "source": display(settings, src)}}
 
 
+def _import_export(src: Path, out: Path, request: ImportModelRequest, settings: Any) -> dict[str, Any]:
+    """Check the archive and spec again (the directory may have changed), copy the archive through the user-file
+    opener and write the checked spec beside it, then build the program with the service's interpreter (no code
+    from the file), dry-run it and smoke-test two inputs."""
+    import torch
+
+    from models.export import program
+
+    try:
+        _, spec = inspect_export(settings, src, request)
+    except FieldError as exc:
+        raise JobError("invalid_model", exc.message) from None
+    out.mkdir(parents=True, exist_ok=True)
+    name = request.weights or "model.pt2"
+    try:
+        with UserFiles(settings).open(src / name, "program") as fh, open(out / program.PROGRAM_FILE, "wb") as dst:
+            shutil.copyfileobj(fh, dst, 1 << 20)
+    except (UserFileError, OSError) as exc:
+        raise JobError("invalid_model", str(exc) if isinstance(exc, UserFileError) else
+                       f"{display(settings, src / name)} cannot be read ({exc.strerror or exc})") from None
+    (out / program.SPEC_FILE).write_text(json.dumps(spec.to_json()))
+    try:
+        clf = program.load(out, "cpu")
+        elements = program.per_example_elements(clf)
+        x = torch.stack([torch.zeros(spec.shape), torch.ones(spec.shape)])
+        logits = clf.logits(x)
+    except (ValueError, RuntimeError) as exc:
+        raise JobError("invalid_model", f"the program does not run: {str(exc)[:MAX_MESSAGE]}") from None
+    shape = list(logits.shape)
+    finite = bool(torch.isfinite(logits).all())
+    if not finite:
+        raise JobError("invalid_model", "the program's logits of a zero and a ones input are not finite (NaN or "
+                       "infinite weights?)")
+    described = {"labels": spec.labels, "spec": spec.to_json(), "operators": clf.info.operators}
+    return {"parameters": clf.parameters, "smoke": {"logits_shape": shape, "finite": finite,
+                                                   "elements_per_example": elements},
+            **described, "meta": {"labels": spec.labels, "spec": spec.to_json(), "elements_per_example": elements,
+                                  "source": display(settings, src)}}
+
+
 def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
     from models.weight_files import StateMismatch
 
@@ -199,6 +242,8 @@ def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
             report = _import_news(src, out, r, ctx.settings)
         elif r.kind == "vision_bdh":
             report = _import_bdh(src, out, r, ctx.settings)
+        elif r.kind == "export":
+            report = _import_export(src, out, r, ctx.settings)
         else:
             report = _import_huggingface(src, out, r, ctx.settings)
         ctx.progress(1, 2, "steps", message="registering")

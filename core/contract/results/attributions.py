@@ -1,5 +1,6 @@
-"""The ``attributions`` renderer's result: Integrated Gradients over a news recommender's words, or over the words of a
-text given to a Hugging Face classifier (its records also name the class explained and the class predicted).
+"""The ``attributions`` renderer's result: Integrated Gradients over a news recommender's words, over the words of a
+text given to a Hugging Face classifier, or over the pixels or features of an exported classifier's input (a
+classifier's records also name the class explained and the class predicted).
 
 One shape whether the job ran whole or as shards (``models.news.report.AttributionReport`` builds both): the first
 records and errors inline, every one in a JSONL artifact (``listed``); the statistics over every sample.
@@ -77,11 +78,26 @@ class PredictedClass(ResultModel):
     probability: float | None
 
 
+class TensorInput(ResultModel):
+    """What an exported classifier's record is drawn over: the input's ``kind`` (``image`` or ``tabular``), its
+    per-example ``shape``; for an image the heatmap ``grid`` (rows, columns) of cells of ``patch`` pixels a side,
+    and ``values`` each cell's mean intensity (over channels and pixels), row by row; for a tabular row each
+    feature's value. The record's ``words`` name the cells (``r3c4``) or features, ``word_attributions`` are their
+    attributions (summed over channels and pixels)."""
+
+    kind: Literal["image", "tabular"]
+    shape: list[int]
+    grid: list[int] | None = None
+    patch: int | None = None
+    values: list[float | None]
+
+
 class SampleRecord(ViewRecord):
     """One sample's attributions: its main view (the title, or a classifier's text) at the top level, other views
     under ``views``. With a tolerance (adaptive runs), ``n_steps`` per view and whether the sample met it. A
     Hugging Face classifier's record also has ``target``, ``predicted`` and ``truncated`` (whether the text was cut
-    to the model's maximum tokens); a news record has ``history``."""
+    to the model's maximum tokens); an exported classifier's has ``target``, ``predicted`` and ``input`` (what its
+    cells or features are drawn over); a news record has ``history``."""
 
     id: str
     label: str | None = None
@@ -94,6 +110,7 @@ class SampleRecord(ViewRecord):
     target: TargetClass | None = None
     predicted: PredictedClass | None = None
     truncated: bool | None = None
+    input: TensorInput | None = None
 
 
 class SampleError(ResultModel):

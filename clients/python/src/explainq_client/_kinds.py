@@ -92,6 +92,7 @@ class KindMethods(Generic[R]):
         samples: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
         dataset: Mapping[str, Any] | NotGiven = NOT_GIVEN,
         texts: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
+        inputs: Sequence[Mapping[str, Any]] | NotGiven = NOT_GIVEN,
         n_steps: int | NotGiven = NOT_GIVEN,
         method: Literal["gausslegendre", "clenshaw_curtis", "riemann_right", "riemann_left", "riemann_middle",
                         "riemann_trapezoid", "occlusion"] | None | NotGiven = NOT_GIVEN,
@@ -99,7 +100,8 @@ class KindMethods(Generic[R]):
         alpha_batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         batch_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
         precision: Precision | NotGiven = NOT_GIVEN,
-        baseline: Literal["pad", "mask", "zero"] | NotGiven = NOT_GIVEN,
+        baseline: Literal["pad", "mask", "zero", "mean", "blur", "custom"] | None | NotGiven = NOT_GIVEN,
+        baseline_values: Sequence[Any] | None | NotGiven = NOT_GIVEN,
         top_k: int | NotGiven = NOT_GIVEN,
         optimized: bool | NotGiven = NOT_GIVEN,
         compare_with: str | None | NotGiven = NOT_GIVEN,
@@ -118,16 +120,20 @@ class KindMethods(Generic[R]):
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
-        """Integrated Gradients of a news recommender's score over the words of candidate headlines, or of a
-        Hugging Face classifier's class logit over the words of texts.
+        """Integrated Gradients of a news recommender's score over the words of candidate headlines, of a
+        Hugging Face classifier's class logit over the words of texts, or of an exported classifier's class logit
+        over the pixels of images or the features of tabular rows.
 
         For a news recommender give exactly one of ``samples`` (``[{"id", "history": [titles], "candidate",
         "label"?, "candidate_body"?}]``) or ``dataset`` (``{"name", "split"="test", "n_samples"=32, "balanced",
         "seed"}``); for a Hugging Face classifier (registry kind ``hf_classifier``) give ``texts`` (``[{"id",
         "text", "label"?, "target"?}]``, ``target`` a class index or name, by default the predicted class;
-        ``baseline`` may also be ``"mask"``).
+        ``baseline`` may also be ``"mask"``); for an exported classifier (registry kind ``exported_classifier``)
+        give ``inputs`` (``[{"id", "values", "label"?, "target"?}]``, ``values`` nested lists in the model's
+        per-example shape), with ``baseline`` ``"zero"`` (its default), ``"mean"`` (the spec's training mean),
+        ``"blur"`` (images) or ``"custom"`` with ``baseline_values`` (one input's values).
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
-        is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"``, ``top_k=10``. ``compare_with`` names a second model (e.g. a
+        is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"`` (text; ``"zero"`` for ``inputs``), ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared: per sample the ``compare_top_n`` (3) most changed words,
         and a table of the words seen at least ``compare_min_count`` (3) times whose mean moved by more than
         ``compare_threshold`` (0.1). A sample whose relative completeness error exceeds ``warn_relative_delta``
@@ -408,7 +414,7 @@ class KindMethods(Generic[R]):
         return self._submit("/train/news", _body(dict(locals())), idempotency_key)
 
     def import_model(
-        self, *, name: str, kind: Literal["conve", "nrms", "naml", "vision_bdh", "huggingface"], path: str,
+        self, *, name: str, kind: Literal["conve", "nrms", "naml", "vision_bdh", "huggingface", "export"], path: str,
         weights: str | None | NotGiven = NOT_GIVEN,
         config: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         entities: str | None | NotGiven = NOT_GIVEN,
@@ -427,8 +433,10 @@ class KindMethods(Generic[R]):
     ) -> R:
         """Register a model trained elsewhere (``POST /models/import``) as ``name``: ConvE, NRMS/NAML or
         Vision-BDH weights, or a Hugging Face sequence classifier (``kind="huggingface"``: config.json,
-        model.safetensors and tokenizer.json, as ``save_pretrained`` writes them), in the directory ``path`` under
-        the data roots.
+        model.safetensors and tokenizer.json, as ``save_pretrained`` writes them), or any classifier exported with
+        ``torch.export`` (``kind="export"``: ``weights`` the ``.pt2`` archive, default ``model.pt2``; ``config`` its
+        spec ``{"input": {"kind": "image" | "tabular", "features"?, "mean"?}, "labels"?}``, default the directory's
+        ``spec.json``), in the directory ``path`` under the data roots.
 
         The job checks every tensor's name and shape against the config before registering, and reports the
         parameters and a smoke score. File names are relative to ``path``: ``weights`` (default the first of

@@ -177,6 +177,39 @@ def words_html(words: Sequence[str], attributions: Sequence[float], scale: float
     return "<span style='line-height:1.9'>" + " ".join(spans) + "</span>"
 
 
+def tensor_html(record: Mapping[str, Any], scale: float) -> str | None:
+    """An exported classifier's record drawn over its input: an image as its grid of cells coloured by attribution
+    (each cell's value on hover and in ``data-attribution``), a tabular row as one signed bar per feature with its
+    value; None for a text record."""
+    inp = record.get("input")
+    if not isinstance(inp, Mapping):
+        return None
+    names = [str(w) for w in record.get("words") or []]
+    values = [_float(a) for a in record.get("word_attributions") or []]
+    if inp.get("kind") == "tabular":
+        given = [_float(v) for v in inp.get("values") or []]
+        rows = "".join(f"<tr><td>{escape(n)}</td><td style='text-align:right'>{_num(given[i] if i < len(given) else None)}"
+                       f"</td><td>{_bar(v, scale)}</td></tr>" for i, (n, v) in enumerate(zip(names, values,
+                                                                                          strict=False)))
+        return ("<table style='font-size:12px'><tr><th>feature</th><th>value</th><th>attribution</th></tr>"
+                f"{rows}</table>")
+    grid = inp.get("grid")
+    if inp.get("kind") != "image" or not isinstance(grid, list) or len(grid) != 2 or grid[0] * grid[1] != len(values):
+        return None
+    px = max(3, min(14, 224 // max(grid)))
+    cells = []
+    for r in range(grid[0]):
+        row = "".join(
+            f"<td title='{escape(names[r * grid[1] + c])}: {escape(_signed(v))}' data-attribution='{v!r}' "
+            f"style='width:{px}px;height:{px}px;padding:0;background:{diverging_color(v, scale)}'></td>"
+            for c, v in enumerate(values[r * grid[1]:(r + 1) * grid[1]]))
+        cells.append(f"<tr>{row}</tr>")
+    patch = inp.get("patch")
+    note = f"{len(values)} cells" + (f" of {patch}x{patch} pixels" if isinstance(patch, int) and patch > 1 else "")
+    return (f"<table style='border-collapse:collapse;border-spacing:0'>{''.join(cells)}</table>"
+            f"<small>{note}, summed over channels (hover a cell for its value)</small>")
+
+
 def _legend(scale: float | None = None) -> str:
     stops = ", ".join(diverging_color(v, 1.0) for v in (-1, -0.5, 0, 0.5, 1))
     if scale is None:
@@ -226,7 +259,7 @@ def attribution_html(result: Mapping[str, Any]) -> str:
     rows = []
     for s in samples[:MAX_SAMPLES_SHOWN]:
         views = [("title", s), *((name, v) for name, v in (s.get("views") or {}).items() if isinstance(v, Mapping))]
-        cells = "<br>".join(
+        cells = tensor_html(s, scale) or "<br>".join(
             (f"<small>{escape(name)}</small> " if len(views) > 1 else "")
             + words_html(v.get("display_words") or v.get("words") or [],
                          [_float(a) for a in v.get("word_attributions") or []], scale, values=True)
