@@ -8,7 +8,10 @@ the jobs use for it, and its counts:
 - ``triples`` (kind ``triples``): ``train.txt`` (+ ``valid.txt``, ``test.txt``), ``head<TAB>relation<TAB>tail``;
 - ``lora_safetensors`` / ``hf_save_to_disk`` (kind ``lora``): ``*.safetensors`` + ``labels.csv``, or a
   ``datasets`` ``save_to_disk`` directory;
-- ``cifar10`` / ``cifar100`` (kind ``image_classification``): the official python batches.
+- ``cifar10`` / ``cifar100`` (kind ``image_classification``): the official python batches;
+- ``tensors`` (kind ``tensor_classification``): ``train.safetensors`` (+ ``valid.safetensors``,
+  ``test.safetensors``), each with ``inputs`` (``[N, ...]``, floating point) and ``labels`` (``[N]``, integer class
+  indices): the training data of an exported classifier (``POST /train/classifier``); only the headers are read.
 
 Files are streamed line by line (a MIND-large ``behaviors.tsv`` is about 2 GB), never loaded whole.
 """
@@ -141,6 +144,8 @@ def _detect(path: Path, files: FileAccess) -> dict[str, Any]:
         if (path / marker).is_file() and (path / "test" if name == "cifar100" else path / "test_batch").is_file():
             batches = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.endswith(".html"))
             return {"format": name, "kind": "image_classification", "counts": {"files": batches}}
+    if (path / "train.safetensors").is_file():
+        return {"format": "tensors", "kind": "tensor_classification", "counts": tensor_splits(path, files)}
     if any((path / f).is_file() for f in ("labels.csv", "dataset_info.json", "dataset_dict.json")):
         from models.lora.keys import DatasetFormatError, summarize_dataset
 
@@ -154,7 +159,45 @@ def _detect(path: Path, files: FileAccess) -> dict[str, Any]:
         return {"format": fmt, "kind": "lora", "counts": counts}
     raise FormatError("no known dataset format: expected a MIND directory ({train,valid,test}/news.tsv + "
                       "behaviors.tsv), pairs_{split}.csv, a triples directory (train.txt), LoRA safetensors + "
-                      "labels.csv, a datasets save_to_disk directory, or CIFAR python batches")
+                      "labels.csv, a datasets save_to_disk directory, CIFAR python batches, or tensors "
+                      "(train.safetensors with inputs and labels)")
+
+
+TENSOR_FLOATS = ("F16", "BF16", "F32", "F64")
+TENSOR_INTS = ("I8", "I16", "I32", "I64", "U8")
+
+
+def tensor_splits(path: Path, files: FileAccess) -> dict[str, Any]:
+    """A ``tensors`` dataset's splits read from their safetensors headers: ``{split: N}`` and the one per-example
+    ``input_shape`` they share; FormatError naming the file and what is wrong."""
+    from models.lora.keys import DatasetFormatError, read_safetensors_header
+
+    counts: dict[str, Any] = {}
+    shape: list[int] | None = None
+    for split in SPLITS:
+        f = path / f"{split}.safetensors"
+        if not f.is_file():
+            continue
+        try:
+            table = read_safetensors_header(f, files)
+        except (DatasetFormatError, OSError) as exc:
+            raise FormatError(str(exc)) from None
+        x, y = table.get("inputs"), table.get("labels")
+        name = f"{split}.safetensors"
+        if x is None or y is None:
+            raise FormatError(f"{name} must hold the tensors 'inputs' and 'labels' (it has "
+                              f"{sorted(k for k in table if k != '__metadata__')[:8]})")
+        if x["dtype"] not in TENSOR_FLOATS or len(x["shape"]) < 2:
+            raise FormatError(f"{name}: inputs must be floating point [N, ...] (got {x['dtype']} {x['shape']})")
+        if y["dtype"] not in TENSOR_INTS or len(y["shape"]) != 1 or y["shape"][0] != x["shape"][0]:
+            raise FormatError(f"{name}: labels must be integer class indices [N] with N = {x['shape'][0]} (got "
+                              f"{y['dtype']} {y['shape']})")
+        if shape is not None and list(x["shape"][1:]) != shape:
+            raise FormatError(f"{name}: inputs are {x['shape'][1:]} per example; train has {shape}")
+        shape = list(x["shape"][1:])
+        counts[split] = int(x["shape"][0])
+    counts["input_shape"] = shape
+    return counts
 
 
 # ------------------------------------------------------------------------------------------- label checks

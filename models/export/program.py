@@ -88,6 +88,10 @@ class Program(torch.nn.Module):
         self.check_values: int | None = None  # per-example element bound while dry-running
         self.counted = 0                      # elements of the values made while dry-running
 
+    def state_tensor(self, name: str) -> torch.Tensor:
+        """The tensor the graph input ``name`` (a parameter, buffer or constant) runs with."""
+        return getattr(self, self._slot[name])
+
     @property
     def device(self) -> torch.device:
         for b in self.buffers():

@@ -334,6 +334,30 @@ class KindMethods(Generic[R]):
         """
         return self._submit("/train/conve", _body(dict(locals())), idempotency_key)
 
+    def train_classifier(
+        self, *, name: str, model: str, dataset: str,
+        epochs: int | NotGiven = NOT_GIVEN,
+        batch_size: int | NotGiven = NOT_GIVEN,
+        optimizer: Literal["sgd", "adam"] | NotGiven = NOT_GIVEN,
+        lr: float | NotGiven = NOT_GIVEN,
+        momentum: float | NotGiven = NOT_GIVEN,
+        weight_decay: float | NotGiven = NOT_GIVEN,
+        checkpoint_every: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        overwrite: bool | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Train the exported classifier ``model`` from its own weights on the tensors dataset ``dataset``
+        (``train.safetensors`` with ``inputs`` and ``labels``; ``valid.safetensors`` scored every epoch) and register
+        it as ``name`` with its checkpoints (``POST /train/classifier``). Server defaults: ``epochs=5``,
+        ``batch_size=64``, ``optimizer="sgd"`` (momentum 0.9; or ``"adam"``), ``lr=0.05``, ``checkpoint_every=1``,
+        ``seed=0``.
+        """
+        return self._submit("/train/classifier", _body(dict(locals())), idempotency_key)
+
     def ablations(
         self, *, dataset: str,
         representations: Sequence[str] | Literal["all"] | NotGiven = NOT_GIVEN,
