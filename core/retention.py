@@ -5,7 +5,8 @@
 - model and dataset versions that were replaced or deleted more than ``grace_s`` ago (a worker may still be loading
   one for a job that started before the replacement), and versions that never got registered (an upload whose
   registration failed) once they are older than ``grace_s``;
-- on this host: scratch directories of jobs that no longer exist, and cached copies of store keys that are gone.
+- on this host: scratch directories of jobs that no longer exist, and cached copies of store keys that are gone
+  from the store (a copy of an object still stored is kept, whether or not the registry names it).
 
 Safe to run from several hosts at once: every step re-checks before it deletes, and deleting twice is harmless.
 """
@@ -157,7 +158,13 @@ def _remove_orphaned_features(store: Any, referenced: set[str]) -> list[str]:
 
 
 def _remove_stale_cache(settings: Settings, r: Any, store: Any, referenced: set[str]) -> list[str]:
-    """Step 4, this host: cached copies of store keys that are gone; returns the keys."""
+    """Step 4, this host: cached copies of store keys that are gone; returns the keys.
+
+    A copy goes only once the object it copies has left the store: a registered version, a released one still in
+    its grace period (a job may be loading it) and any other key still stored (gradient-feature segments, a job's
+    checkpoint) keep their copy, so a second pass deletes nothing and nothing is downloaded again. Objects are
+    immutable (``core.filestore``), so a kept copy is never stale; when retention deletes an object the copy goes
+    at the next pass on each host (at once on the host that deletes it)."""
     removed = []
     cache = settings.store_cache_dir
     for key_dir in _cached_keys(cache):
@@ -166,7 +173,7 @@ def _remove_stale_cache(settings: Settings, r: Any, store: Any, referenced: set[
             job_id = key.split("/")[1]
             gone = not r.exists(JOB_PREFIX + job_id) and not store.exists(artifacts_key(job_id))
         else:
-            gone = key not in referenced
+            gone = key not in referenced and not store.exists(key)
         if gone:
             shutil.rmtree(key_dir, ignore_errors=True)
             removed.append(key)

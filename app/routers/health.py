@@ -1,6 +1,17 @@
-"""Liveness and readiness."""
+"""Liveness and readiness.
+
+- ``/health`` and ``/ready``: the service's status for people and scripts (``/ready`` needs a key when keys are
+  configured and wants a live worker on every queue).
+- ``/livez`` and ``/readyz``: Kubernetes probes of the API pod alone, unauthenticated and cheap. ``/livez`` touches
+  nothing; ``/readyz`` pings Redis with a short timeout and never looks at workers (they may scale to zero while
+  the API keeps accepting jobs). Both are ``async`` so that a saturated thread pool cannot delay them, and neither
+  answers with more than a status and the class of an error (no address, path or secret).
+"""
 
 from __future__ import annotations
+
+import asyncio
+import logging
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -9,7 +20,11 @@ from rq import Worker
 from app.deps import caller
 from core.contract.kind import QUEUES
 
+log = logging.getLogger("explainq.api")
+
 router = APIRouter(tags=["health"])
+
+READYZ_TIMEOUT_S = 1.0  # at most; EXPLAINQ_REDIS_TIMEOUT_S when that is shorter
 
 
 @router.get("/health", summary="The API process is alive")
@@ -39,3 +54,21 @@ def ready(request: Request, _owner: str = Depends(caller)) -> JSONResponse:
         status_code=status,
         content={"status": "ready" if not reasons else "unavailable", "workers": workers, "reasons": reasons},
     )
+
+
+@router.get("/livez", summary="Kubernetes liveness probe: the process serves HTTP (no auth, no Redis)")
+async def livez() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Kubernetes readiness probe: the API reaches Redis (no auth; workers not checked)")
+async def readyz(request: Request) -> JSONResponse:
+    timeout = min(READYZ_TIMEOUT_S, request.app.state.settings.redis_timeout_s)
+    try:
+        async with asyncio.timeout(timeout):
+            await request.app.state.aredis.ping()
+    except Exception as exc:  # unreachable, timed out, refused, loading: not ready
+        reason = "redis timed out" if isinstance(exc, TimeoutError) else f"redis unreachable ({type(exc).__name__})"
+        log.warning("readyz: %s: %s", reason, exc)
+        return JSONResponse(status_code=503, content={"status": "unavailable", "reasons": [reason]})
+    return JSONResponse(status_code=200, content={"status": "ready"})
