@@ -311,3 +311,29 @@ def test_not_a_zip_is_refused(tmp_path):
     bad.write_bytes(b"\x80\x04not a zip")
     with pytest.raises(ProgramError, match="not a zip archive"):
         inspect_program(bad)
+
+
+@pytest.mark.parametrize("name", ["colour", "tabular"])
+def test_the_adaptive_stop_meets_the_tolerance_on_every_token(programs, name):
+    """The per-token stop: every token's attribution within the tolerance (of the sample's largest attribution)
+    of a 1024-step Gauss-Legendre reference, not only the sum; no sample stops at its first level."""
+    from models.explain.ig import integrated_gradients
+    from models.export.attribution import build_batch, layout, prepare
+
+    _, _, _, clf = programs[name]
+    x = _inputs(name, 6)
+    samples = [TensorSample(f"s{i}", x[i].numpy()) for i in range(6)]
+    tol = 1e-3
+    report = explain(clf, samples, ExportOptions(n_steps=256, tolerance=tol, precision="fp32", baseline="zero"))
+    assert report["summary"]["tolerance_met"] is True
+    assert report["summary"]["max_token_error"] <= tol
+    lay = layout(clf)
+    batch, _, _ = build_batch(clf, prepare(clf, samples, []), ExportOptions(), lay)
+    batch.targets = torch.tensor([r["target"]["index"] for r in report["samples"]])
+    ref = integrated_gradients(batch.forward, batch.x, batch.base, n_steps=1024, method="gausslegendre")
+    ref_cells = ref.attributions.sum(-1).double().numpy()
+    for j, rec in enumerate(report["samples"]):
+        assert rec["n_steps"]["input"] > 16 and rec["token_error"]["input"] <= tol
+        want = lay.cell_sums(ref_cells[j])
+        err = np.abs(np.asarray(rec["word_attributions"]) - want).max() / np.abs(want).max()
+        assert err <= tol, (rec["id"], err)

@@ -185,6 +185,12 @@ def test_whole_and_sharded_image_runs_give_one_result(svc, imported):
     grid = tensor_html(whole["samples"][0], 1.0)
     assert grid.count("<td title='r") == 64 and "r0c0: " in grid
     assert attribution_html(whole).count("<td title='r") == 64 * min(6, len(whole["samples"]))
+    rows = SDKAttributionResult(whole).rows()
+    assert len(rows) == 6 * 64
+    first = rows[9]  # sample img0, cell r1c1
+    assert (first["sample"], first["name"], first["row"], first["column"]) == ("img0", "r1c1", 1, 1)
+    assert first["attribution"] == by_id["img0"]["word_attributions"][9]
+    assert first["value"] == by_id["img0"]["input"]["values"][9] and first["target"] == by_id["img0"]["target"]["label"]
 
 
 def test_a_tabular_run_names_its_features(svc, imported):
@@ -199,8 +205,12 @@ def test_a_tabular_run_names_its_features(svc, imported):
     assert rec["words"] == TABULAR_SPEC["input"]["features"] and rec["input"]["kind"] == "tabular"
     assert rec["input"]["values"] == pytest.approx(rows[0]["values"])
     assert result["summary"]["baseline"] == "mean" and result["summary"]["tolerance_met"] is True
+    from explainq_client import AttributionResult as SDKAttributionResult
     from explainq_client.render import tensor_html
 
+    frame = SDKAttributionResult(result).to_pandas()
+    assert frame.shape[0] == 3 * 6 and list(frame["name"][:6]) == TABULAR_SPEC["input"]["features"]
+    assert list(frame["value"][:6]) == pytest.approx(rows[0]["values"])
     bars = tensor_html(rec, 1.0)
     assert all(f"<td>{name}</td>" in bars for name in TABULAR_SPEC["input"]["features"])
 

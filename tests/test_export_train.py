@@ -180,5 +180,26 @@ def test_the_digits_demo_learns_its_task(tmp_path):
         created = entry["created_at"]
         prepare_demo(service.settings, progress=False)  # idempotent: kept as registered
         assert registry.get_model(service.settings, DEMO_MODEL)["created_at"] == created
+        _demo_equals_captum(load(registry.local_path(service.settings, entry)))
     finally:
         service.stop()
+
+
+def _demo_equals_captum(clf) -> None:
+    """The oracle on the demo: explainq's IG of the trained digits CNN equals Captum's IntegratedGradients on the
+    eager DigitsCNN given the program's weights (same inputs, targets, baseline, steps and rule)."""
+    from captum.attr import IntegratedGradients
+
+    from models.export.attribution import ExportOptions, TensorSample, baselines, explain
+    from models.export.demo import DigitsCNN, digits_arrays
+
+    eager = DigitsCNN().eval()
+    eager.load_state_dict(parameters(clf))
+    x = torch.as_tensor(digits_arrays()["test"][0][:6])
+    targets = [int(t) for t in digits_arrays()["test"][1][:6]]
+    opts = ExportOptions(n_steps=32, baseline="mean", precision="fp32")
+    report = explain(clf, [TensorSample(f"t{i}", x[i].numpy(), target=t) for i, t in enumerate(targets)], opts)
+    theirs = IntegratedGradients(eager).attribute(x, baselines=baselines(clf, x, opts), target=targets,
+                                                  n_steps=32, method="gausslegendre").sum(1).reshape(6, -1)
+    mine = torch.tensor([r["word_attributions"] for r in report["samples"]], dtype=torch.float32)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max()))

@@ -32,6 +32,7 @@ def test_the_form_offers_every_model_its_kind_takes() -> None:
 def test_the_models_page_opens_the_attributions_form_for_a_classifier() -> None:
     kinds = _described()
     assert [a["kind"] for a in explain_actions(kinds, "hf_classifier")] == ["attributions"]
-    assert [a["kind"] for a in explain_actions(kinds, "exported_classifier")] == ["attributions"]
+    # an exported classifier can be explained, or trained further from its weights
+    assert [a["kind"] for a in explain_actions(kinds, "exported_classifier")] == ["attributions", "train_classifier"]
     assert "attributions" in [a["kind"] for a in explain_actions(kinds, "news")]
     assert "tracin" in [a["kind"] for a in explain_actions(kinds, "conve")]

@@ -397,11 +397,24 @@ def _class_weights(method: str, n: int) -> list[float]:
 @dataclass
 class AdaptiveIGResult(IGResult):
     """``n_steps`` is the largest rule used; ``steps`` the rule each sample ended with, ``evaluations`` the
-    gradient evaluations spent on it, ``converged`` whether its relative delta met the tolerance."""
+    gradient evaluations spent on it, ``converged`` whether it met the tolerance (its per-token error estimate and
+    its relative completeness delta), ``token_errors`` that estimate when it stopped (NaN before a second level)."""
 
     steps: torch.Tensor | None = None
     evaluations: torch.Tensor | None = None
     converged: torch.Tensor | None = None
+    token_errors: torch.Tensor | None = None
+
+
+def token_error(current: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """The per-token error estimate of a refinement, per sample: the largest change of a token's attribution
+    between the two levels (``(N, L, D)`` summed over D), relative to the sample's largest |attribution| now (0
+    when nothing is attributed at either level)."""
+    cur = current.double().sum(-1)
+    change = (cur - previous.double().sum(-1)).abs().amax(1)
+    scale = cur.abs().amax(1)
+    return torch.where(scale > 0, change / scale.clamp_min(torch.finfo(torch.float64).tiny),
+                       torch.where(change > 0, torch.full_like(change, float("inf")), torch.zeros_like(change)))
 
 
 def integrated_gradients_adaptive(
@@ -418,7 +431,11 @@ def integrated_gradients_adaptive(
     precision: str = "fp32",
     token_sums: bool = False,
 ) -> AdaptiveIGResult:
-    """IG refined per sample until its relative completeness delta is at most ``tolerance`` (or ``max_steps``).
+    """IG refined per sample until it meets ``tolerance`` (or ``max_steps``): its per-token error estimate
+    (:func:`token_error`: the largest change of a token's attribution from the previous level, relative to its
+    largest attribution; for nested rules Q(2m-1) - Q(m)) and its relative completeness delta both at most
+    ``tolerance``. Completeness alone is one scalar in which the tokens' errors cancel, so a sample is never taken
+    as converged at its first level.
 
     Level sizes are ``start_steps`` refined by the rule's factor. For nested rules only the new nodes of a
     level are evaluated. The Riemann rules keep the unweighted gradient sums of each weight class per sample and
@@ -460,6 +477,8 @@ def integrated_gradients_adaptive(
     steps = torch.zeros(n_samples, dtype=torch.long)
     evaluations = torch.zeros(n_samples, dtype=torch.long)
     converged = torch.zeros(n_samples, dtype=torch.bool)
+    token_errors = torch.full((n_samples,), float("nan"), dtype=torch.float64)
+    previous: torch.Tensor | None = None  # the last level's attributions of every sample
     sums: list[torch.Tensor] = []  # per weight class, unweighted gradient sums [N, L, D] (class-weighted rules)
     nodes: list[torch.Tensor | None] = []  # per node of the level, its contribution (per-node rules)
     done_nodes: np.ndarray = np.empty(0)
@@ -526,7 +545,12 @@ def integrated_gradients_adaptive(
         steps[active] = n
         sums_a = attributions[rows].double().flatten(1).sum(1).cpu()
         rel = relative_delta(sums_a, scores[active], base_scores[active], inert(attributions[rows]))
-        ok = rel <= tolerance
+        if previous is not None:
+            token_errors[active] = token_error(attributions[rows], previous[rows]).cpu()
+        else:  # an input equal to its baseline has nothing to attribute: no token can be in error
+            token_errors[active] = torch.where(inert(attributions[rows]).cpu(), 0.0, float("nan")).double()
+        previous = attributions.clone()
+        ok = (rel <= tolerance) & (token_errors[active] <= tolerance)
         converged[active[ok]] = True
         # a non-finite delta never converges: stop refining it (the caller reports it), do not spend max_steps
         active = active[~(ok | ~torch.isfinite(rel))]
@@ -536,7 +560,7 @@ def integrated_gradients_adaptive(
         n = nxt
         level += 1
     return AdaptiveIGResult(attributions, scores, base_scores, int(steps.max()), method, steps=steps,
-                            evaluations=evaluations, converged=converged)
+                            evaluations=evaluations, converged=converged, token_errors=token_errors)
 
 
 def integrated_gradients_reference(

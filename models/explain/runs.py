@@ -73,6 +73,7 @@ class ClassRun:
     steps: dict[str, int] = field(default_factory=dict)
     evaluations: dict[str, int] = field(default_factory=dict)
     converged: dict[str, bool] = field(default_factory=dict)
+    token_errors: dict[str, float | None] = field(default_factory=dict)
 
     def add(self, ids: Sequence[str], res: IGResult, target_recs: Sequence[dict[str, Any]],
             predicted_recs: Sequence[dict[str, Any]], what: str) -> None:
@@ -94,6 +95,8 @@ class ClassRun:
                 self.steps[sid] = int(steps[j])
                 self.evaluations[sid] = int(res.evaluations[j])
                 self.converged[sid] = bool(res.converged[j])
+                e = float(res.token_errors[j])
+                self.token_errors[sid] = e if math.isfinite(e) else None
 
     def rel(self, sid: str) -> float:
         """The item's relative completeness error (0 for an inert input: no attribution, no score change)."""
@@ -134,6 +137,7 @@ def summary(opts: AttributionOptions, precision: str, att: Attributed, records: 
     the records' relative errors per view, as the family's report accumulator gives them)."""
     run = att.run
     rels = run.relative_deltas() if run is not None else []
+    errors_ = [e for e in (run.token_errors.values() if run is not None else ()) if e is not None]
     if opts.method == "occlusion":
         n_steps = evaluations = None
     elif opts.adaptive:
@@ -149,6 +153,7 @@ def summary(opts: AttributionOptions, precision: str, att: Attributed, records: 
         "max_relative_delta": max(rels) if rels else float("nan"),
         "relative_delta_by_view": delta_by_view,
         "tolerance": opts.tolerance, "tolerance_met": att.tolerance_met,
+        "max_token_error": max(errors_) if errors_ and opts.adaptive else None,
         "batch_size": run.batch_size if run is not None else None,
         "alpha_batch_size": run.alpha_batch_size if run is not None else None,
         "seconds": time.perf_counter() - started, "seconds_prepare": prepare_seconds,

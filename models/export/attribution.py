@@ -383,6 +383,7 @@ def _record(p: Prepared, run: ClassRun, opts: ExportOptions, lay: Layout) -> dic
     }
     if opts.adaptive:
         rec["n_steps"] = {VIEW: run.steps[sid]}
+        rec["token_error"] = {VIEW: run.token_errors.get(sid)}
         rec["tolerance_met"] = run.converged[sid]
     return rec
 

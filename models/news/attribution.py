@@ -225,6 +225,7 @@ class _ViewRun:
     steps: dict[str, int] = field(default_factory=dict)  # sample id -> the rule it ended with
     evaluations: dict[str, int] = field(default_factory=dict)  # sample id -> gradient evaluations spent
     converged: dict[str, bool] = field(default_factory=dict)
+    token_errors: dict[str, float | None] = field(default_factory=dict)  # sample id -> its per-token error estimate
 
 
 # model -> {(view, baseline, precision, device, length bucket): bytes per interpolated row}. The probe costs two
@@ -370,6 +371,8 @@ def _record_refinement(run: _ViewRun, items: Sequence[_Prepared], res: IGResult)
         run.steps[p.sample.id] = int(res.steps[j])
         run.evaluations[p.sample.id] = int(res.evaluations[j])
         run.converged[p.sample.id] = bool(res.converged[j])
+        e = float(res.token_errors[j])
+        run.token_errors[p.sample.id] = e if math.isfinite(e) else None
 
 
 def _optimized_chunk(model: NewsRecommender, items: Sequence[_Prepared], plan: _ViewPlan, opts: IGOptions,
@@ -534,6 +537,7 @@ def _sample_record(model: NewsRecommender, p: _Prepared, runs: Sequence[_ViewRun
     rec: dict[str, Any] = {"id": p.sample.id, "label": p.sample.label, **main, "history": history}
     if opts.adaptive:
         rec["n_steps"] = {r.view: r.steps[p.sample.id] for r in runs}
+        rec["token_error"] = {r.view: r.token_errors.get(p.sample.id) for r in runs}
         rec["tolerance_met"] = all(r.converged[p.sample.id] for r in runs)
     if len(runs) > 1:
         rec["views"] = {r.view: _view_report(model, p, r, opts.top_k) for r in runs[1:]}
@@ -560,6 +564,12 @@ def _step_counts(att: _Attributed, opts: IGOptions, n_runs: int) -> tuple[int | 
     return att.n_steps, att.n_steps * n_runs
 
 
+def _max_token_error(runs: Sequence[_ViewRun]) -> float | None:
+    """The largest per-token error estimate of an adaptive run (None when no sample reached a second level)."""
+    errors = [e for r in runs for e in r.token_errors.values() if e is not None]
+    return max(errors) if errors else None
+
+
 def _summary(model: NewsRecommender, opts: IGOptions, precision: str, att: _Attributed, n_prepared: int,
              out_samples: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]], started: float,
              prepare_seconds: float) -> dict[str, Any]:
@@ -583,6 +593,7 @@ def _summary(model: NewsRecommender, opts: IGOptions, precision: str, att: _Attr
         "relative_delta_by_view": by_view,
         "tolerance": opts.tolerance,
         "tolerance_met": att.tolerance_met,
+        "max_token_error": _max_token_error(att.runs) if opts.adaptive else None,
         "batch_size": first.batch_size if first else None,
         "alpha_batch_size": first.alpha_batch_size if first else None,
         "seconds": time.perf_counter() - started,

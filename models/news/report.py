@@ -111,7 +111,8 @@ def part_summary(n: int, report: dict[str, Any], report_b: dict[str, Any] | None
 def merge_summaries(summaries: Sequence[dict[str, Any]], acc: ReportAccumulator, n_errors: int) -> dict[str, Any]:
     """The ``summary`` of the parts together (one part: the run's own), field by field: settings from the first
     part; counts from the merged records; ``n_steps`` the largest (an adaptive run's largest per-sample rule);
-    ``gradient_evaluations`` the sum (additive over samples); ``tolerance_met`` true when every part met it; the
+    ``gradient_evaluations`` the sum (additive over samples); ``tolerance_met`` true when every part met it;
+    ``max_token_error`` the largest of the parts' (an adaptive run's per-token error estimates); the
     relative-delta statistics over every view of every merged record, overall and ``relative_delta_by_view``.
     Times are summed over parts (work, not wall time). ``batch_size`` and ``alpha_batch_size`` are the first
     part's (``auto`` resolves per part). With a tolerance and ``optimized: false`` (the reference loop doubles the
@@ -122,6 +123,7 @@ def merge_summaries(summaries: Sequence[dict[str, Any]], acc: ReportAccumulator,
     steps = [s["n_steps"] for s in summaries if s.get("n_steps") is not None]
     evals = [s.get("gradient_evaluations") for s in summaries]
     met = [s.get("tolerance_met") for s in summaries]
+    token = [s["max_token_error"] for s in summaries if s.get("max_token_error") is not None]
     dist = acc.delta_distribution()
     return {**{k: first.get(k) for k in keep},
             "views": list(first.get("views") or []),
@@ -133,6 +135,7 @@ def merge_summaries(summaries: Sequence[dict[str, Any]], acc: ReportAccumulator,
             "max_relative_delta": dist["max"],
             "relative_delta_by_view": acc.delta_by_view(),
             "tolerance_met": None if all(m is None for m in met) else all(m is True for m in met),
+            "max_token_error": max(token) if token else None,
             "seconds": sum(s.get("seconds") or 0.0 for s in summaries) if summaries else None,
             "seconds_prepare": sum(s.get("seconds_prepare") or 0.0 for s in summaries) if summaries else None}
 

@@ -94,7 +94,9 @@ class TensorInput(ResultModel):
 
 class SampleRecord(ViewRecord):
     """One sample's attributions: its main view (the title, or a classifier's text) at the top level, other views
-    under ``views``. With a tolerance (adaptive runs), ``n_steps`` per view and whether the sample met it. A
+    under ``views``. With a tolerance (adaptive runs), ``n_steps`` per view, ``token_error`` per view (the
+    largest change of a token's attribution at the last refinement, relative to the largest attribution: the
+    stopping criterion beside completeness) and whether the sample met both (``tolerance_met``). A
     Hugging Face classifier's record also has ``target``, ``predicted`` and ``truncated`` (whether the text was cut
     to the model's maximum tokens); an exported classifier's has ``target``, ``predicted`` and ``input`` (what its
     cells or features are drawn over); a news record has ``history``."""
@@ -105,6 +107,7 @@ class SampleRecord(ViewRecord):
     meta: dict[str, Any] | None = None
     views: dict[str, ViewRecord] | None = None
     n_steps: dict[str, int] | None = None
+    token_error: dict[str, float | None] | None = None
     tolerance_met: bool | None = None
     faithfulness: SampleFaithfulness | None = None
     target: TargetClass | None = None
@@ -169,6 +172,7 @@ class AttributionSummary(ResultModel):
     relative_delta_by_view: dict[str, DeltaStats] = Field(default_factory=dict)
     tolerance: float | None = None
     tolerance_met: bool | None = None
+    max_token_error: float | None = None
     batch_size: int | str | None = None
     alpha_batch_size: int | str | None = None
     seconds: float | None = None

@@ -64,6 +64,37 @@ class AttributionResult(Result):
         (``.to_pandas()``, ``.curves``, ``.tests``); None when the request did not ask for them."""
         return faithfulness_table(self)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per word (a text's, a headline's), cell (an image's pixel or patch) or feature (a tabular
+        row's) of every sample the result holds inline: ``sample``, ``label``, ``target`` (the class explained, for
+        classifiers), ``view``, ``position``, ``name``, ``attribution`` and, for an exported classifier's input,
+        ``value`` (the feature's value or the cell's mean intensity) and ``row``/``column`` of an image cell. A run
+        with more samples than the result holds lists them all in ``samples.jsonl`` (:meth:`Result.total`)."""
+        out: list[dict[str, Any]] = []
+        for s in self.get("samples") or []:
+            target = (s.get("target") or {}).get("label") if isinstance(s.get("target"), Mapping) else None
+            inp = s.get("input") if isinstance(s.get("input"), Mapping) else None
+            values = list(inp.get("values") or []) if inp else []
+            grid = inp.get("grid") if inp else None
+            views = [("main", s), *((k, v) for k, v in (s.get("views") or {}).items() if isinstance(v, Mapping))]
+            for view, part in views:
+                names = part.get("display_words") or part.get("words") or []
+                for i, (name, a) in enumerate(zip(names, part.get("word_attributions") or [], strict=False)):
+                    row = {"sample": s.get("id"), "label": s.get("label"), "target": target, "view": view,
+                           "position": i, "name": name, "attribution": a}
+                    if inp is not None:
+                        row["value"] = values[i] if i < len(values) else None
+                        if isinstance(grid, list) and len(grid) == 2 and grid[1]:
+                            row["row"], row["column"] = divmod(i, grid[1])
+                    out.append(row)
+        return out
+
+    def to_pandas(self) -> Any:
+        """:meth:`rows` as a ``pandas.DataFrame`` (pandas must be installed; the SDK does not depend on it)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
     def _repr_html_(self) -> str:
         f = self.faithfulness
         return render.attribution_html(self) + (f._repr_html_() if f is not None else "")
