@@ -152,7 +152,8 @@ def evaluations(name: str, quick: bool, tmp: str) -> dict[str, Any]:
     n = len(targets)
     rows = torch.arange(n)
     with torch.no_grad():
-        gap = (model(x)[rows, targets] - model(torch.zeros_like(x))[rows, targets]).double().abs().clamp_min(1e-12)
+        gap = (model(x)[rows, targets] - model(torch.zeros_like(x))[rows, targets]).double()  # F(x) - F(x')
+    size = gap.abs().clamp_min(1e-12)
 
     def captum(steps: int) -> torch.Tensor:
         a = IntegratedGradients(model).attribute(x, baselines=torch.zeros_like(x), target=targets, n_steps=steps,
@@ -164,7 +165,7 @@ def evaluations(name: str, quick: bool, tmp: str) -> dict[str, Any]:
 
     def scores(cells: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         token = (cells - ref).abs().amax(1) / scale
-        complete = ((cells.sum(1) - ref.sum(1)).abs() + (ref.sum(1) - gap).abs()) / gap
+        complete = (cells.sum(1) - gap).abs() / size
         return token, complete
 
     samples = [TensorSample(f"s{i}", x[i].numpy(), target=t) for i, t in enumerate(targets)]
