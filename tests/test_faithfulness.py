@@ -58,9 +58,23 @@ def test_ranking_breaks_ties_by_word_order() -> None:
     attrs = np.random.default_rng(0).integers(0, 3, 40).astype(float)
     order = F.rank_words(attrs).tolist()
     assert order == sorted(range(40), key=lambda i: (-attrs[i], i))
-    assert [F.top_k(10, q) for q in F.FRACTIONS] == [1, 2, 5]
-    assert [F.top_k(7, q) for q in F.FRACTIONS] == [1, 2, 4]
-    assert [F.top_k(1, q) for q in F.FRACTIONS] == [1, 1, 1]
+    assert F.FRACTIONS == (0.01, 0.05, 0.1, 0.2, 0.5)  # ERASER's bins
+    assert [F.top_k(10, q) for q in F.FRACTIONS] == [1, 1, 1, 2, 5]
+    assert [F.top_k(7, q) for q in F.FRACTIONS] == [1, 1, 1, 2, 4]
+    assert [F.top_k(1, q) for q in F.FRACTIONS] == [1, 1, 1, 1, 1]
+    assert [F.top_k(200, q) for q in F.FRACTIONS] == [2, 10, 20, 40, 100]
+
+
+def test_holm_adjustment_and_the_rank_biserial_effect() -> None:
+    # Holm by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1, made monotone
+    assert F.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert F.holm([0.5, None, 0.9]) == [pytest.approx(1.0), None, pytest.approx(1.0)]
+    # ranks of |d| = 1, 2, 3: W+ = 1 + 3, W- = 2, r = (4 - 2) / 6
+    assert F.rank_biserial(np.array([1.0, -2.0, 3.0, 0.0])) == pytest.approx(1 / 3)
+    assert F.rank_biserial(np.array([1.0, 2.0])) == 1.0 and F.rank_biserial(np.zeros(3)) is None
+    d = np.random.default_rng(1).normal(0.3, 1.0, 60)
+    lo, hi = F.effect_interval(d)
+    assert lo <= F.rank_biserial(d) <= hi and F.effect_interval(d) == [lo, hi]  # seeded
 
 
 def test_masks_replace_exactly_the_ranked_words() -> None:
@@ -389,11 +403,13 @@ def test_sdk_result_exposes_the_table_and_renders_the_curves() -> None:
     result = make_result("attributions", {"model": "m", "samples": [sample], "faithfulness": section})
     table = result.faithfulness
     assert [r["ranking"] for r in table] == ["ig", "random", "occlusion"]
-    assert table.columns == ["ranking", "comprehensiveness@10%", "comprehensiveness@20%", "comprehensiveness@50%",
-                             "sufficiency@10%", "sufficiency@20%", "sufficiency@50%", "deletion_auc",
-                             "insertion_auc"]
+    bins = ["1%", "5%", "10%", "20%", "50%"]
+    assert table.columns == ["ranking", *(f"comprehensiveness@{b}" for b in bins),
+                             *(f"sufficiency@{b}" for b in bins), "deletion_auc", "insertion_auc"]
     ig = section["orders"]["ig"]
-    assert table[0]["comprehensiveness@20%"] == ig["comprehensiveness"][1]
+    assert table[0]["comprehensiveness@20%"] == ig["comprehensiveness"][3]
+    assert "p (Holm)" in result._repr_html_() and "p Holm" in result.text()
+    assert all(t["p_holm"] is None or t["p_holm"] >= t["p_value"] for t in section["tests"])
     assert table[0]["deletion_auc"] == ig["deletion_auc"]
     assert table.curves["ig"]["deletion"] == section["curves"]["ig"]["deletion"]
     html = result._repr_html_()

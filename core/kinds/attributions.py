@@ -175,7 +175,7 @@ class AttributionsRequest(JobRequest):
         description="How many of the most recent history titles the model reads (news recommenders)")
     faithfulness: StrictBool = Field(
         False, title="Measure faithfulness",
-        description=("Per sample, comprehensiveness and sufficiency at 10/20/50% of the words and deletion/insertion "
+        description=("Per sample, comprehensiveness and sufficiency at 1/5/10/20/50% of the words and deletion/insertion "
                      "curves, for IG's word ranking, a seeded random one and occlusion's"))
     faithfulness_seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random-ranking seed", json_schema_extra=ADVANCED,
                                    description="Seed of the random word ranking faithfulness is compared with")

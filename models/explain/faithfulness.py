@@ -43,7 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-FRACTIONS = (0.1, 0.2, 0.5)
+FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)  # ERASER's bins (DeYoung et al. 2020): AOPC averages over them
+ALPHA = 0.05  # the family-wise level of the Holm-adjusted tests
+EFFECT_RESAMPLES = 1000  # bootstrap resamples of the effect size's interval (seeded)
 MAX_CURVE_POINTS = 64
 MAX_ROWS = 256  # masked variants per batched forward (forward only: no graph is kept)
 CURVE_GRID = 21  # points of the mean curves over samples (fractions 0, 0.05, ..., 1)
@@ -247,11 +249,48 @@ def paired_test(first: Sequence[float], second: Sequence[float], alternative: st
     return out
 
 
+def rank_biserial(d: np.ndarray) -> float | None:
+    """The matched-pairs rank-biserial correlation of differences ``d`` (ties at zero dropped): (sum of the ranks of
+    |d| for positive d - for negative d) / the sum of all ranks, in [-1, 1]; None without a non-zero difference."""
+    from scipy.stats import rankdata
+
+    d = d[d != 0]
+    if d.size == 0:
+        return None
+    ranks = rankdata(np.abs(d))
+    return float((ranks[d > 0].sum() - ranks[d < 0].sum()) / ranks.sum())
+
+
+def effect_interval(d: np.ndarray, seed: int = 0, resamples: int = EFFECT_RESAMPLES) -> list[float] | None:
+    """A 95% percentile bootstrap interval of :func:`rank_biserial` over the samples (resampled with replacement,
+    seeded)."""
+    if np.count_nonzero(d) == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    values = [rank_biserial(d[rng.integers(0, d.size, d.size)]) for _ in range(resamples)]
+    values = [v for v in values if v is not None]
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values else None
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (None stays None and is not counted)."""
+    present = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    m = len(present)
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
 def summarize(records: Sequence[Mapping[str, Any]], fractions: Sequence[float] = FRACTIONS) -> dict[str, Any]:
     """Over samples: each order's mean comprehensiveness / sufficiency per fraction and mean curve areas, its
     mean curves on :data:`CURVE_GRID` fractions of words (each sample's curve linearly interpolated), and
     Wilcoxon signed-rank tests of IG against each other order (per metric; comprehensiveness and sufficiency
-    averaged over the fractions first)."""
+    averaged over the fractions first, ERASER's AOPC), each with its Holm-adjusted p-value over the family of
+    tests (``p_holm``, ``significant_holm`` at :data:`ALPHA`) and its effect size in IG's favour (the matched-pairs
+    rank-biserial correlation, with a 95% bootstrap interval over samples)."""
     records = [r for r in records if isinstance(r, Mapping) and r.get("orders")]
     grid = np.linspace(0.0, 1.0, CURVE_GRID)
     orders = [o for o in ORDERS if any(o in r["orders"] for r in records)]
@@ -276,7 +315,17 @@ def summarize(records: Sequence[Mapping[str, Any]], fractions: Sequence[float] =
             for metric, alternative in TESTED:
                 pairs = [(a, b) for r in records
                          if (a := _metric(r, "ig", metric)) is not None and (b := _metric(r, other, metric)) is not None]
-                tests.append({"metric": metric, "against": other,
-                              **paired_test([a for a, _ in pairs], [b for _, b in pairs], alternative)})
+                a = np.array([a for a, _ in pairs], dtype=np.float64)
+                b = np.array([b for _, b in pairs], dtype=np.float64)
+                test = paired_test(a, b, alternative)
+                # the effect in IG's favour: positive when IG is the more faithful of the pair
+                d = a - b if alternative == "greater" else b - a
+                d[np.abs(d) <= TIE_RTOL * np.maximum(np.abs(a), np.abs(b))] = 0.0
+                test["effect_rank_biserial"] = rank_biserial(d)
+                test["effect_interval"] = effect_interval(d)
+                tests.append({"metric": metric, "against": other, **test})
+    for t, adjusted in zip(tests, holm([t["p_value"] for t in tests]), strict=True):
+        t["p_holm"] = adjusted
+        t["significant_holm"] = adjusted is not None and adjusted <= ALPHA
     return {"n_samples": len(records), "fractions": list(fractions), "orders": table,
-            "curves": {"fraction": grid.tolist(), **curves}, "tests": tests}
+            "curves": {"fraction": grid.tolist(), **curves}, "tests": tests, "alpha": ALPHA}

@@ -264,7 +264,10 @@ class MeanCurves(ResultModel):
 
 
 class PairedTest(ResultModel):
-    """A one-sided Wilcoxon signed-rank test of IG against another ranking, paired per sample."""
+    """A one-sided Wilcoxon signed-rank test of IG against another ranking, paired per sample: its p-value, the
+    Holm-adjusted one over the section's family of tests (``p_holm``; ``significant_holm`` at the section's
+    ``alpha``), and the effect size in IG's favour (matched-pairs rank-biserial correlation, -1 to 1) with a 95%
+    bootstrap interval over samples (None in results written before they were computed)."""
 
     metric: str
     against: str
@@ -274,6 +277,10 @@ class PairedTest(ResultModel):
     alternative: str
     statistic: float | None
     p_value: float | None
+    p_holm: float | None = None
+    significant_holm: bool | None = None
+    effect_rank_biserial: float | None = None
+    effect_interval: list[float] | None = None
 
 
 class FaithfulnessSection(ResultModel):
@@ -287,6 +294,7 @@ class FaithfulnessSection(ResultModel):
     orders: dict[str, OrderSummary]
     curves: dict[str, list[float | None] | MeanCurves]
     tests: list[PairedTest]
+    alpha: float | None = None
     view: str | None
     seed: int
     baseline: str

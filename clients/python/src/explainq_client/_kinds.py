@@ -139,7 +139,7 @@ class KindMethods(Generic[R]):
         ``compare_threshold`` (0.1). A sample whose relative completeness error exceeds ``warn_relative_delta``
         (0.05) is named in the result's ``warnings``.
 
-        ``faithfulness=True`` adds, per sample and over the run, comprehensiveness and sufficiency at 10/20/50% of
+        ``faithfulness=True`` adds, per sample and over the run, comprehensiveness and sufficiency at 1/5/10/20/50% of
         the words and deletion/insertion curves for IG's ranking, a random one (``faithfulness_seed``) and
         occlusion's; the result's ``faithfulness`` property holds them as a table.
 

@@ -23,7 +23,7 @@ def _pct(q: Any) -> str:
 
 
 class FaithfulnessTable(list[dict[str, Any]]):
-    """Rows ``{"ranking", "comprehensiveness@10%", ..., "sufficiency@50%", "deletion_auc", "insertion_auc"}``;
+    """Rows ``{"ranking", "comprehensiveness@1%", ..., "sufficiency@50%", "deletion_auc", "insertion_auc"}``;
     ``curves`` the mean deletion / insertion curves (``{"fraction": [...], ranking: {"deletion", "insertion"}}``),
     ``tests`` the paired Wilcoxon tests of IG against each other ranking, ``section`` the whole section."""
 
@@ -94,12 +94,23 @@ def faithfulness_html(section: Mapping[str, Any]) -> str:
                                       + [render._num(r[c], 3) for c in cols[1:]] for r in table)))
     if table.tests:
         parts.append(render._table(
-            ["metric", "IG vs", "n", "median difference", "W", "p"],
+            ["metric", "IG vs", "n", "median difference", "W", "p", "p (Holm)", "effect [95%]"],
             ([escape(str(t.get("metric"))), escape(LABELS.get(str(t.get("against")), str(t.get("against")))),
               render._num(t.get("n")), render._num(t.get("median_difference"), 3), render._num(t.get("statistic")),
-              render._num(t.get("p_value"), 3)] for t in table.tests),
-            caption="Wilcoxon signed-rank tests, one-sided (IG more faithful)"))
+              render._num(t.get("p_value"), 3), render._num(t.get("p_holm"), 3), escape(_effect(t))]
+             for t in table.tests),
+            caption="Wilcoxon signed-rank tests, one-sided (IG more faithful); p adjusted by Holm over the tests; "
+                    "effect: rank-biserial correlation in IG's favour, 95% bootstrap interval"))
     return "".join(parts) + "</div>"
+
+
+def _effect(test: Mapping[str, Any]) -> str:
+    """A test's effect size in IG's favour with its interval, as text ("-" when there is none)."""
+    r = test.get("effect_rank_biserial")
+    if not isinstance(r, int | float):
+        return "-"
+    ci = test.get("effect_interval")
+    return f"{r:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if isinstance(ci, list) and len(ci) == 2 else "")
 
 
 def faithfulness_text(section: Mapping[str, Any]) -> str:
@@ -110,8 +121,9 @@ def faithfulness_text(section: Mapping[str, Any]) -> str:
            render.text_table(cols, ([r["ranking"], *(render._tnum(r[c]) for c in cols[1:])] for r in table))]
     if table.tests:
         out += ["", "Wilcoxon signed-rank tests, one-sided (IG more faithful)",
-                render.text_table(["metric", "IG vs", "n", "median diff", "W", "p"],
+                render.text_table(["metric", "IG vs", "n", "median diff", "W", "p", "p Holm", "effect [95%]"],
                                   ([t.get("metric"), t.get("against"), t.get("n"),
                                     render._tnum(t.get("median_difference")), render._tnum(t.get("statistic")),
-                                    render._tnum(t.get("p_value"))] for t in table.tests))]
+                                    render._tnum(t.get("p_value")), render._tnum(t.get("p_holm")), _effect(t)]
+                                   for t in table.tests))]
     return "\n".join(out)
