@@ -142,11 +142,20 @@ def test_optimized_path_equals_the_reference_loop(small, name: str) -> None:
     # different process state; hence NAML's absolute tolerance.
     # NRMS: 2e-6 of the sample's largest attribution (about 16 fp32 ulps of it: one fp32 sum of the 8 nodes' terms
     # in another order; 1.2e-6 seen on an attribution of 0.014 beside terms of order 1).
+    # A kink crossed by one node moves that node's term between neighbouring tokens by a finite amount (1.4e-3 of
+    # the largest attribution seen on two adjacent body tokens under heavy load), so for NAML at most two tokens of
+    # a view may differ beyond 1e-4, and none by more than 1e-2 of the largest attribution; every other token
+    # agrees to 1e-4.
     atol = 2e-6 if name.startswith("nrms") else 1e-4
     for a, b in zip(fast["samples"], slow["samples"], strict=True):
         for view_a, view_b in [(a, b), *[(a["views"][v], b["views"][v]) for v in a.get("views", {})]]:
             ta, tb = np.array(view_a["token_attributions"]), np.array(view_b["token_attributions"])
-            np.testing.assert_allclose(ta, tb, rtol=1e-5, atol=atol * max(1.0, float(np.abs(tb).max())))
+            scale = max(1.0, float(np.abs(tb).max()))
+            if name.startswith("nrms"):
+                np.testing.assert_allclose(ta, tb, rtol=1e-5, atol=atol * scale)
+            else:
+                off = np.abs(ta - tb) > 1e-5 * np.abs(tb) + atol * scale
+                assert int(off.sum()) <= 2 and float(np.abs(ta - tb).max()) <= 1e-2 * scale, (ta, tb)
             # The score is a dot product with heavy cancellation: compare it on the scale of its terms.
             assert abs(view_a["score"] - view_b["score"]) <= 1e-5 * max(1.0, abs(view_b["score"]))
 
