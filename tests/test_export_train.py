@@ -172,6 +172,11 @@ def test_the_digits_demo_learns_its_task(tmp_path):
 
     service = Service(tmp_path / "home", start=False)
     try:
+        # the Vision-BDH demo's "digits" (image_classification) is prepared first at a first start: no clash
+        from workers.jobs.train_bdh import prepare_demo as prepare_vision
+
+        prepare_vision(service.settings, progress=False)
+        assert registry.get_dataset(service.settings, "digits")["kind"] == "image_classification"
         prepare_demo(service.settings, progress=False)
         entry = registry.get_model(service.settings, DEMO_MODEL)
         assert entry["kind"] == "exported_classifier" and entry["meta"]["accuracy"]["test"] >= 0.9

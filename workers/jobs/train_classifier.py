@@ -27,7 +27,7 @@ from workers.context import JobContext, JobError
 from workers.live import LiveMetrics
 
 DEMO_MODEL = "digits-cnn-demo"
-DEMO_DATASET = "digits"
+DEMO_DATASET = "digits-tensors"  # "digits" is the Vision-BDH demo's image_classification dataset
 
 
 def _dataset_dir(ctx: JobContext, request: TrainClassifierRequest) -> Path:
@@ -128,7 +128,11 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     from models.export.train import TrainOptions
 
     data_root = settings.work_dir / "demo-data" / DEMO_DATASET
-    if registry.get_dataset(settings, DEMO_DATASET) is None:
+    existing = registry.get_dataset(settings, DEMO_DATASET)
+    if existing is not None and existing.get("kind") != DATASET_KIND:
+        raise ValueError(f"dataset {DEMO_DATASET!r} is registered with kind {existing.get('kind')!r}, not "
+                         f"{DATASET_KIND!r}: the digits demo needs its name")
+    if existing is None:
         counts = write_digits(data_root)
         registry.register_dataset(settings, DEMO_DATASET, kind=DATASET_KIND, path=data_root, upload=True,
                                   meta={"format": "tensors", "counts": counts,
