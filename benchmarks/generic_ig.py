@@ -65,8 +65,6 @@ def _big_cnn():
 
 
 def models(quick: bool) -> dict[str, dict[str, Any]]:
-    import torch
-
     from tests.export_fixtures import colour_cnn, digit_cnn, tabular_net
 
     return {
@@ -75,7 +73,7 @@ def models(quick: bool) -> dict[str, dict[str, Any]]:
                                "n": 8 if quick else 32},
         "tabular-mlp 6": {"model": tabular_net(), "shape": (6,), "kind": "tabular", "n": 8 if quick else 64},
         "cnn5 3x64x64": {"model": _big_cnn(), "shape": (3, 64, 64), "kind": "image", "n": 2 if quick else 8},
-    } if torch else {}
+    }
 
 
 def _setup(name: str, quick: bool, tmp: Path):

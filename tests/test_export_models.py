@@ -82,7 +82,7 @@ def test_the_archive_is_described_as_data(programs):
 
 def test_the_dry_run_bounds_every_value(programs, tmp_path):
     _, path, spec, clf = programs["image"]
-    assert dry_run(clf.program, clf.spec) > 64  # elements per example, counted without memory
+    assert dry_run(clf.info, clf.spec) == clf.elements_per_example > 64  # per example, counted without memory
 
     def huge(program):  # the reshape's leading size replaced by a 2**30 constant: a zeros-like blow-up
         for node in program["graph_module"]["graph"]["nodes"]:

@@ -242,6 +242,27 @@ def model_dir(settings: Settings, raw: str) -> Path:
     return path
 
 
+def checked_dir(settings: Settings, raw: str) -> Path:
+    """The model directory ``raw`` names: under the data roots, every entry of its tree a regular file or directory
+    inside them (a FieldError on ``path`` otherwise)."""
+    directory = model_dir(settings, raw)
+    try:
+        check_tree(settings, directory)
+    except UserFileError as exc:
+        raise FieldError(("body", "path"), str(exc), value=raw) from None
+    return directory
+
+
+def _refuse_fields(req: ImportModelRequest, allowed: tuple[str, ...], why: str) -> None:
+    """A FieldError on the first field given that a kind's import does not take (``why`` says what it reads)."""
+    given = req.model_dump(mode="json")
+    for name in ImportModelRequest.model_fields:
+        if name in allowed or name in JobRequest.model_fields:
+            continue
+        if given[name] is not None and given[name] != []:
+            raise FieldError(("body", name), f"{name} is not for {why}", value=given[name])
+
+
 def _conve_header_check(req: ImportModelRequest, directory: Path, files: UserFiles) -> None:
     """Names and shapes of the ConvE weight files, from a ``.safetensors`` JSON header or a ``.pt`` file's pickle
     read without running it (no torch either way): a mismatch with the config is a 422 naming the tensors. A file
@@ -345,18 +366,9 @@ def inspect_hf(settings: Settings, directory: Path, raw: str) -> Any:
 
 
 def _validate_huggingface(req: ImportModelRequest, settings: Settings, owner: str) -> None:
-    given = req.model_dump(mode="json")
-    for name in ImportModelRequest.model_fields:
-        if name in HF_FIELDS or name in JobRequest.model_fields:
-            continue
-        if given[name] is not None and given[name] != []:
-            raise FieldError(("body", name), f"{name} is not for Hugging Face imports: the checkpoint's own files "
-                             "are read (config.json, the safetensors weights, tokenizer.json)", value=given[name])
-    directory = model_dir(settings, req.path)
-    try:
-        check_tree(settings, directory)
-    except UserFileError as exc:
-        raise FieldError(("body", "path"), str(exc), value=req.path) from None
+    _refuse_fields(req, HF_FIELDS, "Hugging Face imports: the checkpoint's own files are read (config.json, the "
+                   "safetensors weights, tokenizer.json)")
+    directory = checked_dir(settings, req.path)
     info = inspect_hf(settings, directory, req.path)
     budget = settings.worker_memory_bytes
     need = info.parameters * HF_FLOAT_BYTES
@@ -407,18 +419,9 @@ def inspect_export(settings: Settings, directory: Path, req: ImportModelRequest)
 
 
 def _validate_export(req: ImportModelRequest, settings: Settings, owner: str) -> None:
-    given = req.model_dump(mode="json")
-    for name in ImportModelRequest.model_fields:
-        if name in EXPORT_FIELDS or name in JobRequest.model_fields:
-            continue
-        if given[name] is not None and given[name] != []:
-            raise FieldError(("body", name), f"{name} is not for exported programs: the archive and its spec say "
-                             "everything (weights: the .pt2 file, config: the spec)", value=given[name])
-    directory = model_dir(settings, req.path)
-    try:
-        check_tree(settings, directory)
-    except UserFileError as exc:
-        raise FieldError(("body", "path"), str(exc), value=req.path) from None
+    _refuse_fields(req, EXPORT_FIELDS, "exported programs: the archive and its spec say everything (weights: the "
+                   ".pt2 file, config: the spec)")
+    directory = checked_dir(settings, req.path)
     info, _ = inspect_export(settings, directory, req)
     budget = settings.worker_memory_bytes
     if budget and info.nbytes > budget:
@@ -435,11 +438,7 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
     if req.kind == "export":
         _validate_export(req, settings, owner)
         return
-    directory = model_dir(settings, req.path)
-    try:
-        check_tree(settings, directory)
-    except UserFileError as exc:
-        raise FieldError(("body", "path"), str(exc), value=req.path) from None
+    directory = checked_dir(settings, req.path)
     if req.weights is not None:
         _inside(settings, directory, req.weights, "weights")
     elif not any((directory / w).is_file() for w in WEIGHT_DEFAULTS):

@@ -22,6 +22,7 @@ sufficiency, deletion and insertion curves against the random and occlusion floo
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import weakref
@@ -84,8 +85,9 @@ class Layout:
     grid: tuple[int, int] | None = None
     patch: int | None = None
 
+    @functools.cached_property
     def cell_index(self) -> np.ndarray:
-        """Each position's cell (``[L]``), for summing positions into cells in one pass."""
+        """Each position's cell (``[L]``), for summing positions into cells in one pass (built once per layout)."""
         index = np.empty(self.positions, dtype=np.int64)
         for k, (_, pos) in enumerate(self.cells):
             index[pos] = k
@@ -95,7 +97,7 @@ class Layout:
         """``values`` per position (``[L]``) summed per cell."""
         if self.kind == "tabular" or self.patch == 1:
             return np.asarray(values, dtype=np.float64)  # one position per cell, in cell order
-        return np.bincount(self.cell_index(), weights=values, minlength=len(self.cells))
+        return np.bincount(self.cell_index, weights=values, minlength=len(self.cells))
 
     @property
     def positions(self) -> int:

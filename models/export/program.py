@@ -210,17 +210,14 @@ def read_tensors(path: Path, info: ProgramInfo, files: FileAccess = LOCAL, devic
     return out
 
 
-def dry_run(program: Program, spec: ModelSpec) -> int:
-    """Run ``program`` on the meta device with one example (shapes only); ProgramRunError when it fails or a value
-    exceeds :data:`MAX_VALUE_ELEMENTS`. Returns the elements of all its values for that example."""
-    meta = Program.__new__(Program)
-    torch.nn.Module.__init__(meta)
-    meta.__dict__.update({k: v for k, v in program.__dict__.items() if k not in ("_buffers", "_modules",
-                                                                                 "_parameters")})
-    for name, buf in program.named_buffers():
-        meta.register_buffer(name, torch.empty(buf.shape, dtype=buf.dtype, device="meta"), persistent=False)
+def dry_run(info: ProgramInfo, spec: ModelSpec) -> int:
+    """Run the checked program on the meta device with one example (shapes only: no weight is read, no value is
+    allocated); ProgramRunError when it fails or a value exceeds :data:`MAX_VALUE_ELEMENTS`. Returns the elements
+    of all its values for that example."""
+    tensors = {fqn: torch.empty(p.sizes, dtype=TORCH_DTYPES[p.dtype], device="meta")
+               for table in (info.weights, info.constants) for fqn, p in table.items()}
+    meta = Program(info, tensors)
     meta.check_values = MAX_VALUE_ELEMENTS
-    meta.counted = 0
     x = torch.zeros((1, *spec.shape), dtype=TORCH_DTYPES[spec.dtype], device="meta")
     with torch.no_grad():
         out = meta(x)
@@ -238,6 +235,7 @@ class ExportedClassifier:
     spec: ModelSpec
     info: ProgramInfo
     path: Path
+    elements_per_example: int  # of all the program's values for one example (the dry run's count)
 
     @property
     def labels(self) -> list[str]:
@@ -271,13 +269,13 @@ SPEC_FILE = "spec.json"
 
 def build(archive: Path, spec: Any, device: torch.device | str = "cpu", files: FileAccess = LOCAL
           ) -> ExportedClassifier:
-    """Check ``archive`` and ``spec`` (a dict), read the tensors and dry-run the program."""
+    """Check ``archive`` and ``spec`` (a dict), dry-run the program, then read the tensors."""
     info = inspect_program(Path(archive), files)
     checked = check_spec(spec, info)
+    elements = dry_run(info, checked)  # before any weight is read
     program = Program(info, read_tensors(Path(archive), info, files, device))
     program.eval()
-    dry_run(program, checked)
-    return ExportedClassifier(program, checked, info, Path(archive))
+    return ExportedClassifier(program, checked, info, Path(archive), elements)
 
 
 def load(path: str | Path, device: torch.device | str = "cpu", files: FileAccess = LOCAL) -> ExportedClassifier:
@@ -289,10 +287,3 @@ def load(path: str | Path, device: torch.device | str = "cpu", files: FileAccess
     with files.open(path / SPEC_FILE, "json") as fh:
         spec = json.loads(fh.read())
     return build(path / PROGRAM_FILE, spec, device, files)
-
-
-def per_example_elements(clf: ExportedClassifier) -> int:
-    """Elements of all the program's values for one example (the dry run's count)."""
-    return dry_run(clf.program, clf.spec)
-
-

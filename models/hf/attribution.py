@@ -149,7 +149,7 @@ def _integrate(batch: Batch, opts: HFOptions, n_steps: int, alpha_batch_size: in
     if opts.method == "occlusion":
         return occlusion(batch.forward, batch.x, batch.base, batch.content)
     return integrate(batch.forward, batch.x, batch.base, opts, n_steps, alpha_batch_size, rows, precision,
-                     endpoint_scores=None if opts.tolerance is not None else (fx, fb))
+                     endpoint_scores=(fx, fb))
 
 
 def _run(clf: HFClassifier, prepared: Sequence[Prepared], opts: HFOptions, precision: str, n_steps: int,

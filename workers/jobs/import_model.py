@@ -22,12 +22,12 @@ from core.kinds.import_model import (
     WEIGHT_DEFAULTS,
     ImportModelRequest,
     ImportResult,
+    checked_dir,
     inspect_export,
     inspect_hf,
-    model_dir,
     pretrained_problem,
 )
-from core.userfiles import UserFileError, UserFiles, check_tree, display
+from core.userfiles import UserFileError, UserFiles, display
 from models.files import LOCAL, read_bytes
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
@@ -197,7 +197,7 @@ def _import_export(src: Path, out: Path, request: ImportModelRequest, settings: 
     (out / program.SPEC_FILE).write_text(json.dumps(spec.to_json()))
     try:
         clf = program.load(out, "cpu")
-        elements = program.per_example_elements(clf)
+        elements = clf.elements_per_example
         x = torch.stack([torch.zeros(spec.shape), torch.ones(spec.shape)])
         logits = clf.logits(x)
     except (ValueError, RuntimeError) as exc:
@@ -219,12 +219,9 @@ def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
 
     r = request
     try:
-        src = model_dir(ctx.settings, r.path)
-        check_tree(ctx.settings, src)
+        src = checked_dir(ctx.settings, r.path)
     except FieldError as exc:
         raise JobError("invalid_model", exc.message) from None
-    except UserFileError as exc:
-        raise JobError("invalid_model", str(exc)) from None
     out = ctx.settings.work_dir / f"import-{ctx.job_id}"
     ctx.progress(0, 2, "steps", message="checking names and shapes")
     try:

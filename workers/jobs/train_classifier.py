@@ -54,7 +54,7 @@ def train_and_save(clf: Any, splits: dict[str, Any], opts: Any, out: Path,
 
 
 def run(request: TrainClassifierRequest, ctx: JobContext) -> TrainClassifierResult:
-    from models.export.program import build
+    from models.export.program import load
     from models.export.train import TrainOptions
 
     t0 = time.perf_counter()
@@ -67,10 +67,8 @@ def run(request: TrainClassifierRequest, ctx: JobContext) -> TrainClassifierResu
         splits = _splits(directory, files_for(ctx.settings, directory))
     except (ValueError, OSError) as exc:
         raise JobError("bad_dataset", f"dataset {request.dataset!r}: {exc}") from None
-    import json
-
     try:  # a fresh copy: training changes its weights, the cached one serves explanations
-        clf = build(source / "model.pt2", json.loads((source / "spec.json").read_text()), ctx.device)
+        clf = load(source, ctx.device)
     except ValueError as exc:
         raise JobError("invalid_model", str(exc)) from None
     shape = list(clf.spec.shape)
