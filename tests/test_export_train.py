@@ -151,6 +151,22 @@ def test_train_register_and_explain(svc):
     assert svc.wait(r.json()["id"], timeout_s=120)["status"] == "succeeded"
 
 
+def test_a_dataset_too_large_for_a_worker_or_too_long_a_run_is_refused(svc):
+    from core import registry
+
+    data = svc.settings.data_roots[0] / "blocks"
+    registry.register_dataset(svc.settings, "huge", kind="tensor_classification", path=data,
+                              meta={"format": "tensors", "counts": {"train": 10**8, "input_shape": [1, 8, 8]}})
+    registry.register_dataset(svc.settings, "long", kind="tensor_classification", path=data,
+                              meta={"format": "tensors", "counts": {"train": 2 * 10**6, "input_shape": [1, 8, 8]}})
+    r = svc.client.post("/train/classifier", json={"name": "x", "model": "cnn", "dataset": "huge"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "dataset"]
+    assert "worker memory" in r.json()["detail"][0]["msg"]
+    r = svc.client.post("/train/classifier", json={"name": "x", "model": "cnn", "dataset": "long", "epochs": 600})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "epochs"]
+    assert "example steps" in r.json()["detail"][0]["msg"]
+
+
 @pytest.mark.parametrize(("body", "loc", "says"), [
     ({"model": "tab", "dataset": "blocks"}, ("body", "dataset"), "takes [6]"),
     ({"model": "cnn", "dataset": "wide"}, ("body", "dataset"), "[1, 6, 6] per example"),
@@ -208,3 +224,21 @@ def _demo_equals_captum(clf) -> None:
                                                   n_steps=32, method="gausslegendre").sum(1).reshape(6, -1)
     mine = torch.tensor([r["word_attributions"] for r in report["samples"]], dtype=torch.float32)
     torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max()))
+
+
+def test_the_digits_demo_refuses_a_dataset_of_its_name_and_another_kind(tmp_path):
+    from core import registry
+    from tests.service import Service
+    from workers.jobs.train_classifier import DEMO_DATASET, DEMO_MODEL, prepare_demo
+
+    service = Service(tmp_path / "home", start=False)
+    try:
+        other = tmp_path / "home" / "data" / "kg"
+        other.mkdir(parents=True)
+        (other / "train.txt").write_text("a\tr\tb\n")
+        registry.register_dataset(service.settings, DEMO_DATASET, kind="triples", path=other)
+        with pytest.raises(ValueError, match="registered with kind 'triples'"):
+            prepare_demo(service.settings, progress=False)
+        assert registry.get_model(service.settings, DEMO_MODEL) is None
+    finally:
+        service.stop()

@@ -10,6 +10,7 @@ registers the trained program under ``name`` as an ``exported_classifier``.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field
@@ -23,12 +24,14 @@ from core.contract.kind import JobKind, register
 from core.contract.results.base import ResultModel
 from core.contract.results.training import TrainingResult
 from core.dataset_formats import FormatError, tensor_splits
+from core.memory import gib
 from core.settings import Settings
 from core.userfiles import UserFiles
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MODEL_KIND = "exported_classifier"
 DATASET_KIND = "tensor_classification"
+BYTES_PER_VALUE = 8  # a split is read whole (its bytes, up to 4 per value) and kept as float32 (4 per value)
 MAX_EXAMPLE_STEPS = 10**9  # examples x epochs one job may train on (a 2-core CPU does ~1e5 digit examples/s)
 
 
@@ -108,6 +111,14 @@ def validate(req: TrainClassifierRequest, settings: Settings, owner: str = "syst
     if isinstance(shape, list) and counts.get("input_shape") is not None and counts["input_shape"] != shape[1:]:
         raise FieldError(("body", "dataset"), f"the dataset's inputs are {counts['input_shape']} per example; model "
                          f"{req.model!r} takes {shape[1:]}", value=req.dataset)
+    values = sum(int(counts.get(split) or 0) for split in ("train", "valid", "test")) \
+        * math.prod(counts.get("input_shape") or [1])
+    need = values * BYTES_PER_VALUE
+    budget = settings.worker_memory_bytes
+    if budget and need > budget:
+        raise FieldError(("body", "dataset"), f"the dataset's {values:,} input values would need about {gib(need)} of "
+                         f"worker memory to train on, more than the {gib(budget)} a worker offers "
+                         "(EXPLAINQ_WORKER_MEMORY_BYTES)", value=req.dataset)
     if counts["train"] * req.epochs > MAX_EXAMPLE_STEPS:
         raise FieldError(("body", "epochs"), f"{counts['train']:,} examples x {req.epochs} epochs is more than "
                          f"{MAX_EXAMPLE_STEPS:,} example steps for one job", value=req.epochs)
