@@ -89,9 +89,6 @@ class Service:
             "EXPLAINQ_HEARTBEAT_TTL_S": str(self.heartbeat_ttl_s),
             "PYTHONPATH": str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
-            # workers hash strings the same way in every run, so a tiny training run's metrics are reproducible
-            # (some ordering in news training and evaluation still follows string hashes)
-            "PYTHONHASHSEED": env.get("PYTHONHASHSEED", "0"),
             "EXPLAINQ_KIND_PLUGINS": "tests.jobkinds:register_test_kinds",
         })
         env.update(self.extra_env)

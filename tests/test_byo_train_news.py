@@ -78,6 +78,11 @@ def test_train_nrms_and_naml_then_explain(svc) -> None:
     nrms = _train(svc, {"name": "my-nrms", "dataset": "mind-small", "epochs": 3, "lr": 3e-3, "batch_size": 16,
                         "precision": "fp32", **TINY_NRMS})
     _check_metrics(nrms, 3)
+    # the same request again, in the same worker after another job: the same initial weights, the same first epoch
+    twin = _train(svc, {"name": "my-nrms-twin", "dataset": "mind-small", "epochs": 1, "lr": 3e-3, "batch_size": 16,
+                        "precision": "fp32", **TINY_NRMS})
+    assert twin["initial_valid"] == nrms["initial_valid"], (twin["initial_valid"], nrms["initial_valid"])
+    assert twin["epochs"][0]["valid"] == nrms["epochs"][0]["valid"]
     naml = _train(svc, {"name": "my-naml", "dataset": "mind", "epochs": 4, "lr": 5e-3, "batch_size": 16,
                         "precision": "fp32", **TINY_NAML})
     _check_metrics(naml, 4)

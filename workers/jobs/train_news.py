@@ -111,6 +111,7 @@ def run(request: TrainNewsRequest, ctx: JobContext) -> TrainNewsResult:
     import torch
 
     from core.userfiles import files_for
+    from models.common import seed_everything
     from models.curves import StepCurve
     from models.news import checkpoint
     from models.news.data import read_split
@@ -166,6 +167,8 @@ def run(request: TrainNewsRequest, ctx: JobContext) -> TrainNewsResult:
             if config.get("encoder") == "word" or config["kind"] == "naml":
                 texts = [t for n in train_split.news.values() for t in (n.title, n.body) if t]
                 tokenizer = WordTokenizer.build(texts)
+            # the initial weights follow the request's seed, not what earlier jobs left in this worker's RNG
+            seed_everything(r.seed)
             model = build_model(config, tokenizer).to(ctx.device)
             opt_state = None
     except (ValueError, OSError) as exc:
