@@ -11,7 +11,10 @@ the jobs use for it, and its counts:
 - ``cifar10`` / ``cifar100`` (kind ``image_classification``): the official python batches;
 - ``tensors`` (kind ``tensor_classification``): ``train.safetensors`` (+ ``valid.safetensors``,
   ``test.safetensors``), each with ``inputs`` (``[N, ...]``, floating point) and ``labels`` (``[N]``, integer class
-  indices): the training data of an exported classifier (``POST /train/classifier``); only the headers are read.
+  indices): the training data of an exported classifier (``POST /train/classifier``); only the headers are read;
+- ``text_csv`` / ``text_jsonl`` (kind ``text_classification``): ``train.csv`` (+ ``valid``, ``test``) with the
+  columns ``text`` and ``label``, or the same as JSON lines (``models.textdata``): the training data of a Hugging
+  Face classifier (``POST /train/classifier``).
 
 Files are streamed line by line (a MIND-large ``behaviors.tsv`` is about 2 GB), never loaded whole.
 """
@@ -28,6 +31,10 @@ from core.settings import Settings
 from core.userfiles import UserFileError, UserFiles, check_tree
 from models.files import LOCAL, FileAccess, open_text
 from models.kg.tsv import TriplesFormatError, read_triples
+from models.textdata import FORMATS as TEXT_FORMATS
+from models.textdata import TextDataError
+from models.textdata import split_files as text_split_files
+from models.textdata import summarize as summarize_text
 
 SPLITS = ("train", "valid", "test")
 PAIR_REQUIRED = ("user_id", "history_titles", "candidate_id", "candidate_title")
@@ -146,6 +153,12 @@ def _detect(path: Path, files: FileAccess) -> dict[str, Any]:
             return {"format": name, "kind": "image_classification", "counts": {"files": batches}}
     if (path / "train.safetensors").is_file():
         return {"format": "tensors", "kind": "tensor_classification", "counts": tensor_splits(path, files)}
+    if text_split_files(path):
+        try:
+            counts = summarize_text(path, files)
+        except TextDataError as exc:
+            raise FormatError(str(exc)) from None
+        return {"format": TEXT_FORMATS[counts["file_format"]], "kind": "text_classification", "counts": counts}
     if any((path / f).is_file() for f in ("labels.csv", "dataset_info.json", "dataset_dict.json")):
         from models.lora.keys import DatasetFormatError, summarize_dataset
 
@@ -159,8 +172,9 @@ def _detect(path: Path, files: FileAccess) -> dict[str, Any]:
         return {"format": fmt, "kind": "lora", "counts": counts}
     raise FormatError("no known dataset format: expected a MIND directory ({train,valid,test}/news.tsv + "
                       "behaviors.tsv), pairs_{split}.csv, a triples directory (train.txt), LoRA safetensors + "
-                      "labels.csv, a datasets save_to_disk directory, CIFAR python batches, or tensors "
-                      "(train.safetensors with inputs and labels)")
+                      "labels.csv, a datasets save_to_disk directory, CIFAR python batches, tensors "
+                      "(train.safetensors with inputs and labels), or texts (train.csv or train.jsonl with text and "
+                      "label)")
 
 
 TENSOR_FLOATS = ("F16", "BF16", "F32", "F64")

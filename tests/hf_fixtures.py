@@ -38,9 +38,11 @@ def _bpe_tokenizer() -> object:
                                    mask_token="<mask>", unk_token="<pad>")
 
 
-def save_classifier(directory: Path, model_type: str = "bert", seed: int = 0, hidden: int = 32) -> Path:
+def save_classifier(directory: Path, model_type: str = "bert", seed: int = 0, hidden: int = 32,
+                    scale: float | None = 0.3) -> Path:
     """A ``model_type`` classifier of three classes in ``directory`` (config.json, model.safetensors, tokenizer
-    files); returns ``directory``."""
+    files); returns ``directory``. ``scale``: the standard deviation of every weight matrix (larger than
+    transformers' initialisation, so that the logits differ between texts), or None for transformers' own."""
     from transformers import (
         BertConfig,
         BertForSequenceClassification,
@@ -81,10 +83,10 @@ def save_classifier(directory: Path, model_type: str = "bert", seed: int = 0, hi
                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **labels))
     else:
         raise ValueError(f"no fixture for {model_type!r}")
-    with torch.no_grad():  # weights larger than the tiny init, so that the logits differ between texts
+    with torch.no_grad():
         for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.3)
+            if p.dim() > 1 and scale is not None:
+                p.normal_(0.0, scale)
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

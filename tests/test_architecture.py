@@ -34,6 +34,7 @@ CORE_MAY_USE = {
     "models.kg.tsv",
     "models.lora.keys",
     "models.news.data",
+    "models.textdata",
     "models.weight_files",
 }
 

@@ -48,15 +48,17 @@ def refuse_if_preparing(settings: Settings, section: str, name: str, loc: tuple[
 
 
 def require_model(settings: Settings, name: str, kind: str, field: str = "model",
-                  kind_label: str | None = None) -> dict[str, Any]:
-    """The registry entry of model ``name``, which must be of ``kind``; a FieldError on ``field`` otherwise."""
+                  kind_label: str | None = None, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The registry entry of model ``name``, which must be of ``kind`` (or one of ``also``); a FieldError on
+    ``field`` otherwise."""
     from core import registry
 
     entry = registry.get_model(settings, name)
     if entry is None:
         refuse_if_preparing(settings, "models", name, ("body", field))
         raise FieldError(("body", field), f"unknown model {name!r}", value=name)
-    if entry.get("kind") != kind:
-        raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not "
-                         f"{kind_label or kind}", value=name)
+    if entry.get("kind") != kind and entry.get("kind") not in also:
+        wanted = " or ".join([kind_label or kind, *also])
+        raise FieldError(("body", field), f"model {name!r} is a {entry.get('kind')!r} model, not {wanted}",
+                         value=name)
     return entry

@@ -13,10 +13,9 @@ same way. Training through the interpreter equals training the eager model the p
 from __future__ import annotations
 
 import json
-import math
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,35 +23,18 @@ import torch
 
 from models.export.files import LOCAL, FileAccess, Payload
 from models.export.program import PROGRAM_FILE, SPEC_FILE, TORCH_DTYPES, ExportedClassifier
+from models.training import Trained, TrainOptions, optimizer, run_epochs
+
+__all__ = ["Split", "Trained", "TrainOptions", "accuracy", "read_split", "save_model", "train", "write_program"]
 
 CHECKPOINTS_FILE = "checkpoints.json"
 CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass
-class TrainOptions:
-    epochs: int = 5
-    batch_size: int = 64
-    lr: float = 0.05
-    optimizer: str = "sgd"          # sgd (with momentum) or adam
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    seed: int = 0
-    checkpoint_every: int = 1
-
-
-@dataclass
 class Split:
     inputs: torch.Tensor   # [N, *shape] float32
     labels: torch.Tensor   # [N] int64
-
-
-@dataclass
-class Trained:
-    """The history (per epoch: loss, train and valid accuracy, lr), and the checkpoints' epochs and weights."""
-
-    history: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: list[tuple[int, float, dict[str, torch.Tensor]]] = field(default_factory=list)
 
 
 def read_split(path: Path, files: FileAccess = LOCAL) -> Split:
@@ -97,40 +79,21 @@ def train(clf: ExportedClassifier, data: Split, opts: TrainOptions, valid: Split
     params = trainable(clf)
     if not params:
         raise ValueError("the program has no parameters to train")
-    if opts.optimizer == "adam":
-        optim = torch.optim.Adam(params.values(), lr=opts.lr, weight_decay=opts.weight_decay)
-    else:
-        optim = torch.optim.SGD(params.values(), lr=opts.lr, momentum=opts.momentum, weight_decay=opts.weight_decay)
-    gen = torch.Generator().manual_seed(opts.seed)
-    n = data.labels.shape[0]
-    steps_per_epoch = math.ceil(n / opts.batch_size)
-    out = Trained()
+    optim = optimizer(params.values(), opts)
     device = clf.device
-    for epoch in range(1, opts.epochs + 1):
-        order = torch.randperm(n, generator=gen)
-        total, seen = 0.0, 0
-        for k in range(steps_per_epoch):
-            idx = order[k * opts.batch_size:(k + 1) * opts.batch_size]
-            x, y = data.inputs[idx].to(device), data.labels[idx].to(device)
-            loss = torch.nn.functional.cross_entropy(clf.forward(x).float(), y)
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise ValueError(f"the loss became {value} at epoch {epoch}, step {k + 1}: lower lr")
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            optim.step()
-            total += value * len(idx)
-            seen += len(idx)
-            if progress is not None:
-                progress((epoch - 1) * steps_per_epoch + k + 1, opts.epochs * steps_per_epoch,
-                         {"loss": value, "epoch": epoch})
-        row = {"epoch": epoch, "loss": total / max(seen, 1), "lr": opts.lr,
-               "train_accuracy": accuracy(clf, data)}
+
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+        x, y = data.inputs[idx].to(device), data.labels[idx].to(device)
+        return torch.nn.functional.cross_entropy(clf.forward(x).float(), y)
+
+    def scores() -> dict[str, float]:
+        row = {"train_accuracy": accuracy(clf, data)}
         if valid is not None:
             row["valid_accuracy"] = accuracy(clf, valid)
-        out.history.append(row)
-        if epoch % opts.checkpoint_every == 0 or epoch == opts.epochs:
-            out.checkpoints.append((epoch, opts.lr, {k: v.detach().clone().cpu() for k, v in params.items()}))
+        return row
+
+    out = run_epochs(opts, data.labels.shape[0], loss_of, optim, scores, progress,
+                     on_checkpoint=lambda epoch, lr: {k: v.detach().clone().cpu() for k, v in params.items()})
     for t in params.values():
         t.requires_grad_(False)
     return out

@@ -5,7 +5,8 @@ weights, a fast tokenizer); transformers then builds the model class it has for 
 (``trust_remote_code=False``), loads the weights from the safetensors files only (``use_safetensors=True``) and
 the tokenizer from ``tokenizer.json``, with ``local_files_only=True`` (nothing is downloaded). Every tensor of the
 model must come from the weights (a missing one, which transformers would initialise at random, is refused). The
-loaded model is in eval mode with its parameters frozen: explanations differentiate with respect to inputs only.
+loaded model is in eval mode with its parameters frozen: explanations differentiate with respect to inputs only
+(``POST /train/classifier`` loads its own copy with ``trainable=True``: ``models.hf.train``).
 
 The service loads only copies it made of the files :func:`models.hf.files.checkpoint_files` names (the import job's
 staging directory, then the store's version), so nothing else a tenant put in the directory is ever opened.
@@ -57,8 +58,24 @@ class HFClassifier:
         return torch.stack(out)
 
 
-def load(path: str | Path, device: torch.device | str = "cpu", files: FileAccess = LOCAL) -> HFClassifier:
-    """The classifier in ``path`` on ``device`` (a registered model's loader: ``models.hf.checkpoint:load``)."""
+def dims(clf: HFClassifier) -> dict[str, int | None]:
+    """The transformer's width, depth and heads from its config (the names differ by family), for the memory
+    estimate of fine-tuning it (``core.kinds.train_classifier.fine_tune_bytes``)."""
+    config = clf.model.config
+
+    def first(*names: str) -> int | None:
+        value = next((getattr(config, n) for n in names if isinstance(getattr(config, n, None), int)), None)
+        return int(value) if value is not None else None
+
+    return {"hidden": first("hidden_size", "dim", "n_embd", "d_model"),
+            "layers": first("num_hidden_layers", "n_layers", "n_layer", "num_layers"),
+            "heads": first("num_attention_heads", "n_heads", "n_head")}
+
+
+def load(path: str | Path, device: torch.device | str = "cpu", files: FileAccess = LOCAL,
+         trainable: bool = False) -> HFClassifier:
+    """The classifier in ``path`` on ``device`` (a registered model's loader: ``models.hf.checkpoint:load``), in eval
+    mode; ``trainable``: its parameters keep requiring gradients (a fine-tuning job's own copy)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = Path(path)
@@ -72,7 +89,7 @@ def load(path: str | Path, device: torch.device | str = "cpu", files: FileAccess
                          "classifier itself with model.save_pretrained(directory, safe_serialization=True)")
     model.to(device).eval()
     for p in model.parameters():
-        p.requires_grad_(False)
+        p.requires_grad_(trainable)
     tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, **LOAD)
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("the checkpoint's tokenizer is not a fast tokenizer (tokenizer.json)")

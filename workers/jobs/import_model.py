@@ -171,7 +171,7 @@ def _import_huggingface(src: Path, out: Path, request: ImportModelRequest, setti
     described = {"model_type": info.model_type, "architecture": info.architecture, "task": info.task,
                  "labels": labels}
     return {"parameters": model.parameters, "smoke": smoke, **described,
-            "meta": {**described, "source": display(settings, src)}}
+            "meta": {**described, "source": display(settings, src), "dims": checkpoint.dims(model)}}
 
 
 def _import_export(src: Path, out: Path, request: ImportModelRequest, settings: Any) -> dict[str, Any]:

@@ -17,9 +17,12 @@ from typing import Any
 from core import dataset_refs, registry
 from core.kinds.train_classifier import (
     DATASET_KIND,
+    DATASET_KINDS,
+    HF_KIND,
     MODEL_KIND,
     TrainClassifierRequest,
     TrainClassifierResult,
+    resolved,
 )
 from core.userfiles import files_for
 from models.curves import StepCurve
@@ -30,8 +33,8 @@ DEMO_MODEL = "digits-cnn-demo"
 DEMO_DATASET = "digits-tensors"  # "digits" is the Vision-BDH demo's image_classification dataset
 
 
-def _dataset_dir(ctx: JobContext, request: TrainClassifierRequest) -> Path:
-    ref = dataset_refs.resolve(ctx.settings, request.dataset, ctx.owner, DATASET_KIND)
+def _dataset_dir(ctx: JobContext, request: TrainClassifierRequest, model_kind: str = MODEL_KIND) -> Path:
+    ref = dataset_refs.resolve(ctx.settings, request.dataset, ctx.owner, DATASET_KINDS[model_kind])
     return registry.absolute_path(ctx.settings, ref.entry) if ref.entry is not None else ref.path
 
 
@@ -40,6 +43,12 @@ def _splits(directory: Path, files: Any) -> dict[str, Any]:
 
     return {s: read_split(directory / f"{s}.safetensors", files)
             for s in ("train", "valid", "test") if (directory / f"{s}.safetensors").is_file()}
+
+
+def _text_splits(directory: Path, files: Any) -> dict[str, Any]:
+    from models.textdata import read_split, split_files
+
+    return {s: read_split(f, files) for s, f in split_files(directory).items()}
 
 
 def train_and_save(clf: Any, splits: dict[str, Any], opts: Any, out: Path,
@@ -53,33 +62,66 @@ def train_and_save(clf: Any, splits: dict[str, Any], opts: Any, out: Path,
     return trained, checkpoints, scores
 
 
-def run(request: TrainClassifierRequest, ctx: JobContext) -> TrainClassifierResult:
+def fine_tune_and_save(clf: Any, splits: dict[str, Any], opts: Any, out: Path,
+                       progress: Any = None) -> tuple[Any, list[dict[str, Any]], dict[str, float | None]]:
+    """Fine-tune the Hugging Face classifier ``clf`` on text ``splits`` and write the model directory."""
+    from models.hf.train import Encoded, accuracy, save_model, train, write_checkpoint
+
+    encoded = {s: Encoded(clf, d, opts.max_length, f"{s} split") for s, d in splits.items()}
+    trained = train(clf, encoded["train"], opts, encoded.get("valid"), progress,
+                    on_checkpoint=lambda epoch, lr: write_checkpoint(clf, out, epoch))
+    checkpoints = save_model(out, clf, trained)
+    scores = {s: accuracy(clf, d) for s, d in encoded.items()}
+    return trained, checkpoints, scores
+
+
+def _load(entry: dict[str, Any], source: Path, ctx: JobContext) -> Any:
+    """A fresh, trainable copy of the model (the cached one serves explanations)."""
+    if entry["kind"] == HF_KIND:
+        from models.hf.checkpoint import load as load_hf
+
+        return load_hf(source, ctx.device, trainable=True)
     from models.export.program import load
-    from models.export.train import TrainOptions
+
+    return load(source, ctx.device)
+
+
+def run(request: TrainClassifierRequest, ctx: JobContext) -> TrainClassifierResult:
+    from models.training import TrainOptions
 
     t0 = time.perf_counter()
     entry = registry.get_model(ctx.settings, request.model)
-    if entry is None or entry.get("kind") != MODEL_KIND:
-        raise JobError("unknown_model", f"model {request.model!r} is not a registered exported classifier")
+    if entry is None or entry.get("kind") not in DATASET_KINDS:
+        raise JobError("unknown_model", f"model {request.model!r} is not a registered exported or Hugging Face "
+                       "classifier")
+    kind = entry["kind"]
     source = registry.local_path(ctx.settings, entry)
-    directory = _dataset_dir(ctx, request)
+    directory = _dataset_dir(ctx, request, kind)
     try:
-        splits = _splits(directory, files_for(ctx.settings, directory))
+        read = _text_splits if kind == HF_KIND else _splits
+        splits = read(directory, files_for(ctx.settings, directory))
     except (ValueError, OSError) as exc:
         raise JobError("bad_dataset", f"dataset {request.dataset!r}: {exc}") from None
-    try:  # a fresh copy: training changes its weights, the cached one serves explanations
-        clf = load(source, ctx.device)
+    if "train" not in splits:
+        raise JobError("bad_dataset", f"dataset {request.dataset!r} has no train split")
+    try:
+        clf = _load(entry, source, ctx)
     except ValueError as exc:
         raise JobError("invalid_model", str(exc)) from None
-    shape = list(clf.spec.shape)
-    if list(splits["train"].inputs.shape[1:]) != shape:
-        raise JobError("invalid_request", f"dataset {request.dataset!r} has inputs of shape "
-                       f"{list(splits['train'].inputs.shape[1:])}; model {request.model!r} takes {shape}")
-    opts = TrainOptions(epochs=request.epochs, batch_size=request.batch_size, lr=request.lr,
-                        optimizer=request.optimizer, momentum=request.momentum, weight_decay=request.weight_decay,
-                        seed=request.seed, checkpoint_every=request.checkpoint_every)
+    if kind == MODEL_KIND:
+        shape = list(clf.spec.shape)
+        if list(splits["train"].inputs.shape[1:]) != shape:
+            raise JobError("invalid_request", f"dataset {request.dataset!r} has inputs of shape "
+                           f"{list(splits['train'].inputs.shape[1:])}; model {request.model!r} takes {shape}")
+        n_train = int(splits["train"].labels.shape[0])
+    else:
+        n_train = len(splits["train"].texts)
+    optimizer, lr = resolved(request, kind)
+    opts = TrainOptions(epochs=request.epochs, batch_size=request.batch_size, lr=lr, optimizer=optimizer,
+                        momentum=request.momentum, weight_decay=request.weight_decay, seed=request.seed,
+                        checkpoint_every=request.checkpoint_every, max_length=request.max_length)
     live = LiveMetrics(ctx)
-    steps_per_epoch = -(-splits["train"].labels.shape[0] // request.batch_size)
+    steps_per_epoch = -(-n_train // request.batch_size)
     curve = StepCurve(steps_per_epoch)
     history: list[dict[str, Any]] = []
 
@@ -93,21 +135,36 @@ def run(request: TrainClassifierRequest, ctx: JobContext) -> TrainClassifierResu
     out = ctx.settings.work_dir / f"train-classifier-{ctx.job_id}"
     try:
         try:
-            trained, checkpoints, scores = train_and_save(clf, splits, opts, out, progress)
+            fit = fine_tune_and_save if kind == HF_KIND else train_and_save
+            trained, checkpoints, scores = fit(clf, splits, opts, out, progress)
         except ValueError as exc:
             raise JobError("invalid_request", str(exc)) from None
         history[:] = trained.history
-        ctx.register_model(request.name, kind=MODEL_KIND, loader="models.export.program:load", path=out,
-                           parameters=clf.parameters,
-                           meta={"labels": clf.labels, "spec": clf.spec.to_json(), "trained_from": request.model,
+        ctx.register_model(request.name, kind=kind, loader=entry["loader"], path=out, parameters=clf.parameters,
+                           meta={**_model_meta(clf, entry), "trained_from": request.model,
                                  "dataset": request.dataset, "accuracy": scores, "checkpoints": checkpoints})
     finally:
         shutil.rmtree(out, ignore_errors=True)
     return TrainClassifierResult.model_validate({
-        "model": request.name, "started_from": request.model, "parameters": clf.parameters,
-        "examples": {s: int(d.labels.shape[0]) for s, d in splits.items()}, "accuracy": scores,
+        "model": request.name, "started_from": request.model, "optimizer": optimizer, "lr": lr,
+        "parameters": clf.parameters, "examples": {s: _size(d) for s, d in splits.items()}, "accuracy": scores,
         "checkpoints": checkpoints, "history": trained.history, "steps": curve.rows(),
         "seconds": time.perf_counter() - t0})
+
+
+def _size(split: Any) -> int:
+    return len(split.texts) if hasattr(split, "texts") else int(split.labels.shape[0])
+
+
+def _model_meta(clf: Any, entry: dict[str, Any]) -> dict[str, Any]:
+    """What the registry records of the trained model: the spec (exported), or the transformer's description
+    (Hugging Face, kept from the model it started from), and the class labels."""
+    if entry["kind"] == HF_KIND:
+        from models.hf.checkpoint import dims
+
+        kept = {k: v for k, v in (entry.get("meta") or {}).items() if k in ("model_type", "architecture", "task")}
+        return {**kept, "labels": clf.labels, "dims": dims(clf)}
+    return {"labels": clf.labels, "spec": clf.spec.to_json()}
 
 
 # ---------------------------------------------------------------------------------------------------- demo
@@ -123,7 +180,7 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     it by :func:`train_and_save` and registered (idempotent: what is registered is kept)."""
     from models.export.demo import DIGITS_LABELS, digits_program, training_mean, write_digits
     from models.export.program import build
-    from models.export.train import TrainOptions
+    from models.training import TrainOptions
 
     data_root = settings.work_dir / "demo-data" / DEMO_DATASET
     existing = registry.get_dataset(settings, DEMO_DATASET)

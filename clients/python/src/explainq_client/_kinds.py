@@ -338,10 +338,11 @@ class KindMethods(Generic[R]):
         self, *, name: str, model: str, dataset: str,
         epochs: int | NotGiven = NOT_GIVEN,
         batch_size: int | NotGiven = NOT_GIVEN,
-        optimizer: Literal["sgd", "adam"] | NotGiven = NOT_GIVEN,
-        lr: float | NotGiven = NOT_GIVEN,
+        optimizer: Literal["sgd", "adam", "adamw"] | None | NotGiven = NOT_GIVEN,
+        lr: float | None | NotGiven = NOT_GIVEN,
         momentum: float | NotGiven = NOT_GIVEN,
         weight_decay: float | NotGiven = NOT_GIVEN,
+        max_length: int | NotGiven = NOT_GIVEN,
         checkpoint_every: int | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         overwrite: bool | NotGiven = NOT_GIVEN,
@@ -351,10 +352,12 @@ class KindMethods(Generic[R]):
         **extra: Any,
     ) -> R:
         """Train the exported classifier ``model`` from its own weights on the tensors dataset ``dataset``
-        (``train.safetensors`` with ``inputs`` and ``labels``; ``valid.safetensors`` scored every epoch) and register
-        it as ``name`` with its checkpoints (``POST /train/classifier``). Server defaults: ``epochs=5``,
-        ``batch_size=64``, ``optimizer="sgd"`` (momentum 0.9; or ``"adam"``), ``lr=0.05``, ``checkpoint_every=1``,
-        ``seed=0``.
+        (``train.safetensors`` with ``inputs`` and ``labels``), or fine-tune the Hugging Face classifier ``model`` on
+        the text dataset ``dataset`` (``train.csv`` / ``train.jsonl`` with ``text`` and ``label``); the valid split
+        is scored every epoch. Registers it as ``name`` with its checkpoints (``POST /train/classifier``). Server
+        defaults: ``epochs=5``, ``batch_size=64``, ``optimizer`` and ``lr`` by the model (``"sgd"`` with momentum 0.9
+        at 0.05 for an exported program, ``"adamw"`` at 5e-5 for a Hugging Face model), ``max_length=128`` tokens,
+        ``checkpoint_every=1``, ``seed=0``.
         """
         return self._submit("/train/classifier", _body(dict(locals())), idempotency_key)
 
