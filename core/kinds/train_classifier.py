@@ -115,12 +115,11 @@ def resolved(req: TrainClassifierRequest, model_kind: str) -> tuple[str, float]:
     return req.optimizer or optimizer, req.lr if req.lr is not None else lr
 
 
-def dataset_counts(settings: Settings, req: TrainClassifierRequest, owner: str,
-                   model_kind: str = MODEL_KIND) -> dict[str, Any]:
+def dataset_counts(settings: Settings, dataset: str, owner: str, model_kind: str = MODEL_KIND) -> dict[str, Any]:
     """The dataset's splits (and per-example shape, or labels), from the registry or, for a directory, its files."""
     dataset_kind = DATASET_KINDS[model_kind]
     label = "a tensors dataset" if dataset_kind == DATASET_KIND else "a text classification dataset"
-    ref = dataset_refs.resolve(settings, req.dataset, owner, dataset_kind, kind_label=label)
+    ref = dataset_refs.resolve(settings, dataset, owner, dataset_kind, kind_label=label)
     if ref.entry is not None:
         counts = (ref.entry.get("meta") or {}).get("counts")
         if isinstance(counts, dict) and "train" in counts:
@@ -134,9 +133,9 @@ def dataset_counts(settings: Settings, req: TrainClassifierRequest, owner: str,
         else:
             counts = summarize_text(path, UserFiles(settings))
     except (FormatError, TextDataError) as exc:
-        raise FieldError(("body", "dataset"), str(exc), value=req.dataset) from None
+        raise FieldError(("body", "dataset"), str(exc), value=dataset) from None
     if "train" not in counts:
-        raise FieldError(("body", "dataset"), "the dataset has no train.safetensors", value=req.dataset)
+        raise FieldError(("body", "dataset"), "the dataset has no train.safetensors", value=dataset)
     return counts
 
 
@@ -193,7 +192,7 @@ def validate(req: TrainClassifierRequest, settings: Settings, owner: str = "syst
     entry = require_model(settings, req.model, MODEL_KIND, kind_label="an exported classifier",
                           also=(HF_KIND,))
     kind = entry["kind"]
-    counts = dataset_counts(settings, req, owner, kind)
+    counts = dataset_counts(settings, req.dataset, owner, kind)
     if kind == MODEL_KIND:
         _check_tensors(req, settings, entry, counts)
     else:

@@ -1,0 +1,210 @@
+"""TracIn-CP on exported classifiers (``models.export.influence``, ``POST /tracin/classifier``): per-example
+gradients through the interpreter equal a loop of ``torch.autograd.grad``; the scores and self-influence equal
+Captum's ``TracInCP`` on the eager model with the same checkpoints; through the service, the lists are the dense
+scores' top-k, mislabelled training examples rank high on self-influence, and what it cannot take is a 422 naming
+the field."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from models.export.demo import DIGITS_LABELS, DigitsCNN, digits_arrays, digits_program
+from models.export.program import build, load
+from models.export.train import Split, save_model, train
+from models.training import TrainOptions
+
+
+def _trained(tmp_path, n: int = 160, epochs: int = 3):
+    """The digits CNN trained on ``n`` digits with a checkpoint per epoch, saved as the service saves it."""
+    init = digits_program(tmp_path / "init")
+    clf = build(init / "model.pt2", {"input": {"kind": "image", "mean": [0.3]}, "labels": DIGITS_LABELS})
+    a = digits_arrays()
+    data = Split(torch.tensor(a["train"][0][:n]), torch.tensor(a["train"][1][:n]))
+    trained = train(clf, data, TrainOptions(epochs=epochs, batch_size=32, lr=0.05, checkpoint_every=1))
+    save_model(tmp_path / "out", clf, trained)
+    return tmp_path / "out", data
+
+
+def test_per_example_gradients_through_the_interpreter_equal_an_autograd_loop(tmp_path):
+    from models.explain.gradients import per_example_gradients
+    from models.export.influence import ProgramModule, loss_of, rows
+
+    out, data = _trained(tmp_path, n=40, epochs=1)
+    module = ProgramModule(load(out))
+    names = [n for n, _ in module.named_parameters()]
+    x, y = data.inputs[:6], data.labels[:6]
+    got = per_example_gradients(module, names, loss_of(module.shape), rows(x, y))
+    for i in range(6):
+        loss = torch.nn.functional.cross_entropy(module(x[i:i + 1]), y[i:i + 1])
+        want = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(module.parameters()))])
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-7)
+
+
+def test_tracin_equals_captums_tracincp_on_the_eager_model(tmp_path):
+    from captum.influence import TracInCP
+
+    from models.explain.tracin import FuncGradients, TracIn
+    from models.export.influence import ProgramModule, loss_of, read_checkpoints, rows
+    from models.export.train import parameters
+
+    out, data = _trained(tmp_path, n=48, epochs=3)
+    module = ProgramModule(load(out))
+    ckpts = read_checkpoints(out, module)
+    assert [c["epoch"] for c in ckpts.listed] == [1, 2, 3]
+    test_x, test_y = torch.tensor(digits_arrays()["test"][0][:5]), torch.tensor(digits_arrays()["test"][1][:5])
+    engine = TracIn(FuncGradients(module, loss_of(module.shape)), ckpts.states, batch_size=16)
+    mine, mine_self = engine.influence(rows(test_x, test_y), rows(data.inputs, data.labels))
+    train_self = engine.self_influence(rows(data.inputs, data.labels))
+
+    paths, lrs = [], {}
+    for c in ckpts.listed:  # the same checkpoints as eager state dicts, with their learning rates
+        path = str(tmp_path / f"eager-{c['epoch']}.pt")
+        torch.save(parameters(build(out / c["file"], {"input": {"kind": "image", "mean": [0.3]},
+                                                      "labels": DIGITS_LABELS})), path)
+        paths.append(path)
+        lrs[path] = c["lr"]
+
+    def load_checkpoint(model, path):
+        model.load_state_dict(torch.load(path, weights_only=True))
+        return lrs[path]
+
+    theirs = TracInCP(DigitsCNN(), torch.utils.data.TensorDataset(data.inputs, data.labels), paths,
+                      checkpoints_load_func=load_checkpoint,
+                      loss_fn=torch.nn.CrossEntropyLoss(reduction="none"), batch_size=8)
+    want = theirs.influence((test_x, test_y))
+    scale = float(want.abs().max())
+    torch.testing.assert_close(mine, want, rtol=1e-4, atol=1e-5 * scale)
+    want_self = theirs.self_influence()
+    torch.testing.assert_close(train_self, want_self, rtol=1e-4, atol=1e-5 * float(want_self.abs().max()))
+    assert mine_self.shape == (5,)
+
+
+# ---------------------------------------------------------------------------------------------------- service
+FLIPPED = 12  # training examples whose label is wrong on purpose
+
+
+def _write(directory, split: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, (x, y) in split.items():
+        save_file({"inputs": torch.tensor(x).contiguous(), "labels": torch.tensor(y)},
+                  str(directory / f"{name}.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    from tests.service import Service
+
+    home = tmp_path_factory.mktemp("clf-influence") / "home"
+    data = home / "data"
+    a = digits_arrays()
+    x, y = a["train"][0][:240], a["train"][1][:240].copy()
+    y[:FLIPPED] = (y[:FLIPPED] + 1 + np.arange(FLIPPED) % 9) % 10  # the first FLIPPED get another class
+    _write(data / "digits-noisy", {"train": (x, y), "test": (a["test"][0][:40], a["test"][1][:40])})
+    program = digits_program(data / "cnn")
+    (program / "spec.json").write_text('{"input": {"kind": "image", "mean": [0.3]}, "labels": '
+                                        + str(DIGITS_LABELS).replace("'", '"') + "}")
+    with Service(home, heartbeat_ttl_s=30) as service:
+        r = service.client.post("/models/import", json={"name": "cnn", "kind": "export", "path": "cnn"})
+        assert r.status_code == 202, r.text
+        assert service.wait(r.json()["id"], timeout_s=120)["status"] == "succeeded", service.worker_logs()
+        r = service.client.post("/datasets", json={"name": "digits-noisy", "path": "digits-noisy"})
+        assert r.status_code == 201, r.text
+        r = service.client.post("/train/classifier", json={"name": "cnn-noisy", "model": "cnn",
+                                                           "dataset": "digits-noisy", "epochs": 4, "batch_size": 32,
+                                                           "lr": 0.05, "checkpoint_every": 2})
+        assert r.status_code == 202, r.text
+        assert service.wait(r.json()["id"], timeout_s=300)["status"] == "succeeded", service.worker_logs()
+        yield service
+
+
+def _run(svc, body: dict) -> dict:
+    r = svc.client.post("/tracin/classifier", json=body)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=300)
+    assert job["status"] == "succeeded", (job.get("error"), svc.worker_logs()[-3000:])
+    return svc.client.get(f"/jobs/{job['id']}/result").json() | {"id": job["id"]}
+
+
+def _artifact(svc, job_id: str, name: str) -> list[dict[str, str]]:
+    r = svc.client.get(f"/jobs/{job_id}/artifacts/{name}")
+    assert r.status_code == 200, r.text
+    return list(csv.DictReader(io.StringIO(r.text)))
+
+
+def test_mode_test_lists_the_dense_scores_top_k(svc, tmp_path):
+    from core import registry
+    from models.explain.tracin import FuncGradients, TracIn
+    from models.export.influence import ProgramModule, loss_of, read_checkpoints, rows
+    from models.export.train import read_split
+
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [0, 3, 7], "top_k": 5})
+    assert result["dataset"] == "digits-noisy" and result["train_examples"] == 240
+    assert [c["epoch"] for c in result["checkpoints"]] == [2, 4]
+    assert [t["id"] for t in result["tests"]] == ["test[0]", "test[3]", "test[7]"]
+    # the oracle: the dense scores of the same engine, sorted
+    source = registry.local_path(svc.settings, registry.get_model(svc.settings, "cnn-noisy"))
+    module = ProgramModule(load(source))
+    engine = TracIn(FuncGradients(module, loss_of(module.shape)), read_checkpoints(source, module).states)
+    data = svc.settings.data_roots[0] / "digits-noisy"
+    train_split, test_split = read_split(data / "train.safetensors"), read_split(data / "test.safetensors")
+    idx = torch.tensor([0, 3, 7])
+    scores, _ = engine.influence(rows(test_split.inputs[idx], test_split.labels[idx]),
+                                 rows(train_split.inputs, train_split.labels))
+    for i, test in enumerate(result["tests"]):
+        assert test["target"] == DIGITS_LABELS[int(test_split.labels[idx[i]])]
+        want = torch.argsort(scores[i], descending=True, stable=True)[:5].tolist()
+        assert [p["index"] for p in test["proponents"]] == want
+        assert [p["score"] for p in test["proponents"]] == pytest.approx(scores[i, want].tolist(), rel=1e-5)
+        assert test["n_positive"] + test["n_negative"] <= 240
+    listed = _artifact(svc, result["id"], "influence.csv")
+    assert len(listed) == sum(len(t["proponents"]) + len(t["opponents"]) for t in result["tests"])
+    page = svc.client.get(f"/ui/jobs/{result['id']}")
+    assert page.status_code == 200 and "test[3]" in page.text
+
+
+def test_mode_test_takes_inputs_with_a_target_or_the_prediction(svc):
+    x = digits_arrays()["test"][0][:2]
+    result = _run(svc, {"model": "cnn-noisy", "top_k": 3, "inputs": [
+        {"id": "a", "values": x[0].tolist(), "target": "3"}, {"id": "b", "values": x[1].tolist()}]})
+    a, b = result["tests"]
+    assert a["target"] == "3" and b["target"] == b["predicted"]
+    assert len(a["proponents"]) == 3 and all(p["label"] in DIGITS_LABELS for p in a["proponents"])
+
+
+def test_mode_self_ranks_the_flipped_labels_first(svc):
+    from sklearn.metrics import roc_auc_score
+
+    result = _run(svc, {"model": "cnn-noisy", "mode": "self", "top_k": 20})
+    assert len(result["self_influence"]) == 20
+    ranking = _artifact(svc, result["id"], "self_influence.csv")
+    assert len(ranking) == 240 and [int(r["rank"]) for r in ranking] == list(range(1, 241))
+    scores = {int(r["index"]): float(r["self_influence"]) for r in ranking}
+    flipped = [1 if i < FLIPPED else 0 for i in range(240)]
+    auc = roc_auc_score(flipped, [scores[i] for i in range(240)])
+    print(f"self-influence AUC of the {FLIPPED} flipped labels: {auc:.3f}")
+    assert auc >= 0.8, auc  # mislabelled examples have large self-influence (Pruthi et al., section 4)
+
+
+@pytest.mark.parametrize(("body", "loc", "says"), [
+    ({"model": "cnn"}, ("body", "model"), "no training checkpoints"),
+    ({"model": "cnn-noisy"}, ("body", "inputs"), "mode test needs test examples"),
+    ({"model": "cnn-noisy", "mode": "self", "test_indices": [1]}, ("body", "test_indices"), "takes no test"),
+    ({"model": "cnn-noisy", "test_indices": [40]}, ("body", "test_indices", 0), "not a position"),
+    ({"model": "cnn-noisy", "test_indices": [1], "test_split": "valid"}, ("body", "test_split"), "no valid split"),
+    ({"model": "cnn-noisy", "inputs": [{"id": "a", "values": [[0.0]]}]}, ("body", "inputs", 0, "values", 0), "8 there"),
+    ({"model": "cnn-noisy", "inputs": [{"id": "a", "values": np.zeros((1, 8, 8)).tolist(), "target": "cat"}]},
+     ("body", "inputs", 0, "target"), "'cat' is not a class"),
+    ({"model": "cnn-noisy", "mode": "self", "batch_size": 4096, "top_k": 5000}, ("body", "top_k"), "less than"),
+])
+def test_what_tracin_cannot_take_is_a_422_naming_the_field(svc, body, loc, says):
+    r = svc.client.post("/tracin/classifier", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert tuple(detail["loc"]) == loc and says in detail["msg"], detail
