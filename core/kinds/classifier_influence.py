@@ -2,12 +2,13 @@
 pushed a test prediction's loss down (proponents) or up (opponents), or the training examples ranked by
 self-influence (suspected mislabels). No torch here.
 
-The model is an ``exported_classifier`` with the checkpoints ``POST /train/classifier`` kept (``meta.checkpoints``);
-the training data is the ``tensor_classification`` dataset it was trained on (``meta.dataset``) unless
-``dataset`` names another of the same shape. Test examples (mode ``test``) are ``inputs`` (values, and the class
-whose loss is traced: ``target``, by default the predicted class) or ``test_indices`` of a split of that dataset
-(their own labels). The estimator is exact TracIn-CP over every parameter (``models.export.influence``):
-Σ_checkpoints lr · ⟨∇ℓ(test), ∇ℓ(train)⟩, with ℓ the training loss (cross-entropy).
+The model is an ``exported_classifier`` or an ``hf_classifier`` with the checkpoints ``POST /train/classifier``
+kept (``meta.checkpoints``); the training data is the dataset it was trained on (``meta.dataset``: tensors or
+texts) unless ``dataset`` names another of the same kind. Test examples (mode ``test``) are ``inputs`` (exported:
+values) or ``texts`` (Hugging Face), each with the class whose loss is traced (``target``, by default the predicted
+class), or ``test_indices`` of a split of that dataset (their own labels). The estimator is exact TracIn-CP over
+every parameter (``models.export.influence``, ``models.hf.influence``): Σ_checkpoints lr · ⟨∇ℓ(test), ∇ℓ(train)⟩,
+with ℓ the training loss (cross-entropy).
 """
 
 from __future__ import annotations
@@ -22,14 +23,26 @@ from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
 from core.contract.results.base import Artifact, ResultModel
-from core.kinds.attributions import TensorIn, _check_target, class_names, model_spec, values_problem
-from core.kinds.train_classifier import DATASET_KIND, MODEL_KIND, ClassifierCheckpoint, dataset_counts
+from core.kinds.attributions import TensorIn, TextIn, _check_target, class_names, model_spec, values_problem
+from core.kinds.train_classifier import (
+    DATASET_KIND,
+    HF_KIND,
+    MODEL_KIND,
+    TEXT_DATASET_KIND,
+    ClassifierCheckpoint,
+    dataset_counts,
+)
 from core.memory import gib
 from core.settings import Settings
+from models.textdata import label_indices
 
 MAX_TESTS = 64
+TEXT_SHOWN = 500  # characters of a training text listed with its influence
 MAX_TOP_K = 1000
-BYTES_PER_GRADIENT_VALUE = 12  # a chunk's per-example gradients (fp32), the test side's, and the products
+BYTES_PER_GRADIENT_VALUE = 4  # per-example gradients are fp32
+GRADIENT_CHUNK_BYTES = 256 * 2**20  # batch_size "auto": training examples whose gradients fit this
+MAX_AUTO_BATCH = 256
+TEST_FACTOR_BYTES = 768 * 2**20  # what the engine keeps of a block of test examples (models.explain.tracin)
 
 
 class ClassifierInfluenceRequest(JobRequest):
@@ -42,8 +55,11 @@ class ClassifierInfluenceRequest(JobRequest):
         description="test: each test example's proponents and opponents; self: the training examples ranked by "
                     "self-influence (suspected mislabels first)")
     inputs: list[TensorIn] | None = Field(None, max_length=MAX_TESTS, title="Test inputs",
-        description="Mode test: inputs in the model's per-example shape; target is the class whose loss is "
-                    "traced (by default the predicted class)")
+        description="Mode test, an exported classifier: inputs in the model's per-example shape; target is the "
+                    "class whose loss is traced (by default the predicted class)")
+    texts: list[TextIn] | None = Field(None, max_length=MAX_TESTS, title="Test texts",
+        description="Mode test, a Hugging Face classifier: texts; target is the class whose loss is traced (by "
+                    "default the predicted class)")
     test_indices: list[int] | None = Field(None, min_length=1, max_length=MAX_TESTS, title="Test examples",
         description="Mode test, instead of inputs: positions in the dataset's test_split, with their own labels")
     test_split: Literal["train", "valid", "test"] = Field("test", title="Split of test_indices",
@@ -53,17 +69,22 @@ class ClassifierInfluenceRequest(JobRequest):
                     "self ranking is the artifact self_influence.csv)")
     checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints", json_schema_extra=ADVANCED,
         description="Sum over every kept checkpoint (TracIn-CP), or the last one only")
-    batch_size: int = Field(256, ge=1, le=4096, title="Examples per chunk", json_schema_extra=ADVANCED,
-        description="Training examples whose gradients are held at once")
+    max_length: int = Field(128, ge=2, le=4096, title="Tokens per text", json_schema_extra=ADVANCED,
+        description="Hugging Face classifiers: each text is cut to this many tokens, as fine-tuning cut it")
+    batch_size: int | None = Field(None, ge=1, le=4096, title="Examples per chunk", json_schema_extra=ADVANCED,
+        description="Training examples whose gradients are held at once; by default as many as fit 256 MiB "
+                    "(at most 256)")
 
 
 class InfluenceExample(ResultModel):
-    """A training example: its position in the split, its label, its influence (or self-influence)."""
+    """A training example: its position in the split, its label, its influence (or self-influence), and for a text
+    dataset its text (the first 500 characters)."""
 
     index: int
     label: str
     score: float
     self_influence: float | None = None
+    text: str | None = None
 
 
 class TestInfluence(ResultModel):
@@ -113,38 +134,65 @@ def training_dataset(req: ClassifierInfluenceRequest, entry: dict[str, Any]) -> 
     return trained_on
 
 
+def chunk_size(req: ClassifierInfluenceRequest, parameters: int) -> int:
+    """Training examples per chunk: the request's, or as many as :data:`GRADIENT_CHUNK_BYTES` holds."""
+    if req.batch_size is not None:
+        return req.batch_size
+    return max(1, min(MAX_AUTO_BATCH, GRADIENT_CHUNK_BYTES // max(1, parameters * BYTES_PER_GRADIENT_VALUE)))
+
+
+def _test_items(req: ClassifierInfluenceRequest, kind: str) -> tuple[str, list[Any] | None]:
+    """The field that holds the request's test items for a model of ``kind``, and its value; the other family's
+    field must be absent."""
+    own, other = ("texts", "inputs") if kind == HF_KIND else ("inputs", "texts")
+    if getattr(req, other) is not None:
+        what = "a Hugging Face classifier reads texts" if kind == HF_KIND else "an exported classifier reads inputs"
+        raise FieldError(("body", other), f"{what}, not {other}", value=None)
+    return own, getattr(req, own)
+
+
 def validate(req: ClassifierInfluenceRequest, settings: Settings, owner: str = "system") -> None:
-    entry = require_model(settings, req.model, MODEL_KIND, kind_label="an exported classifier")
+    entry = require_model(settings, req.model, MODEL_KIND, kind_label="an exported classifier", also=(HF_KIND,))
+    kind = entry["kind"]
     if not (entry.get("meta") or {}).get("checkpoints"):
         raise FieldError(("body", "model"), f"model {req.model!r} has no training checkpoints; TracIn needs the "
                          "checkpoints POST /train/classifier keeps", value=req.model)
     name = training_dataset(req, entry)
-    counts = dataset_counts(settings, name, owner)
-    spec = model_spec(entry)
-    shape = list(spec["input"]["shape"][1:]) if spec is not None else None
-    if shape is not None and counts.get("input_shape") not in (None, shape):
-        raise FieldError(("body", "dataset"), f"the dataset's inputs are {counts['input_shape']} per example; model "
-                         f"{req.model!r} takes {shape}", value=name)
-    if req.mode == "self":
-        for field in ("inputs", "test_indices"):
-            if getattr(req, field) is not None:
-                raise FieldError(("body", field), "mode self ranks the training examples; it takes no test "
-                                 "examples", value=None)
+    counts = dataset_counts(settings, name, owner, kind)
+    labels = class_names(settings, entry)
+    if kind == MODEL_KIND:
+        spec = model_spec(entry)
+        shape = list(spec["input"]["shape"][1:]) if spec is not None else None
+        if shape is not None and counts.get("input_shape") not in (None, shape):
+            raise FieldError(("body", "dataset"), f"the dataset's inputs are {counts['input_shape']} per example; "
+                             f"model {req.model!r} takes {shape}", value=name)
     else:
-        if (req.inputs is None) == (req.test_indices is None):
-            raise FieldError(("body", "inputs"), "mode test needs test examples: inputs, or test_indices of the "
+        shape = None
+        if labels and counts.get("labels"):
+            indices, bad = label_indices([str(v) for v in counts["labels"]], labels)
+            if indices is None:
+                raise FieldError(("body", "dataset"), f"the dataset's labels {bad} are not classes of model "
+                                 f"{req.model!r}", value=name)
+    field, items = _test_items(req, kind)
+    if req.mode == "self":
+        for f in (field, "test_indices"):
+            if getattr(req, f) is not None:
+                raise FieldError(("body", f), "mode self ranks the training examples; it takes no test examples",
+                                 value=None)
+    else:
+        if (items is None) == (req.test_indices is None):
+            raise FieldError(("body", field), f"mode test needs test examples: {field}, or test_indices of the "
                              "dataset", value=None)
-        labels = class_names(settings, entry)
-        for i, t in enumerate(req.inputs or []):
+        for i, t in enumerate(items or []):
             if shape is not None:
                 problem = values_problem(t.values, shape)
                 if problem is not None:
                     at, why = problem
-                    raise FieldError(("body", "inputs", i, "values", *at),
+                    raise FieldError(("body", field, i, "values", *at),
                                      f"values{''.join(f'[{j}]' for j in at)} {why}", value=None)
-            _check_target(("body", "inputs", i, "target"), t.target, labels, req.model)
-        if req.inputs is not None and len({t.id for t in req.inputs}) != len(req.inputs):
-            raise FieldError(("body", "inputs"), "input ids must be unique", value=None)
+            _check_target(("body", field, i, "target"), t.target, labels, req.model)
+        if items is not None and len({t.id for t in items}) != len(items):
+            raise FieldError(("body", field), f"{field} ids must be unique", value=None)
         size = counts.get(req.test_split)
         for i, k in enumerate(req.test_indices or []):
             if size is None:
@@ -153,12 +201,13 @@ def validate(req: ClassifierInfluenceRequest, settings: Settings, owner: str = "
             if not 0 <= k < int(size):
                 raise FieldError(("body", "test_indices", i), f"{k} is not a position in the {req.test_split} "
                                  f"split ({size} examples)", value=k)
-    need = int(entry.get("parameters") or 0) * (req.batch_size + MAX_TESTS) * BYTES_PER_GRADIENT_VALUE
+    parameters = int(entry.get("parameters") or 0)
+    need = parameters * chunk_size(req, parameters) * BYTES_PER_GRADIENT_VALUE + TEST_FACTOR_BYTES
     budget = settings.worker_memory_bytes
     if budget and need > budget:
-        raise FieldError(("body", "batch_size"), f"{req.batch_size} examples' gradients of model {req.model!r} "
-                         f"would need about {gib(need)} of worker memory, more than the {gib(budget)} a worker "
-                         "offers: lower batch_size", value=req.batch_size)
+        raise FieldError(("body", "batch_size"), f"{chunk_size(req, parameters)} examples' gradients of model "
+                         f"{req.model!r} ({parameters:,} parameters) would need about {gib(need)} of worker memory, "
+                         f"more than the {gib(budget)} a worker offers: lower batch_size", value=req.batch_size)
 
 
 register(JobKind(
@@ -172,6 +221,6 @@ register(JobKind(
              "among the training examples, or the training examples ranked by self-influence"),
     title="Training-data influence (classifier)",
     result=ClassifierInfluenceResult,
-    pickers={"model": ("models", MODEL_KIND), "dataset": ("datasets", DATASET_KIND)},
+    pickers={"model": ("models", (MODEL_KIND, HF_KIND)), "dataset": ("datasets", (DATASET_KIND, TEXT_DATASET_KIND))},
     validate=validate,
 ))

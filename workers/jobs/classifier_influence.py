@@ -1,6 +1,7 @@
-"""Worker side of ``POST /tracin/classifier``: TracIn-CP on an exported classifier's checkpoints
-(``models.export.influence`` over the generic engine ``models.explain.tracin``), mode ``test`` (a streaming top-k of
-proponents and opponents per test example) or ``self`` (every training example's self-influence, ranked).
+"""Worker side of ``POST /tracin/classifier``: TracIn-CP on a trained classifier's checkpoints
+(``models.export.influence`` for exported programs, ``models.hf.influence`` for Hugging Face classifiers, both over
+the generic engine ``models.explain.tracin``), mode ``test`` (a streaming top-k of proponents and opponents per
+test example) or ``self`` (every training example's self-influence, ranked).
 
 Artifacts: ``influence.csv`` (mode test: every listed pair) and ``self_influence.csv`` (mode self: every training
 example, highest first, with its label and the model's prediction).
@@ -10,15 +11,18 @@ from __future__ import annotations
 
 import csv
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from core import dataset_refs, registry
 from core.kinds.classifier_influence import (
+    TEXT_SHOWN,
     ClassifierInfluenceRequest,
     ClassifierInfluenceResult,
+    chunk_size,
     training_dataset,
 )
-from core.kinds.train_classifier import DATASET_KIND
+from core.kinds.train_classifier import DATASET_KINDS, HF_KIND
 from core.userfiles import files_for
 from workers.context import JobContext, JobError
 
@@ -29,23 +33,34 @@ def _class_index(target: int | str | None, labels: list[str]) -> int | None:
     return target if isinstance(target, int) else labels.index(target)
 
 
-def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInfluenceResult:
+@dataclass
+class Prepared:
+    """What the engine runs on: the module and its loss, the checkpoints, the training examples as rows with their
+    labels (and texts), the test examples as rows with ids, targets, predictions and known labels."""
+
+    module: Any
+    loss: Any
+    listed: list[dict[str, Any]]
+    states: list[Any]
+    labels: list[str]
+    train_rows: Any
+    train_labels: list[int]
+    train_predicted: Any  # a callable: the model's predicted class of every training example (mode self)
+    train_texts: list[str] | None = None
+    test_rows: Any = None
+    test_ids: list[str] | None = None
+    targets: list[int] | None = None
+    predicted: list[int] | None = None
+    known: list[str | None] | None = None
+
+
+def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, directory: Any, name: str) -> Prepared:
     import torch
 
-    from models.explain.tracin import FuncGradients, TracIn
     from models.export.influence import ProgramModule, loss_of, read_checkpoints, rows
     from models.export.program import load
     from models.export.train import read_split
 
-    t0 = time.perf_counter()
-    r = request
-    entry = registry.get_model(ctx.settings, r.model)
-    if entry is None:
-        raise JobError("unknown_model", f"model {r.model!r} is not registered")
-    source = registry.local_path(ctx.settings, entry)
-    name = training_dataset(r, entry)
-    ref = dataset_refs.resolve(ctx.settings, name, ctx.owner, DATASET_KIND)
-    directory = registry.absolute_path(ctx.settings, ref.entry) if ref.entry is not None else ref.path
     files = files_for(ctx.settings, directory)
     try:
         train = read_split(directory / "train.safetensors", files)
@@ -58,63 +73,149 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
         ckpts = read_checkpoints(source, module, r.checkpoints, ctx.device)
     except (ValueError, OSError) as exc:
         raise JobError("invalid_model", str(exc)) from None
-    labels = clf.labels
-    shape = tuple(clf.spec.shape)
+    labels, shape = clf.labels, tuple(clf.spec.shape)
     if list(train.inputs.shape[1:]) != list(shape):
         raise JobError("invalid_request", f"dataset {name!r} has inputs of shape {list(train.inputs.shape[1:])}; "
                        f"model {r.model!r} takes {list(shape)}")
-    engine = TracIn(FuncGradients(module, loss_of(shape), device=ctx.device), ckpts.states, batch_size=r.batch_size)
-    train_rows = rows(train.inputs, train.labels)
+    out = Prepared(module, loss_of(shape), ckpts.listed, ckpts.states, labels, rows(train.inputs, train.labels),
+                   train.labels.tolist(), lambda: clf.logits(train.inputs).argmax(1).tolist())
+    if r.mode == "self":
+        return out
+    if r.inputs is not None:
+        x = torch.tensor([t.values for t in r.inputs], dtype=torch.float32).reshape(len(r.inputs), *shape)
+        out.test_ids = [t.id for t in r.inputs]
+        given = [_class_index(t.target, labels) for t in r.inputs]
+        out.known = [t.label for t in r.inputs]
+    else:
+        assert tests is not None and r.test_indices is not None
+        x = tests.inputs[r.test_indices]
+        out.test_ids = [f"{r.test_split}[{k}]" for k in r.test_indices]
+        given = [int(tests.labels[k]) for k in r.test_indices]
+        out.known = [labels[g] for g in given]
+    out.predicted = clf.logits(x.to(ctx.device)).argmax(1).cpu().tolist()
+    out.targets = [g if g is not None else p for g, p in zip(given, out.predicted, strict=True)]
+    out.test_rows = rows(x, torch.tensor(out.targets))
+    return out
+
+
+def _huggingface(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, directory: Any, name: str) -> Prepared:
+    from models.hf.checkpoint import load
+    from models.hf.influence import TextModule, loss_of, read_checkpoints, rows, width
+    from models.textdata import label_indices, read_split, split_files
+
+    files = files_for(ctx.settings, directory)
+    found = split_files(directory)
+    try:
+        train = read_split(found["train"], files)
+        tests = read_split(found[r.test_split], files) if r.test_indices else None
+    except KeyError:
+        raise JobError("bad_dataset", f"dataset {name!r} has no {r.test_split} split") from None
+    except (ValueError, OSError) as exc:
+        raise JobError("bad_dataset", f"dataset {name!r}: {exc}") from None
+    try:
+        clf = load(source, ctx.device)
+        module = TextModule(clf)
+        listed, states = read_checkpoints(source, module, r.checkpoints)
+    except (ValueError, OSError) as exc:
+        raise JobError("invalid_model", str(exc)) from None
+    labels = clf.labels
+    train_labels, bad = label_indices(train.labels, labels)
+    if train_labels is None:
+        raise JobError("bad_dataset", f"dataset {name!r}: the labels {bad} are not classes of model {r.model!r}")
+    texts: list[str] = []
+    given: list[int | None] = []
+    if r.mode == "test":
+        if r.texts is not None:
+            texts = [t.text for t in r.texts]
+            given = [_class_index(t.target, labels) for t in r.texts]
+            known = [t.label for t in r.texts]
+            ids = [t.id for t in r.texts]
+        else:
+            assert tests is not None and r.test_indices is not None
+            idx, bad = label_indices([tests.labels[k] for k in r.test_indices], labels)
+            if idx is None:
+                raise JobError("bad_dataset", f"dataset {name!r}: the labels {bad} are not classes of model "
+                               f"{r.model!r}")
+            texts = [tests.texts[k] for k in r.test_indices]
+            given = list(idx)
+            known = [labels[g] for g in idx]
+            ids = [f"{r.test_split}[{k}]" for k in r.test_indices]
+    try:
+        length = width(clf, train.texts + texts, r.max_length)
+        train_rows = rows(clf, train.texts, train_labels, r.max_length, length)
+    except ValueError as exc:
+        raise JobError("invalid_request", str(exc)) from None
+    out = Prepared(module, loss_of(length), listed, states, labels, train_rows, train_labels,
+                   lambda: clf.logits(train.texts).argmax(1).tolist(), train_texts=train.texts)
+    if r.mode == "self":
+        return out
+    out.test_ids, out.known = ids, known
+    out.predicted = clf.logits(texts).argmax(1).tolist()
+    out.targets = [g if g is not None else p for g, p in zip(given, out.predicted, strict=True)]
+    out.test_rows = rows(clf, texts, out.targets, r.max_length, length)
+    return out
+
+
+def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInfluenceResult:
+    import torch
+
+    from models.explain.tracin import FuncGradients, TracIn
+
+    t0 = time.perf_counter()
+    r = request
+    entry = registry.get_model(ctx.settings, r.model)
+    if entry is None or entry.get("kind") not in DATASET_KINDS:
+        raise JobError("unknown_model", f"model {r.model!r} is not a registered exported or Hugging Face classifier")
+    kind = entry["kind"]
+    source = registry.local_path(ctx.settings, entry)
+    name = training_dataset(r, entry)
+    ref = dataset_refs.resolve(ctx.settings, name, ctx.owner, DATASET_KINDS[kind])
+    directory = registry.absolute_path(ctx.settings, ref.entry) if ref.entry is not None else ref.path
+    p = (_huggingface if kind == HF_KIND else _exported)(r, ctx, source, directory, name)
+    parameters = sum(t.numel() for t in p.module.parameters())
+    engine = TracIn(FuncGradients(p.module, p.loss, device=ctx.device), p.states,
+                    batch_size=chunk_size(r, parameters))
+    labels = p.labels
 
     def progress(done: int, total: int) -> None:
         ctx.progress(done, total, "chunks", message=f"{done}/{total} checkpoint x chunk passes")
 
-    base: dict[str, Any] = {
-        "model": r.model, "dataset": name, "mode": r.mode, "parameters": sum(p.numel() for p in module.parameters()),
-        "train_examples": len(train_rows), "checkpoints": ckpts.listed, "labels": labels}
+    def example(j: int, score: float, self_influence: float | None = None) -> dict[str, Any]:
+        out = {"index": j, "label": labels[p.train_labels[j]], "score": score, "self_influence": self_influence}
+        if p.train_texts is not None:
+            out["text"] = p.train_texts[j][:TEXT_SHOWN]
+        return out
+
+    base: dict[str, Any] = {"model": r.model, "dataset": name, "mode": r.mode, "parameters": parameters,
+                            "train_examples": len(p.train_rows), "checkpoints": p.listed, "labels": labels}
     if r.mode == "self":
-        scores = engine.self_influence(train_rows, progress).float().cpu()
-        predicted = clf.logits(train.inputs).argmax(1)
-        order = torch.argsort(scores, descending=True, stable=True)
-        path = ctx.artifact_path("self_influence.csv")
-        with open(path, "w", newline="", encoding="utf-8") as fh:
+        scores = engine.self_influence(p.train_rows, progress).float().cpu()
+        predicted = p.train_predicted()
+        order = torch.argsort(scores, descending=True, stable=True).tolist()
+        with open(ctx.artifact_path("self_influence.csv"), "w", newline="", encoding="utf-8") as fh:
             w = csv.writer(fh)
             w.writerow(["rank", "index", "label", "predicted", "self_influence"])
-            for rank, i in enumerate(order.tolist(), 1):
-                w.writerow([rank, i, labels[int(train.labels[i])], labels[int(predicted[i])], float(scores[i])])
-        listed = [{"index": int(i), "label": labels[int(train.labels[i])], "score": float(scores[i])}
-                  for i in order[:r.top_k].tolist()]
+            for rank, i in enumerate(order, 1):
+                w.writerow([rank, i, labels[p.train_labels[i]], labels[predicted[i]], float(scores[i])])
         return ClassifierInfluenceResult.model_validate({
-            **base, "self_influence": listed, "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
+            **base, "self_influence": [example(i, float(scores[i])) for i in order[:r.top_k]],
+            "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
 
-    if r.inputs is not None:
-        x = torch.tensor([t.values for t in r.inputs], dtype=torch.float32).reshape(len(r.inputs), *shape)
-        ids = [t.id for t in r.inputs]
-        given = [_class_index(t.target, labels) for t in r.inputs]
-        known = [t.label for t in r.inputs]
-    else:
-        assert tests is not None and r.test_indices is not None
-        x = tests.inputs[r.test_indices]
-        ids = [f"{r.test_split}[{k}]" for k in r.test_indices]
-        given = [int(tests.labels[k]) for k in r.test_indices]
-        known = [labels[g] for g in given]
-    predicted = clf.logits(x.to(ctx.device)).argmax(1).cpu()
-    targets = torch.tensor([g if g is not None else int(p) for g, p in zip(given, predicted.tolist(), strict=True)])
-    top = engine.top_influence(rows(x, targets), train_rows, r.top_k, progress=progress)
-    out, pairs = [], []
-    for i, test_id in enumerate(ids):
-        entry_lists = {}
+    assert p.test_ids is not None and p.targets is not None and p.predicted is not None and p.known is not None
+    top = engine.top_influence(p.test_rows, p.train_rows, r.top_k, progress=progress)
+    tests, pairs = [], []
+    for i, test_id in enumerate(p.test_ids):
+        lists = {}
         for key, positive in (("proponents", True), ("opponents", False)):
-            entry_lists[key] = [{"index": j, "label": labels[int(train.labels[j])], "score": v, "self_influence": s}
-                                for j, v, s in top.listed(i, positive)]
+            lists[key] = [example(j, v, s) for j, v, s in top.listed(i, positive)]
             pairs.extend([test_id, key[:-1], rank, e["index"], e["label"], e["score"]]
-                         for rank, e in enumerate(entry_lists[key], 1))
-        out.append({"id": test_id, "target": labels[int(targets[i])], "predicted": labels[int(predicted[i])],
-                    "label": known[i], "self_influence": float(top.test_self[i]),
-                    "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i]), **entry_lists})
+                         for rank, e in enumerate(lists[key], 1))
+        tests.append({"id": test_id, "target": labels[p.targets[i]], "predicted": labels[p.predicted[i]],
+                      "label": p.known[i], "self_influence": float(top.test_self[i]),
+                      "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i]), **lists})
     with open(ctx.artifact_path("influence.csv"), "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["test", "side", "rank", "index", "label", "influence"])
         w.writerows(pairs)
     return ClassifierInfluenceResult.model_validate({
-        **base, "tests": out, "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
+        **base, "tests": tests, "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})

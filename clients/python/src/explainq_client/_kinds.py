@@ -366,11 +366,13 @@ class KindMethods(Generic[R]):
         dataset: str | None | NotGiven = NOT_GIVEN,
         mode: Literal["test", "self"] | NotGiven = NOT_GIVEN,
         inputs: Sequence[Mapping[str, Any]] | None | NotGiven = NOT_GIVEN,
+        texts: Sequence[Mapping[str, Any]] | None | NotGiven = NOT_GIVEN,
         test_indices: Sequence[int] | None | NotGiven = NOT_GIVEN,
         test_split: Literal["train", "valid", "test"] | NotGiven = NOT_GIVEN,
         top_k: int | NotGiven = NOT_GIVEN,
         checkpoints: Literal["all", "last"] | NotGiven = NOT_GIVEN,
-        batch_size: int | NotGiven = NOT_GIVEN,
+        max_length: int | NotGiven = NOT_GIVEN,
+        batch_size: int | None | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
@@ -378,11 +380,13 @@ class KindMethods(Generic[R]):
     ) -> R:
         """TracIn-CP on a classifier the service trained (``POST /tracin/classifier``): with ``mode="test"``
         (default) each test example's ``top_k`` proponents and opponents among the training examples of
-        ``dataset`` (by default the one the model was trained on); the test examples are ``inputs``
-        (``[{"id", "values", "target"?}]``, ``target`` the class whose loss is traced, by default the predicted
-        one) or ``test_indices`` of the dataset's ``test_split``. ``mode="self"`` ranks the training examples by
+        ``dataset`` (by default the one the model was trained on); the test examples are ``inputs`` of an exported
+        classifier (``[{"id", "values", "target"?}]``) or ``texts`` of a Hugging Face one (``[{"id", "text",
+        "target"?}]``), ``target`` the class whose loss is traced (by default the predicted one), or
+        ``test_indices`` of the dataset's ``test_split``. ``mode="self"`` ranks the training examples by
         self-influence (suspected mislabels first; the full ranking is the artifact ``self_influence.csv``).
-        Server defaults: ``top_k=10``, ``checkpoints="all"``, ``batch_size=256``.
+        Server defaults: ``top_k=10``, ``checkpoints="all"``, ``max_length=128`` tokens, ``batch_size`` as many
+        training examples' gradients as fit 256 MiB.
         """
         return self._submit("/tracin/classifier", _body(dict(locals())), idempotency_key)
 
