@@ -93,6 +93,12 @@ def fanout_inflight(owner: str) -> str:
     return f"explainq:fanout:inflight:{owner}"
 
 
+def backlog_pending(queue: str) -> str:
+    """Set: the shards of every fan-out that wait for ``queue`` outside RQ's queue (not yet released onto it);
+    with the queue's own list, what autoscalers read as its backlog (``core/backlog.py``)."""
+    return f"explainq:backlog:pending:{queue}"
+
+
 def registry(section: str) -> str:
     """Hash: name -> JSON record of the ``models`` or ``datasets`` section."""
     if section not in ("models", "datasets"):
@@ -141,6 +147,8 @@ KEYS: dict[str, str] = {
     "explainq:fanout:parents:<owner>": "the owner's fanned-out jobs with pending shards, by last release "
                                        "(round robin)",
     "explainq:fanout:inflight:<owner>": "the owner's shards out on `bulk` (queued or running): at most the window",
+    "explainq:backlog:pending:<queue>": "the shards of every fan-out waiting for the queue outside RQ's list "
+                                        "(not yet released onto it): the backlog autoscalers add to its length",
     "explainq:alive:<worker>": "a worker's liveness key: the job it runs, TTL = heartbeat TTL",
     WORKER_MODELS: "the names of workers that publish their loaded models",
     "explainq:worker-models:<worker>": "the models one worker holds loaded, TTL = heartbeat TTL",

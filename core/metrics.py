@@ -8,7 +8,9 @@ by ``RedisCollector``:
 - ``explainq:metrics:finished``   hash ``kind<TAB>status -> count`` (``record_finished``, called by the worker);
 - ``explainq:metrics:duration``   hash ``kind<TAB>le -> count`` per bucket, plus ``kind<TAB>sum`` / ``kind<TAB>count``;
 - ``explainq:metrics:model_loads`` hash ``model<TAB>count`` / ``model<TAB>sum`` (``record_model_load``);
-- queue depth and the oldest queued job's age from RQ's queues, live workers from RQ's worker registry.
+- queue depth and the oldest queued job's age from RQ's queues, live workers from RQ's worker registry;
+- each queue's backlog (``explainq_backlog``: its length plus the fan-out shards not yet released onto it) and its
+  running jobs (``core/backlog.py``).
 
 Redis errors seen by this API process are an ordinary in-process counter (``REDIS_ERRORS``).
 The recording helpers never raise: a metric that cannot be written is logged and dropped, never a job's failure.
@@ -30,7 +32,7 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
 
-from core import keys
+from core import backlog, keys
 from core.contract.kind import QUEUES
 
 log = logging.getLogger("explainq.metrics")
@@ -40,6 +42,7 @@ FINISHED = keys.METRICS_FINISHED
 DURATION = keys.METRICS_DURATION
 MODEL_LOADS = keys.METRICS_MODEL_LOADS
 SEP = "\t"
+PER_QUEUE = 5  # answers per queue in the scrape's read: length, head, workers, pending shards, running jobs
 # Job durations span milliseconds (tests, tiny explanations) to hours (training runs).
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, math.inf)
 
@@ -148,23 +151,26 @@ class RedisCollector(Collector):
 
 
 def _read_hashes_and_queues(redis: Redis, queues: tuple[str, ...]) -> tuple[Any, Any, Any, Any, list[Any]]:
-    """The four metric hashes, then for each queue its length, its head job id and its workers' keys (one
-    pipelined read)."""
+    """The four metric hashes, then for each queue its length, its head job id, its workers' keys, its pending
+    shards and its running jobs (``PER_QUEUE`` answers each; one pipelined read)."""
     with redis.pipeline(transaction=False) as pipe:
         for key in (SUBMITTED, FINISHED, DURATION, MODEL_LOADS):
             pipe.hgetall(key)
         for q in queues:
-            pipe.llen(f"rq:queue:{q}")
-            pipe.lindex(f"rq:queue:{q}", 0)
+            sources = backlog.scaler_keys(q)
+            pipe.llen(sources[backlog.QUEUED])
+            pipe.lindex(sources[backlog.QUEUED], 0)
             pipe.smembers(f"rq:workers:{q}")
+            pipe.scard(sources[backlog.PENDING])
+            pipe.zcard(sources[backlog.RUNNING])
         submitted, finished, duration, loads, *per_queue = pipe.execute()
     return submitted, finished, duration, loads, per_queue
 
 
 def _read_heads_and_workers(redis: Redis, per_queue: list[Any], n_queues: int) -> tuple[list[Any], list[int]]:
     """Per queue: the head job's ``enqueued_at`` (None when empty) and how many of its workers are alive."""
-    heads = [per_queue[3 * i + 1] for i in range(n_queues)]
-    worker_sets = [sorted(per_queue[3 * i + 2]) for i in range(n_queues)]
+    heads = [per_queue[PER_QUEUE * i + 1] for i in range(n_queues)]
+    worker_sets = [sorted(per_queue[PER_QUEUE * i + 2]) for i in range(n_queues)]
     with redis.pipeline(transaction=False) as pipe:
         for head in heads:
             if head:
@@ -211,19 +217,25 @@ def _duration_family(duration: dict[bytes, bytes]) -> HistogramMetricFamily:
 
 def _queue_families(queues: tuple[str, ...], per_queue: list[Any], enqueued: list[Any],
                     live: list[int]) -> list[GaugeMetricFamily]:
-    """Queue depth, the age of the job at each queue's head, and live workers per queue."""
+    """Queue depth, the backlog (the queue and the fan-out shards not yet released onto it, ``core/backlog.py``),
+    running jobs, the age of the job at each queue's head, and live workers per queue."""
     now = time.time()
     depth = GaugeMetricFamily("explainq_queue_depth", "Jobs waiting in each queue", labels=["queue"])
+    waiting = GaugeMetricFamily("explainq_backlog", "Work waiting for each queue's workers: the jobs in the "
+                                "queue and the fan-out shards not yet released onto it", labels=["queue"])
+    running = GaugeMetricFamily("explainq_jobs_running", "Jobs running from each queue", labels=["queue"])
     age = GaugeMetricFamily("explainq_queue_oldest_age_seconds",
                             "Age of the job at the head of each queue (0 when empty)", labels=["queue"])
     workers = GaugeMetricFamily("explainq_workers_live", "Live workers listening on each queue",
                                 labels=["queue"])
     for i, q in enumerate(queues):
-        depth.add_metric([q], int(per_queue[3 * i]))
+        depth.add_metric([q], int(per_queue[PER_QUEUE * i]))
+        waiting.add_metric([q], int(per_queue[PER_QUEUE * i]) + int(per_queue[PER_QUEUE * i + 3]))
+        running.add_metric([q], int(per_queue[PER_QUEUE * i + 4]))
         t = _rq_time(enqueued[i])
         age.add_metric([q], max(0.0, now - t) if t is not None else 0.0)
         workers.add_metric([q], live[i])
-    return [depth, age, workers]
+    return [depth, waiting, running, age, workers]
 
 
 def _model_load_families(loads: dict[bytes, bytes]) -> list[CounterMetricFamily]:
