@@ -12,7 +12,7 @@ Two readers, both exact at any moment:
   (RQ's list alone) and ``explainq_jobs_running{queue}``;
 - KEDA's ``redis`` scaler, which counts the members of the key it is given whatever its type (LLEN of a list,
   SCARD of a set, ZCARD of a sorted set): one trigger per key of :func:`scaler_keys`, summed by the
-  ScaledObject's ``scalingModifiers`` formula. The running jobs are part of
+  ScaledObject's ``scalingModifiers`` formula (``deploy/base/scaledobjects.yaml``). The running jobs are part of
   what a worker class scales on, so that a class is not scaled in under the jobs it runs.
 """
 
