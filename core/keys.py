@@ -36,6 +36,7 @@ METRICS_SUBMITTED = "explainq:metrics:submitted"
 METRICS_FINISHED = "explainq:metrics:finished"
 METRICS_DURATION = "explainq:metrics:duration"
 METRICS_MODEL_LOADS = "explainq:metrics:model_loads"
+METRICS_STORE_UNAVAILABLE = "explainq:metrics:store_unavailable"
 ALIVE_PREFIX = "explainq:alive:"
 DEMO_PLAN = "explainq:demo:plan"
 DEMO_ALIVE = "explainq:demo:alive"
@@ -156,6 +157,7 @@ KEYS: dict[str, str] = {
     METRICS_FINISHED: "jobs finished, by kind and status",
     METRICS_DURATION: "job duration histogram buckets, by kind",
     METRICS_MODEL_LOADS: "model loads and their time, by model",
+    METRICS_STORE_UNAVAILABLE: "store calls given up after their retries, by operation",
     "explainq:rate:<kind>:<model>": "measured throughput (moving average) that sizes shards",
     UI_SECRET: "the dashboard's cookie-signing secret, generated once",
     DEMO_PLAN: "the demo preparation's plan: its steps in order, the models and datasets each registers, their state",

@@ -345,22 +345,44 @@ def test_a_partial_cached_copy_is_redone(store, other_host, tmp_path):
 
 
 def test_a_failed_copy_leaves_nothing_in_the_cache(store, other_host, tmp_path, monkeypatch):
+    """The network goes away after the first file and stays away: every retry fails, the copy is given up as
+    StoreUnavailable, and nothing is left in the cache; once the network is back the copy is made whole."""
     store.put_dir(tree(tmp_path / "src", {"a.txt": "1", "b.txt": "2"}), KEY)
     get_file = other_host.fs.get_file
     calls = []
 
     def failing_get_file(rpath, lpath, **kwargs):
         calls.append(rpath)
-        if len(calls) == 2:
+        if len(calls) >= 2:
             raise ConnectionError("network went away")
         return get_file(rpath, lpath, **kwargs)
 
     monkeypatch.setattr(other_host.fs, "get_file", failing_get_file)
-    with pytest.raises(ConnectionError):
+    other_host.backoff_s = 0.01
+    with pytest.raises(filestore.StoreUnavailable, match="ConnectionError"):
         other_host.local_dir(KEY)
+    assert len(calls) == 2 + other_host.retries  # the first file, then the second one's attempts
     assert not [p for p in (tmp_path / "hostB" / "cache").rglob("*") if p.is_file()]
     monkeypatch.undo()
     assert sorted(p.name for p in other_host.local_dir(KEY).iterdir()) == [".complete", "a.txt", "b.txt"]
+
+
+def test_a_copy_rides_out_a_brief_outage(store, other_host, tmp_path, monkeypatch):
+    """One failed transfer is retried: the copy completes."""
+    store.put_dir(tree(tmp_path / "src", {"a.txt": "1", "b.txt": "2"}), KEY)
+    get_file = other_host.fs.get_file
+    calls = []
+
+    def flaky_get_file(rpath, lpath, **kwargs):
+        calls.append(rpath)
+        if len(calls) == 2:
+            raise ConnectionError("network went away")
+        return get_file(rpath, lpath, **kwargs)
+
+    monkeypatch.setattr(other_host.fs, "get_file", flaky_get_file)
+    other_host.backoff_s = 0.01
+    assert sorted(p.name for p in other_host.local_dir(KEY).iterdir()) == [".complete", "a.txt", "b.txt"]
+    assert len(calls) == 3
 
 
 def test_a_copy_finished_first_by_another_process_is_kept(store, other_host, tmp_path, monkeypatch):
@@ -477,14 +499,18 @@ def test_only_a_file_system_store_is_read_in_place(backend, store_url, tmp_path)
         Store(store_url, tmp_path / "c", cache_mode="never")
 
 
-def test_get_store_keeps_one_store_per_url_cache_and_mode(store_url, tmp_path, monkeypatch):
+def test_get_store_keeps_one_store_per_url_cache_mode_and_bounds(store_url, tmp_path, monkeypatch):
     monkeypatch.setattr(filestore, "_STORES", {})
 
-    def settings(cache: str, mode: str = "auto") -> SimpleNamespace:
-        return SimpleNamespace(store_url=store_url, store_cache_dir=tmp_path / cache, store_cache_mode=mode)
+    def settings(cache: str, mode: str = "auto", timeout_s: float = 30.0, retries: int = 3) -> SimpleNamespace:
+        return SimpleNamespace(store_url=store_url, store_cache_dir=tmp_path / cache, store_cache_mode=mode,
+                               store_timeout_s=timeout_s, store_retries=retries)
 
     first = get_store(settings("c"))
     assert first.url == store_url and first.cache_dir == tmp_path / "c"
+    assert (first.timeout_s, first.retries) == (30.0, 3)
     assert get_store(settings("c")) is first
     assert get_store(settings("other")) is not first
     assert get_store(settings("c", "always")) is not first
+    assert get_store(settings("c", timeout_s=5.0)).timeout_s == 5.0
+    assert get_store(settings("c", retries=0)).retries == 0
