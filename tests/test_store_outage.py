@@ -15,6 +15,7 @@ import pytest
 from core import registry
 from core.filestore import Store, StoreError, StoreUnavailable, store_options
 from tests import faultstore
+from tests.test_filestore import s3_server  # noqa: F401  (the fixture: moto's S3 server)
 from tests.test_metrics import scrape, value
 
 faultstore.register()
@@ -166,3 +167,45 @@ def test_a_job_fails_as_store_unavailable_and_the_service_says_the_store_is_down
         assert body["status"] == "succeeded", (body, svc.worker_logs()[-3000:])
         assert c.get("/ready").json()["store"] == "ok"
         assert [f["name"] for f in c.get(f"/jobs/{again}/artifacts").json()["items"]] == ["out.txt"]
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_a_real_s3_store_that_stops_or_hangs_fails_within_its_bounds(tmp_path):
+    """s3fs against moto's S3 server: a server that went away (connections refused) and an endpoint that accepts
+    connections and never answers (a paused server) both give StoreUnavailable within the store's bounds."""
+    import socket
+
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    bucket = f"explainq-outage-{time.time_ns()}"
+    fsspec.filesystem("s3", endpoint_url=url).mkdir(bucket)
+    store = Store(f"s3://{bucket}/store", tmp_path / "cache", timeout_s=1.0, retries=1, backoff_s=0.05,
+                  endpoint_url=url)
+    store.put_bytes(b"x" * 1000, "artifacts/j/a.bin")
+    assert store.read_bytes("artifacts/j/a.bin") == b"x" * 1000 and store.check(1.0) is None
+    server.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailable) as caught:
+        store.read_bytes("artifacts/j/a.bin")
+    assert time.monotonic() - t0 < 2 * (1.0 + 1) + 1, caught.value
+    assert store.check(1.0) is not None
+
+    paused = socket.create_server(("127.0.0.1", 0), backlog=64)  # accepts (in the kernel), never answers
+    try:
+        endpoint = f"http://127.0.0.1:{paused.getsockname()[1]}"
+        hung = Store(f"s3://{bucket}/store", tmp_path / "cache2", timeout_s=1.0, retries=1, backoff_s=0.05,
+                     endpoint_url=endpoint)
+        for call, args in (("read_bytes", ("artifacts/j/a.bin",)), ("put_bytes", (b"y", "artifacts/j/b.bin")),
+                           ("list_files", ("artifacts/j",))):
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                getattr(hung, call)(*args)
+            assert time.monotonic() - t0 < 2 * (1.0 + 1) + 1, call
+        assert hung.check(1.0) is not None
+    finally:
+        paused.close()
