@@ -13,6 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -26,7 +27,9 @@ from app.routers import metrics as metrics_router
 from app.ui import router as ui
 from core.contract.errors import FieldError
 from core.contract.kind import load_kinds
+from core.filestore import StoreUnavailable
 from core.jobstore import JobStore
+from core.metrics import record_store_unavailable
 from core.settings import Settings
 
 log = logging.getLogger("explainq.api")
@@ -231,6 +234,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                 f"({type(exc).__name__}); retry shortly"}},
             headers={"Retry-After": "2"},
         )
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        # the store timed out or refused on every retry: the server's problem, and a transient one
+        await run_in_threadpool(record_store_unavailable, app.state.redis, exc.operation)
+        log.warning("store unavailable: %s", exc)
+        return JSONResponse(status_code=503, headers={"Retry-After": "5"},
+                            content={"detail": {"code": "store_unavailable", "message": f"{exc}; retry shortly"}})
 
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:

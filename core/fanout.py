@@ -229,6 +229,7 @@ _WAITING_RQ = {b"queued", b"deferred", b"scheduled"}
 _LUA = """
 local JOB = '@JOB@'
 local PENDING = '@PENDING@'
+local WAITING = '@WAITING@'
 local OPEN = '@OPEN@'
 local PARENTS = '@PARENTS@'
 local INFLIGHT = '@INFLIGHT@'
@@ -265,6 +266,7 @@ local function release(owner, window, now)
       redis.call('ZREM', parents, parent)  -- being torn down: nothing of it goes out any more
     else
       local sid = redis.call('LPOP', pending)
+      if sid then redis.call('SREM', WAITING, sid) end
       if sid and redis.call('HGET', JOB .. sid, 'status') == 'deferred' then
         redis.call('HSET', JOB .. sid, 'status', 'queued', 'enqueued_at', now)
         redis.call('SADD', inflight, sid)
@@ -301,6 +303,7 @@ local function maybe_reduce(parent, now)
   redis.call('LPUSH', BULK, rid)
   redis.call('SADD', QUEUES, BULK)
   redis.call('HDEL', LIVE, parent)
+  for _, id in ipairs(redis.call('LRANGE', PENDING .. parent, 0, -1)) do redis.call('SREM', WAITING, id) end
   redis.call('DEL', PENDING .. parent)
   return 1
 end
@@ -310,6 +313,7 @@ end
 def _lua(body: str) -> str:
     names = {
         "JOB": JOB_PREFIX, "PENDING": keys.fanout_pending(""), "OPEN": keys.fanout_open(""),
+        "WAITING": keys.backlog_pending(BULK),
         "PARENTS": keys.fanout_parents(""), "INFLIGHT": keys.fanout_inflight(""), "LIVE": keys.FANOUT_LIVE,
         "OWNERS": keys.FANOUT_OWNERS, "CANCEL": keys.cancel(""), "BULK": QUEUE_PREFIX + BULK,
         "QUEUES": Queue.redis_queues_keys, "WORKERS": WORKERS_BY_QUEUE_KEY % BULK,
@@ -370,6 +374,7 @@ local function cancel_waiting(id)
   return true
 end
 for _, id in ipairs(redis.call('LRANGE', PENDING .. parent, 0, -1)) do
+  redis.call('SREM', WAITING, id)
   cancel_waiting(id)
   redis.call('SREM', OPEN .. parent, id)
 end

@@ -36,6 +36,7 @@ METRICS_SUBMITTED = "explainq:metrics:submitted"
 METRICS_FINISHED = "explainq:metrics:finished"
 METRICS_DURATION = "explainq:metrics:duration"
 METRICS_MODEL_LOADS = "explainq:metrics:model_loads"
+METRICS_STORE_UNAVAILABLE = "explainq:metrics:store_unavailable"
 ALIVE_PREFIX = "explainq:alive:"
 DEMO_PLAN = "explainq:demo:plan"
 DEMO_ALIVE = "explainq:demo:alive"
@@ -93,6 +94,12 @@ def fanout_inflight(owner: str) -> str:
     return f"explainq:fanout:inflight:{owner}"
 
 
+def backlog_pending(queue: str) -> str:
+    """Set: the shards of every fan-out that wait for ``queue`` outside RQ's queue (not yet released onto it);
+    with the queue's own list, what autoscalers read as its backlog (``core/backlog.py``)."""
+    return f"explainq:backlog:pending:{queue}"
+
+
 def registry(section: str) -> str:
     """Hash: name -> JSON record of the ``models`` or ``datasets`` section."""
     if section not in ("models", "datasets"):
@@ -141,6 +148,8 @@ KEYS: dict[str, str] = {
     "explainq:fanout:parents:<owner>": "the owner's fanned-out jobs with pending shards, by last release "
                                        "(round robin)",
     "explainq:fanout:inflight:<owner>": "the owner's shards out on `bulk` (queued or running): at most the window",
+    "explainq:backlog:pending:<queue>": "the shards of every fan-out waiting for the queue outside RQ's list "
+                                        "(not yet released onto it): the backlog autoscalers add to its length",
     "explainq:alive:<worker>": "a worker's liveness key: the job it runs, TTL = heartbeat TTL",
     WORKER_MODELS: "the names of workers that publish their loaded models",
     "explainq:worker-models:<worker>": "the models one worker holds loaded, TTL = heartbeat TTL",
@@ -148,6 +157,7 @@ KEYS: dict[str, str] = {
     METRICS_FINISHED: "jobs finished, by kind and status",
     METRICS_DURATION: "job duration histogram buckets, by kind",
     METRICS_MODEL_LOADS: "model loads and their time, by model",
+    METRICS_STORE_UNAVAILABLE: "store calls given up after their retries, by operation",
     "explainq:rate:<kind>:<model>": "measured throughput (moving average) that sizes shards",
     UI_SECRET: "the dashboard's cookie-signing secret, generated once",
     DEMO_PLAN: "the demo preparation's plan: its steps in order, the models and datasets each registers, their state",

@@ -8,9 +8,14 @@ by ``RedisCollector``:
 - ``explainq:metrics:finished``   hash ``kind<TAB>status -> count`` (``record_finished``, called by the worker);
 - ``explainq:metrics:duration``   hash ``kind<TAB>le -> count`` per bucket, plus ``kind<TAB>sum`` / ``kind<TAB>count``;
 - ``explainq:metrics:model_loads`` hash ``model<TAB>count`` / ``model<TAB>sum`` (``record_model_load``);
-- queue depth and the oldest queued job's age from RQ's queues, live workers from RQ's worker registry.
+- ``explainq:metrics:store_unavailable`` hash ``operation -> count`` (``record_store_unavailable``: store calls
+  given up after their retries, by whichever process gave up);
+- queue depth and the oldest queued job's age from RQ's queues, live workers from RQ's worker registry;
+- each queue's backlog (``explainq_backlog``: its length plus the fan-out shards not yet released onto it) and its
+  running jobs (``core/backlog.py``).
 
-Redis errors seen by this API process are an ordinary in-process counter (``REDIS_ERRORS``).
+Redis errors seen by this API process are an ordinary in-process counter (``REDIS_ERRORS``), and whether the store
+answers this API process (``explainq_store_up``) is checked at each scrape (``StoreCollector``).
 The recording helpers never raise: a metric that cannot be written is logged and dropped, never a job's failure.
 """
 
@@ -30,7 +35,7 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
 
-from core import keys
+from core import backlog, keys
 from core.contract.kind import QUEUES
 
 log = logging.getLogger("explainq.metrics")
@@ -39,7 +44,9 @@ SUBMITTED = keys.METRICS_SUBMITTED
 FINISHED = keys.METRICS_FINISHED
 DURATION = keys.METRICS_DURATION
 MODEL_LOADS = keys.METRICS_MODEL_LOADS
+STORE_UNAVAILABLE = keys.METRICS_STORE_UNAVAILABLE
 SEP = "\t"
+PER_QUEUE = 5  # answers per queue in the scrape's read: length, head, workers, pending shards, running jobs
 # Job durations span milliseconds (tests, tiny explanations) to hours (training runs).
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, math.inf)
 
@@ -92,6 +99,11 @@ def record_model_load(redis: Redis, model: str, seconds: float) -> None:
     _safely("model_load", write)
 
 
+def record_store_unavailable(redis: Redis, operation: str) -> None:
+    """A store call (``operation``: read, write, list, ...) was given up after its retries."""
+    _safely("store_unavailable", lambda: redis.hincrby(STORE_UNAVAILABLE, operation, 1))
+
+
 def record_job_end(redis: Redis, job: Any) -> None:
     """``record_finished`` for an RQ job the worker just handled; a job put back on its queue is not finished."""
     try:
@@ -138,33 +150,59 @@ class RedisCollector(Collector):
         self.queues = tuple(queues)
 
     def collect(self) -> Iterator[Any]:
-        submitted, finished, duration, loads, per_queue = _read_hashes_and_queues(self.redis, self.queues)
+        submitted, finished, duration, loads, outages, per_queue = _read_hashes_and_queues(self.redis, self.queues)
         enqueued, live = _read_heads_and_workers(self.redis, per_queue, len(self.queues))
         yield _submitted_family(submitted)
         yield _finished_family(finished)
         yield _duration_family(duration)
         yield from _queue_families(self.queues, per_queue, enqueued, live)
         yield from _model_load_families(loads)
+        fam = CounterMetricFamily("explainq_store_unavailable", "Store calls given up after their retries, by "
+                                  "operation (any worker or API process)", labels=["operation"])
+        for field, value in sorted(outages.items()):
+            fam.add_metric([field.decode()], int(value))
+        yield fam
 
 
-def _read_hashes_and_queues(redis: Redis, queues: tuple[str, ...]) -> tuple[Any, Any, Any, Any, list[Any]]:
-    """The four metric hashes, then for each queue its length, its head job id and its workers' keys (one
-    pipelined read)."""
+class StoreCollector(Collector):
+    """Whether the store answers the process that is scraped (``check``: None when it does, else the reason),
+    with the time the check took; checked at each scrape, within the check's own bound."""
+
+    def __init__(self, check: Any):
+        self.check = check
+
+    def collect(self) -> Iterator[Any]:
+        t0 = time.perf_counter()
+        reason = self.check()
+        up = GaugeMetricFamily("explainq_store_up", "1 when the store answered this API process at this scrape, "
+                               "else 0")
+        up.add_metric([], 0.0 if reason else 1.0)
+        took = GaugeMetricFamily("explainq_store_check_seconds", "How long that check took")
+        took.add_metric([], time.perf_counter() - t0)
+        return iter([up, took])
+
+
+def _read_hashes_and_queues(redis: Redis, queues: tuple[str, ...]) -> tuple[Any, Any, Any, Any, Any, list[Any]]:
+    """The five metric hashes, then for each queue its length, its head job id, its workers' keys, its pending
+    shards and its running jobs (``PER_QUEUE`` answers each; one pipelined read)."""
     with redis.pipeline(transaction=False) as pipe:
-        for key in (SUBMITTED, FINISHED, DURATION, MODEL_LOADS):
+        for key in (SUBMITTED, FINISHED, DURATION, MODEL_LOADS, STORE_UNAVAILABLE):
             pipe.hgetall(key)
         for q in queues:
-            pipe.llen(f"rq:queue:{q}")
-            pipe.lindex(f"rq:queue:{q}", 0)
+            sources = backlog.scaler_keys(q)
+            pipe.llen(sources[backlog.QUEUED])
+            pipe.lindex(sources[backlog.QUEUED], 0)
             pipe.smembers(f"rq:workers:{q}")
-        submitted, finished, duration, loads, *per_queue = pipe.execute()
-    return submitted, finished, duration, loads, per_queue
+            pipe.scard(sources[backlog.PENDING])
+            pipe.zcard(sources[backlog.RUNNING])
+        submitted, finished, duration, loads, outages, *per_queue = pipe.execute()
+    return submitted, finished, duration, loads, outages, per_queue
 
 
 def _read_heads_and_workers(redis: Redis, per_queue: list[Any], n_queues: int) -> tuple[list[Any], list[int]]:
     """Per queue: the head job's ``enqueued_at`` (None when empty) and how many of its workers are alive."""
-    heads = [per_queue[3 * i + 1] for i in range(n_queues)]
-    worker_sets = [sorted(per_queue[3 * i + 2]) for i in range(n_queues)]
+    heads = [per_queue[PER_QUEUE * i + 1] for i in range(n_queues)]
+    worker_sets = [sorted(per_queue[PER_QUEUE * i + 2]) for i in range(n_queues)]
     with redis.pipeline(transaction=False) as pipe:
         for head in heads:
             if head:
@@ -211,19 +249,25 @@ def _duration_family(duration: dict[bytes, bytes]) -> HistogramMetricFamily:
 
 def _queue_families(queues: tuple[str, ...], per_queue: list[Any], enqueued: list[Any],
                     live: list[int]) -> list[GaugeMetricFamily]:
-    """Queue depth, the age of the job at each queue's head, and live workers per queue."""
+    """Queue depth, the backlog (the queue and the fan-out shards not yet released onto it, ``core/backlog.py``),
+    running jobs, the age of the job at each queue's head, and live workers per queue."""
     now = time.time()
     depth = GaugeMetricFamily("explainq_queue_depth", "Jobs waiting in each queue", labels=["queue"])
+    waiting = GaugeMetricFamily("explainq_backlog", "Work waiting for each queue's workers: the jobs in the "
+                                "queue and the fan-out shards not yet released onto it", labels=["queue"])
+    running = GaugeMetricFamily("explainq_jobs_running", "Jobs running from each queue", labels=["queue"])
     age = GaugeMetricFamily("explainq_queue_oldest_age_seconds",
                             "Age of the job at the head of each queue (0 when empty)", labels=["queue"])
     workers = GaugeMetricFamily("explainq_workers_live", "Live workers listening on each queue",
                                 labels=["queue"])
     for i, q in enumerate(queues):
-        depth.add_metric([q], int(per_queue[3 * i]))
+        depth.add_metric([q], int(per_queue[PER_QUEUE * i]))
+        waiting.add_metric([q], int(per_queue[PER_QUEUE * i]) + int(per_queue[PER_QUEUE * i + 3]))
+        running.add_metric([q], int(per_queue[PER_QUEUE * i + 4]))
         t = _rq_time(enqueued[i])
         age.add_metric([q], max(0.0, now - t) if t is not None else 0.0)
         workers.add_metric([q], live[i])
-    return [depth, age, workers]
+    return [depth, waiting, running, age, workers]
 
 
 def _model_load_families(loads: dict[bytes, bytes]) -> list[CounterMetricFamily]:
@@ -239,10 +283,14 @@ def _model_load_families(loads: dict[bytes, bytes]) -> list[CounterMetricFamily]
     return [n, s]
 
 
-def build_registry(redis: Redis, queues: Iterable[str] = QUEUES) -> tuple[CollectorRegistry, Counter]:
-    """A per-app registry: the Redis-backed collector and this process's Redis-error counter."""
+def build_registry(redis: Redis, queues: Iterable[str] = QUEUES,
+                   store_check: Any = None) -> tuple[CollectorRegistry, Counter]:
+    """A per-app registry: the Redis-backed collector, the store's check (``store_check``, when given) and this
+    process's Redis-error counter."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector(redis, queues))
+    if store_check is not None:
+        registry.register(StoreCollector(store_check))
     errors = Counter("explainq_api_redis_errors", "Redis errors seen by this API process", ["error"],
                      registry=registry)
     return registry, errors

@@ -15,6 +15,8 @@
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
 | ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
+| ``EXPLAINQ_STORE_TIMEOUT_S`` | how long one store call may go without an answer (plus a second per MiB it moves; a streamed read, per chunk); 0: no bound | 30 |
+| ``EXPLAINQ_STORE_RETRIES`` | retries of a store call that timed out or met an outage (0.5 s, 1 s, 2 s, ... apart), then it fails as ``store_unavailable`` | 3 |
 | ``EXPLAINQ_MODEL_CACHE_BYTES`` | memory budget of a worker's loaded models (least recently used ones are dropped) | 4 GiB |
 | ``EXPLAINQ_WORKER_MEMORY_BYTES`` | memory a training job may need on a worker (``core/memory.py`` estimates it at submission; more is ``422``); 0: no check | 8 GiB |
 | ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
@@ -62,6 +64,8 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
     store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))
     store_cache_mode: str = Field("auto", pattern="^(auto|always)$", validation_alias=_alias("EXPLAINQ_STORE_CACHE"))
+    store_timeout_s: float = Field(30.0, ge=0, validation_alias=_alias("EXPLAINQ_STORE_TIMEOUT_S"))
+    store_retries: int = Field(3, ge=0, le=20, validation_alias=_alias("EXPLAINQ_STORE_RETRIES"))
     model_cache_bytes: int = Field(4 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_MODEL_CACHE_BYTES"))
     # what one training job may need on a worker (the API host cannot see the workers' memory: a fixed budget)
     worker_memory_bytes: int = Field(8 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_WORKER_MEMORY_BYTES"))

@@ -1,7 +1,9 @@
-"""The shared file store (core/filestore.py), each test run on a local directory and on an fsspec memory:// store.
+"""The shared file store (core/filestore.py), each test run on a local directory, on an fsspec memory:// store and
+on a real S3 server (moto's, started by the tests, through s3fs).
 
-A local directory is the default store and stands for a shared mount; memory:// stands for an object store
-(s3://, gs://): no real directories, no rename, and every read goes through this host's cache.
+A local directory is the default store and stands for a shared mount; memory:// and s3:// are object stores: no real
+directories, no rename, and every read goes through this host's cache. The s3 runs are skipped, saying why, where
+moto's server or s3fs is not installed (both are in the ``dev`` extra).
 """
 
 from __future__ import annotations
@@ -26,17 +28,48 @@ from core.filestore import Store, StoreError, clean_key, get_store, media_type, 
 KEY = "models/m/20240101T000000-0123456789ab"
 
 
-@pytest.fixture(params=["local", "memory"])
+@pytest.fixture(params=["local", "memory", "s3"])
 def backend(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """moto's S3 server on a free local port for the whole session, with test credentials and its address in the
+    environment (AWS_ENDPOINT_URL, which botocore and so s3fs read); the environment is restored afterwards."""
+    moto_server = pytest.importorskip("moto.server", reason="moto's server is not installed (pip install -e .[dev])")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e .[dev], or explainq[s3])")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+            mp.setenv(name, value)
+        try:
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
 @pytest.fixture
-def store_url(backend, tmp_path) -> Iterator[str]:
-    """The store's URL: a directory under tmp_path, or a memory:// root of this test's own (the memory file
-    system is one per process, so each test gets a fresh root and empties it afterwards)."""
+def store_url(backend, tmp_path, request) -> Iterator[str]:
+    """The store's URL: a directory under tmp_path, a memory:// root of this test's own (the memory file
+    system is one per process, so each test gets a fresh root and empties it afterwards), or a fresh bucket on
+    moto's S3 server."""
     if backend == "local":
         yield str(tmp_path / "store")
+        return
+    if backend == "s3":
+        request.getfixturevalue("s3_server")
+        fs = fsspec.filesystem("s3")
+        bucket = f"explainq-test-{uuid.uuid4().hex[:12]}"
+        fs.mkdir(bucket)
+        yield f"s3://{bucket}/store"
+        fs.rm(bucket, recursive=True)
         return
     root = f"/explainq-test-{uuid.uuid4().hex}"
     yield f"memory://{root}"
@@ -102,14 +135,19 @@ def test_put_dir_needs_a_local_directory(store, tmp_path):
 
 
 def snapshot(store: Store) -> dict[str, bytes | None]:
-    """Every path in the store with its content (None for a directory)."""
-    return {p: None if store.fs.isdir(p) else store.fs.cat_file(p) for p in everything_under_root(store)}
+    """Every path in the store with its content (None for a directory; an object store's directories are only
+    prefixes of its keys, which its client lists or not by what it has cached, so only its files count)."""
+    store.fs.invalidate_cache()
+    return {p: None if store.fs.isdir(p) else store.fs.cat_file(p) for p in everything_under_root(store)
+            if store.local or not store.fs.isdir(p)}
 
 
 @pytest.mark.parametrize("occupant", ["version", "file", "empty directory"])
-def test_a_version_key_that_exists_is_refused(store, tmp_path, occupant):
+def test_a_version_key_that_exists_is_refused(backend, store, tmp_path, occupant):
     """Versions are immutable: a second upload to a key that holds anything is refused and changes nothing
     (neither replaced, nor merged into, nor a staging copy left behind)."""
+    if occupant == "empty directory" and backend == "s3":
+        pytest.skip("S3 has no empty directories: a key holds an object or is the prefix of one")
     if occupant == "version":
         store.put_dir(tree(tmp_path / "first", {"config.json": "1", "w.bin": "old"}), KEY)
     elif occupant == "file":
@@ -345,22 +383,44 @@ def test_a_partial_cached_copy_is_redone(store, other_host, tmp_path):
 
 
 def test_a_failed_copy_leaves_nothing_in_the_cache(store, other_host, tmp_path, monkeypatch):
+    """The network goes away after the first file and stays away: every retry fails, the copy is given up as
+    StoreUnavailable, and nothing is left in the cache; once the network is back the copy is made whole."""
     store.put_dir(tree(tmp_path / "src", {"a.txt": "1", "b.txt": "2"}), KEY)
     get_file = other_host.fs.get_file
     calls = []
 
     def failing_get_file(rpath, lpath, **kwargs):
         calls.append(rpath)
-        if len(calls) == 2:
+        if len(calls) >= 2:
             raise ConnectionError("network went away")
         return get_file(rpath, lpath, **kwargs)
 
     monkeypatch.setattr(other_host.fs, "get_file", failing_get_file)
-    with pytest.raises(ConnectionError):
+    other_host.backoff_s = 0.01
+    with pytest.raises(filestore.StoreUnavailable, match="ConnectionError"):
         other_host.local_dir(KEY)
+    assert len(calls) == 2 + other_host.retries  # the first file, then the second one's attempts
     assert not [p for p in (tmp_path / "hostB" / "cache").rglob("*") if p.is_file()]
     monkeypatch.undo()
     assert sorted(p.name for p in other_host.local_dir(KEY).iterdir()) == [".complete", "a.txt", "b.txt"]
+
+
+def test_a_copy_rides_out_a_brief_outage(store, other_host, tmp_path, monkeypatch):
+    """One failed transfer is retried: the copy completes."""
+    store.put_dir(tree(tmp_path / "src", {"a.txt": "1", "b.txt": "2"}), KEY)
+    get_file = other_host.fs.get_file
+    calls = []
+
+    def flaky_get_file(rpath, lpath, **kwargs):
+        calls.append(rpath)
+        if len(calls) == 2:
+            raise ConnectionError("network went away")
+        return get_file(rpath, lpath, **kwargs)
+
+    monkeypatch.setattr(other_host.fs, "get_file", flaky_get_file)
+    other_host.backoff_s = 0.01
+    assert sorted(p.name for p in other_host.local_dir(KEY).iterdir()) == [".complete", "a.txt", "b.txt"]
+    assert len(calls) == 3
 
 
 def test_a_copy_finished_first_by_another_process_is_kept(store, other_host, tmp_path, monkeypatch):
@@ -477,14 +537,18 @@ def test_only_a_file_system_store_is_read_in_place(backend, store_url, tmp_path)
         Store(store_url, tmp_path / "c", cache_mode="never")
 
 
-def test_get_store_keeps_one_store_per_url_cache_and_mode(store_url, tmp_path, monkeypatch):
+def test_get_store_keeps_one_store_per_url_cache_mode_and_bounds(store_url, tmp_path, monkeypatch):
     monkeypatch.setattr(filestore, "_STORES", {})
 
-    def settings(cache: str, mode: str = "auto") -> SimpleNamespace:
-        return SimpleNamespace(store_url=store_url, store_cache_dir=tmp_path / cache, store_cache_mode=mode)
+    def settings(cache: str, mode: str = "auto", timeout_s: float = 30.0, retries: int = 3) -> SimpleNamespace:
+        return SimpleNamespace(store_url=store_url, store_cache_dir=tmp_path / cache, store_cache_mode=mode,
+                               store_timeout_s=timeout_s, store_retries=retries)
 
     first = get_store(settings("c"))
     assert first.url == store_url and first.cache_dir == tmp_path / "c"
+    assert (first.timeout_s, first.retries) == (30.0, 3)
     assert get_store(settings("c")) is first
     assert get_store(settings("other")) is not first
     assert get_store(settings("c", "always")) is not first
+    assert get_store(settings("c", timeout_s=5.0)).timeout_s == 5.0
+    assert get_store(settings("c", retries=0)).retries == 0

@@ -207,6 +207,7 @@ def _add_shards(pipe: Any, parent: str, owner: str, new: list[Job], batch: list[
     if new:
         ids = [shard.id for shard in new]
         pipe.rpush(keys.fanout_pending(parent), *ids)
+        pipe.sadd(keys.backlog_pending(BULK), *ids)
         pipe.sadd(keys.fanout_open(parent), *ids)
         pipe.zadd(keys.fanout_parents(owner), {parent: 0}, nx=True)
         pipe.sadd(keys.FANOUT_OWNERS, owner)

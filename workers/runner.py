@@ -23,6 +23,7 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from core.contract.kind import JobKind, ReduceRequest, ShardRequest, load_kinds
+from core.filestore import StoreUnavailable
 from core.logs import job_logging
 from core.settings import Settings
 from workers.context import JobCanceled, JobContext, JobError, JobLost, WorkerShutdown, json_safe
@@ -133,7 +134,7 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
     def fail(code: str, message: str) -> None:
         _save(job, ctx, settings, {"error": {"code": code, "message": message}})
 
-    published = False
+    published = store_down = False
     try:
         kind, payload = unpack_args(args)
         spec, request = resolve(settings, kind, payload)
@@ -147,8 +148,10 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
         try:
             ctx.publish_artifacts()
         except Exception as exc:
+            store_down = True
+            _record_store_unavailable(settings, "write")
             raise JobError("store_unavailable", f"the job finished but its files could not be written to the "
-                           f"store: {type(exc).__name__}: {exc}") from exc
+                           f"store ({type(exc).__name__}); its scratch copy is kept") from exc
         published = True
         ctx.flush(settings.redis_retry_s)
         log.info("job finished in %.2f s", time.monotonic() - t0)
@@ -167,6 +170,11 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
     except WorkerShutdown:
         if job is not None:
             OUTCOMES[job.id] = "requeue"
+        raise
+    except StoreUnavailable as exc:
+        store_down = True
+        _record_store_unavailable(settings, exc.operation)
+        fail("store_unavailable", f"{exc}; submit the job again once the store answers")
         raise
     except JobError as exc:
         fail(exc.code, exc.message)
@@ -194,11 +202,25 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
             log.error("job failed, incident %s:\n%s", incident, traceback.format_exc(), extra={"incident": incident})
         raise
     finally:
-        _finish_artifacts(ctx, published)
+        _finish_artifacts(ctx, published, store_down)
 
 
-def _finish_artifacts(ctx: JobContext, published: bool) -> None:
-    """Keep what a failed or canceled job wrote (a checkpoint to resume from, say), then drop the scratch copy."""
+def _record_store_unavailable(settings: Settings, operation: str) -> None:
+    from core import registry
+    from core.metrics import record_store_unavailable
+
+    try:
+        record_store_unavailable(registry.connection(settings), operation)
+    except Exception:  # a metric never changes a job's outcome
+        log.warning("could not count the store's outage", exc_info=True)
+
+
+def _finish_artifacts(ctx: JobContext, published: bool, store_down: bool = False) -> None:
+    """Keep what a failed or canceled job wrote (a checkpoint to resume from, say), then drop the scratch copy.
+    With the store down the scratch copy stays as it is (the next gc pass removes it): another upload would only
+    keep the job running for another round of retries."""
+    if store_down:
+        return
     try:
         if not published:
             ctx.publish_artifacts()

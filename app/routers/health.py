@@ -1,7 +1,7 @@
 """Liveness and readiness.
 
 - ``/health`` and ``/ready``: the service's status for people and scripts (``/ready`` needs a key when keys are
-  configured and wants a live worker on every queue).
+  configured, and wants a live worker on every queue and a store that answers).
 - ``/livez`` and ``/readyz``: Kubernetes probes of the API pod alone, unauthenticated and cheap. ``/livez`` touches
   nothing; ``/readyz`` pings Redis with a short timeout and never looks at workers (they may scale to zero while
   the API keeps accepting jobs). Both are ``async`` so that a saturated thread pool cannot delay them, and neither
@@ -18,7 +18,9 @@ from fastapi.responses import JSONResponse
 from rq import Worker
 
 from app.deps import caller
+from app.routers.metrics import STORE_CHECK_S
 from core.contract.kind import QUEUES
+from core.filestore import get_store
 
 log = logging.getLogger("explainq.api")
 
@@ -32,7 +34,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready", summary="Redis is reachable and every queue has a live worker")
+@router.get("/ready", summary="Redis and the store answer and every queue has a live worker")
 def ready(request: Request, _owner: str = Depends(caller)) -> JSONResponse:
     redis = request.app.state.redis
     reasons: list[str] = []
@@ -49,10 +51,14 @@ def ready(request: Request, _owner: str = Depends(caller)) -> JSONResponse:
         workers[name] = len(live)
         if not live:
             reasons.append(f"no live worker on queue '{name}'")
+    store_reason = get_store(request.app.state.settings).check(STORE_CHECK_S)
+    if store_reason:
+        reasons.append(store_reason)
     status = 503 if reasons else 200
     return JSONResponse(
         status_code=status,
-        content={"status": "ready" if not reasons else "unavailable", "workers": workers, "reasons": reasons},
+        content={"status": "ready" if not reasons else "unavailable", "workers": workers,
+                 "store": "ok" if not store_reason else "unavailable", "reasons": reasons},
     )
 
 

@@ -9,16 +9,21 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.deps import caller
+from core.filestore import get_store
 from core.jobstore import prune_canceled
 from core.metrics import build_registry
 
 router = APIRouter(tags=["health"])
 
+STORE_CHECK_S = 2.0  # at most, per scrape (EXPLAINQ_STORE_TIMEOUT_S when that is shorter)
+
 
 def install(app: Any) -> None:
     """Give a FastAPI app its registry (``app.state.metrics_registry``), its Redis-error counter
     (``app.state.redis_errors``) and the ``GET /metrics`` route."""
-    app.state.metrics_registry, app.state.redis_errors = build_registry(app.state.redis)
+    settings = app.state.settings
+    app.state.metrics_registry, app.state.redis_errors = build_registry(
+        app.state.redis, store_check=lambda: get_store(settings).check(STORE_CHECK_S))
     app.include_router(router)
 
 
