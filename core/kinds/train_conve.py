@@ -8,7 +8,7 @@ from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
 from core.contract.charts import STEPS_CHART
-from core.contract.checks import require_new_name
+from core.contract.checks import refuse_reserved, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
@@ -109,6 +109,7 @@ def check_memory(req: TrainConvERequest, settings: Settings) -> None:
 
 
 def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") -> None:
+    refuse_reserved(req.name, owner, "name")
     resolve_dataset(settings, req.dataset, owner)
     problem = check_image(req.embedding_dim, req.embedding_height)
     if problem:

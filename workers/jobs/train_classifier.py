@@ -126,7 +126,7 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
     from models.export.train import TrainOptions
 
     data_root = settings.work_dir / "demo-data" / DEMO_DATASET
-    existing = registry.get_dataset(settings, DEMO_DATASET)
+    existing = registry.system_entry(settings, "datasets", DEMO_DATASET)
     if existing is not None and existing.get("kind") != DATASET_KIND:
         raise ValueError(f"dataset {DEMO_DATASET!r} is registered with kind {existing.get('kind')!r}, not "
                          f"{DATASET_KIND!r}: the digits demo needs its name")
@@ -135,7 +135,7 @@ def prepare_demo(settings: Any, progress: bool = True) -> None:
         registry.register_dataset(settings, DEMO_DATASET, kind=DATASET_KIND, path=data_root, upload=True,
                                   meta={"format": "tensors", "counts": counts,
                                         "source": "scikit-learn's load_digits (UCI optical digits, 8x8)"})
-    entry = registry.get_model(settings, DEMO_MODEL)
+    entry = registry.system_entry(settings, "models", DEMO_MODEL)
     store = registry.store(settings)
     if entry is not None and entry.get("location") and store.exists(f"{entry['location']}/model.pt2"):
         return
