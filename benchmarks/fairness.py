@@ -63,8 +63,9 @@ def samples(root: Path, n: int, prefix: str) -> list[dict]:
     return out
 
 
-def start(home: Path, workers: int, model: Path) -> Service:
-    svc = Service(home, queues=(), start=False, heartbeat_ttl_s=60, api_keys="a:key-a,b:key-b")
+def start(home: Path, workers: int, model: Path, max_shards: int) -> Service:
+    svc = Service(home, queues=(), start=False, heartbeat_ttl_s=60, api_keys="a:key-a,b:key-b",
+                  env={"EXPLAINQ_MAX_SHARDS": str(max_shards)})  # A's run is one shard a sample
     registry.register_model(svc.settings, MODEL, kind="news", loader="models.news.checkpoint:load", path=model,
                             preload=True)
     svc.start()
@@ -118,7 +119,7 @@ def main() -> None:
     shared: dict[str, list[float]] = {"interactive": [], "fan-out": []}
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="fairness-") as home:
-        svc = start(Path(home), args.workers, model)
+        svc = start(Path(home), args.workers, model, max(args.a_shards, 1000))
         try:
             for _ in range(args.workers):  # warm: first-call costs on every worker
                 run(svc, fan, BOB)

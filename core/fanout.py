@@ -71,6 +71,22 @@ def plan(n_items: int, shard_size: int) -> list[tuple[int, int]]:
     return out
 
 
+def shard_count(n_items: int, shard_size: int) -> int:
+    """How many shards :func:`plan` makes of ``n_items`` at ``shard_size``."""
+    return -(-max(0, n_items) // max(1, int(shard_size)))
+
+
+def too_many_shards(n_items: int, shard_size: int, cap: int, unit: str) -> str | None:
+    """Why ``shard_size`` is refused for ``n_items`` (more shards than ``cap``, ``EXPLAINQ_MAX_SHARDS``), or None.
+    Each shard is a job, and a parent's view and cancel read every one of them."""
+    n = shard_count(n_items, shard_size)
+    if n <= cap:
+        return None
+    least = -(-n_items // cap)
+    return (f"shard_size {shard_size}: {n_items:,} {unit} would make {n:,} shards, more than the {cap:,} one job may "
+            f"have (EXPLAINQ_MAX_SHARDS); use shard_size {least:,} or more, or 'auto'")
+
+
 def _meta_of(raw: bytes | None) -> dict[str, Any]:
     return parse_meta({b"meta": raw} if raw else {})
 

@@ -51,6 +51,38 @@ class OwnershipError(Exception):
         self.section, self.name, self.owner = section, name, owner
 
 
+# The names of the service's own data and demo models: the shipped graphs, the datasets and models demo preparation
+# registers, and the CIFAR datasets it registers when found. Only ``system`` registers them, so such a name always
+# means the service's (a tenant cannot make ``umls`` mean three triples of theirs, nor take a demo model's name
+# before the demo step runs). tests/test_reserved_names.py checks the lists against the demo steps.
+RESERVED: dict[str, frozenset[str]] = {
+    "datasets": frozenset({"nations", "umls", "kinships", "digits", "digits-tensors", "cifar10", "cifar100",
+                           "lora-demo", "news-synthetic", "news-synthetic-poisoned", "topics-text"}),
+    "models": frozenset({"conve-nations-demo", "conve-umls-demo", "conve-kinships-demo", "digits-cnn-demo",
+                         "nrms-minilm-demo", "nrms-minilm-poisoned-demo", "nrms-word-demo", "naml-demo",
+                         "minilm-topics-demo"}),
+}
+
+
+class ReservedNameError(OwnershipError):
+    """The name is one of the service's own (:data:`RESERVED`): only ``system`` registers it."""
+
+    def __init__(self, section: str, name: str, holder: str | None = None):
+        kind = section[:-1]
+        msg = (f"{name!r} is reserved: it names the service's own {kind} (shipped data or a demo model); choose "
+               "another name")
+        if holder is not None:
+            msg = (f"{kind} {name!r} is reserved for the service's own {kind} but is registered by {holder!r} "
+                   f"(from before the name was reserved): delete it ({holder!r}'s key, DELETE /{section}/{name}) "
+                   "so the service can register its own")
+        Exception.__init__(self, msg)
+        self.section, self.name, self.owner = section, name, holder or SYSTEM
+
+
+def is_reserved(section: str, name: str) -> bool:
+    return name in RESERVED[section]
+
+
 # Set the record unless another owner holds the name. Returns {1, previous JSON or ""} or {0, other owner}.
 _PUT_IF_OWNER = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
@@ -127,6 +159,8 @@ def _decode(raw: bytes | str | None) -> dict[str, Any] | None:
 def _put(settings: Settings, section: str, name: str, entry: dict[str, Any], owner: str,
          client: redis_lib.Redis | None = None) -> dict[str, Any] | None:
     """Write the record if ``owner`` may; returns the record it replaced (or None)."""
+    if owner != SYSTEM and is_reserved(section, name):
+        raise ReservedNameError(section, name)
     r = client or connection(settings)
     res = r.eval(_PUT_IF_OWNER, 2, keys.registry(section), keys.STORE_ORPHANS, name, json.dumps(entry, sort_keys=True), owner,
                  entry.get("location") or "", time.time())
@@ -137,10 +171,23 @@ def _put(settings: Settings, section: str, name: str, entry: dict[str, Any], own
 
 
 def check_owner(settings: Settings, section: str, name: str, owner: str) -> dict[str, Any] | None:
-    """The existing record, if any; OwnershipError when another owner holds the name."""
+    """The existing record, if any; OwnershipError when another owner holds the name, ReservedNameError when the
+    name is reserved and ``owner`` is not ``system``."""
+    if owner != SYSTEM and is_reserved(section, name):
+        raise ReservedNameError(section, name)
     entry = _get(settings, section, name)
     if entry is not None and entry["owner"] != owner:
         raise OwnershipError(section, name, entry["owner"])
+    return entry
+
+
+def system_entry(settings: Settings, section: str, name: str) -> dict[str, Any] | None:
+    """The service's own record of the reserved ``name`` (demo preparation): None when there is none yet; a
+    ReservedNameError when another owner holds it, registered before the name was reserved, so that the demo step
+    fails saying so rather than skipping the name or using a tenant's data as the service's."""
+    entry = _get(settings, section, name)
+    if entry is not None and entry["owner"] != SYSTEM:
+        raise ReservedNameError(section, name, holder=entry["owner"])
     return entry
 
 

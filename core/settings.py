@@ -10,6 +10,7 @@
 | ``EXPLAINQ_MAX_ACTIVE_JOBS`` | queued-or-running jobs one API key may have; more is ``429`` | 100 |
 | ``EXPLAINQ_MAX_QUEUE_LENGTH`` | jobs waiting in one queue; more is ``429`` | 10000 |
 | ``EXPLAINQ_SHARD_WINDOW`` | shards one API key may have out on the ``bulk`` queue (queued or running); ``0``: as many as live workers serve ``bulk`` | 0 |
+| ``EXPLAINQ_MAX_SHARDS`` | shards one fanned-out job may have; a ``shard_size`` that would make more is ``422`` (``auto`` grows to fit) | 1000 |
 | ``EXPLAINQ_RESULT_TTL_S`` | how long succeeded jobs and results stay in Redis | 7 days |
 | ``EXPLAINQ_FAILURE_TTL_S`` | how long failed and canceled jobs stay in Redis | 7 days |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
@@ -58,6 +59,7 @@ class Settings(BaseSettings):
     max_active_jobs: int = Field(100, ge=1, validation_alias=_alias("EXPLAINQ_MAX_ACTIVE_JOBS"))
     max_queue_length: int = Field(10_000, ge=1, validation_alias=_alias("EXPLAINQ_MAX_QUEUE_LENGTH"))
     shard_window: int = Field(0, ge=0, validation_alias=_alias("EXPLAINQ_SHARD_WINDOW"))
+    max_shards: int = Field(1000, ge=1, validation_alias=_alias("EXPLAINQ_MAX_SHARDS"))
     result_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_RESULT_TTL_S"))
     failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))

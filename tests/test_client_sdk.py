@@ -93,7 +93,7 @@ def test_cancel_running_job_then_wait_raises_canceled(client):
 
 
 def test_cancel_queued_job_through_jobs(client):
-    blocker = client.submit(SLEEP, {"steps": 100, "step_s": 0.05})
+    blocker = client.submit(SLEEP, {"steps": 10_000, "step_s": 0.05})  # runs until canceled
     queued = client.submit(SLEEP, {"steps": 1, "step_s": 0})
     assert client.jobs.cancel(queued.id).status == "canceled"
     blocker.cancel()
@@ -102,13 +102,15 @@ def test_cancel_queued_job_through_jobs(client):
 
 
 def test_wait_timeout_is_typed_and_leaves_the_job_running(client):
-    job = client.submit(SLEEP, {"steps": 100, "step_s": 0.05})
+    job = client.submit(SLEEP, {"steps": 10_000, "step_s": 0.05})  # 500 s: running until canceled below
     start = time.monotonic()
     with pytest.raises(WaitTimeoutError) as info:
         job.wait(timeout=0.5, poll_interval=0.1)
-    assert 0.4 < time.monotonic() - start < 5 and isinstance(info.value, TimeoutError)
+    assert 0.4 < time.monotonic() - start < 60 and isinstance(info.value, TimeoutError)
     assert not job.done
     job.cancel()
+    with pytest.raises(JobCanceledError):
+        job.wait(timeout=60)
 
 
 def test_list_filters_pages_and_iterates(client):

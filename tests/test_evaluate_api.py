@@ -108,7 +108,8 @@ def test_another_owners_evaluation_is_not_found(tmp_path):
         assert c.get(f"/jobs/{job}", headers=ALICE).status_code == 200
         for path in (f"/jobs/{job}", f"/jobs/{job}/request", f"/jobs/{job}/artifacts"):
             assert c.get(path, headers=BOB).status_code == 404, path
-        assert c.post(f"/jobs/{job}/cancel", headers=BOB).status_code == 404
+        assert c.delete(f"/jobs/{job}", headers=BOB).status_code == 404  # the cancel route
+        assert c.get(f"/jobs/{job}", headers=ALICE).json()["status"] == "queued"  # not canceled by Bob
         assert c.post("/evaluate/attribution", json={"m": 3}).status_code == 401
 
 

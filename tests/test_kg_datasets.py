@@ -255,9 +255,13 @@ def test_prepare_demo_failure_of_one_demo_leaves_the_others(redis_settings, tiny
     assert registry.get_dataset(redis_settings, "umls") is not None
 
 
-def test_prepare_demo_skips_a_graph_whose_name_a_tenant_registered_first(redis_settings, tiny_demos) -> None:
-    registry.register_dataset(redis_settings, "umls", kind="triples", path=shipped_dir("nations"), owner="alice")
-    tiny_demos.prepare_demo(redis_settings, progress=False)
+def test_prepare_demo_fails_on_a_graph_whose_name_a_tenant_registered_before_it_was_reserved(
+        redis_settings, tiny_demos) -> None:
+    with pytest.raises(registry.ReservedNameError):
+        registry.register_dataset(redis_settings, "umls", kind="triples", path=shipped_dir("nations"), owner="alice")
+    _legacy_dataset(redis_settings, "umls", "alice")
+    with pytest.raises(RuntimeError, match="conve-umls-demo: dataset 'umls' is reserved .* registered by 'alice'"):
+        tiny_demos.prepare_demo(redis_settings, progress=False)
     assert registry.get_model(redis_settings, "conve-umls-demo") is None  # never trained on alice's graph
     assert registry.get_dataset(redis_settings, "umls")["owner"] == "alice"
     assert registry.get_model(redis_settings, "conve-kinships-demo")["meta"]["dataset"] == "kinships"
@@ -276,11 +280,22 @@ def test_shipped_names_resolve_before_and_after_registration(redis_settings) -> 
     assert resolve_dataset(redis_settings, "umls", "alice") == registry.local_path(
         redis_settings, registry.get_dataset(redis_settings, "umls"))
     assert job._published_for(redis_settings, "umls", "alice") is not None
-    # a tenant's own dataset named like a shipped graph is not that graph: no published figures next to it
-    registry.register_dataset(redis_settings, "kinships", kind="triples", path=shipped_dir("nations"),
-                              owner="alice")
+    # a tenant's dataset named like a shipped graph (from before the names were reserved) is not that graph: no
+    # published figures next to it
+    _legacy_dataset(redis_settings, "kinships", "alice")
     assert job._published_for(redis_settings, "kinships", "alice") is None
     assert job._published_for(redis_settings, "my-graph", "alice") is None
+
+
+def _legacy_dataset(settings, name: str, owner: str) -> None:
+    """A tenant's record of a now reserved name, as an older version let them write it."""
+    import json
+
+    from core import keys
+
+    entry = {"name": name, "kind": "triples", "owner": owner, "meta": {}, "created_at": "2026-01-01T00:00:00+00:00",
+             "path": str(shipped_dir("nations"))}
+    registry.connection(settings).hset(keys.registry("datasets"), name, json.dumps(entry))
 
 
 @pytest.fixture

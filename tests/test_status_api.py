@@ -201,9 +201,10 @@ def test_workers_lists_a_live_worker_with_its_loaded_model_and_no_server_path(sv
 
     alice = {"Authorization": "Bearer status-key-alice-012345"}
     bob = {"Authorization": "Bearer status-key-bob-012345"}
-    r = svc.client.post("/test/sleep", json={"steps": 40, "step_s": 0.1}, headers=alice)
+    # runs until canceled at the end, so the worker is busy with it whatever the machine's load
+    r = svc.client.post("/test/sleep", json={"steps": 10_000, "step_s": 0.1}, headers=alice)
     job_id = r.json()["id"]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while svc.client.get(f"/jobs/{job_id}", headers=alice).json()["status"] != "running":
         assert time.monotonic() < deadline
         time.sleep(0.1)

@@ -40,19 +40,20 @@ def test_a_worker_that_dies_at_once_is_restarted_with_exponential_backoff(tmp_pa
     caplog.set_level(logging.INFO, logger="explainq")
     for name in sup.COMMANDS:
         sup._spawn(name)
-    deadline = time.monotonic() + 4.5
-    while time.monotonic() < deadline:
+    # Until each command was restarted five times (however slowly a loaded machine starts a process).
+    deadline = time.monotonic() + 120
+    while any(len(sup.spawned.get(name, ())) < 6 for name in sup.COMMANDS):
+        assert time.monotonic() < deadline, sup.spawned
         sup.check()
         time.sleep(0.02)
     sup.stop()
     sup.shutdown()
     for name, times in sup.spawned.items():
         gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-        assert len(gaps) >= 4, (name, gaps)
-        # Each gap is the process's short life plus the backoff: 0.2, 0.4, 0.8, then capped at 0.8 s.
-        for gap, delay in zip(gaps, [0.2, 0.4, 0.8, 0.8, 0.8], strict=False):
-            assert delay <= gap < delay + 1.5, (name, gaps)
-        assert len(gaps) <= 7, (name, gaps)  # no tight restart loop
+        # Each gap is the process's short life plus the backoff: 0.2, 0.4, 0.8, then capped at 0.8 s. Never
+        # shorter (no tight restart loop); the process's life on a loaded machine bounds how much longer.
+        for gap, delay in zip(gaps, [0.2, 0.4] + [0.8] * len(gaps), strict=False):
+            assert delay <= gap < delay + 10, (name, gaps)
     text = caplog.text
     assert "worker:explain died (exit code 3)" in text
     assert "worker:train died (signal SIGKILL)" in text

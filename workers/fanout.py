@@ -30,7 +30,7 @@ from rq.serializers import JSONSerializer
 from core import fanout, keys, registry
 from core.artifacts import artifacts_key, record_owner
 from core.contract.kind import KINDS
-from core.fanout import BULK, plan, reduce_id, shard_id
+from core.fanout import BULK, plan, reduce_id, shard_count, shard_id, too_many_shards
 from core.filestore import StoreError, get_store
 from core.keys import JOB_PREFIX
 from workers.context import JobCanceled, JobContext, JobError, WorkerShutdown, json_safe
@@ -72,6 +72,21 @@ def auto_shard_size(ctx: JobContext, kind: str, model: str, cost_per_item: float
 PLAN_BATCH = 256  # shards created per transaction while planning
 
 
+def capped_shard_size(request: BaseModel, n_items: int, shard_size: int, cap: int, unit: str) -> int:
+    """``shard_size``, or the least that makes at most ``cap`` shards (``EXPLAINQ_MAX_SHARDS``) of ``n_items``
+    when the request left it to the service (``auto``); a JobError naming ``shard_size`` for a fixed one that
+    makes more (the API refuses those it can count at submission), or naming the count for a kind without it."""
+    if shard_count(n_items, shard_size) <= cap:
+        return shard_size
+    given = getattr(request, "shard_size", None)
+    if given == "auto":
+        return -(-n_items // cap)
+    if given is None:
+        raise JobError("invalid_request", f"{n_items:,} {unit} would make {shard_count(n_items, shard_size):,} "
+                       f"shards, more than the {cap:,} one job may have (EXPLAINQ_MAX_SHARDS)")
+    raise JobError("invalid_request", too_many_shards(n_items, shard_size, cap, unit))
+
+
 class Planned(BaseModel):
     """What a fanned-out parent job returns: its plan (the parent's public result is its reduce step's)."""
 
@@ -106,9 +121,10 @@ def fan_out(ctx: JobContext, kind: str, request: BaseModel, n_items: int, shard_
     from_parent = list(declared.from_parent)
     carried = {**request.model_dump(mode="json"), **{f: None for f in from_parent}}
     parent = job.id
-    ranges = plan(n_items, shard_size)
     owner = ctx.owner
     settings = ctx.settings
+    shard_size = capped_shard_size(request, n_items, shard_size, settings.max_shards, declared.unit)
+    ranges = plan(n_items, shard_size)
     conn = job.connection
     queue = Queue(BULK, connection=conn, serializer=JSONSerializer)
     plan_meta = {"shards": len(ranges), "shard_size": shard_size, "items": n_items, "unit": declared.unit,

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from app.deps import caller
 from core import dataset_refs, limits, registry
-from core.contract.checks import require_name_free
+from core.contract.checks import refuse_reserved, require_name_free
 from core.contract.errors import FieldConflict, FieldError
 from core.contract.fields import RequestModel
 from core.dataset_formats import FormatError, detect
@@ -39,6 +39,7 @@ class DatasetRequest(RequestModel):
              "(format detected and validated; counts returned)", responses={409: {}, 422: {}})
 def register_dataset(body: DatasetRequest, request: Request, owner: str = Depends(caller)) -> JSONResponse:
     settings = request.app.state.settings
+    refuse_reserved(body.name, owner, "name", section="datasets")
     try:
         path = resolve_data_path(settings, body.path)
     except PathError as exc:

@@ -4,18 +4,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.contract.errors import FieldConflict, FieldError, FieldUnavailable
+from core.contract.errors import FieldConflict, FieldError, FieldReserved, FieldUnavailable
 from core.settings import Settings
 
 
 def require_name_free(settings: Settings, name: str, owner: str, field: str, section: str = "models") -> None:
-    """409 on ``field`` when ``name`` is registered to another owner (only its owner may replace it)."""
+    """409 on ``field`` when ``name`` is registered to another owner (only its owner may replace it), or is one
+    of the service's reserved names (code ``reserved_name``)."""
     from core import registry
 
+    refuse_reserved(name, owner, field, section)
     try:
         registry.check_owner(settings, section, name, owner)
     except registry.OwnershipError as exc:
         raise FieldConflict(("body", field), str(exc), value=name) from None
+
+
+def refuse_reserved(name: str, owner: str, field: str, section: str = "models") -> None:
+    """409 ``reserved_name`` on ``field`` when ``name`` is one the service keeps for its own shipped data or demo
+    models (``core.registry.RESERVED``) and ``owner`` is not the service: checked before anything else a request
+    names is read."""
+    from core import registry
+
+    if owner != registry.SYSTEM and registry.is_reserved(section, name):
+        raise FieldReserved(("body", field), str(registry.ReservedNameError(section, name)), value=name)
 
 
 def require_new_name(settings: Settings, name: str, owner: str, kind: str, overwrite: bool,

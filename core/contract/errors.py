@@ -50,6 +50,13 @@ class FieldConflict(FieldError):
     code = "owned_by_other"
 
 
+class FieldReserved(FieldConflict):
+    """A field naming, for something the caller would register, a name the service keeps for its own shipped data
+    or demo models."""
+
+    code = "reserved_name"
+
+
 class FieldUnavailable(FieldError):
     """A field naming something that is being prepared (a demo model not registered yet): 503 with
     ``Retry-After``, the seconds until it should be ready."""

@@ -28,6 +28,7 @@ from core.contract.fields import (
 )
 from core.contract.kind import FanOut, JobKind, register
 from core.dataset_formats import news_labelled
+from core.fanout import too_many_shards
 from core.filestore import StoreError
 from core.settings import Settings
 from models.explain.rules import METHODS as RULES
@@ -480,6 +481,18 @@ def validate(req: AttributionsRequest, settings: Settings, owner: str = "system"
     _check_batch_sizes(req)
     _check_steps(req)
     _check_faithfulness(req)
+    _check_shard_count(req, settings)
+
+
+def _check_shard_count(req: AttributionsRequest, settings: Settings) -> None:
+    """A fixed shard_size makes at most ``EXPLAINQ_MAX_SHARDS`` shards of the samples asked for."""
+    if req.shard_size == "auto":
+        return
+    inline = next((getattr(req, f) for f in ("texts", "inputs", "samples") if getattr(req, f) is not None), None)
+    n = len(inline) if inline is not None else req.dataset.n_samples if req.dataset is not None else 0
+    problem = too_many_shards(n, req.shard_size, settings.max_shards, "samples")
+    if problem is not None:
+        raise FieldError(("body", "shard_size"), problem, value=req.shard_size)
 
 
 register(JobKind(

@@ -138,14 +138,14 @@ def _check_common(req: _EvaluateRequest, settings: Settings, owner: str) -> Path
     if problem:
         field = "embedding_height" if req.recipe.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", "recipe", field), problem, value=getattr(req.recipe, field))
-    _check_memory(req, settings)
+    _check_memory(req, settings, owner)
     return path
 
 
-def _check_memory(req: _EvaluateRequest, settings: Settings) -> None:
+def _check_memory(req: _EvaluateRequest, settings: Settings, owner: str) -> None:
     """Each model the evaluation trains fits ``EXPLAINQ_WORKER_MEMORY_BYTES`` (as ``POST /train/conve`` checks)."""
     r = req.recipe
-    counts = dataset_counts(settings, req.dataset)
+    counts = dataset_counts(settings, req.dataset, owner)
     est = memory.conve_training(counts["entities"], counts["relations"], r.embedding_dim, r.embedding_height,
                                 r.num_filters, r.batch_size, r.reciprocal)
     sizes = [("recipe.embedding_dim", r.embedding_dim), ("recipe.num_filters", r.num_filters)]

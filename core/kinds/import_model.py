@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from core import limits
-from core.contract.checks import require_new_name
+from core.contract.checks import refuse_reserved, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest, RequestModel, refuse_invalid_text, refuse_non_finite
 from core.contract.kind import JobKind, register
@@ -432,6 +432,7 @@ def _validate_export(req: ImportModelRequest, settings: Settings, owner: str) ->
 
 
 def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
+    refuse_reserved(req.name, owner, "name")
     if req.kind == "huggingface":
         _validate_huggingface(req, settings, owner)
         return

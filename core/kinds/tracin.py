@@ -26,6 +26,7 @@ from core.contract.fields import (
     shard_size_field,
 )
 from core.contract.kind import FanOut, JobKind, register
+from core.fanout import too_many_shards
 from core.filestore import StoreError
 from core.settings import Settings
 from core.userfiles import PathError, UserFileError, UserFiles, resolve_data_path
@@ -298,6 +299,20 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
     _check_sizes(req)
     _check_method(req)
     _check_estimator(req)
+    _check_shard_count(req, settings)
+
+
+def _check_shard_count(req: TracInRequest, settings: Settings) -> None:
+    """A fixed shard_size makes at most ``EXPLAINQ_MAX_SHARDS`` shards of the candidates, where their number is
+    known here: every training triple of the model (modes test and self, no filter); the worker checks the rest."""
+    if req.shard_size == "auto" or req.mode not in ("test", "self") or req.filter is not None \
+            or estimators.get(req.estimator).stored:
+        return
+    n = (require_model(settings, req.model, "conve").get("meta") or {}).get("train_triples")
+    if isinstance(n, int):
+        problem = too_many_shards(n, req.shard_size, settings.max_shards, "candidate training triples")
+        if problem is not None:
+            raise FieldError(("body", "shard_size"), problem, value=req.shard_size)
 
 
 register(JobKind(

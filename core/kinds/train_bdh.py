@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from core import dataset_refs, limits, memory
 from core.artifacts import artifacts_key, owner_record
 from core.contract.charts import STEPS_CHART
-from core.contract.checks import require_name_free
+from core.contract.checks import refuse_reserved, require_name_free
 from core.contract.errors import FieldError, FieldNotFound
 from core.contract.fields import ADVANCED, JobRequest, RequestModel
 from core.contract.kind import JobKind, register
@@ -179,6 +179,8 @@ def check_memory(req: TrainBDHRequest, settings: Settings) -> None:
 def validate(req: TrainBDHRequest, settings: Settings, owner: str = "system") -> None:
     """Data directory inside the data roots and complete; resume_from names a job with a checkpoint; the model
     fits a worker."""
+    if req.register_as is not None:
+        refuse_reserved(req.register_as, owner, "register_as")
     check_memory(req, settings)
     if req.dataset == "digits":
         if req.data_dir is not None:

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from core import dataset_refs, limits, registry
 from core.contract.charts import STEPS_CHART
-from core.contract.checks import require_model, require_new_name
+from core.contract.checks import refuse_reserved, require_model, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
@@ -189,6 +189,7 @@ def _check_texts(req: TrainClassifierRequest, settings: Settings, entry: dict[st
 
 
 def validate(req: TrainClassifierRequest, settings: Settings, owner: str = "system") -> None:
+    refuse_reserved(req.name, owner, "name")
     entry = require_model(settings, req.model, MODEL_KIND, kind_label="an exported classifier",
                           also=(HF_KIND,))
     kind = entry["kind"]

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
 from core.contract.charts import STEPS_CHART
-from core.contract.checks import require_new_name
+from core.contract.checks import refuse_reserved, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
 from core.contract.results.training import TrainConvEResult
+from core.dataset_formats import FormatError, detect
 from core.estimates import TrainingSize
 from core.settings import Settings
+from core.userfiles import UserFiles
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
@@ -85,18 +90,63 @@ def resolve_dataset(settings: Settings, name: str, owner: str) -> Path | None:
     return path
 
 
-def dataset_counts(settings: Settings, name: str) -> dict[str, int]:
-    """Entities and relations of the dataset, where known without reading it: a registered dataset's counts (from
-    ``POST /datasets`` and demo preparation) or a shipped graph's; otherwise zeros (the estimate then counts the
-    configuration only)."""
-    entry = registry.get_dataset(settings, name)
-    counts = (entry or {}).get("meta", {}).get("counts") or SHIPPED_COUNTS.get(name, {})
+def dataset_counts(settings: Settings, name: str, owner: str = registry.SYSTEM,
+                   field: str = "dataset") -> dict[str, int]:
+    """Entities and relations of the dataset ``name`` names for ``owner``: a shipped graph's; a registered
+    dataset's counts (from ``POST /datasets`` and demo preparation; zeros when it has none); a directory's, counted
+    as ``POST /datasets`` counts them (:func:`directory_counts`), so that ``./bigkg`` is admitted exactly as
+    ``bigkg`` registered."""
+    if name in SHIPPED_COUNTS and registry.get_dataset(settings, name) is None:
+        counts: dict[str, Any] = SHIPPED_COUNTS[name]
+    else:
+        ref = dataset_refs.resolve(settings, name, owner, "triples", field)
+        if ref.entry is not None:
+            counts = ref.entry.get("meta", {}).get("counts") or {}
+        else:
+            counts = directory_counts(settings, ref.path, name, field)
     return {k: int(counts.get(k) or 0) for k in ("entities", "relations")}
 
 
-def check_memory(req: TrainConvERequest, settings: Settings) -> None:
+_DIRECTORY_COUNTS: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
+
+
+def directory_counts(settings: Settings, path: Path, value: str, field: str = "dataset") -> dict[str, Any]:
+    """The counts of the triples directory ``path`` as ``POST /datasets`` records them (``detect`` through the
+    user-file opener: the tree checked, size caps, bounded reads); kept for the directory as long as its files'
+    sizes and times stay. FieldError on ``field`` when it is not a readable triples directory."""
+    try:
+        stamp = (str(path), *((f, st.st_size, st.st_mtime_ns) for f in TRIPLES_FILES
+                              if (st := _stat(path / f)) is not None))
+    except OSError as exc:
+        raise FieldError(("body", *field.split(".")), f"{value!r} cannot be read ({exc.strerror or 'I/O error'})",
+                         value=value) from None
+    counts = _DIRECTORY_COUNTS.get(stamp)
+    if counts is None:
+        try:
+            found = detect(path, UserFiles(settings))
+        except FormatError as exc:
+            raise FieldError(("body", *field.split(".")), str(exc), value=value) from None
+        if found["format"] != "triples":
+            raise FieldError(("body", *field.split(".")), f"{value!r} is not a triples directory", value=value)
+        counts = _DIRECTORY_COUNTS[stamp] = found["counts"]
+        while len(_DIRECTORY_COUNTS) > 64:
+            _DIRECTORY_COUNTS.popitem(last=False)
+    return counts
+
+
+TRIPLES_FILES = ("train.txt", "valid.txt", "test.txt", "entities.dict", "relations.dict")
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def check_memory(req: TrainConvERequest, settings: Settings, owner: str = registry.SYSTEM) -> None:
     """The model and one step's activations at ``batch_size`` fit ``EXPLAINQ_WORKER_MEMORY_BYTES``."""
-    counts = dataset_counts(settings, req.dataset)
+    counts = dataset_counts(settings, req.dataset, owner)
     est = memory.conve_training(counts["entities"], counts["relations"], req.embedding_dim, req.embedding_height,
                                 req.num_filters, req.batch_size, req.reciprocal)
     sizes = [("embedding_dim", req.embedding_dim), ("num_filters", req.num_filters)]
@@ -109,12 +159,13 @@ def check_memory(req: TrainConvERequest, settings: Settings) -> None:
 
 
 def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") -> None:
+    refuse_reserved(req.name, owner, "name")
     resolve_dataset(settings, req.dataset, owner)
     problem = check_image(req.embedding_dim, req.embedding_height)
     if problem:
         loc = "embedding_height" if req.embedding_height is not None else "embedding_dim"
         raise FieldError(("body", loc), problem, value=getattr(req, loc))
-    check_memory(req, settings)
+    check_memory(req, settings, owner)
     require_new_name(settings, req.name, owner, "conve", req.overwrite)
 
 NATIONS_TRAIN_TRIPLES = 1592  # models/kg/data/nations/train.txt

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from core import dataset_refs, limits, registry
 from core.contract.charts import STEPS_CHART
-from core.contract.checks import require_new_name
+from core.contract.checks import refuse_reserved, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
@@ -141,6 +141,7 @@ def check_tokens(req: TrainNewsRequest) -> None:
 
 
 def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> None:
+    refuse_reserved(req.name, owner, "name")
     check_tokens(req)
     root = resolve_news_dataset(settings, req.dataset, owner)
     for field in ("train_split", "valid_split"):

@@ -31,7 +31,6 @@ path reports one as :class:`models.explain.tracin.NonFiniteScores` (rows and col
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -48,6 +47,7 @@ from models.explain.tracin import LR_WEIGHTS, CandidatePairs, NonFiniteScores, i
 from models.kg.checkpoint import KGBundle
 from models.kg.graph import AdjacencyIndex
 from models.kg.tracin import ConvETracIn
+from models.tables import TableWriter
 
 MODES = ("test", "self", "single")
 CSV_COLUMNS = ["TestHead", "TestRel", "TestTail", "TrainHead", "TrainRel", "TrainTail", "TracInScore",
@@ -434,8 +434,7 @@ class TestReport:
         if out_dir is not None:
             self._jsonl = open(out_dir / "results.jsonl", "w", encoding="utf-8")  # noqa: SIM115 (closed in finish)
             self._csv_fh = open(out_dir / "influence.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
-            self._csv = csv.DictWriter(self._csv_fh, fieldnames=CSV_COLUMNS)
-            self._csv.writeheader()
+            self._csv = TableWriter(self._csv_fh, CSV_COLUMNS)
 
     def add(self, entry: dict) -> None:
         t = self.n
@@ -445,7 +444,7 @@ class TestReport:
         rows = entry_csv_rows(self.ds, public)
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(public) + "\n")
-            self._csv.writerows(rows)
+            self._csv.rows(rows)
         else:
             self.rows += rows
         if self.inline is None or len(self.results) < self.inline:
@@ -577,14 +576,12 @@ def report(p: Plan, bundle: KGBundle, train_triples: Sequence[Sequence[str]] | N
 
 def write_candidates(ds, train: torch.Tensor, union: torch.Tensor, path: Path) -> None:
     """The scores artifact's columns: one candidate training triple per line (head, relation, tail)."""
-    with open(path, "w", encoding="utf-8") as fh:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = TableWriter(fh, delimiter="\t", lineterminator="\n")
         for i in range(0, len(union), 65_536):
-            for h, r, t in ds.decode(train[union[i:i + 65_536]]):
-                fh.write(f"{h}\t{r}\t{t}\n")
+            out.rows(ds.decode(train[union[i:i + 65_536]]))
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
+        TableWriter(fh, CSV_COLUMNS).rows(rows)

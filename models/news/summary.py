@@ -14,13 +14,14 @@ per-word means over all samples and how many samples list a word among their top
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from models.tables import TableWriter
 
 
 class _Welford:
@@ -292,11 +293,10 @@ class WordsCsv:
     view, ``word`` the model's token text, ``display_word`` the text as given), the numbers the page shows."""
 
     def __init__(self, fh: Any) -> None:
-        self.writer = csv.writer(fh, lineterminator="\n")
-        self.writer.writerow(WORDS_CSV_COLUMNS)
+        self.writer = TableWriter(fh, WORDS_CSV_COLUMNS, lineterminator="\n")
 
     def add(self, model: str, rec: dict[str, Any], main_view: str = "title") -> None:
         for view, part in [(main_view, rec)] + list((rec.get("views") or {}).items()):
             display = part.get("display_words") or part["words"]
             for i, (w, d, a) in enumerate(zip(part["words"], display, part["word_attributions"], strict=True)):
-                self.writer.writerow([model, rec.get("id"), rec.get("label") or "", view, i, w, d, repr(float(a))])
+                self.writer.row([model, rec.get("id"), rec.get("label") or "", view, i, w, d, float(a)])

@@ -41,7 +41,6 @@ exception raised there propagates with the checkpoints on disk intact.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import logging
 import math
@@ -57,6 +56,7 @@ import torch.nn.functional as F
 
 from models.common import autocast, default_device, resolve_precision, seed_everything
 from models.curves import StepCurve
+from models.tables import TableWriter
 from models.vision.bdh import VisionBDH
 from models.vision.checkpoint import (
     MODEL_FILE,
@@ -309,11 +309,8 @@ def _to_device(images: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _write_csv(path: Path, history: list[dict[str, float]]) -> None:
     tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in history:
-            writer.writerow({k: row[k] for k in CSV_COLUMNS})
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        TableWriter(fh, CSV_COLUMNS).rows([row[k] for k in CSV_COLUMNS] for row in history)
     tmp.replace(path)
 
 

@@ -160,7 +160,7 @@ def test_cancel_during_planning_leaves_no_child_queued_deferred_or_pending(tmp_p
     from core import keys
 
     n = 3000
-    with _service(tmp_path, EXPLAINQ_SHARD_WINDOW=1) as svc:
+    with _service(tmp_path, EXPLAINQ_SHARD_WINDOW=1, EXPLAINQ_MAX_SHARDS=n) as svc:
         parent = _post(svc, {"n": n, "step_s": 0.05, "plan_delay_s": 0.001})
         r = svc.redis()
         # planning has begun: some shards exist, far from all of them

@@ -118,7 +118,7 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
     """Generate (once) and register the small synthetic demo dataset ``lora-demo``."""
     from models.lora.synthetic import generate_dataset
 
-    entry = registry.get_dataset(settings, DEMO_NAME)
+    entry = registry.system_entry(settings, "datasets", DEMO_NAME)
     if entry is not None and entry.get("meta", {}).get("synthetic") == DEMO_SPEC and entry.get("location"):
         return
     root = settings.work_dir / "lora-demo"

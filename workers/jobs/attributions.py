@@ -325,7 +325,7 @@ def prepare_demo(settings: Any, progress: bool = True, only: tuple[str, ...] | N
     # Generated on this host (training reads it here), then copied into the store for every host.
     data_root = settings.work_dir / "demo-data"
     for name, info in make_datasets(data_root).items():
-        if registry.get_dataset(settings, name) is None:
+        if registry.system_entry(settings, "datasets", name) is None:
             registry.register_dataset(settings, name, kind="news", path=info["path"], upload=True,
                                       meta={"format": "mind", "synthetic": True, "poisoned": "poisoned" in name})
     device = default_device()
@@ -334,7 +334,7 @@ def prepare_demo(settings: Any, progress: bool = True, only: tuple[str, ...] | N
         if only is not None and spec.name not in only:
             continue
         out_dir = settings.work_dir / "demo-models" / spec.name
-        entry = registry.get_model(settings, spec.name)
+        entry = registry.system_entry(settings, "models", spec.name)
         if entry is not None and entry.get("location") and store.exists(f"{entry['location']}/config.json"):
             continue
         bar = tqdm(desc=f"train {spec.name}", unit="step", disable=not progress)

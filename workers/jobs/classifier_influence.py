@@ -9,7 +9,6 @@ example, highest first, with its label and the model's prediction).
 
 from __future__ import annotations
 
-import csv
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from core.kinds.classifier_influence import (
 )
 from core.kinds.train_classifier import DATASET_KINDS, HF_KIND
 from core.userfiles import files_for
+from models.tables import TableWriter
 from workers.context import JobContext, JobError
 
 
@@ -193,10 +193,9 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
         predicted = p.train_predicted()
         order = torch.argsort(scores, descending=True, stable=True).tolist()
         with open(ctx.artifact_path("self_influence.csv"), "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh)
-            w.writerow(["rank", "index", "label", "predicted", "self_influence"])
-            for rank, i in enumerate(order, 1):
-                w.writerow([rank, i, labels[p.train_labels[i]], labels[predicted[i]], float(scores[i])])
+            TableWriter(fh, ["rank", "index", "label", "predicted", "self_influence"]).rows(
+                [rank, i, labels[p.train_labels[i]], labels[predicted[i]], float(scores[i])]
+                for rank, i in enumerate(order, 1))
         return ClassifierInfluenceResult.model_validate({
             **base, "self_influence": [example(i, float(scores[i])) for i in order[:r.top_k]],
             "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
@@ -214,8 +213,6 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
                       "label": p.known[i], "self_influence": float(top.test_self[i]),
                       "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i]), **lists})
     with open(ctx.artifact_path("influence.csv"), "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(["test", "side", "rank", "index", "label", "influence"])
-        w.writerows(pairs)
+        TableWriter(fh, ["test", "side", "rank", "index", "label", "influence"]).rows(pairs)
     return ClassifierInfluenceResult.model_validate({
         **base, "tests": tests, "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})

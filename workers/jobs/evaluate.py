@@ -54,6 +54,7 @@ from core.contract.results.base import Shards
 from core.contract.results.evaluation import LdsResult, MislabelResult
 from core.filestore import StoreError, get_store
 from core.kinds.evaluate import EvaluateAttributionRequest, EvaluateMislabelRequest, Recipe
+from models.tables import TableWriter
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
 from workers.fanout import Planned, fan_out, shard_done, write_jsonl
@@ -401,11 +402,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     if len(sel) * len(ds.train) <= MAX_SCORE_CELLS:  # the scores behind each LDS, for an independent check
         for name, values in scores.items():
             np.save(path_of(f"scores-{name}.npy"), values)
-    with open(path_of("lds_per_test.csv"), "w", encoding="utf-8") as fh:
-        fh.write("head\trelation\ttail\t" + "\t".join(names_asked) + "\n")
-        for j, trip in enumerate(names):
-            vals = [report[e]["per_test"][j] for e in names_asked]
-            fh.write("\t".join(trip) + "\t" + "\t".join("" if v is None else repr(v) for v in vals) + "\n")
+    write_lds_per_test(path_of("lds_per_test.csv"), names, {e: report[e]["per_test"] for e in names_asked})
     result: dict[str, Any] = {
         "metric": "lds", "dataset": request.dataset, "data_version": ident["data_version"],
         "recipe": _recipe(request.recipe), "m": m, "alpha": request.alpha, "seed": seed,
@@ -423,6 +420,22 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
         "shards": shards,
     }
     return LdsResult.model_validate(_clean(result))
+
+
+def write_lds_per_test(path: Path | str, test_triples: list[list[str]], per_test: dict[str, list]) -> None:
+    """``lds_per_test.csv`` (tab-separated): each test triple and its LDS under each estimator."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = TableWriter(fh, ["head", "relation", "tail", *per_test], delimiter="\t", lineterminator="\n")
+        for j, trip in enumerate(test_triples):
+            out.row([*trip, *(values[j] for values in per_test.values())])
+
+
+def write_corrupted(path: Path | str, indices: list[int], originals: list, corrupted: list) -> None:
+    """``corrupted.tsv``: each corrupted training triple, its original tail and the tail put in its place."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = TableWriter(fh, ["train_index", "head", "relation", "original_tail", "corrupted_tail"],
+                          delimiter="\t", lineterminator="\n")
+        out.rows([i, o[0], o[1], o[2], c[2]] for i, o, c in zip(indices, originals, corrupted, strict=True))
 
 
 # ------------------------------------------------------------------------------------------------ mislabels
@@ -462,10 +475,7 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
         raise JobError("estimator_failed", str(exc)) from None
     originals = ds.decode(ds.train[torch.from_numpy(idx)])
     corrupted = bundle.dataset.decode(corrupted_train[torch.from_numpy(idx)])
-    with open(ctx.artifact_path("corrupted.tsv"), "w", encoding="utf-8") as fh:
-        fh.write("train_index\thead\trelation\toriginal_tail\tcorrupted_tail\n")
-        for i, o, c in zip(idx.tolist(), originals, corrupted, strict=True):
-            fh.write(f"{i}\t{o[0]}\t{o[1]}\t{o[2]}\t{c[2]}\n")
+    write_corrupted(ctx.artifact_path("corrupted.tsv"), idx.tolist(), originals, corrupted)
     listed = [{"train_index": i, "original": o, "corrupted": c}
               for i, o, c in list(zip(idx.tolist(), originals, corrupted, strict=True))[:MAX_LISTED_CORRUPTED]]
     np.savez(ctx.artifact_path("self_scores.npz"), **self_scores)  # the scores behind each ranking

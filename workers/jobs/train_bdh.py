@@ -187,7 +187,7 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
     steps = [("digits", None), *((name, CIFAR_DIRS[name][0]) for name in CIFAR_DIRS)]
     for name, dirname in tqdm(steps, desc="vision datasets", disable=not progress):
         if dirname is None:
-            if registry.get_dataset(settings, "digits") is None:
+            if registry.system_entry(settings, "datasets", "digits") is None:
                 import sklearn.datasets
 
                 path = Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz"
@@ -201,6 +201,6 @@ def prepare_demo(settings: Settings, progress: bool = True) -> None:
             found = cifar_marker(name, root / dirname)
             if found is not None:
                 break
-        if found is not None and registry.get_dataset(settings, name) is None:
+        if found is not None and registry.system_entry(settings, "datasets", name) is None:
             registry.register_dataset(settings, name, kind="image_classification", path=found,
                                       meta={"classes": 10 if name == "cifar10" else 100, "format": "python-pickle"})

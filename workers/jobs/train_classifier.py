@@ -182,7 +182,7 @@ def demo_steps() -> list[Any]:
 
 def _demo_dataset(settings: Any, name: str, kind: str, root: Path, write: Any, meta: dict[str, Any]) -> Path:
     """The demo dataset ``name`` registered (written under ``root`` first when it is not); its directory."""
-    existing = registry.get_dataset(settings, name)
+    existing = registry.system_entry(settings, "datasets", name)
     if existing is not None and existing.get("kind") != kind:
         raise ValueError(f"dataset {name!r} is registered with kind {existing.get('kind')!r}, not {kind!r}: the "
                          "demo needs its name")
@@ -193,7 +193,7 @@ def _demo_dataset(settings: Any, name: str, kind: str, root: Path, write: Any, m
 
 
 def _demo_ready(settings: Any, name: str, marker: str) -> bool:
-    entry = registry.get_model(settings, name)
+    entry = registry.system_entry(settings, "models", name)
     return bool(entry is not None and entry.get("location")
                 and registry.store(settings).exists(f"{entry['location']}/{marker}"))
 

@@ -143,9 +143,10 @@ def demo_models() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def register_shipped_dataset(settings: Settings, name: str) -> None:
-    """Register the shipped graph ``name`` (copied into the store) unless it is registered; its files are checked
-    against their SHA-256 first, and its counts recorded as ``POST /datasets`` records them."""
-    if registry.get_dataset(settings, name) is not None:
+    """Register the shipped graph ``name`` (copied into the store) unless the service registered it already; its
+    files are checked against their SHA-256 first, and its counts recorded as ``POST /datasets`` records them.
+    Another owner's registration of the name (from before it was reserved) fails, naming them."""
+    if registry.system_entry(settings, "datasets", name) is not None:
         return
     from models.kg.shipped import CONVE_SOURCE, shipped_graph, verify_shipped
 
@@ -180,16 +181,13 @@ def demo_steps() -> list[Any]:
 def prepare_one(settings: Settings, model_name: str, dataset: str, config: dict[str, Any],
                 progress: bool = True) -> None:
     """Register the shipped graph ``dataset`` and train and register ``model_name`` on it unless it is already
-    registered with its files present. A demo whose dataset name another owner registered first is skipped
-    (logged): it would not be trained on the shipped graph."""
+    registered with its files present. Both names are reserved; another owner's registration of either (from
+    before they were) fails the step, naming them, rather than skipping the demo or training on their data."""
     from models.common import default_device
 
     register_shipped_dataset(settings, dataset)
-    published = _published_for(settings, dataset, registry.SYSTEM)
-    if published is None:  # a tenant registered the name first: that is not the shipped graph
-        log.warning("dataset name %r is registered by another owner; %s is not prepared", dataset, model_name)
-        return
-    entry = registry.get_model(settings, model_name)
+    published = published_meta(dataset)
+    entry = registry.system_entry(settings, "models", model_name)
     if entry is not None and registry.store(settings).exists(f"{entry['location']}/config.json"):
         return
     import torch
