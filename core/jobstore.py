@@ -370,6 +370,7 @@ class JobStore:
         q: str | None = None,
         tags: tuple[str, ...] = (),
         created_after: datetime | None = None,
+        model_digest: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, paged by keyset: the cursor is the (score, id) of the last index entry looked at.
 
@@ -384,8 +385,9 @@ class JobStore:
         every one of them (see ``JobFilter``). ``created_after`` keeps the jobs created after that time, and the
         scan stops there: an entry's score is taken when the job is recorded, after its ``created_at``, so every
         such job scores above it (a watching jobs list asks for what is new since its newest row at this cost).
+        ``model_digest`` keeps the jobs that read or registered a model version whose digest starts with it.
         """
-        wanted = JobFilter(kind, status, q, tags, created_after)
+        wanted = JobFilter(kind, status, q, tags, created_after, model_digest)
         floor = created_after.timestamp() if created_after is not None else None
         index = keys.owner_jobs(owner)
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
@@ -536,19 +538,26 @@ def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
 
 class JobFilter:
     """Which jobs a listing keeps: of ``kind``, in ``status``, whose label, model, input, kind or id holds ``q``
-    (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case)."""
+    (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case), that read or registered a
+    model whose digest starts with ``model_digest`` (the job's meta ``model_digests``, recorded by the runner)."""
 
     def __init__(self, kind: str | None = None, status: str | None = None, q: str | None = None,
-                 tags: tuple[str, ...] = (), created_after: datetime | None = None):
+                 tags: tuple[str, ...] = (), created_after: datetime | None = None,
+                 model_digest: str | None = None):
         self.kind = kind
+        self.model_digest = model_digest.lower() if model_digest else None
         self.status = status
         self.q = q.casefold() if q else None
         self.tags = frozenset(t.lower() for t in tags)
         self.after = created_after
 
-    def matches(self, view: dict[str, Any]) -> bool:
+    def matches(self, view: dict[str, Any], meta: dict[str, Any] | None = None) -> bool:
         if (self.kind and view["kind"] != self.kind) or (self.status and view["status"] != self.status):
             return False
+        if self.model_digest is not None:
+            found = (meta or {}).get("model_digests") or ()
+            if not any(isinstance(d, str) and d.startswith(self.model_digest) for d in found):
+                return False
         if self.after is not None and not (parse_ts(view.get("created_at")) or 0.0) > self.after.timestamp():
             return False
         if self.tags and not self.tags <= set(view.get("tags") or ()):
@@ -590,8 +599,9 @@ def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str
         if not raw:
             stale.append(member)
             continue
-        view = read_view(redis, job_id, raw, base_url)
-        if wanted.matches(view):
+        meta = parse_meta(raw)
+        view = read_view(redis, job_id, raw, base_url, meta=meta)
+        if wanted.matches(view, meta):
             items.append(view)
             if len(items) == limit:
                 break

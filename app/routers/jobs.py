@@ -174,6 +174,8 @@ def list_jobs(
                            description="only jobs with this tag (repeat for jobs with every one of them)"),
     created_after: datetime | None = Query(None, description="only jobs created after this time (ISO 8601; "
                                            "the scan stops there)"),
+    model_digest: str | None = Query(None, description="only jobs that read or registered a model version whose "
+                                     "digest (its provenance's SHA-256) starts with these 8 to 64 hex digits"),
     owner: str = Depends(caller),
 ) -> dict[str, Any]:
     if parent is not None:
@@ -183,6 +185,10 @@ def list_jobs(
             raise HTTPException(status_code=422, detail=[{
                 "loc": ["query", "tag", i], "msg": f"a tag is 1 to {limits.MAX_TAG_LENGTH} letters, digits, '-', "
                 "'_' or '.', starting with a letter or digit", "type": "value_error", "input": t[:64]}])
+    if model_digest is not None and not MODEL_DIGEST.fullmatch(model_digest):
+        raise HTTPException(status_code=422, detail=[{
+            "loc": ["query", "model_digest"], "msg": "a model digest is 8 to 64 hexadecimal digits (a prefix of the "
+            "SHA-256 a result's provenance gives)", "type": "value_error", "input": model_digest[:80]}])
     if status is not None and status not in STATUSES:
         raise HTTPException(
             status_code=422,
@@ -200,8 +206,12 @@ def list_jobs(
             ) from None
     items, next_cursor = request.app.state.store.list(owner, kind=kind, status=status, limit=limit, cursor=cursor,
                                                       q=q.strip() if q else None, tags=tuple(tag),
-                                                      created_after=_aware(created_after))
+                                                      created_after=_aware(created_after),
+                                                      model_digest=model_digest)
     return {"items": items, "next_cursor": next_cursor}
+
+
+MODEL_DIGEST = re.compile(r"[0-9a-fA-F]{8,64}")
 
 
 def _aware(when: datetime | None) -> datetime | None:

@@ -259,19 +259,22 @@ class AsyncJobs:
         return AsyncJob(self._client, (await self._client._send("GET", f"/jobs/{quote(job_id)}")).json())
 
     async def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-                   cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
-                   ) -> JobPage[AsyncJob]:
+                   cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None,
+                   model_digest: str | None = None) -> JobPage[AsyncJob]:
         """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
-        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
-        params = list_params(kind, status, limit, cursor, q, tag)
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them),
+        that read or registered a model version whose digest starts with ``model_digest`` (8 to 64 hex digits;
+        a result's ``provenance.model_digest``)."""
+        params = list_params(kind, status, limit, cursor, q, tag, model_digest)
         body = (await self._client._send("GET", "/jobs", params=params)).json()
         return JobPage.from_json(body, lambda view: AsyncJob(self._client, view))
 
     async def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-                       cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
-                       ) -> JobPage[AsyncJob]:
+                       cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None,
+                       model_digest: str | None = None) -> JobPage[AsyncJob]:
         """``await client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
-        return await self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+        return await self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag,
+                               model_digest=model_digest)
 
     async def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
                    q: str | None = None, tag: str | Sequence[str] | None = None) -> AsyncIterator[AsyncJob]:

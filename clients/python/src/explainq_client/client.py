@@ -257,19 +257,22 @@ class Jobs:
         return Job(self._client, self._client._send("GET", f"/jobs/{quote(job_id)}").json())
 
     def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-             cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
-             ) -> JobPage[Job]:
+             cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None,
+             model_digest: str | None = None) -> JobPage[Job]:
         """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
-        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
-        params = list_params(kind, status, limit, cursor, q, tag)
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them),
+        that read or registered a model version whose digest starts with ``model_digest`` (8 to 64 hex digits;
+        a result's ``provenance.model_digest``)."""
+        params = list_params(kind, status, limit, cursor, q, tag, model_digest)
         body = self._client._send("GET", "/jobs", params=params).json()
         return JobPage.from_json(body, lambda view: Job(self._client, view))
 
     def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-                 cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
-                 ) -> JobPage[Job]:
+                 cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None,
+                 model_digest: str | None = None) -> JobPage[Job]:
         """``client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
-        return self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+        return self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag,
+                         model_digest=model_digest)
 
     def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
              q: str | None = None, tag: str | Sequence[str] | None = None) -> Iterator[Job]:

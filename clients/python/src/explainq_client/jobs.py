@@ -125,10 +125,11 @@ class JobPage(Generic[J]):
 
 
 def list_params(kind: str | None, status: str | None, limit: int | None, cursor: str | None,
-                q: str | None = None, tag: str | Sequence[str] | None = None) -> dict[str, Any]:
+                q: str | None = None, tag: str | Sequence[str] | None = None,
+                model_digest: str | None = None) -> dict[str, Any]:
     """The query of ``GET /jobs`` (unset filters left out); ``tag`` is one tag or several (jobs with all)."""
     given = {"kind": kind, "status": status, "limit": limit, "cursor": cursor, "q": q,
-             "tag": [tag] if isinstance(tag, str) else (list(tag) if tag else None)}
+             "tag": [tag] if isinstance(tag, str) else (list(tag) if tag else None), "model_digest": model_digest}
     return {k: v for k, v in given.items() if v is not None}
 
 

@@ -807,3 +807,43 @@ def ablation_text(result: Mapping[str, Any]) -> str:
     """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
     headers, rows = _ablation_table(result, _tnum, str, "-", "->")
     return f"LoRA ablation on {result.get('dataset', '')}\n\n" + text_table(headers, rows)
+
+
+# ---- provenance
+def provenance_rows(block: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What produced a result, as (what, value) rows: the models and datasets with their digests, the seeds, the
+    device and precision, the software, the worker and the times."""
+    rows: list[tuple[str, str]] = []
+    for m in [*(block.get("models") or []), *(block.get("registered") or [])]:
+        if not isinstance(m, Mapping):
+            continue
+        parts = [str(m.get("name"))]
+        if m.get("version"):
+            parts.append(f"version {m['version']}")
+        if m.get("digest"):
+            parts.append(f"sha256 {str(m['digest'])[:12]}")
+        rows.append((str(m.get("field") or "registered"), " · ".join(parts)))
+    for d in block.get("datasets") or []:
+        if isinstance(d, Mapping):
+            digest = f" · sha256 {str(d['digest'])[:12]}" if d.get("digest") else ""
+            rows.append((str(d.get("field")), f"{d.get('name')} ({d.get('source')}){digest}"))
+    seeds = block.get("seeds") or {}
+    if seeds:
+        rows.append(("seeds", ", ".join(f"{k}={v}" for k, v in seeds.items())))
+    device = str(block.get("device") or "–") + (f" · precision {block['precision']}" if block.get("precision") else "")
+    rows.append(("device", device))
+    s = block.get("software") or {}
+    software = f"explainq {s.get('explainq') or '?'}" + (f" ({str(s['commit'])[:12]})" if s.get("commit") else "")
+    software += f" · torch {s.get('torch') or '?'}" + (f" · CUDA {s['cuda']}" if s.get("cuda") else "")
+    rows.append(("software", software))
+    rows.append(("worker", str(block.get("worker") or "–")))
+    rows.append(("ran", f"{block.get('started_at') or '?'} → {block.get('finished_at') or '?'}"))
+    return rows
+
+
+def provenance_html(block: Mapping[str, Any]) -> str:
+    return _table(["", ""], ([escape(k), escape(v)] for k, v in provenance_rows(block)), caption="Provenance")
+
+
+def provenance_text(block: Mapping[str, Any]) -> str:
+    return text_table(["", ""], provenance_rows(block))

@@ -9,11 +9,33 @@ from typing import Any
 from explainq_client import render
 from explainq_client.faithfulness import FaithfulnessTable, faithfulness_table
 
-__all__ = ["UNVALIDATED", "AblationResult", "AttributionResult", "EvaluationResult", "Result", "TracInResult",
-           "TrainingResult", "make_result"]
+__all__ = ["UNVALIDATED", "AblationResult", "AttributionResult", "EvaluationResult", "Provenance", "Result",
+           "TracInResult", "TrainingResult", "make_result"]
 
 
 UNVALIDATED = "unvalidated"  # the schema header of a result that does not match its kind's result model
+
+
+class Provenance(dict[str, Any]):
+    """What produced a result (its ``provenance`` block, as a dict): ``models`` (name, version, ``digest``),
+    ``registered`` (models the job registered), ``datasets``, the ``request`` as run, ``seeds``, ``precision``,
+    ``device``, ``software`` (explainq and its commit, Python, torch, CUDA), ``worker``, ``started_at`` and
+    ``finished_at``."""
+
+    @property
+    def model_digest(self) -> str | None:
+        """The digest of the first model the job read (else registered): ``client.jobs(model_digest=...)`` finds
+        every job of yours with that model version."""
+        for m in [*(self.get("models") or []), *(self.get("registered") or [])]:
+            if isinstance(m, Mapping) and m.get("digest"):
+                return str(m["digest"])
+        return None
+
+    def _repr_html_(self) -> str:
+        return render.provenance_html(self)
+
+    def text(self) -> str:
+        return render.provenance_text(self)
 
 
 class Result(dict[str, Any]):
@@ -33,6 +55,12 @@ class Result(dict[str, Any]):
         self.kind = kind
         self.schema = schema
         self.validated = schema != UNVALIDATED
+
+    @property
+    def provenance(self) -> Provenance | None:
+        """What produced the result (:class:`Provenance`); None for a result stored before servers recorded it."""
+        block = self.get("provenance")
+        return Provenance(block) if isinstance(block, Mapping) else None
 
     @property
     def artifacts(self) -> list[dict[str, Any]]:
