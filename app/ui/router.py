@@ -358,6 +358,20 @@ async def cancel(request: Request, job_id: str, sent: tuple[Session, FormData] =
     return RedirectResponse(_safe_next(str(form.get("next") or ""), f"/ui/jobs/{quote(job_id)}"), status_code=303)
 
 
+@router.post("/jobs/{job_id}/keep", response_class=HTMLResponse)
+async def keep(request: Request, job_id: str, sent: tuple[Session, FormData] = Depends(posted)) -> Response:
+    """Keep a finished job (``keep=1``) or undo it (``keep=0``): htmx swaps the control, a plain form goes back to
+    the job's page."""
+    user, form = sent
+    async with Api(request, user) as api:
+        job = await api.keep(job_id, str(form.get("keep") or "1") == "1")
+    if request.headers.get("hx-request"):
+        html = templates.get_template("_keep.html").render(job=job, user=user, csrf_field=session.CSRF_FIELD,
+                                                           **templates.env.globals)
+        return HTMLResponse(html)
+    return RedirectResponse(f"/ui/jobs/{quote(job['id'])}", status_code=303)
+
+
 async def _job_context(api: Api, job_id: str, page: int, options: dict[str, str] | None = None) -> dict[str, Any]:
     job = await api.job(job_id)
     r = await api.call("GET", f"/jobs/{quote(job_id, safe='')}/request", ok=(200, 404))
