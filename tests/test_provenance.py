@@ -188,3 +188,20 @@ def test_the_commit_is_read_from_git_files_without_running_git(tmp_path, monkeyp
     assert _read_commit(tmp_path) == "cd" * 20
     monkeypatch.setenv("EXPLAINQ_GIT_COMMIT", "feed")
     assert _read_commit(tmp_path) == "feed"
+
+
+def test_a_job_lost_while_its_provenance_is_recorded_stops_as_lost(redis_settings):
+    from core.contract.kind import load_kinds
+    from workers.context import JobLost
+    from workers.runner import _provenance_start
+
+    class LostContext:
+        owner, job_id = "alice", "j1"
+
+        def update_meta(self, values):
+            raise JobLost("failed as worker_lost meanwhile")
+
+    spec = load_kinds()["tracin"]
+    request = spec.request.model_validate({"model": "absent", "test_triples": [["a", "r", "b"]]})
+    with pytest.raises(JobLost):
+        _provenance_start(redis_settings, spec, request, LostContext())

@@ -128,12 +128,12 @@ def _provenance_start(settings: Settings, spec: JobKind, request: BaseModel, ctx
 
     try:
         block = provenance.start(settings, spec, request, ctx.owner, ctx.job_id, _now())
-        if not spec.internal:
-            ctx.update_meta({"model_digests": provenance.digests(block)})
-        return block
     except Exception:
         log.warning("could not record the job's provenance", exc_info=True)
         return None
+    if not spec.internal:
+        ctx.update_meta({"model_digests": provenance.digests(block)})
+    return block
 
 
 def _with_provenance(spec: JobKind, returned: Any, result: Any, block: dict | None, ctx: JobContext) -> Any:
