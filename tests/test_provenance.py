@@ -205,3 +205,19 @@ def test_a_job_lost_while_its_provenance_is_recorded_stops_as_lost(redis_setting
     request = spec.request.model_validate({"model": "absent", "test_triples": [["a", "r", "b"]]})
     with pytest.raises(JobLost):
         _provenance_start(redis_settings, spec, request, LostContext())
+
+
+def test_a_dataset_is_named_as_registered_a_directory_or_shipped_data(redis_settings):
+    from core.contract.kind import load_kinds
+    from workers.provenance import datasets_of
+
+    (redis_settings.data_roots[0] / "my-graph").mkdir(parents=True)
+    registry.register_dataset(redis_settings, "reg", kind="triples", path=redis_settings.data_roots[0] / "my-graph",
+                              upload=True, owner="alice")
+    spec = load_kinds()["train_conve"]
+    got = {name: datasets_of(redis_settings, spec, {"dataset": name}, "alice")[0]
+           for name in ("reg", "my-graph", "./my-graph", "digits")}
+    assert got["reg"]["source"] == "registered" and got["reg"]["digest"] == registry.get_dataset(
+        redis_settings, "reg")["digest"] and got["reg"]["version"]
+    assert got["my-graph"]["source"] == got["./my-graph"]["source"] == "directory"
+    assert got["digits"] == {"field": "dataset", "name": "digits", "source": "packaged"}

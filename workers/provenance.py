@@ -125,10 +125,11 @@ def datasets_of(settings: Settings, spec: JobKind, payload: dict[str, Any], owne
             continue
         entry = None if dataset_refs.is_path(name) else registry.get_dataset(settings, name)
         if entry is not None and entry.get("owner") not in (owner, registry.SYSTEM) \
-                and dataset_refs._user_dir(settings, name) is not None:
+                and dataset_refs.is_user_dir(settings, name):
             entry = None
         if entry is None:  # a directory under the data roots, else data the service ships (digits, say)
-            source = "directory" if dataset_refs.is_path(name) or dataset_refs._user_dir(settings, name) else "packaged"
+            source = "directory" if dataset_refs.is_path(name) or dataset_refs.is_user_dir(settings, name) \
+                else "packaged"
             out.append({"field": field, "name": name, "source": source})
             continue
         out.append({"field": field, "name": name, "source": "registered", "kind": entry.get("kind"),
