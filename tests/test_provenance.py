@@ -153,6 +153,8 @@ def test_the_job_page_shows_a_provenance_section(svc, runs):
         assert f"sha256 {digest[:12]}" in page and f"/ui/jobs?model_digest={digest}" in page
         listed = c.get("/ui/jobs", params={"model_digest": digest}).text
         assert job_id[:8] in listed
+        bad = c.get("/ui/jobs", params={"model_digest": "not-hex"})
+        assert bad.status_code == 422 and "model_digest" in bad.text
     finally:
         c.cookies.clear()
 
