@@ -119,3 +119,16 @@ def test_a_test_triple_without_opponents_says_why_and_what_to_try() -> None:
     text = unescape(_text(job_page(result, kind="tracin")))
     assert "No opponents" in text and 'loss "margin"' in text and 'run the query again with loss' not in text
     assert "No opponents" not in _text(job_page(tracin_result(), kind="tracin"))
+
+
+
+def test_the_sdk_says_the_same_of_a_test_triple_without_opponents() -> None:
+    from explainq_client.render import tracin_html, tracin_text
+
+    result = tracin_result()
+    assert "no opponents" not in tracin_text(result) and "no opponents" not in tracin_html(result)
+    for entry in result["results"]:
+        entry.update(opponents=[], n_negative=0)
+    text, html = tracin_text(result), unescape(tracin_html(result))
+    assert text.count("no opponents: every candidate raised") == 2 and "loss='score_bce'" in text
+    assert html.count("no opponents: every candidate raised") == 2 and "'margin'" in html

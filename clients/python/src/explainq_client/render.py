@@ -452,6 +452,17 @@ def _tracin_caveats(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def no_opponents(result: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """What a test triple without opponents means (every candidate scored positive) and what to try; None when it
+    has opponents or lists pairs (the job page says the same)."""
+    if entry.get("opponents") is None or entry.get("opponents") or entry.get("n_negative"):
+        return None
+    hint = ("run it again with loss='score_bce', or ask stored features of loss 'margin' (estimator 'trak' or "
+            "'tracin_projected')" if result.get("loss") == "train" else
+            "ask stored features of loss 'margin' (estimator 'trak' or 'tracin_projected')")
+    return f"no opponents: every candidate raised the model's belief in this triple; to see what works against it, {hint}"
+
+
 def _influence(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -491,6 +502,9 @@ def tracin_html(result: Mapping[str, Any]) -> str:
                                   _num(r.get("train_self_influence"))] for r in rows[:MAX_ROWS_SHOWN]),
                                 caption=name))
             parts.append(_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name))
+        note = no_opponents(result, entry)
+        if note:
+            parts.append(f"<p style='color:#8a4b00'>{escape(note)}</p>")
     parts.append(_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
                        result, "results"))
     if len(entries) > 1:
@@ -762,6 +776,8 @@ def tracin_text(result: Mapping[str, Any]) -> str:
                                  _tsigned(r.get("influence")), _tnum(r.get("train_self_influence"))]
                                 for i, r in enumerate(rows[:MAX_ROWS_SHOWN]))),
                     *_text_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name)]
+        note = no_opponents(result, entry)
+        out += [f"  {note}"] if note else []
     more = _text_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
                       result, "results")
     out += ["", *more] if more else []
