@@ -48,6 +48,11 @@ def _user_dir(settings: Settings, value: str) -> Path | None:
     return path if path.is_dir() else None
 
 
+def is_user_dir(settings: Settings, value: str) -> bool:
+    """Whether ``value`` names a directory under the data roots (rule 3's other half)."""
+    return _user_dir(settings, value) is not None
+
+
 def resolve(settings: Settings, value: str, owner: str, kind: str, field: str = "dataset",
             kind_label: str | None = None) -> DatasetRef:
     """The dataset ``value`` names for ``owner`` (module rule); FieldError on ``field`` when none, FieldConflict when

@@ -32,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from core import fanout, keys
@@ -370,6 +371,7 @@ class JobStore:
         q: str | None = None,
         tags: tuple[str, ...] = (),
         created_after: datetime | None = None,
+        model_digest: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, paged by keyset: the cursor is the (score, id) of the last index entry looked at.
 
@@ -384,8 +386,9 @@ class JobStore:
         every one of them (see ``JobFilter``). ``created_after`` keeps the jobs created after that time, and the
         scan stops there: an entry's score is taken when the job is recorded, after its ``created_at``, so every
         such job scores above it (a watching jobs list asks for what is new since its newest row at this cost).
+        ``model_digest`` keeps the jobs that read or registered a model version whose digest starts with it.
         """
-        wanted = JobFilter(kind, status, q, tags, created_after)
+        wanted = JobFilter(kind, status, q, tags, created_after, model_digest)
         floor = created_after.timestamp() if created_after is not None else None
         index = keys.owner_jobs(owner)
         bound: tuple[float, str] | None = decode_cursor(cursor) if cursor else None
@@ -450,6 +453,88 @@ class JobStore:
         record_finished(self.redis, job.meta.get("kind") or "unknown", "canceled", None)
         prune_canceled(self.redis)
         return True
+
+    # ---- keep and delete (finished jobs)
+    def family(self, job_id: str, meta: dict[str, Any] | None = None) -> list[str]:
+        """The job and, for a fanned-out parent, its shards and reduce step: what its record and result are made of."""
+        meta = parse_meta(self.raw(job_id)) if meta is None else meta
+        if not fanout.is_parent(meta):
+            return [job_id]
+        return [job_id, *dict.fromkeys(fanout.related(self.redis, job_id, meta))]
+
+    def _set_kept_meta(self, job_ids: list[str], kept: bool) -> None:
+        for jid in job_ids:
+            try:
+                job = Job.fetch(jid, connection=self.redis, serializer=self.serializer)
+            except Exception:  # a shard that expired (or never existed): nothing to mark
+                continue
+            if kept:
+                job.meta["kept"] = True
+            else:
+                job.meta.pop("kept", None)
+            job.save_meta()
+
+    def keep(self, job_id: str, owner: str) -> None:
+        """Exempt a finished job from retention: its record and result (a fan-out's shards' and reduce step's too)
+        lose their TTL, the job joins ``explainq:kept`` (``explainq gc`` leaves its files), its meta says ``kept``."""
+        ids = self.family(job_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            for jid in ids:
+                pipe.persist(JOB_PREFIX + jid)
+                pipe.persist(Result.get_key(jid))
+            pipe.hset(keys.KEPT, job_id, owner)
+            pipe.execute()
+        self._set_kept_meta([job_id], True)
+
+    def unkeep(self, job_id: str, kind: JobKind | None) -> None:
+        """Undo ``keep``: the record and result expire again after the retention period of their status (the
+        kind's result TTL when it succeeded, the failure TTL otherwise), counted from now."""
+        raw = self.raw(job_id)
+        status = (raw.get(b"status") or b"").decode()
+        s = self.settings
+        ttl = s.result_ttl_for(kind.result_ttl_s if kind else None) if status == "finished" else s.failure_ttl_s
+        self._set_kept_meta([job_id], False)
+        with self.redis.pipeline(transaction=True) as pipe:
+            for jid in self.family(job_id):
+                pipe.expire(JOB_PREFIX + jid, ttl)
+                pipe.expire(Result.get_key(jid), ttl)
+            pipe.hdel(keys.KEPT, job_id)
+            pipe.execute()
+
+    def is_kept(self, job_id: str) -> bool:
+        return bool(self.redis.hexists(keys.KEPT, job_id))
+
+    def delete(self, job_id: str, owner: str) -> int:
+        """Delete a finished job: its files from the store first (a store error leaves every record, so the call
+        can be repeated), then its record, result and bookkeeping, a fan-out's shards and reduce step with it.
+        Returns the number of files removed."""
+        from core.artifacts import artifacts_key, list_files
+        from core.filestore import get_store
+
+        ids = self.family(job_id)
+        store = get_store(self.settings)
+        removed = 0
+        for jid in ids:
+            removed += len(list_files(self.settings, jid))
+            store.delete(artifacts_key(jid))
+        jobs = []
+        for jid in ids:
+            try:
+                jobs.append(Job.fetch(jid, connection=self.redis, serializer=self.serializer))
+            except Exception:  # expired or never created: only its keys below
+                continue
+        with self.redis.pipeline(transaction=True) as pipe:
+            for job in jobs:
+                job.delete(pipeline=pipe, remove_from_queue=True)
+            for jid in ids:
+                pipe.delete(JOB_PREFIX + jid, Result.get_key(jid), keys.cancel(jid))
+                pipe.hdel(keys.ARTIFACT_OWNERS, jid)
+            pipe.delete(keys.children(job_id))
+            pipe.hdel(keys.KEPT, job_id)
+            pipe.zrem(keys.owner_jobs(owner), job_id)
+            pipe.srem(keys.owner_active(owner), job_id)
+            pipe.execute()
+        return removed
 
     def request_of(self, job_id: str) -> dict[str, Any] | None:
         """The payload the job was enqueued with (``runner.execute(kind, payload)``), or None."""
@@ -536,19 +621,26 @@ def _index_rows(redis: Redis, index: str, bound: tuple[float, str] | None,
 
 class JobFilter:
     """Which jobs a listing keeps: of ``kind``, in ``status``, whose label, model, input, kind or id holds ``q``
-    (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case)."""
+    (case-insensitive substring), carrying every tag of ``tags`` (stored in lower case), that read or registered a
+    model whose digest starts with ``model_digest`` (the job's meta ``model_digests``, recorded by the runner)."""
 
     def __init__(self, kind: str | None = None, status: str | None = None, q: str | None = None,
-                 tags: tuple[str, ...] = (), created_after: datetime | None = None):
+                 tags: tuple[str, ...] = (), created_after: datetime | None = None,
+                 model_digest: str | None = None):
         self.kind = kind
+        self.model_digest = model_digest.lower() if model_digest else None
         self.status = status
         self.q = q.casefold() if q else None
         self.tags = frozenset(t.lower() for t in tags)
         self.after = created_after
 
-    def matches(self, view: dict[str, Any]) -> bool:
+    def matches(self, view: dict[str, Any], meta: dict[str, Any] | None = None) -> bool:
         if (self.kind and view["kind"] != self.kind) or (self.status and view["status"] != self.status):
             return False
+        if self.model_digest is not None:
+            found = (meta or {}).get("model_digests") or ()
+            if not any(isinstance(d, str) and d.startswith(self.model_digest) for d in found):
+                return False
         if self.after is not None and not (parse_ts(view.get("created_at")) or 0.0) > self.after.timestamp():
             return False
         if self.tags and not self.tags <= set(view.get("tags") or ()):
@@ -590,8 +682,9 @@ def _take_views(redis: Redis, index: str, rows: list[_Row], items: list[dict[str
         if not raw:
             stale.append(member)
             continue
-        view = read_view(redis, job_id, raw, base_url)
-        if wanted.matches(view):
+        meta = parse_meta(raw)
+        view = read_view(redis, job_id, raw, base_url, meta=meta)
+        if wanted.matches(view, meta):
             items.append(view)
             if len(items) == limit:
                 break

@@ -167,6 +167,7 @@ def job_view(job_id: str, raw: dict[bytes, bytes], base_url: str = "", position:
         "progress": meta.get("progress"),
         "metrics": meta.get("metrics"),
         "error": error,
+        "kept": bool(meta.get("kept")),
         "result_url": f"{path}/result" if status == "succeeded" else None,
         "links": {"self": path, "cancel": path, "events": f"{path}/events", "result": f"{path}/result"},
     }

@@ -28,6 +28,7 @@ def valid_job_id(job_id: str) -> bool:
 
 # fixed keys
 ARTIFACT_OWNERS = "explainq:artifacts:owners"
+KEPT = "explainq:kept"
 STORE_ORPHANS = "explainq:store:orphans"
 WORKER_MODELS = "explainq:worker-models"
 UI_SECRET = "explainq:ui:secret"
@@ -139,6 +140,7 @@ KEYS: dict[str, str] = {
     "explainq:registry:datasets": "dataset name -> JSON record with owner, kind, location or path, metadata",
     STORE_ORPHANS: "replaced or deleted store versions, by release time, for retention",
     ARTIFACT_OWNERS: "job id -> owner of its files (kept until retention removes the files)",
+    KEPT: "job id -> owner of the jobs their owners keep (`POST /jobs/{id}/keep`): no TTL, retention skips them",
     "explainq:children:<parent>": "a fanned-out job's shards",
     FANOUT_LIVE: "fanned-out job -> owner, from planning until its reduce step is released or it is torn down",
     FANOUT_OWNERS: "owners with pending or in-flight shards (what maintenance looks at)",

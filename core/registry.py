@@ -3,11 +3,16 @@
 Two Redis hashes map a name to a JSON record:
 
 - ``explainq:registry:models``: ``{"name", "kind", "owner", "created_at", "location", "loader", "parameters",
-  "preload", "meta"}``; ``location`` is the store key of an immutable version directory
+  "preload", "meta", "digest"}``; ``location`` is the store key of an immutable version directory
   (``models/<name>/<version>``), so replacing a model never changes files a worker is reading;
 - ``explainq:registry:datasets``: ``{"name", "kind", "owner", "created_at", "location" | "path", "meta"}``: either a
   store key (a dataset a job generated) or an absolute path inside the data roots (a directory users manage on a
   shared mount), or neither for data shipped in a package (digits).
+
+``digest`` is the SHA-256 of a version's files (``tree_digest``), computed once when the version is registered from
+files it uploads or names in the store (a dataset referenced in place has none: its files are the owner's to
+change). A record written before digests existed gets one the first time a job asks (``ensure_digest``), written
+back to the record only while it still names that version, so a job never hashes weights that were hashed before.
 
 Ownership: every record has an owner, the API key's name (demo data belongs to ``system``). Every key may use any
 model; only the owner may replace or delete it. The check and the write are one Lua script, so two hosts registering
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -170,6 +176,56 @@ def _put(settings: Settings, section: str, name: str, entry: dict[str, Any], own
     return _decode(other) if other else None
 
 
+def tree_digest(path: str | Path) -> str:
+    """SHA-256 over a directory's files: each file's path relative to it and the SHA-256 of its bytes, in path order
+    (a single file: its bytes). Hidden files (``.complete`` markers) are left out."""
+    root = Path(path)
+    files = [root] if root.is_file() else sorted(
+        p for p in root.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    outer = hashlib.sha256()
+    for file in files:
+        inner = hashlib.sha256()
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                inner.update(chunk)
+        name = file.name if file == root else file.relative_to(root).as_posix()
+        outer.update(f"{name}\0{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()
+
+
+def ensure_digest(settings: Settings, section: str, entry: dict[str, Any]) -> str | None:
+    """The record's digest: the one recorded, or (a record of an earlier version) computed once from its store
+    version and recorded. None for a dataset referenced in place or packaged, or files that are gone."""
+    if entry.get("digest"):
+        return entry["digest"]
+    if not entry.get("location"):
+        return None
+    try:
+        digest = tree_digest(local_path(settings, entry))
+    except (FileNotFoundError, OSError):
+        return None
+    r = connection(settings)
+    with r.pipeline(transaction=True) as pipe:
+        try:  # written back only while the record still names the version hashed
+            pipe.watch(keys.registry(section))
+            current = _decode(pipe.hget(keys.registry(section), entry["name"]))
+            if current is not None and (current.get("location"), current.get("created_at")) == \
+                    (entry.get("location"), entry.get("created_at")):
+                pipe.multi()
+                pipe.hset(keys.registry(section), entry["name"], json.dumps({**current, "digest": digest},
+                                                                            sort_keys=True))
+                pipe.execute()
+        except redis_lib.WatchError:
+            pass
+    return digest
+
+
+def version_of(entry: dict[str, Any]) -> str | None:
+    """A record's version: the last part of its store key (``models/<name>/<version>``), else its creation time."""
+    location = entry.get("location")
+    return location.rstrip("/").rsplit("/", 1)[-1] if location else entry.get("created_at")
+
+
 def check_owner(settings: Settings, section: str, name: str, owner: str) -> dict[str, Any] | None:
     """The existing record, if any; OwnershipError when another owner holds the name, ReservedNameError when the
     name is reserved and ``owner`` is not ``system``."""
@@ -212,10 +268,14 @@ def register_model(
     if location is None:
         if path is None:
             raise ValueError("register_model needs a path or a store location")
+        digest = tree_digest(path)
         location = uploaded = clean_key("models", name, new_version())
         store.put_dir(Path(path), location)
+    else:
+        digest = tree_digest(store.local_dir(location))
     entry = {"name": name, "kind": kind, "loader": loader, "location": location, "parameters": parameters,
-             "meta": meta or {}, "owner": owner, "preload": bool(preload), "created_at": _now_iso()}
+             "meta": meta or {}, "owner": owner, "preload": bool(preload), "created_at": _now_iso(),
+             "digest": digest}
     try:
         _put(settings, "models", name, entry, owner)
     except BaseException:
@@ -244,7 +304,9 @@ def register_dataset(
     uploaded = None
     if location is not None:
         entry["location"] = location
+        entry["digest"] = tree_digest(get_store(settings).local_dir(location))
     elif path is not None and upload:
+        entry["digest"] = tree_digest(path)
         entry["location"] = uploaded = clean_key("datasets", name, new_version())
         get_store(settings).put_dir(Path(path), uploaded)
     elif path is not None:

@@ -1,7 +1,8 @@
 """``explainq gc``: delete files nobody can reach any more (no torch).
 
 - the artifacts of jobs whose record has expired from Redis (results follow ``EXPLAINQ_RESULT_TTL_S`` /
-  ``EXPLAINQ_FAILURE_TTL_S``), and their owner records;
+  ``EXPLAINQ_FAILURE_TTL_S``), and their owner records; never those of a job its owner keeps (``explainq:kept``,
+  ``POST /jobs/{id}/keep``), nor of a kept fan-out's shards and reduce step;
 - model and dataset versions that were replaced or deleted more than ``grace_s`` ago (a worker may still be loading
   one for a job that started before the replacement), and versions that never got registered (an upload whose
   registration failed) once they are older than ``grace_s``;
@@ -60,7 +61,10 @@ def _remove_expired_artifacts(r: Any, store: Any) -> list[str]:
     removed = []
     job_dirs = store.list_dirs("artifacts")
     owners = {k.decode() for k in r.hkeys(keys.ARTIFACT_OWNERS)}
+    kept = {k.decode() for k in r.hkeys(keys.KEPT)}
     for job_id in sorted(set(job_dirs) | owners):
+        if job_id in kept or job_id.split("-", 1)[0] in kept:
+            continue  # its owner keeps it (a kept fan-out's shards and reduce step with it)
         if r.exists(JOB_PREFIX + job_id):
             continue
         if job_id in job_dirs:

@@ -82,7 +82,7 @@ def attribution_result(n: int = 12, compare: bool = False, total: int | None = N
 
 def tracin_result(total: int | None = None) -> dict[str, Any]:
     """Mode test, two test triples: the first is itself a training triple (its own top proponent); influences in
-    a narrow band (0.0138 to 0.0148) so that 0..max bars would look identical. ``total``: the run explained that
+    a narrow band (0.0138 to 0.0148), whose bars from zero are within 7 % of each other. ``total``: the run explained that
     many test triples, of which the result holds these two inline (every one in ``results.jsonl``). The result as
     ``InfluenceResult`` validates it."""
     from core.contract.results.influence import InfluenceResult

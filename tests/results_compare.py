@@ -2,7 +2,8 @@
 
 ``differences(got, want, tolerance, skip)`` lists every place two JSON values differ: keys at every level, types,
 list lengths, strings, integers and booleans exactly, floats within ``tolerance(where)`` (``(rtol, atol)`` for the
-dotted path of the field), fields named in ``skip`` (at any depth) only present in both. ``assert_renders`` checks
+dotted path of the field), fields named in ``skip`` (at any depth) only present in both; ``assert_same`` also skips
+``provenance`` (a run's own: its job, worker and times). ``assert_renders`` checks
 that the SDK (HTML and text) and ``explainq-client result --table`` draw the results of real jobs.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 Tolerance = Callable[[str], tuple[float, float]]
+PER_RUN = ("provenance",)  # what differs between two runs of one request: the job, the worker, the times
 
 
 def differences(got: Any, want: Any, tolerance: Tolerance, skip: Collection[str] = (),
@@ -38,7 +40,7 @@ def differences(got: Any, want: Any, tolerance: Tolerance, skip: Collection[str]
 
 def assert_same(got: Any, want: Any, tolerance: Tolerance, skip: Collection[str] = (),
                 where: str = "result") -> None:
-    diffs = differences(got, want, tolerance, skip, where)
+    diffs = differences(got, want, tolerance, {*skip, *PER_RUN}, where)
     assert not diffs, f"{len(diffs)} differences:\n" + "\n".join(diffs[:30])
 
 

@@ -463,12 +463,12 @@ def test_nan_in_meta_and_result_never_reaches_json(server, r):
 
 
 # ------------------------------------------------------------------------------------------ DELETE finished
-def test_delete_on_a_finished_job_is_409_with_its_final_status(service):
+def test_a_cancel_only_delete_of_a_finished_job_is_409_with_its_final_status(service):
     ok = service.client.post("/test/sleep", json={"steps": 1, "step_s": 0}).json()["id"]
     bad = service.client.post("/test/sleep", json={"steps": 2, "step_s": 0, "fail_at": 0}).json()["id"]
     for job_id, final in ((ok, "succeeded"), (bad, "failed")):
         service.wait(job_id)
-        resp = service.client.delete(f"/jobs/{job_id}")
+        resp = service.client.delete(f"/jobs/{job_id}", params={"cancel_only": "true"})
         assert resp.status_code == 409
         body = resp.json()
         assert body["detail"]["code"] == "already_finished" and body["detail"]["status"] == final
@@ -477,5 +477,8 @@ def test_delete_on_a_finished_job_is_409_with_its_final_status(service):
     service.wait(running, statuses=("running",))
     assert service.client.delete(f"/jobs/{running}").status_code == 202
     service.wait(running)
-    resp = service.client.delete(f"/jobs/{running}")
+    resp = service.client.delete(f"/jobs/{running}", params={"cancel_only": "true"})
     assert resp.status_code == 409 and resp.json()["detail"]["status"] == "canceled"
+    resp = service.client.delete(f"/jobs/{running}")  # without cancel_only a finished job is deleted
+    assert resp.status_code == 200 and resp.json()["deleted"] is True
+    assert service.client.get(f"/jobs/{running}").status_code == 404

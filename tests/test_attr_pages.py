@@ -5,6 +5,9 @@ version (shown as JSON), and the reading options' fallbacks."""
 from __future__ import annotations
 
 import re
+from html import unescape
+
+import pytest
 
 from tests.analysis_pages import JOB_ID, attribution_result, job_page, self_ranking_result, tracin_result
 
@@ -58,7 +61,7 @@ def test_tracin_page_of_a_self_ranking_shows_its_range_and_count() -> None:
     result = self_ranking_result(250)
     html = job_page(result, kind="tracin")
     text = _text(html)
-    assert "bars: 1.00e-04 … 0.02" in text  # the 200 rows shown, not the 250 ranked
+    assert "bars: 0 … 0.02" in text  # from zero, on the largest of the 200 rows shown
     assert "250 of 250 training triples" in text
     assert "Showing the first 200 of 250 ranked training triples; all of them are in self_influence.jsonl" in text
     assert f'href="/jobs/{JOB_ID}/artifacts/self_influence.jsonl"' in html
@@ -82,3 +85,50 @@ def test_an_unvalidated_result_is_shown_as_json_with_a_note_not_drawn() -> None:
     assert 'id="result-unvalidated"' in html and "written by an earlier version" in _text(html)
     assert 'id="tracin"' not in html and '"count": 500' in html
     assert 'id="result-unvalidated"' not in job_page(tracin_result(), kind="tracin", schema="InfluenceResult")
+
+
+def test_tracin_bars_start_at_zero_on_one_scale_per_test_triple_as_the_sdk_draws_them() -> None:
+    from explainq_client.render import tracin_html
+
+    from app.ui.analysis import tracin_context
+
+    result = tracin_result()
+    per_test = tracin_context(result)["per_test"]
+    first = per_test[0]
+    widths = [p["width"] for p in first["proponents_"]["rows"]]
+    # 0.0148, 0.0143, 0.0138: a 7 % spread draws bars within 7 % of each other, never from nothing to full
+    assert widths == pytest.approx([100.0, 0.0143 / 0.0148 * 100, 0.0138 / 0.0148 * 100])
+    assert [p["width"] for p in first["opponents_"]["rows"]] == pytest.approx([0.002 / 0.0148 * 100,
+                                                                               0.001 / 0.0148 * 100])
+    assert first["proponents_"]["scale"] == first["opponents_"]["scale"] == 0.0148
+    sdk = [float(w) for w in re.findall(r"height:10px;width:([0-9.]+)%", tracin_html(result))]
+    page = [round(p["width"], 1) for r in per_test for key in ("proponents_", "opponents_") for p in r[key]["rows"]]
+    assert sdk == page  # the same picture in the dashboard and the SDK
+    text = _text(job_page(result, kind="tracin"))
+    assert "bars: 0 … 0.0148" in text and "Bars start at zero" in text
+
+
+def test_a_test_triple_without_opponents_says_why_and_what_to_try() -> None:
+    result = tracin_result()
+    for entry in result["results"]:
+        entry.update(opponents=[], n_positive=entry["n_candidates"], n_negative=0)
+    text = unescape(_text(job_page(result, kind="tracin")))
+    assert text.count("No opponents: all 1500 candidates raised the model's belief in this triple") == 2
+    assert 'loss "score_bce"' in text and 'loss "margin"' in text and "none (see below)" in text
+    result["loss"] = "score_bce"
+    text = unescape(_text(job_page(result, kind="tracin")))
+    assert "No opponents" in text and 'loss "margin"' in text and 'run the query again with loss' not in text
+    assert "No opponents" not in _text(job_page(tracin_result(), kind="tracin"))
+
+
+
+def test_the_sdk_says_the_same_of_a_test_triple_without_opponents() -> None:
+    from explainq_client.render import tracin_html, tracin_text
+
+    result = tracin_result()
+    assert "no opponents" not in tracin_text(result) and "no opponents" not in tracin_html(result)
+    for entry in result["results"]:
+        entry.update(opponents=[], n_negative=0)
+    text, html = tracin_text(result), unescape(tracin_html(result))
+    assert text.count("no opponents: every candidate raised") == 2 and "loss='score_bce'" in text
+    assert html.count("no opponents: every candidate raised") == 2 and "'margin'" in html

@@ -194,3 +194,18 @@ def test_a_closed_stdout_exits_quietly(server):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == EXIT_PIPE, err
     assert err == ""
+
+
+def test_keep_and_delete_a_finished_job(cli, tmp_path):
+    code, out, err = cli("submit", "/test/sleep", request(tmp_path, {"steps": 1, "step_s": 0}), "--wait")
+    job_id = json.loads(out)["id"]
+    code, out, _ = cli("keep", job_id)
+    assert code == EXIT_OK and json.loads(out)["kept"] is True
+    code, _, err = cli("delete", job_id)
+    assert code == EXIT_API and "409 kept" in err
+    code, out, _ = cli("keep", job_id, "--undo")
+    assert code == EXIT_OK and json.loads(out)["kept"] is False
+    code, out, _ = cli("delete", job_id)
+    assert code == EXIT_OK and json.loads(out)["deleted"] is True
+    code, _, err = cli("status", job_id)
+    assert code == EXIT_API and "404" in err

@@ -189,7 +189,12 @@ def test_cancel_stops_every_shard(svc):
     assert statuses.count("canceled") >= 20  # 30 shards; at most the few already running or done finished
     view = svc.client.get(f"/jobs/{parent}").json()
     assert view["status"] == "canceled"
-    assert svc.client.delete(f"/jobs/{parent}").status_code == 409
+    assert svc.client.delete(f"/jobs/{parent}", params={"cancel_only": "true"}).status_code == 409
+    # deleting the finished parent takes its shards and reduce step with it
+    ids = [c["id"] for c in children]
+    assert svc.client.delete(f"/jobs/{parent}").status_code == 200
+    assert svc.client.get(f"/jobs/{parent}").status_code == 404
+    assert not any(svc.redis().exists(f"rq:job:{i}") for i in [*ids, f"{parent}-reduce"])
 
 
 def test_an_interactive_request_overtakes_a_bulk_run(tmp_path_factory):

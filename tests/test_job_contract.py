@@ -98,7 +98,7 @@ def test_result_models_write_the_keys_clients_read() -> None:
            "parameters": 10, "expected_parameters": 10, "epochs_completed": 1, "resumed_from": None,
            "model_name": "bdh-digits-x", "model_config": config, "device": "cpu", "precision": "fp32",
            "optimizer": "AdamW", "samples": {"train": 8, "val": 1, "test": 2},
-           "changed_on_resume": {"lr": {"checkpoint": 0.1, "requested": 0.2}}}
+           "changed_on_resume": {"lr": {"checkpoint": 0.1, "requested": 0.2}}, "provenance": None}
     assert TrainBDHResult.model_validate(bdh).model_dump(mode="json") == bdh
     with pytest.raises(ValueError, match="extra_forbidden"):
         TrainBDHResult.model_validate({**bdh, "surprise": 1})

@@ -175,6 +175,8 @@ class JobContext:
         # Redis outages: meta not yet written (flushed at the next chance), and when to try Redis again.
         self._meta_dirty = False
         self._redis = Backoff(initial=0.5, cap=5.0)
+        # the models this job registered, as its result's provenance names them
+        self.registered_models: list[dict[str, Any]] = []
 
     @property
     def home(self) -> Path:
@@ -317,6 +319,9 @@ class JobContext:
             result = registry.register_model(self.settings, name, owner=self.owner, **entry)
         except registry.OwnershipError as exc:
             raise JobError("name_taken", str(exc)) from None
+        from workers.provenance import model_record
+
+        self.registered_models.append(model_record(self.settings, result, None))
         if self._models is not None:
             self._models.evict(name)
         return result

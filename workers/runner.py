@@ -118,6 +118,38 @@ def _result_json(spec: JobKind, result: Any, ctx: JobContext) -> Any:
     return result
 
 
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _provenance_start(settings: Settings, spec: JobKind, request: BaseModel, ctx: JobContext) -> dict | None:
+    """The job's provenance as it starts, and the digests of the models it reads in its meta (what
+    ``GET /jobs?model_digest=`` looks for). Never fails the job: a registry hiccup leaves the block out."""
+    from workers import provenance
+
+    try:
+        block = provenance.start(settings, spec, request, ctx.owner, ctx.job_id, _now())
+    except Exception:
+        log.warning("could not record the job's provenance", exc_info=True)
+        return None
+    if not spec.internal:
+        ctx.update_meta({"model_digests": provenance.digests(block)})
+    return block
+
+
+def _with_provenance(spec: JobKind, returned: Any, result: Any, block: dict | None, ctx: JobContext) -> Any:
+    """``result`` (JSON) with the provenance block, when its result model has the field."""
+    from workers import provenance
+
+    model = type(returned) if isinstance(returned, BaseModel) else spec.result
+    if block is None or not isinstance(result, dict) or model is None or "provenance" not in model.model_fields:
+        return result
+    done = provenance.finish(block, result, STATE["device"], ctx.registered_models, _now())
+    if ctx.registered_models and not spec.internal:
+        ctx.update_meta({"model_digests": provenance.digests(done)})
+    return {**result, "provenance": done}
+
+
 def execute(*args: Any) -> Any:
     job = get_current_job()
     settings, models = _state()
@@ -142,9 +174,11 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
         ctx.record_owner()
         request = with_parent_fields(spec, request, payload, job)
         func = import_object(spec.func)
+        block = _provenance_start(settings, spec, request, ctx)
         log.info("job started")
         t0 = time.monotonic()
-        result = json_safe(_result_json(spec, func(request, ctx), ctx))
+        returned = func(request, ctx)
+        result = json_safe(_with_provenance(spec, returned, _result_json(spec, returned, ctx), block, ctx))
         try:
             ctx.publish_artifacts()
         except Exception as exc:

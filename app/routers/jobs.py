@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from app.deps import caller
 from core import demo_status, fanout, limits, system_status
@@ -46,7 +47,7 @@ JOB_EXAMPLE = {
     "input": "1 sample: “Lakers win”", "status": "running", "queue": "explain", "position": None,
     "created_at": "2026-01-01T12:00:00.000000Z", "started_at": "2026-01-01T12:00:01.000000Z", "finished_at": None,
     "progress": {"done": 120, "total": 400, "unit": "samples", "message": "...", "eta_s": 31.5},
-    "metrics": None, "error": None, "result_url": None, "waiting_reason": None,
+    "metrics": None, "error": None, "kept": False, "result_url": None, "waiting_reason": None,
     "links": {"self": "/jobs/3f0c...", "cancel": "/jobs/3f0c...", "events": "/jobs/3f0c.../events"},
 }
 
@@ -174,6 +175,8 @@ def list_jobs(
                            description="only jobs with this tag (repeat for jobs with every one of them)"),
     created_after: datetime | None = Query(None, description="only jobs created after this time (ISO 8601; "
                                            "the scan stops there)"),
+    model_digest: str | None = Query(None, description="only jobs that read or registered a model version whose "
+                                     "digest (its provenance's SHA-256) starts with these 8 to 64 hex digits"),
     owner: str = Depends(caller),
 ) -> dict[str, Any]:
     if parent is not None:
@@ -183,6 +186,10 @@ def list_jobs(
             raise HTTPException(status_code=422, detail=[{
                 "loc": ["query", "tag", i], "msg": f"a tag is 1 to {limits.MAX_TAG_LENGTH} letters, digits, '-', "
                 "'_' or '.', starting with a letter or digit", "type": "value_error", "input": t[:64]}])
+    if model_digest is not None and not MODEL_DIGEST.fullmatch(model_digest):
+        raise HTTPException(status_code=422, detail=[{
+            "loc": ["query", "model_digest"], "msg": "a model digest is 8 to 64 hexadecimal digits (a prefix of the "
+            "SHA-256 a result's provenance gives)", "type": "value_error", "input": model_digest[:80]}])
     if status is not None and status not in STATUSES:
         raise HTTPException(
             status_code=422,
@@ -200,8 +207,12 @@ def list_jobs(
             ) from None
     items, next_cursor = request.app.state.store.list(owner, kind=kind, status=status, limit=limit, cursor=cursor,
                                                       q=q.strip() if q else None, tags=tuple(tag),
-                                                      created_after=_aware(created_after))
+                                                      created_after=_aware(created_after),
+                                                      model_digest=model_digest)
     return {"items": items, "next_cursor": next_cursor}
+
+
+MODEL_DIGEST = re.compile(r"[0-9a-fA-F]{8,64}")
 
 
 def _aware(when: datetime | None) -> datetime | None:
@@ -235,17 +246,78 @@ def _list_children(request: Request, parent: str, owner: str, limit: int, cursor
     return {"items": items, "next_cursor": str(start + limit) if start + limit < len(ids) else None}
 
 
-@router.delete("/jobs/{job_id}", summary="Cancel a job: at once when queued, at its next step when running")
-async def cancel_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+@router.delete(
+    "/jobs/{job_id}",
+    summary="Cancel a queued or running job (at once when queued, at its next step when running); delete a "
+    "finished one with its result and files",
+    responses={202: {"description": "canceled (the job's view)"},
+               200: {"description": "a finished job deleted: its record, result and files"},
+               409: {"description": "`already_finished` with `cancel_only`; `kept`: undo the keep first"}},
+)
+async def cancel_job(
+    job_id: str, request: Request, owner: str = Depends(caller),
+    cancel_only: bool = Query(False, description="only cancel: a finished job is answered 409 `already_finished` "
+                              "and kept, never deleted (what a cancel that races the job's end wants)"),
+) -> JSONResponse:
     job_id, raw = await _owned_raw(request, job_id, owner)
     view = await _view(request, job_id, raw)
     if view["status"] in TERMINAL:
-        return JSONResponse(status_code=409, content={"detail": {
-            "code": "already_finished", "status": view["status"],
-            "message": f"job is already {view['status']}"}, "job": view})
+        if cancel_only:
+            return JSONResponse(status_code=409, content={"detail": {
+                "code": "already_finished", "status": view["status"],
+                "message": f"job is already {view['status']}"}, "job": view})
+        return await _delete_finished(request, job_id, owner, view)
     await run_in_threadpool(request.app.state.store.cancel, job_id)
     raw = await _fetch(request, job_id)
     return JSONResponse(status_code=202, content=await _view(request, job_id, raw))
+
+
+async def _delete_finished(request: Request, job_id: str, owner: str, view: dict[str, Any]) -> JSONResponse:
+    store = request.app.state.store
+    if await run_in_threadpool(store.is_kept, job_id):
+        return JSONResponse(status_code=409, content={"detail": {
+            "code": "kept", "status": view["status"],
+            "message": f"job {job_id} is kept; undo that first (DELETE /jobs/{job_id}/keep), then delete it"},
+            "job": view})
+    try:
+        removed = await run_in_threadpool(store.delete, job_id, owner)
+    except RedisError:
+        raise
+    except Exception as exc:  # the store: nothing of the job's records was deleted, the call can be repeated
+        return JSONResponse(status_code=503, headers={"Retry-After": "30"}, content={"detail": {
+            "code": "store_unavailable", "message": f"the job's files could not be deleted from the store "
+            f"({type(exc).__name__}); its record is kept, try again"}})
+    return JSONResponse({"id": job_id, "deleted": True, "status": view["status"], "files_removed": removed})
+
+
+def _not_finished(view: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(status_code=409, content={"detail": {
+        "code": "not_finished", "status": view["status"],
+        "message": f"job is {view['status']}; only a finished job can be kept"}, "job": view})
+
+
+@router.post("/jobs/{job_id}/keep", summary="Keep a finished job: its record, result and files are exempt from "
+             "retention until the keep is undone", responses={409: {"description": "the job has not finished"}})
+async def keep_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+    job_id, raw = await _owned_raw(request, job_id, owner)
+    view = await _view(request, job_id, raw)
+    if view["status"] not in TERMINAL:
+        return _not_finished(view)
+    await run_in_threadpool(request.app.state.store.keep, job_id, owner)
+    return JSONResponse(await _view(request, job_id, await _fetch(request, job_id)))
+
+
+@router.delete("/jobs/{job_id}/keep", summary="Undo a keep: the job expires after its retention period again, "
+               "counted from now")
+async def unkeep_job(job_id: str, request: Request, owner: str = Depends(caller)) -> JSONResponse:
+    job_id, raw = await _owned_raw(request, job_id, owner)
+    view = await _view(request, job_id, raw)
+    if view["status"] not in TERMINAL:
+        return _not_finished(view)
+    store = request.app.state.store
+    if await run_in_threadpool(store.is_kept, job_id):  # a job that is not kept keeps its expiry as it is
+        await run_in_threadpool(store.unkeep, job_id, KINDS.get(view.get("kind") or ""))
+    return JSONResponse(await _view(request, job_id, await _fetch(request, job_id)))
 
 
 # Set on a result that does not validate against its kind's result model (written by an earlier version): it is

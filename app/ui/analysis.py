@@ -3,7 +3,8 @@
 Attributions: one colour scale for the page (the largest |attribution| of every sample, every view and, in a
 comparison, both models), or one per sample; each word as the text has it, its value, and whether the comparison
 marks it; the completeness warnings; the comparison's per-sample changes and its table. TracIn: the model's own
-prediction per test triple, the in-training badge, and bars scaled to the range of the values shown.
+prediction per test triple, the in-training badge, bars from zero on one scale per test triple (the SDK's
+picture), and why a test triple has no opponents when it has none.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from app.ui import views
 SCALES = ("global", "sample")
 VIEWS = ("heatmap", "table")
 COLOURBAR_TICKS = 5
-MIN_BAR = 2.0  # % width of the smallest bar in a range, so that it stays visible
 
 
 def _finite(v: Any) -> float | None:
@@ -203,25 +203,43 @@ def attribution_context(result: dict[str, Any], page: int, per_page: int, scale_
 
 
 # ------------------------------------------------------------------------------------------------- TracIn
-def range_bars(rows: list[dict[str, Any]], key: str, magnitude: bool = False) -> dict[str, Any]:
-    """Bars over the range of the values shown: the smallest shown value draws ``MIN_BAR`` %, the largest 100 %,
-    linearly between (``magnitude``: by |value|, for opponents); one value alone draws a full bar. The range is
-    returned with the rows so that the page can print it."""
-    values = [_finite(r.get(key)) for r in rows]
-    mags = [abs(v) if magnitude and v is not None else v for v in values]
-    known = [m for m in mags if m is not None]
-    lo, hi = (min(known), max(known)) if known else (None, None)
+def zero_bars(rows: list[dict[str, Any]], key: str, scale: float) -> dict[str, Any]:
+    """Bars from zero on one scale: each row's bar is |value| / ``scale`` of the full width (0 for a missing
+    value), so equal values draw equal bars and a 7 % spread looks like one. The SDK's renderer draws the same
+    (``explainq_client.render._bar`` with the same scale); ``scale`` is returned for the page to print."""
     out = []
-    for r, m in zip(rows, mags, strict=True):
-        if m is None:
-            width = 0.0
-        elif hi == lo:
-            width = 100.0
-        else:
-            width = MIN_BAR + (100.0 - MIN_BAR) * (m - lo) / (hi - lo)
-        out.append({**r, "width": width})
-    shown = [v for v in values if v is not None]
-    return {"rows": out, "lo": min(shown) if shown else None, "hi": max(shown) if shown else None}
+    for r in rows:
+        v = _finite(r.get(key))
+        out.append({**r, "width": min(100.0, abs(v) / scale * 100.0) if v is not None and scale else 0.0})
+    return {"rows": out, "scale": scale}
+
+
+def influence_scale(entry: dict[str, Any]) -> float:
+    """One scale for a test triple's tables: the largest |influence| among its proponents, opponents and pairs
+    (the SDK's renderer takes the same)."""
+    values = [_finite(p.get("influence")) for key in ("proponents", "opponents", "pairs")
+              for p in entry.get(key) or [] if isinstance(p, dict)]
+    return max((abs(v) for v in values if v is not None), default=0.0)
+
+
+def no_opponents_note(result: dict[str, Any], entry: dict[str, Any]) -> str | None:
+    """Why a test triple's opponents table is empty and what to try, when every candidate scored positive; None
+    when it has opponents (or lists pairs)."""
+    if entry.get("opponents") is None or entry.get("opponents") or entry.get("n_negative"):
+        return None
+    n = entry.get("n_candidates")
+    every = f"all {n} candidates" if isinstance(n, int) else "every candidate"
+    loss = result.get("loss")
+    if loss == "train":
+        tried = ("The training loss (loss \"train\") scores a triple against every entity at once, so training "
+                 "on the triples near this one tends to raise its score whichever way they point. To see what works "
+                 "against the prediction, run the query again with loss \"score_bce\" (the gradient of this "
+                 "triple's own score), or store features with POST /featurize and loss \"margin\" and ask with "
+                 "estimator \"trak\" or \"tracin_projected\".")
+    else:
+        tried = ("Try the margin: store features with POST /featurize and loss \"margin\", then ask with estimator "
+                 "\"trak\" or \"tracin_projected\"; a wider filter (more hops) also scores more candidates.")
+    return f"No opponents: {every} raised the model's belief in this triple (no negative influence). {tried}"
 
 
 RANKING_SHOWN = 200  # self-influence rows drawn on the page (self_influence.jsonl has the whole ranking)
@@ -229,22 +247,24 @@ RANKING_SHOWN = 200  # self-influence rows drawn on the page (self_influence.jso
 
 def tracin_context(result: dict[str, Any]) -> dict[str, Any]:
     """Per test triple of the result (its first ``RESULTS_INLINE``; ``results_listed`` says how many in all): its
-    lists with range-scaled bars (a listed training triple that is the test triple itself marked), its prediction
-    and in-training flag; the first ``RANKING_SHOWN`` of a self-influence ranking (``ranking_listed``: of how
+    lists with bars from zero on the test triple's one scale (a listed training triple that is the test triple
+    itself marked), why it has no opponents when it has none, its prediction and in-training flag; the first ``RANKING_SHOWN`` of a self-influence ranking (``ranking_listed``: of how
     many, and where the whole ranking is)."""
     entries = [r for r in result.get("results") or [] if isinstance(r, dict)]
     out = []
     for r in entries:
         test = list(r.get("test_triple") or [])
         lists = {}
-        for key, magnitude in (("proponents", False), ("opponents", True), ("pairs", False)):
+        scale = influence_scale(r)
+        for key in ("proponents", "opponents", "pairs"):
             rows = [{**p, "is_test_triple": p.get("is_test_triple") or list(p.get("train_triple") or []) == test}
                     for p in r.get(key) or [] if isinstance(p, dict)]
-            lists[key + "_"] = range_bars(rows, "influence", magnitude)
-        out.append({**r, **lists})
+            lists[key + "_"] = zero_bars(rows, "influence", scale)
+        out.append({**r, **lists, "scale_": scale, "no_opponents_": no_opponents_note(result, r)})
     ranking = [r for r in result.get("ranking") or [] if isinstance(r, dict)]
     ranking_listed = listed(result, "ranking", ranking)
     shown = ranking[:RANKING_SHOWN]
+    top = max((abs(v) for v in (_finite(r.get("self_influence")) for r in shown) if v is not None), default=0.0)
     return {"per_test": out, "results_listed": listed(result, "results", entries),
-            "ranking": range_bars(shown, "self_influence"), "ranking_listed": ranking_listed,
+            "ranking": zero_bars(shown, "self_influence", top), "ranking_listed": ranking_listed,
             "ranking_more": ranking_listed["total"] > len(shown)}

@@ -114,7 +114,12 @@ class Api:
         return items, False
 
     async def cancel(self, job_id: str) -> dict[str, Any]:
-        return (await self.call("DELETE", f"/jobs/{quote(job_id, safe='')}", ok=(202,))).json()
+        return (await self.call("DELETE", f"/jobs/{quote(job_id, safe='')}", ok=(202,),
+                                params={"cancel_only": "true"})).json()
+
+    async def keep(self, job_id: str, keep: bool) -> dict[str, Any]:
+        """``POST`` (or, to undo, ``DELETE``) ``/jobs/{id}/keep``: the job's view after it."""
+        return (await self.call("POST" if keep else "DELETE", f"/jobs/{quote(job_id, safe='')}/keep")).json()
 
     async def submit(self, route: str, body: dict[str, Any], idempotency_key: str | None) -> httpx.Response:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}

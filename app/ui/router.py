@@ -210,9 +210,11 @@ async def _described(api: Api, kind: str | None) -> dict[str, Any]:
     return next((k for k in kinds if k.get("name") == kind), {})
 
 
-def _job_filters(kind: str | None, status: str | None, q: str | None, tag: str | None) -> dict[str, str]:
+def _job_filters(kind: str | None, status: str | None, q: str | None, tag: str | None,
+                 model_digest: str | None = None) -> dict[str, str]:
     """The jobs list's filters as query parameters (unset ones left out)."""
-    return {k: v for k, v in (("kind", kind), ("status", status), ("q", (q or "").strip()), ("tag", tag)) if v}
+    return {k: v for k, v in (("kind", kind), ("status", status), ("q", (q or "").strip()), ("tag", tag),
+                              ("model_digest", model_digest)) if v}
 
 
 @router.get("/jobs", response_class=HTMLResponse)
@@ -222,11 +224,12 @@ async def jobs_page(
     status: str | None = None,
     q: str | None = None,
     tag: str | None = None,
+    model_digest: str | None = Query(None, max_length=64),
     cursor: str | None = None,
     back: str | None = Query(None, description="the cursors of the earlier pages, comma separated"),
     user: Session = Depends(current),
 ) -> Response:
-    filters = _job_filters(kind, status, q, tag)
+    filters = _job_filters(kind, status, q, tag, model_digest)
     async with Api(request, user) as api:
         page = await api.jobs(**filters, cursor=cursor, limit=JOBS_PER_PAGE)
         kinds = await _kinds(api)
@@ -255,7 +258,7 @@ async def jobs_page(
         live_url = "/ui/jobs/live?" + urlencode({"ids": ",".join(live)})
     return _page(request, "jobs.html", {
         "jobs": page["items"], "kinds": kinds, "kind": kind, "status": status, "q": filters.get("q", ""),
-        "tag": tag or "", "filtered": bool(filters), "newer": newer, "older": older, "live_url": live_url,
+        "tag": tag or "", "model_digest": model_digest or "", "filtered": bool(filters), "newer": newer, "older": older, "live_url": live_url,
         "watching": not cursor, "here": request.url.path + ("?" + request.url.query if request.url.query else ""),
     }, user=user)
 
@@ -280,6 +283,7 @@ async def jobs_live(
     status: str | None = Query(None, max_length=16),
     q: str | None = Query(None, max_length=200),
     tag: str | None = Query(None, max_length=32),
+    model_digest: str | None = Query(None, max_length=64),
     user: Session = Depends(current),
 ) -> StreamingResponse:
     """Server-sent events for the jobs list: ``job-<id>`` carries the job's rendered row when it changes;
@@ -287,7 +291,7 @@ async def jobs_live(
     created since ``newest`` that matches the list's filters (checked every ``NEW_JOBS_POLL_S``), whose changes
     then follow as ``job-<id>``; the stream then lasts as long as the page."""
     wanted = [i for i in dict.fromkeys(ids.split(",")) if i][:MAX_LIVE_IDS]
-    filters = _job_filters(kind, status, q, tag)
+    filters = _job_filters(kind, status, q, tag, model_digest)
     if newest is not None and views.parse_time(newest) is None:
         raise ApiError(422, "validation_error", "newest: not an ISO 8601 time")
     if watch:  # the filters are the API's to judge: a bad one is its 422 now, not an error mid-stream
@@ -352,6 +356,20 @@ async def cancel(request: Request, job_id: str, sent: tuple[Session, FormData] =
     if request.headers.get("hx-request"):
         return HTMLResponse(_row(request, job, user))
     return RedirectResponse(_safe_next(str(form.get("next") or ""), f"/ui/jobs/{quote(job_id)}"), status_code=303)
+
+
+@router.post("/jobs/{job_id}/keep", response_class=HTMLResponse)
+async def keep(request: Request, job_id: str, sent: tuple[Session, FormData] = Depends(posted)) -> Response:
+    """Keep a finished job (``keep=1``) or undo it (``keep=0``): htmx swaps the control, a plain form goes back to
+    the job's page."""
+    user, form = sent
+    async with Api(request, user) as api:
+        job = await api.keep(job_id, str(form.get("keep") or "1") == "1")
+    if request.headers.get("hx-request"):
+        html = templates.get_template("_keep.html").render(job=job, user=user, csrf_field=session.CSRF_FIELD,
+                                                           **templates.env.globals)
+        return HTMLResponse(html)
+    return RedirectResponse(f"/ui/jobs/{quote(job['id'])}", status_code=303)
 
 
 async def _job_context(api: Api, job_id: str, page: int, options: dict[str, str] | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from core.contract.errors import FieldConflict
 from core.contract.fields import ADVANCED, RequestModel
 from core.contract.kind import JobKind, register
 from core.contract.results.base import Artifact, ResultModel
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 from core.kinds.tracin import Checkpoints, Layers, Loss, _check_checkpoints, _check_layers, model_vocab
 from core.ownership import owns
 from core.settings import Settings
@@ -72,6 +73,7 @@ class FeaturizeResult(ResultModel):
                               description="the estimators a query can score against these features")
     seconds: float
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 
 
 def validate(req: FeaturizeRequest, settings: Settings, owner: str = "system") -> None:

@@ -31,6 +31,7 @@ from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest, RequestModel, refuse_invalid_text, refuse_non_finite
 from core.contract.kind import JobKind, register
 from core.contract.results.base import RankMetrics, ResultModel
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 from core.contract.results.training import ConvECheckpoint
 from core.memory import gib
 from core.settings import Settings
@@ -194,6 +195,7 @@ class ImportResult(ResultModel):
     spec: dict[str, Any] | None = Field(None, description="Exported programs: the checked spec (the input's name, "
                                         "kind, dtype and shape, its features and mean, the labels)")
     operators: list[str] | None = Field(None, description="Exported programs: the ATen operators the program calls")
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 
 
 def _inside(settings: Settings, directory: Path, rel: str, field: str | tuple) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from core.contract.results.base import Artifact, OpenRecord, ResultModel
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 
 
 class MeanStd(OpenRecord):
@@ -134,4 +135,5 @@ class AblationResult(ResultModel):
     timing: AblationTiming
     table: str
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from core.contract.results.base import Artifact, Listed, OpenRecord, ResultModel, Shards
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 
 
 class WordValue(OpenRecord):
@@ -323,3 +324,4 @@ class AttributionResult(ModelAttributions):
     listed: dict[str, Listed]
     shards: Shards | None = None
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from core import estimators as registry
 from core.contract.results.base import Artifact, RankMetrics, ResultModel, Shards, Triple
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 
 # the estimators an evaluation measures (core/estimators.py), the keys of ``estimators``
 LdsEstimatorName = registry.choices(evaluated=True)
@@ -69,6 +70,7 @@ class EvaluationResult(ResultModel):
     trainings: int  # the models this job (and its shards) trained; 0 when everything was stored
     estimators: dict[str, EstimatorTiming]
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 
 
 # ------------------------------------------------------------------------------------------------ LDS

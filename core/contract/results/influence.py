@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from core.contract.results.base import Artifact, Listed, ResultModel, Shards, Triple
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 
 
 class Prediction(ResultModel):
@@ -129,3 +130,4 @@ class InfluenceResult(ResultModel):
     shards: Shards | None = None
     seconds: float
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)

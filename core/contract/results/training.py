@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from core.contract.results.base import BY_ALIAS, Artifact, OpenRecord, RankMetrics, ResultModel
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 
 
 class StepPoint(OpenRecord):
@@ -26,6 +27,7 @@ class TrainingResult(ResultModel):
     steps: list[StepPoint] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 
 
 # --------------------------------------------------------------------------------------------------- train_conve

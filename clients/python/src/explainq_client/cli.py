@@ -205,6 +205,17 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_keep(client: Client, args: argparse.Namespace) -> int:
+    job = client.jobs.get(args.id)
+    _print_json((job.unkeep() if args.undo else job.keep()).data)
+    return EXIT_OK
+
+
+def cmd_delete(client: Client, args: argparse.Namespace) -> int:
+    _print_json(client.delete_job(args.id))
+    return EXIT_OK
+
+
 def cmd_artifacts(client: Client, args: argparse.Namespace) -> int:
     job = client.jobs.get(args.id)
     if args.download:
@@ -301,6 +312,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("keep", help="keep a finished job from the server's retention (--undo: stop keeping it)")
+    p.add_argument("id")
+    p.add_argument("--undo", action="store_true", help="stop keeping it: it expires after the retention period")
+    p.set_defaults(func=cmd_keep)
+
+    p = sub.add_parser("delete", help="delete a finished job with its result and files (a running one is canceled)")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_delete)
 
     p = sub.add_parser("artifacts", help="list a job's artifacts, or download them")
     p.add_argument("id")

@@ -25,6 +25,7 @@ from explainq_client._http import (
 from explainq_client._kinds import KindMethods, kind_name, route_for
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import (
+    CANCEL_ONLY,
     RESULT_SCHEMA_HEADER,
     Artifact,
     JobBase,
@@ -120,6 +121,12 @@ class Client(KindMethods["Job"]):
         without one); counts are None when the dataset's size is not registered."""
         name = kind_name(kind, self._kind_table())
         return (self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
+
+    def delete_job(self, job_id: str) -> dict[str, Any]:
+        """``DELETE /jobs/{id}`` of a finished job: its record, result and files are deleted; returns ``{"id",
+        "deleted", "status", "files_removed"}``. A job still queued or running is canceled instead (its view is
+        returned); a kept job raises :class:`ConflictError` (``kept``: ``job.unkeep()`` first)."""
+        return self._send("DELETE", f"/jobs/{quote(job_id)}").json()
 
     # ---- service
     def health(self) -> dict[str, Any]:
@@ -222,9 +229,25 @@ class Job(JobBase):
 
     def cancel(self) -> Job:
         """Cancel: at once when queued, at its next step when running. A finished job raises
-        :class:`ConflictError` (``already_finished``)."""
-        self._update(self._client._send("DELETE", self.path).json())
+        :class:`ConflictError` (``already_finished``) and is left as it is."""
+        self._update(self._client._send("DELETE", self.path, params=CANCEL_ONLY).json())
         return self
+
+    def keep(self) -> Job:
+        """Keep the finished job: its record, result and files are exempt from the server's retention until
+        :meth:`unkeep` (``POST /jobs/{id}/keep``). A job still queued or running raises :class:`ConflictError`
+        (``not_finished``)."""
+        self._update(self._client._send("POST", self.path + "/keep").json())
+        return self
+
+    def unkeep(self) -> Job:
+        """Undo :meth:`keep`: the job expires after the server's retention period again, counted from now."""
+        self._update(self._client._send("DELETE", self.path + "/keep").json())
+        return self
+
+    def delete(self) -> dict[str, Any]:
+        """Delete the finished job with its result and files (``client.delete_job``)."""
+        return self._client.delete_job(self.id)
 
     def artifacts(self) -> list[Artifact]:
         """The files the job wrote (``GET /jobs/{id}/artifacts``)."""
@@ -257,19 +280,22 @@ class Jobs:
         return Job(self._client, self._client._send("GET", f"/jobs/{quote(job_id)}").json())
 
     def list(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-             cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
-             ) -> JobPage[Job]:
+             cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None,
+             model_digest: str | None = None) -> JobPage[Job]:
         """One page of the caller's jobs, newest first, optionally of one ``kind`` and ``status``, whose label,
-        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them)."""
-        params = list_params(kind, status, limit, cursor, q, tag)
+        model, input, kind or id holds ``q`` (any case), carrying ``tag`` (one, or a list: every one of them),
+        that read or registered a model version whose digest starts with ``model_digest`` (8 to 64 hex digits;
+        a result's ``provenance.model_digest``)."""
+        params = list_params(kind, status, limit, cursor, q, tag, model_digest)
         body = self._client._send("GET", "/jobs", params=params).json()
         return JobPage.from_json(body, lambda view: Job(self._client, view))
 
     def __call__(self, *, kind: str | None = None, status: str | None = None, limit: int | None = None,
-                 cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None
-                 ) -> JobPage[Job]:
+                 cursor: str | None = None, q: str | None = None, tag: str | Sequence[str] | None = None,
+                 model_digest: str | None = None) -> JobPage[Job]:
         """``client.jobs(q="baseline", tag="nrms")``: the same as :meth:`list`."""
-        return self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag)
+        return self.list(kind=kind, status=status, limit=limit, cursor=cursor, q=q, tag=tag,
+                         model_digest=model_digest)
 
     def iter(self, *, kind: str | None = None, status: str | None = None, page_size: int = 100,
              q: str | None = None, tag: str | Sequence[str] | None = None) -> Iterator[Job]:
@@ -285,7 +311,8 @@ class Jobs:
 
     def cancel(self, job_id: str) -> Job:
         """Cancel job ``job_id``; returns its view after the request."""
-        return Job(self._client, self._client._send("DELETE", f"/jobs/{quote(job_id)}").json())
+        return Job(self._client, self._client._send("DELETE", f"/jobs/{quote(job_id)}",
+                                                    params=CANCEL_ONLY).json())
 
 
 class Models:

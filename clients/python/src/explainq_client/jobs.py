@@ -124,11 +124,15 @@ class JobPage(Generic[J]):
         return len(self.items)
 
 
+CANCEL_ONLY = {"cancel_only": "true"}  # a cancel never deletes a job that finished meanwhile
+
+
 def list_params(kind: str | None, status: str | None, limit: int | None, cursor: str | None,
-                q: str | None = None, tag: str | Sequence[str] | None = None) -> dict[str, Any]:
+                q: str | None = None, tag: str | Sequence[str] | None = None,
+                model_digest: str | None = None) -> dict[str, Any]:
     """The query of ``GET /jobs`` (unset filters left out); ``tag`` is one tag or several (jobs with all)."""
     given = {"kind": kind, "status": status, "limit": limit, "cursor": cursor, "q": q,
-             "tag": [tag] if isinstance(tag, str) else (list(tag) if tag else None)}
+             "tag": [tag] if isinstance(tag, str) else (list(tag) if tag else None), "model_digest": model_digest}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -204,6 +208,11 @@ class JobBase:
     def position(self) -> int | None:
         """The place in its queue while queued (0: next), when the server reports it."""
         return self._view.get("position")
+
+    @property
+    def kept(self) -> bool:
+        """Whether the job is kept (``job.keep()``): exempt from the server's retention until the keep is undone."""
+        return bool(self._view.get("kept"))
 
     @property
     def waiting_reason(self) -> str | None:

@@ -452,6 +452,17 @@ def _tracin_caveats(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def no_opponents(result: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """What a test triple without opponents means (every candidate scored positive) and what to try; None when it
+    has opponents or lists pairs (the job page says the same)."""
+    if entry.get("opponents") is None or entry.get("opponents") or entry.get("n_negative"):
+        return None
+    hint = ("run it again with loss='score_bce', or ask stored features of loss 'margin' (estimator 'trak' or "
+            "'tracin_projected')" if result.get("loss") == "train" else
+            "ask stored features of loss 'margin' (estimator 'trak' or 'tracin_projected')")
+    return f"no opponents: every candidate raised the model's belief in this triple; to see what works against it, {hint}"
+
+
 def _influence(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -491,6 +502,9 @@ def tracin_html(result: Mapping[str, Any]) -> str:
                                   _num(r.get("train_self_influence"))] for r in rows[:MAX_ROWS_SHOWN]),
                                 caption=name))
             parts.append(_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name))
+        note = no_opponents(result, entry)
+        if note:
+            parts.append(f"<p style='color:#8a4b00'>{escape(note)}</p>")
     parts.append(_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
                        result, "results"))
     if len(entries) > 1:
@@ -762,6 +776,8 @@ def tracin_text(result: Mapping[str, Any]) -> str:
                                  _tsigned(r.get("influence")), _tnum(r.get("train_self_influence"))]
                                 for i, r in enumerate(rows[:MAX_ROWS_SHOWN]))),
                     *_text_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name)]
+        note = no_opponents(result, entry)
+        out += [f"  {note}"] if note else []
     more = _text_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
                       result, "results")
     out += ["", *more] if more else []
@@ -807,3 +823,43 @@ def ablation_text(result: Mapping[str, Any]) -> str:
     """Test accuracy mean ± std per representation × layer set, and the all → visual drop."""
     headers, rows = _ablation_table(result, _tnum, str, "-", "->")
     return f"LoRA ablation on {result.get('dataset', '')}\n\n" + text_table(headers, rows)
+
+
+# ---- provenance
+def provenance_rows(block: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """What produced a result, as (what, value) rows: the models and datasets with their digests, the seeds, the
+    device and precision, the software, the worker and the times."""
+    rows: list[tuple[str, str]] = []
+    for m in [*(block.get("models") or []), *(block.get("registered") or [])]:
+        if not isinstance(m, Mapping):
+            continue
+        parts = [str(m.get("name"))]
+        if m.get("version"):
+            parts.append(f"version {m['version']}")
+        if m.get("digest"):
+            parts.append(f"sha256 {str(m['digest'])[:12]}")
+        rows.append((str(m.get("field") or "registered"), " · ".join(parts)))
+    for d in block.get("datasets") or []:
+        if isinstance(d, Mapping):
+            digest = f" · sha256 {str(d['digest'])[:12]}" if d.get("digest") else ""
+            rows.append((str(d.get("field")), f"{d.get('name')} ({d.get('source')}){digest}"))
+    seeds = block.get("seeds") or {}
+    if seeds:
+        rows.append(("seeds", ", ".join(f"{k}={v}" for k, v in seeds.items())))
+    device = str(block.get("device") or "–") + (f" · precision {block['precision']}" if block.get("precision") else "")
+    rows.append(("device", device))
+    s = block.get("software") or {}
+    software = f"explainq {s.get('explainq') or '?'}" + (f" ({str(s['commit'])[:12]})" if s.get("commit") else "")
+    software += f" · torch {s.get('torch') or '?'}" + (f" · CUDA {s['cuda']}" if s.get("cuda") else "")
+    rows.append(("software", software))
+    rows.append(("worker", str(block.get("worker") or "–")))
+    rows.append(("ran", f"{block.get('started_at') or '?'} → {block.get('finished_at') or '?'}"))
+    return rows
+
+
+def provenance_html(block: Mapping[str, Any]) -> str:
+    return _table(["", ""], ([escape(k), escape(v)] for k, v in provenance_rows(block)), caption="Provenance")
+
+
+def provenance_text(block: Mapping[str, Any]) -> str:
+    return text_table(["", ""], provenance_rows(block))

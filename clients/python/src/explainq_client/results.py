@@ -9,11 +9,64 @@ from typing import Any
 from explainq_client import render
 from explainq_client.faithfulness import FaithfulnessTable, faithfulness_table
 
-__all__ = ["UNVALIDATED", "AblationResult", "AttributionResult", "EvaluationResult", "Result", "TracInResult",
-           "TrainingResult", "make_result"]
+__all__ = ["UNVALIDATED", "AblationResult", "AttributionResult", "EvaluationResult", "Provenance", "Result",
+           "TracInResult", "TrainingResult", "make_result"]
 
 
 UNVALIDATED = "unvalidated"  # the schema header of a result that does not match its kind's result model
+
+
+def _data_frame(rows: list[dict[str, Any]], columns: list[str] | None = None) -> Any:
+    """``rows`` as a ``pandas.DataFrame`` (pandas must be installed; the SDK does not depend on it), with
+    ``columns`` in that order even when there are no rows."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=columns) if columns is not None else pd.DataFrame(rows)
+
+
+def _scalars(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The scalar values of a record, nested records flattened with ``_`` (``{"lds": {"mean": x}}`` is
+    ``lds_mean``); lists are left out."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_scalars(value, name + "_"))
+        elif not isinstance(value, list | tuple):
+            out[name] = value
+    return out
+
+
+def _triple(prefix: str, triple: Any) -> dict[str, Any]:
+    parts = list(triple) if isinstance(triple, list | tuple) and len(triple) == 3 else [None, None, None]
+    return {f"{prefix}_head": parts[0], f"{prefix}_relation": parts[1], f"{prefix}_tail": parts[2]}
+
+
+TRACIN_COLUMNS = ["test_head", "test_relation", "test_tail", "role", "rank", "train_head", "train_relation",
+                  "train_tail", "influence", "train_self_influence", "is_test_triple"]
+SELF_INFLUENCE_COLUMNS = ["rank", "train_head", "train_relation", "train_tail", "self_influence"]
+
+
+class Provenance(dict[str, Any]):
+    """What produced a result (its ``provenance`` block, as a dict): ``models`` (name, version, ``digest``),
+    ``registered`` (models the job registered), ``datasets``, the ``request`` as run, ``seeds``, ``precision``,
+    ``device``, ``software`` (explainq and its commit, Python, torch, CUDA), ``worker``, ``started_at`` and
+    ``finished_at``."""
+
+    @property
+    def model_digest(self) -> str | None:
+        """The digest of the first model the job read (else registered): ``client.jobs(model_digest=...)`` finds
+        every job of yours with that model version."""
+        for m in [*(self.get("models") or []), *(self.get("registered") or [])]:
+            if isinstance(m, Mapping) and m.get("digest"):
+                return str(m["digest"])
+        return None
+
+    def _repr_html_(self) -> str:
+        return render.provenance_html(self)
+
+    def text(self) -> str:
+        return render.provenance_text(self)
 
 
 class Result(dict[str, Any]):
@@ -33,6 +86,12 @@ class Result(dict[str, Any]):
         self.kind = kind
         self.schema = schema
         self.validated = schema != UNVALIDATED
+
+    @property
+    def provenance(self) -> Provenance | None:
+        """What produced the result (:class:`Provenance`); None for a result stored before servers recorded it."""
+        block = self.get("provenance")
+        return Provenance(block) if isinstance(block, Mapping) else None
 
     @property
     def artifacts(self) -> list[dict[str, Any]]:
@@ -107,6 +166,35 @@ class AttributionResult(Result):
 class TracInResult(Result):
     """Renderer ``influence`` (``tracin``): renders proponents and opponents (or the self-influence ranking) as tables."""
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per ranked training triple the result holds inline. A query (modes ``test``, ``single``): per
+        test triple its proponents (``role`` ``proponent``, ``rank`` 1 the most positive), then its opponents
+        (``opponent``, 1 the most negative), or its ``pair`` scores: ``test_head``, ``test_relation``,
+        ``test_tail``, ``role``, ``rank``, ``train_head``, ``train_relation``, ``train_tail``, ``influence``,
+        ``train_self_influence``, ``is_test_triple``. Mode ``self``: one row per entry of the ranking: ``rank``,
+        ``train_head``, ``train_relation``, ``train_tail``, ``self_influence``. A result listing more test
+        triples than it holds has all of them in its artifact (``job.entries("results")``)."""
+        if self.get("mode") == "self":
+            return [{"rank": i, **_triple("train", r.get("train_triple")), "self_influence": r.get("self_influence")}
+                    for i, r in enumerate(self.get("ranking") or [], 1) if isinstance(r, Mapping)]
+        out: list[dict[str, Any]] = []
+        for entry in self.get("results") or []:
+            if not isinstance(entry, Mapping):
+                continue
+            test = _triple("test", entry.get("test_triple"))
+            for role, key in (("proponent", "proponents"), ("opponent", "opponents"), ("pair", "pairs")):
+                for i, pair in enumerate(entry.get(key) or [], 1):
+                    out.append({**test, "role": role, "rank": i, **_triple("train", pair.get("train_triple")),
+                                "influence": pair.get("influence"),
+                                "train_self_influence": pair.get("train_self_influence"),
+                                "is_test_triple": bool(pair.get("is_test_triple"))})
+        return out
+
+    def to_pandas(self) -> Any:
+        """:meth:`rows` as a ``pandas.DataFrame`` with its documented columns (pandas must be installed)."""
+        columns = SELF_INFLUENCE_COLUMNS if self.get("mode") == "self" else TRACIN_COLUMNS
+        return _data_frame(self.rows(), columns)
+
     def _repr_html_(self) -> str:
         return render.tracin_html(self)
 
@@ -122,6 +210,20 @@ class TrainingResult(Result):
     def history(self) -> list[dict[str, Any]]:
         return list(self.get("history") or [])
 
+    def rows(self, of: str = "history") -> list[dict[str, Any]]:
+        """One row per epoch (``of="history"``: the kind's per-epoch values, nested ones flattened with ``_``, as
+        ``valid_mrr``), or per point of the running-loss curve (``of="steps"``: ``step``, ``epoch``, ``loss``)."""
+        if of not in ("history", "steps"):
+            raise ValueError("of must be 'history' or 'steps'")
+        return [_scalars(r) for r in self.get(of) or [] if isinstance(r, Mapping)]
+
+    def to_pandas(self, of: str = "history") -> Any:
+        """:meth:`rows` as a ``pandas.DataFrame``: one row per epoch (an ``epoch`` column first when the kind
+        records one) or, with ``of="steps"``, per curve point (pandas must be installed)."""
+        rows = self.rows(of)
+        first = ["step", "epoch", "loss"] if of == "steps" else ["epoch"] if any("epoch" in r for r in rows) else []
+        return _data_frame(rows, [*first, *dict.fromkeys(k for r in rows for k in r if k not in first)])
+
     def _repr_html_(self) -> str:
         return render.training_html(self)
 
@@ -131,6 +233,17 @@ class TrainingResult(Result):
 
 class AblationResult(Result):
     """Renderer ``ablation`` (``ablations``): renders the representation × layer-set table and the all → visual drop."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (layer set, representation) cell: ``layer_set``, ``representation`` and the cell's numbers,
+        flattened with ``_`` (``test_acc_mean``, ``test_acc_std``, ...; the confusion matrices left out)."""
+        return [{"layer_set": ls, "representation": rep, **_scalars(cell)}
+                for ls, cells in (self.get("results") or {}).items() if isinstance(cells, Mapping)
+                for rep, cell in cells.items() if isinstance(cell, Mapping)]
+
+    def to_pandas(self) -> Any:
+        """:meth:`rows` as a ``pandas.DataFrame`` (pandas must be installed)."""
+        return _data_frame(self.rows())
 
     def _repr_html_(self) -> str:
         return render.ablation_html(self)
@@ -146,6 +259,19 @@ class EvaluationResult(Result):
     @property
     def estimators(self) -> dict[str, Any]:
         return dict(self.get("estimators") or {})
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per estimator: ``estimator`` and its numbers, nested ones flattened with ``_``. An LDS
+        evaluation: ``lds_mean``, ``lds_low``, ``lds_high`` (the bootstrap interval), ``n_undefined``,
+        ``ratio_to_tracin_ratio``, ``ratio_to_tracin_low``, ``ratio_to_tracin_high``, ``seconds``, ...; mislabel
+        detection: ``auc``, ``found_at_10``, ``found_at_20``, ``seconds``. Per-test values and curves are left
+        out (they are lists: ``result["estimators"][name]``)."""
+        return [{"estimator": name, **_scalars(values)} for name, values in self.estimators.items()
+                if isinstance(values, Mapping)]
+
+    def to_pandas(self) -> Any:
+        """:meth:`rows` as a ``pandas.DataFrame`` (pandas must be installed)."""
+        return _data_frame(self.rows())
 
     def _repr_html_(self) -> str:
         return render.evaluation_html(self)
