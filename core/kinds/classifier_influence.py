@@ -23,6 +23,7 @@ from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
 from core.contract.results.base import Artifact, ResultModel
+from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 from core.kinds.attributions import TensorIn, TextIn, _check_target, class_names, model_spec, values_problem
 from core.kinds.train_classifier import (
     DATASET_KIND,
@@ -121,6 +122,7 @@ class ClassifierInfluenceResult(ResultModel):
     seconds: float
     warnings: list[str] = Field(default_factory=list)
     artifacts: list[Artifact] = Field(default_factory=list)
+    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 
 
 def training_dataset(req: ClassifierInfluenceRequest, entry: dict[str, Any]) -> str:
