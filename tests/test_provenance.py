@@ -223,3 +223,12 @@ def test_a_dataset_is_named_as_registered_a_directory_or_shipped_data(redis_sett
         redis_settings, "reg")["digest"] and got["reg"]["version"]
     assert got["my-graph"]["source"] == got["./my-graph"]["source"] == "directory"
     assert got["digits"] == {"field": "dataset", "name": "digits", "source": "packaged"}
+
+
+def test_every_public_kinds_result_model_has_the_provenance_field():
+    """A kind added later gets the block too: the runner attaches it only where the result model names it."""
+    from core.contract.kind import load_kinds
+
+    missing = [k.name for k in load_kinds().values() if not k.internal and not k.name.startswith("test_")
+               and k.result is not None and "provenance" not in k.result.model_fields]
+    assert missing == []
