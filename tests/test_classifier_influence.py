@@ -17,6 +17,8 @@ from models.export.demo import DIGITS_LABELS, DigitsCNN, digits_arrays, digits_p
 from models.export.program import build, load
 from models.export.train import Split, save_model, train
 from models.training import TrainOptions
+from tests.browser import BROWSER_MARKS
+from tests.test_ui_browser_analysis import show as show  # noqa: PLC0414 - the page fixture, used by name
 
 
 def _trained(tmp_path, n: int = 160, epochs: int = 3):
@@ -165,8 +167,23 @@ def test_mode_test_lists_the_dense_scores_top_k(svc, tmp_path):
         assert test["n_positive"] + test["n_negative"] <= 240
     listed = _artifact(svc, result["id"], "influence.csv")
     assert len(listed) == sum(len(t["proponents"]) + len(t["opponents"]) for t in result["tests"])
+    _check_page(svc, result)
+
+
+def _check_page(svc, result: dict) -> str:
+    """The job page draws every listed example: a thumbnail with its index, label and score as text."""
+    from app.ui.views import signed
+
     page = svc.client.get(f"/ui/jobs/{result['id']}")
-    assert page.status_code == 200 and "test[3]" in page.text
+    assert page.status_code == 200, page.text
+    html = page.text
+    for test in result["tests"]:
+        assert f'<span class="mono">{test["id"]}</span>' in html
+        for e in [*test["proponents"], *test["opponents"]]:
+            assert f'data-index="{e["index"]}"' in html and signed(e["score"], 4) in html
+    listed = sum(len(t["proponents"]) + len(t["opponents"]) for t in result["tests"])
+    assert html.count('class="example"') == listed and html.count('class="thumb"') == listed + len(result["tests"])
+    return html
 
 
 def test_mode_test_takes_inputs_with_a_target_or_the_prediction(svc):
@@ -313,3 +330,45 @@ def test_what_text_tracin_cannot_take_is_a_422_naming_the_field(svc_text, body, 
     assert r.status_code == 422, r.text
     detail = r.json()["detail"][0]
     assert tuple(detail["loc"]) == loc and says in detail["msg"], detail
+
+
+# ---------------------------------------------------------------------------------------------------- browser
+def _in_a_browser(test):
+    for mark in BROWSER_MARKS:
+        test = mark(test)
+    return test
+
+
+@_in_a_browser
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_influence_grid_and_the_text_list_in_a_browser(svc, svc_text, show, width):
+    """The grid of training images for an image classifier and the list of training texts for a text classifier,
+    at 1280 and 390 px: every example's label and score readable as text, bars from zero, no sideways scroll."""
+    from tests.analysis_pages import job_page
+    from tests.browser import expect
+    from tests.test_ui_browser_analysis import _no_sideways_scroll
+
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [2], "top_k": 6})
+    pg = show(job_page(result, kind="classifier_influence"), width)
+    gallery = pg.locator("article.influence-test .gallery").first
+    expect(gallery).to_be_visible()
+    items = gallery.locator(".example")
+    assert items.count() == len(result["tests"][0]["proponents"])
+    first = result["tests"][0]["proponents"][0]
+    assert first["label"] in items.first.inner_text() and f"#{first['index']}" in items.first.inner_text()
+    box = items.first.locator(".thumb").bounding_box()
+    assert 40 <= box["width"] <= 120 and abs(box["width"] - box["height"]) < 2
+    widths = [float(w) for w in pg.locator("article.influence-test .example .bar > span").evaluate_all(
+        "els => els.map(e => e.style.width.replace('%', ''))")]
+    assert max(widths) == pytest.approx(100.0, abs=0.1) and min(widths) >= 0.0  # from zero, one scale per test
+    if width == 390:
+        _no_sideways_scroll(pg)
+    text = _run(svc_text, {"model": "bert-reviews", "texts": [{"id": "q", "text": "the plot was dull"}], "top_k": 3})
+    pg = show(job_page(text, kind="classifier_influence"), width)
+    rows = pg.locator("article.influence-test table.influence").first.locator("tbody tr")
+    assert rows.count() == 3
+    top = text["tests"][0]["proponents"][0]
+    expect(rows.first.locator("td.text")).to_have_text(top["text"])
+    assert "the plot was dull" in pg.locator("blockquote.test-text").inner_text()
+    if width == 390:
+        _no_sideways_scroll(pg)

@@ -418,6 +418,10 @@ def _influence_card(p: PageInput) -> dict[str, Any]:
     return {"tracin": analysis.tracin_context(p.result)}
 
 
+def _classifier_influence_card(p: PageInput) -> dict[str, Any]:
+    return {"influence": views.classifier_influence_view(p.result)}
+
+
 def _ablation_card(p: PageInput) -> dict[str, Any]:
     return {"ablation": views.ablation_view(p.result)}
 
@@ -457,6 +461,7 @@ RENDERERS: dict[str, Renderer] = {
     "influence": Renderer("_tracin.html", _influence_card),
     "ablation": Renderer("_ablations.html", _ablation_card),
     "evaluation": Renderer("_evaluation.html", _evaluation_card),
+    "classifier_influence": Renderer("_class_influence.html", _classifier_influence_card),
     "training": Renderer("_curves.html", _training_card, live=True),
 }
 

@@ -239,3 +239,42 @@ def params_table(requests: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
         differs = any(v != values[0] for v in values[1:])
         rows.append({"name": name, "cells": [None if v is missing else v for v in values], "differs": differs})
     return sorted(rows, key=lambda r: not r["differs"])  # stable: the request's order within each group
+
+
+# ------------------------------------------------------------------------------------ classifier influence
+def preview_view(preview: Any) -> dict[str, Any] | None:
+    """An image example's preview (rows of values) as grey cells, black to white over the image's own range."""
+    if not isinstance(preview, list) or not preview or not all(isinstance(r, list) and r for r in preview):
+        return None
+    values = [v for r in preview for v in r if isinstance(v, int | float) and math.isfinite(v)]
+    lo, hi = (min(values), max(values)) if values else (0.0, 0.0)
+
+    def grey(v: Any) -> str:
+        if not isinstance(v, int | float) or not math.isfinite(v) or hi <= lo:
+            return "rgb(128,128,128)"
+        g = round(255 * (v - lo) / (hi - lo))
+        return f"rgb({g},{g},{g})"
+
+    return {"cols": len(preview[0]), "cells": [grey(v) for r in preview for v in r]}
+
+
+def classifier_influence_view(result: dict[str, Any]) -> dict[str, Any]:
+    """Per test example its previews and its proponents and opponents with bars drawn from zero on one scale per
+    test example (the largest magnitude it lists); the self-influence ranking on its own scale."""
+
+    def listed(items: list[dict[str, Any]], scale: float) -> list[dict[str, Any]]:
+        return [{**e, "width": round(100.0 * abs(e.get("score") or 0.0) / scale, 1) if scale else 0.0,
+                 "thumb": preview_view(e.get("preview"))} for e in items]
+
+    tests = []
+    for t in result.get("tests") or []:
+        scores = [abs(e.get("score") or 0.0) for e in [*(t.get("proponents") or []), *(t.get("opponents") or [])]]
+        scale = max(scores, default=0.0)
+        tests.append({**t, "thumb": preview_view(t.get("preview")), "scale": scale,
+                      "proponents_": listed(t.get("proponents") or [], scale),
+                      "opponents_": listed(t.get("opponents") or [], scale)})
+    ranking = result.get("self_influence") or []
+    scale = max((abs(e.get("score") or 0.0) for e in ranking), default=0.0)
+    return {"tests": tests, "ranking": listed(ranking, scale), "ranking_scale": scale,
+            "images": any(t["thumb"] for t in tests) or any(e["thumb"] for e in listed(ranking, scale)),
+            "texts": any(t.get("text") for t in tests) or any(e.get("text") for e in ranking)}

@@ -22,23 +22,22 @@ from core.contract.checks import require_model
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
-from core.contract.results.base import Artifact, ResultModel
-from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
+from core.contract.results.classifier_influence import ClassifierInfluenceResult
 from core.kinds.attributions import TensorIn, TextIn, _check_target, class_names, model_spec, values_problem
 from core.kinds.train_classifier import (
     DATASET_KIND,
     HF_KIND,
     MODEL_KIND,
     TEXT_DATASET_KIND,
-    ClassifierCheckpoint,
     dataset_counts,
 )
+
+__all__ = ["ClassifierInfluenceRequest", "ClassifierInfluenceResult", "chunk_size", "training_dataset", "validate"]
 from core.memory import gib
 from core.settings import Settings
 from models.textdata import label_indices
 
 MAX_TESTS = 64
-TEXT_SHOWN = 500  # characters of a training text listed with its influence
 MAX_TOP_K = 1000
 BYTES_PER_GRADIENT_VALUE = 4  # per-example gradients are fp32
 GRADIENT_CHUNK_BYTES = 256 * 2**20  # batch_size "auto": training examples whose gradients fit this
@@ -75,54 +74,6 @@ class ClassifierInfluenceRequest(JobRequest):
     batch_size: int | None = Field(None, ge=1, le=4096, title="Examples per chunk", json_schema_extra=ADVANCED,
         description="Training examples whose gradients are held at once; by default as many as fit 256 MiB "
                     "(at most 256)")
-
-
-class InfluenceExample(ResultModel):
-    """A training example: its position in the split, its label, its influence (or self-influence), and for a text
-    dataset its text (the first 500 characters)."""
-
-    index: int
-    label: str
-    score: float
-    self_influence: float | None = None
-    text: str | None = None
-
-
-class TestInfluence(ResultModel):
-    """One test example: the class traced, the predicted class, its own self-influence, its strongest proponents and
-    opponents, and how many training examples had a positive or negative influence."""
-
-    id: str
-    target: str
-    predicted: str
-    label: str | None = None
-    self_influence: float
-    n_positive: int
-    n_negative: int
-    proponents: list[InfluenceExample]
-    opponents: list[InfluenceExample]
-
-
-class ClassifierInfluenceResult(ResultModel):
-    """``POST /tracin/classifier``: per test example (mode ``test``) or the top of the self-influence ranking
-    (mode ``self``), with the checkpoints summed and the training examples ranked."""
-
-    model: str
-    dataset: str
-    mode: Literal["test", "self"]
-    estimator: Literal["tracin"] = "tracin"
-    loss: Literal["cross_entropy"] = "cross_entropy"
-    parameters: int = Field(description="the parameters differentiated (all of the program's)")
-    train_examples: int
-    checkpoints: list[ClassifierCheckpoint]
-    tests: list[TestInfluence] | None = None
-    self_influence: list[InfluenceExample] | None = Field(
-        None, description="mode self: the top_k training examples by self-influence, highest first")
-    labels: list[str]
-    seconds: float
-    warnings: list[str] = Field(default_factory=list)
-    artifacts: list[Artifact] = Field(default_factory=list)
-    provenance: Provenance | None = Field(None, description=PROVENANCE_DESCRIPTION)
 
 
 def training_dataset(req: ClassifierInfluenceRequest, entry: dict[str, Any]) -> str:
@@ -222,6 +173,7 @@ register(JobKind(
     summary=("TracIn-CP on a classifier trained by the service: each test example's proponents and opponents "
              "among the training examples, or the training examples ranked by self-influence"),
     title="Training-data influence (classifier)",
+    renderer="classifier_influence",
     result=ClassifierInfluenceResult,
     pickers={"model": ("models", (MODEL_KIND, HF_KIND)), "dataset": ("datasets", (DATASET_KIND, TEXT_DATASET_KIND))},
     validate=validate,

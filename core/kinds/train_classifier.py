@@ -25,7 +25,7 @@ from core.contract.checks import refuse_reserved, require_model, require_new_nam
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
-from core.contract.results.base import ResultModel
+from core.contract.results.classifier_influence import ClassifierCheckpoint
 from core.contract.results.training import TrainingResult
 from core.dataset_formats import FormatError, tensor_splits
 from core.memory import gib
@@ -82,14 +82,6 @@ class TrainClassifierRequest(JobRequest):
         description="Seed of the data order")
     overwrite: bool = Field(False, title="Replace my model",
         description="Replace your existing model of the same name")
-
-
-class ClassifierCheckpoint(ResultModel):
-    """A checkpoint of the trained classifier: its archive in the model directory, its epoch and learning rate."""
-
-    file: str
-    epoch: int
-    lr: float
 
 
 class TrainClassifierResult(TrainingResult):

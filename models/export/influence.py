@@ -96,3 +96,13 @@ def read_checkpoints(directory: Path, module: ProgramModule, which: str = "all",
         ckpt = build(Path(directory) / c["file"], spec, device)
         states.append(MemoryCheckpoint(module.state_of(ckpt), float(c["lr"]), f"epoch-{c['epoch']}"))
     return Checkpoints(listed, states)
+
+
+def preview(x: torch.Tensor, cells: int = 28) -> list[list[float]]:
+    """An image input ``[C, H, W]`` as the page draws it: the channels' mean, average-pooled to at most ``cells``
+    a side, rounded to 4 decimals (row by row)."""
+    grey = x.float().mean(0, keepdim=True)
+    h, w = grey.shape[-2:]
+    if h > cells or w > cells:
+        grey = nn.functional.adaptive_avg_pool2d(grey, (min(h, cells), min(w, cells)))
+    return [[round(float(v), 4) for v in row] for row in grey[0]]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import dataset_refs, registry
+from core.contract.results.classifier_influence import TEXT_SHOWN
 from core.kinds.classifier_influence import (
-    TEXT_SHOWN,
     ClassifierInfluenceRequest,
     ClassifierInfluenceResult,
     chunk_size,
@@ -47,7 +47,10 @@ class Prepared:
     train_labels: list[int]
     train_predicted: Any  # a callable: the model's predicted class of every training example (mode self)
     train_texts: list[str] | None = None
+    train_preview: Any = None  # a callable: an image training example's preview (exported image models)
     test_rows: Any = None
+    test_texts: list[str] | None = None
+    test_previews: list[Any] | None = None
     test_ids: list[str] | None = None
     targets: list[int] | None = None
     predicted: list[int] | None = None
@@ -57,7 +60,7 @@ class Prepared:
 def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, directory: Any, name: str) -> Prepared:
     import torch
 
-    from models.export.influence import ProgramModule, loss_of, read_checkpoints, rows
+    from models.export.influence import ProgramModule, loss_of, preview, read_checkpoints, rows
     from models.export.program import load
     from models.export.train import read_split
 
@@ -79,6 +82,9 @@ def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, direc
                        f"model {r.model!r} takes {list(shape)}")
     out = Prepared(module, loss_of(shape), ckpts.listed, ckpts.states, labels, rows(train.inputs, train.labels),
                    train.labels.tolist(), lambda: clf.logits(train.inputs).argmax(1).tolist())
+    image = clf.spec.kind == "image"
+    if image:
+        out.train_preview = lambda j: preview(train.inputs[j])
     if r.mode == "self":
         return out
     if r.inputs is not None:
@@ -95,6 +101,8 @@ def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, direc
     out.predicted = clf.logits(x.to(ctx.device)).argmax(1).cpu().tolist()
     out.targets = [g if g is not None else p for g, p in zip(given, out.predicted, strict=True)]
     out.test_rows = rows(x, torch.tensor(out.targets))
+    if image:
+        out.test_previews = [preview(t) for t in x]
     return out
 
 
@@ -149,7 +157,7 @@ def _huggingface(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, di
                    lambda: clf.logits(train.texts).argmax(1).tolist(), train_texts=train.texts)
     if r.mode == "self":
         return out
-    out.test_ids, out.known = ids, known
+    out.test_ids, out.known, out.test_texts = ids, known, [t[:TEXT_SHOWN] for t in texts]
     out.predicted = clf.logits(texts).argmax(1).tolist()
     out.targets = [g if g is not None else p for g, p in zip(given, out.predicted, strict=True)]
     out.test_rows = rows(clf, texts, out.targets, r.max_length, length)
@@ -184,6 +192,8 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
         out = {"index": j, "label": labels[p.train_labels[j]], "score": score, "self_influence": self_influence}
         if p.train_texts is not None:
             out["text"] = p.train_texts[j][:TEXT_SHOWN]
+        if p.train_preview is not None:
+            out["preview"] = p.train_preview(j)
         return out
 
     base: dict[str, Any] = {"model": r.model, "dataset": name, "mode": r.mode, "parameters": parameters,
@@ -211,7 +221,9 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
                          for rank, e in enumerate(lists[key], 1))
         tests.append({"id": test_id, "target": labels[p.targets[i]], "predicted": labels[p.predicted[i]],
                       "label": p.known[i], "self_influence": float(top.test_self[i]),
-                      "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i]), **lists})
+                      "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i]), **lists,
+                      "text": p.test_texts[i] if p.test_texts is not None else None,
+                      "preview": p.test_previews[i] if p.test_previews is not None else None})
     with open(ctx.artifact_path("influence.csv"), "w", newline="", encoding="utf-8") as fh:
         TableWriter(fh, ["test", "side", "rank", "index", "label", "influence"]).rows(pairs)
     return ClassifierInfluenceResult.model_validate({

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from core.contract.results.ablation import AblationResult
 from core.contract.results.attributions import AttributionResult
+from core.contract.results.classifier_influence import ClassifierInfluenceResult
 from core.contract.results.evaluation import EvaluationResult
 from core.contract.results.influence import InfluenceResult
 from core.contract.results.training import TrainingResult
@@ -29,4 +30,5 @@ BY_RENDERER: dict[str, type[BaseModel]] = {
     "training": TrainingResult,
     "ablation": AblationResult,
     "evaluation": EvaluationResult,
+    "classifier_influence": ClassifierInfluenceResult,
 }
