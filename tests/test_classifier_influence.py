@@ -186,6 +186,25 @@ def _check_page(svc, result: dict) -> str:
     return html
 
 
+def test_the_sdk_reads_the_result_as_rows_and_draws_it(svc):
+    from explainq_client import ClassifierInfluenceResult
+    from explainq_client.results import CLASSIFIER_INFLUENCE_COLUMNS, make_result
+
+    data = _run(svc, {"model": "cnn-noisy", "test_indices": [1], "top_k": 3})
+    result = make_result("classifier_influence", data, "classifier_influence")
+    assert isinstance(result, ClassifierInfluenceResult)
+    rows = result.rows()
+    test = data["tests"][0]
+    assert [(r["role"], r["rank"], r["index"]) for r in rows] == \
+        [("proponent", i, e["index"]) for i, e in enumerate(test["proponents"], 1)] + \
+        [("opponent", i, e["index"]) for i, e in enumerate(test["opponents"], 1)]
+    frame = result.to_pandas()
+    assert list(frame.columns) == CLASSIFIER_INFLUENCE_COLUMNS and len(frame) == len(rows)
+    html = result._repr_html_()
+    assert html.count("display:inline-grid") == 1 + len(rows)  # the test image and every listed one
+    assert test["proponents"][0]["label"] in result.text()
+
+
 def test_mode_test_takes_inputs_with_a_target_or_the_prediction(svc):
     x = digits_arrays()["test"][0][:2]
     result = _run(svc, {"model": "cnn-noisy", "top_k": 3, "inputs": [

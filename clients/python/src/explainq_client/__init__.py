@@ -37,6 +37,7 @@ from explainq_client.render import diverging_color
 from explainq_client.results import (
     AblationResult,
     AttributionResult,
+    ClassifierInfluenceResult,
     EvaluationResult,
     Result,
     TracInResult,
@@ -47,7 +48,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "NOT_GIVEN", "APIConnectionError", "APIError", "AblationResult", "Artifact", "AsyncClient", "AsyncJob",
-    "AttributionResult", "AuthenticationError", "Client", "ConflictError", "DatasetInfo", "EvaluationResult",
+    "AttributionResult", "AuthenticationError", "ClassifierInfluenceResult", "Client", "ConflictError", "DatasetInfo", "EvaluationResult",
     "ExplainqError",
     "FieldError", "Job", "JobCanceledError", "JobError", "JobEvent", "JobFailedError", "JobPage", "ModelInfo",
     "ModelList", "NotFoundError", "NotGiven", "PayloadTooLargeError", "PermissionDeniedError", "RateLimitError",

@@ -863,3 +863,59 @@ def provenance_html(block: Mapping[str, Any]) -> str:
 
 def provenance_text(block: Mapping[str, Any]) -> str:
     return text_table(["", ""], provenance_rows(block))
+
+
+def _thumb_html(preview: Any, px: int = 56) -> str:
+    """An image example's preview (rows of values) as a small grey grid, black to white over its own range."""
+    if not isinstance(preview, Sequence) or not preview or not isinstance(preview[0], Sequence):
+        return ""
+    values = [_float(v) for row in preview for v in row]
+    finite = [v for v in values if v is not None]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    cells = "".join(
+        f"<span style='background:rgb({g},{g},{g})'></span>"
+        for g in (round(255 * (v - lo) / (hi - lo)) if v is not None and hi > lo else 128 for v in values))
+    return (f"<span style='display:inline-grid;width:{px}px;height:{px}px;border:1px solid #999;"
+            f"grid-template-columns:repeat({len(preview[0])},1fr)'>{cells}</span>")
+
+
+def classifier_influence_html(result: Mapping[str, Any]) -> str:
+    """Per test example (its preview or text) its proponents and opponents with bars from zero on one scale per
+    test example; or the self-influence ranking. Images as thumbnails, texts as text."""
+    head = (f"<div><b>TracIn-CP</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
+            f"{escape(str(result.get('mode')))}, {len(result.get('checkpoints') or [])} checkpoints, "
+            f"{_num(result.get('train_examples'))} training examples")
+    parts = [head]
+
+    def rows(items: list[Mapping[str, Any]], scale: float) -> list[list[str]]:
+        return [[_thumb_html(e.get("preview")) or escape(str(e.get("text") or "")), f"#{_num(e.get('index'))}",
+                 escape(str(e.get("label"))), _bar(_float(e.get("score")) or 0.0, scale)] for e in items]
+
+    tests = [t for t in result.get("tests") or [] if isinstance(t, Mapping)]
+    for t in tests[:MAX_SAMPLES_SHOWN]:
+        own = _thumb_html(t.get("preview"), 80) or f"<q>{escape(str(t.get('text') or ''))}</q>"
+        parts.append(f"<h4 style='margin:8px 0 2px'>{escape(str(t.get('id')))} {own} <small>class "
+                     f"{escape(str(t.get('target')))}, predicted {escape(str(t.get('predicted')))}</small></h4>")
+        groups = [(k, [e for e in t.get(k) or [] if isinstance(e, Mapping)]) for k in ("proponents", "opponents")]
+        scale = max((abs(_float(e.get("score")) or 0.0) for _, items in groups for e in items), default=0.0)
+        for name, items in groups:
+            parts.append(_table(["example", "index", "label", "influence"], rows(items[:MAX_ROWS_SHOWN], scale),
+                                caption=name))
+    ranking = [e for e in result.get("self_influence") or [] if isinstance(e, Mapping)]
+    if ranking:
+        scale = max((abs(_float(e.get("score")) or 0.0) for e in ranking), default=0.0)
+        parts.append(_table(["example", "index", "label", "self-influence"], rows(ranking[:MAX_ROWS_SHOWN], scale),
+                            caption="Highest self-influence"))
+    return "".join(parts) + "</div>"
+
+
+def classifier_influence_text(result: Mapping[str, Any]) -> str:
+    lines = [f"TracIn-CP on {result.get('model')}, mode {result.get('mode')}"]
+    for t in result.get("tests") or []:
+        lines.append(f"{t.get('id')}: class {t.get('target')}, predicted {t.get('predicted')}")
+        for key in ("proponents", "opponents"):
+            lines.append(f"  {key}: " + ", ".join(f"#{e.get('index')} {e.get('label')} {_signed(e.get('score') or 0.0)}"
+                                                  for e in (t.get(key) or [])[:MAX_ROWS_SHOWN]))
+    for i, e in enumerate((result.get("self_influence") or [])[:MAX_ROWS_SHOWN], 1):
+        lines.append(f"{i}. #{e.get('index')} {e.get('label')} {_num(e.get('score'))}")
+    return "\n".join(lines)

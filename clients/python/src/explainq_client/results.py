@@ -280,6 +280,44 @@ class EvaluationResult(Result):
         return render.evaluation_text(self)
 
 
+CLASSIFIER_INFLUENCE_COLUMNS = ["test", "target", "predicted", "role", "rank", "index", "label", "score",
+                                "self_influence", "text"]
+
+
+class ClassifierInfluenceResult(Result):
+    """Renderer ``classifier_influence`` (``classifier_influence``): a classifier's training-data influence, drawn
+    with its images' thumbnails or its texts."""
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per listed training example: mode ``test``, per test example (``test``, ``target``,
+        ``predicted``) its proponents (``role`` ``proponent``, ``rank`` 1 the most positive) then its opponents;
+        mode ``self``, the ranking (``role`` ``self``). Columns: :data:`CLASSIFIER_INFLUENCE_COLUMNS`."""
+        out: list[dict[str, Any]] = []
+        for t in self.get("tests") or []:
+            if not isinstance(t, Mapping):
+                continue
+            for role, key in (("proponent", "proponents"), ("opponent", "opponents")):
+                out += [{"test": t.get("id"), "target": t.get("target"), "predicted": t.get("predicted"),
+                         "role": role, "rank": i, "index": e.get("index"), "label": e.get("label"),
+                         "score": e.get("score"), "self_influence": e.get("self_influence"), "text": e.get("text")}
+                        for i, e in enumerate(t.get(key) or [], 1) if isinstance(e, Mapping)]
+        out += [{"test": None, "target": None, "predicted": None, "role": "self", "rank": i, "index": e.get("index"),
+                 "label": e.get("label"), "score": e.get("score"), "self_influence": e.get("score"),
+                 "text": e.get("text")}
+                for i, e in enumerate(self.get("self_influence") or [], 1) if isinstance(e, Mapping)]
+        return out
+
+    def to_pandas(self) -> Any:
+        """:meth:`rows` as a ``pandas.DataFrame`` with its documented columns (pandas must be installed)."""
+        return _data_frame(self.rows(), CLASSIFIER_INFLUENCE_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        return render.classifier_influence_html(self)
+
+    def text(self) -> str:
+        return render.classifier_influence_text(self)
+
+
 # By the renderer a kind names (``GET /kinds``), never by kind name: a new kind that draws its result as an
 # existing one does needs no change here.
 RESULT_TYPES: dict[str, type[Result]] = {
@@ -288,6 +326,7 @@ RESULT_TYPES: dict[str, type[Result]] = {
     "training": TrainingResult,
     "ablation": AblationResult,
     "evaluation": EvaluationResult,
+    "classifier_influence": ClassifierInfluenceResult,
 }
 
 
