@@ -205,6 +205,64 @@ def test_the_sdk_reads_the_result_as_rows_and_draws_it(svc):
     assert test["proponents"][0]["label"] in result.text()
 
 
+def _dense_trak(source, train, test_x, test_y, proj_dim: int, damping: float, seed: int):
+    """The float64 reference: every per-example margin gradient by autograd, the explicit projection matrix, the
+    damped Gauss-Newton inverse solved densely, averaged over the checkpoints, columns times 1 - p(label)."""
+    from models.explain.gradients import classification_margin
+    from models.explain.trak import projection_matrix
+    from models.export.influence import ProgramModule, read_checkpoints
+
+    module = ProgramModule(load(source)).double()
+    shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
+    proj = projection_matrix(shapes, proj_dim, seed)
+
+    def grads(x, y):
+        out = []
+        for i in range(len(x)):
+            value = classification_margin(module(x[i:i + 1].double()), y[i:i + 1])
+            out.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, list(module.parameters()))]))
+        return torch.stack(out)
+
+    total = 0
+    states = read_checkpoints(source, ProgramModule(load(source))).states
+    for ck in states:
+        module.load_state_dict({k: v.double() for k, v in ck.state.items()})
+        phi, phi_t = grads(train.inputs, train.labels) @ proj, grads(test_x, test_y) @ proj
+        gram = phi.t() @ phi
+        lam = damping * float(torch.trace(gram)) / proj_dim
+        total = total + phi_t @ torch.linalg.solve(gram + lam * torch.eye(proj_dim, dtype=torch.float64), phi.t())
+    final = ProgramModule(load(source)).double()
+    probs = torch.softmax(final(train.inputs.double()), 1)
+    return total / len(states) * (1 - probs[torch.arange(len(train.labels)), train.labels])[None]
+
+
+def test_trak_equals_a_dense_float64_reference(svc):
+    from core import registry
+    from models.export.train import read_split
+
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [4, 9], "top_k": 5, "estimator": "trak",
+                        "proj_dim": 64, "damping": 0.05, "seed": 3})
+    assert result["estimator"] == "trak" and result["output"] == "margin" and result["proj_dim"] == 64
+    source = registry.local_path(svc.settings, registry.get_model(svc.settings, "cnn-noisy"))
+    data = svc.settings.data_roots[0] / "digits-noisy"
+    train, test = read_split(data / "train.safetensors"), read_split(data / "test.safetensors")
+    idx = torch.tensor([4, 9])
+    want = _dense_trak(source, train, test.inputs[idx], test.labels[idx], 64, 0.05, 3)
+    for i, t in enumerate(result["tests"]):
+        order = torch.argsort(want[i], descending=True, stable=True)[:5].tolist()
+        assert [e["index"] for e in t["proponents"]] == order
+        scale = float(want[i].abs().max())
+        assert [e["score"] for e in t["proponents"]] == pytest.approx(want[i, order].tolist(), abs=1e-4 * scale)
+        assert t["self_influence"] is None and t["n_positive"] == int((want[i] > 0).sum())
+    ranked = _run(svc, {"model": "cnn-noisy", "mode": "self", "estimator": "trak", "top_k": 240})
+    scores = {e["index"]: e["score"] for e in ranked["self_influence"]}
+    from sklearn.metrics import roc_auc_score
+
+    auc = roc_auc_score([1 if i < FLIPPED else 0 for i in range(240)], [scores[i] for i in range(240)])
+    print(f"TRAK self-influence AUC of the {FLIPPED} flipped labels: {auc:.3f}")
+    assert auc >= 0.7, auc
+
+
 def test_mode_test_takes_inputs_with_a_target_or_the_prediction(svc):
     x = digits_arrays()["test"][0][:2]
     result = _run(svc, {"model": "cnn-noisy", "top_k": 3, "inputs": [
@@ -336,6 +394,12 @@ def test_text_self_influence_and_test_indices(svc_text):
     result = _run(svc_text, {"model": "bert-reviews", "test_indices": [0, 5], "top_k": 2})
     assert [t["id"] for t in result["tests"]] == ["test[0]", "test[5]"]
     assert all(t["label"] == t["target"] for t in result["tests"])
+    trak = _run(svc_text, {"model": "bert-reviews", "test_indices": [0], "top_k": 3, "estimator": "trak",
+                           "proj_dim": 128})
+    pro = trak["tests"][0]["proponents"]
+    assert trak["output"] == "margin" and pro and [e["score"] for e in pro] == sorted((e["score"] for e in pro),
+                                                                                      reverse=True)
+    assert all(e["score"] > 0 and e["text"] for e in pro)
 
 
 @pytest.mark.parametrize(("body", "loc", "says"), [

@@ -38,6 +38,7 @@ from core.settings import Settings
 from models.textdata import label_indices
 
 MAX_TESTS = 64
+MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: the k x k matrix inverted per checkpoint
 MAX_TOP_K = 1000
 BYTES_PER_GRADIENT_VALUE = 4  # per-example gradients are fp32
 GRADIENT_CHUNK_BYTES = 256 * 2**20  # batch_size "auto": training examples whose gradients fit this
@@ -67,6 +68,16 @@ class ClassifierInfluenceRequest(JobRequest):
     top_k: int = Field(10, ge=1, le=MAX_TOP_K, title="Examples listed",
         description="Proponents and opponents per test example, or training examples in the self ranking (the full "
                     "self ranking is the artifact self_influence.csv)")
+    estimator: Literal["tracin", "trak"] = Field("tracin", title="Estimator",
+        description="tracin: exact TracIn-CP (Σ lr · gradient dot products of the training loss); trak: TRAK "
+                    "(projected gradients of the classification margin, the Gauss-Newton inverse, each training "
+                    "example weighted by 1 - p of its label, averaged over the checkpoints)")
+    proj_dim: int = Field(2048, ge=16, le=MAX_PROJ_DIM, title="TRAK projection", json_schema_extra=ADVANCED,
+        description="trak: dimensions of the random projection of the gradients")
+    damping: float = Field(0.01, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
+        description="trak: the Gauss-Newton matrix's damping, relative to its mean eigenvalue")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
+        description="trak: seed of the random projection")
     checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints", json_schema_extra=ADVANCED,
         description="Sum over every kept checkpoint (TracIn-CP), or the last one only")
     max_length: int = Field(128, ge=2, le=4096, title="Tokens per text", json_schema_extra=ADVANCED,

@@ -77,3 +77,11 @@ def module_device(model: nn.Module) -> torch.device:
     for t in (*model.parameters(), *model.buffers()):
         return t.device
     return torch.device("cpu")
+
+
+def classification_margin(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """TRAK's output for classification, summed over the rows: the correct class's logit minus the log-sum-exp of
+    the others', log(p / (1 - p)) of the correct class (Park et al. 2023, "TRAK", section 3)."""
+    own = torch.arange(logits.shape[-1], device=logits.device) == label[..., None]  # vmap-safe (no one_hot checks)
+    others = logits.masked_fill(own, float("-inf"))
+    return (logits.gather(-1, label[..., None])[..., 0] - torch.logsumexp(others, -1)).sum()

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from models.explain.gradients import classification_margin
 from models.explain.tracin import MemoryCheckpoint
 from models.export.program import SPEC_FILE, ExportedClassifier, build
 
@@ -69,6 +70,15 @@ def loss_of(shape: tuple[int, ...]) -> Callable[[Callable[..., Any], torch.Tenso
         return nn.functional.cross_entropy(logits.float(), example[-1:].long())
 
     return loss
+
+
+def margin_of(shape: tuple[int, ...]) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
+    """The per-example output TRAK differentiates (``classification_margin``), for a row of :func:`rows`."""
+
+    def output(forward: Callable[..., Any], example: torch.Tensor) -> torch.Tensor:
+        return classification_margin(forward(example[:-1].reshape(1, *shape)).float(), example[-1:].long())
+
+    return output
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.explain.gradients import classification_margin
 from models.explain.tracin import MemoryCheckpoint
 from models.hf.checkpoint import HFClassifier
 
@@ -73,6 +74,17 @@ def loss_of(width: int) -> Callable[[Callable[..., Any], torch.Tensor], torch.Te
         return nn.functional.cross_entropy(forward(ids, mask).float(), example[-1:].long())
 
     return loss
+
+
+def margin_of(width: int) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
+    """The per-example output TRAK differentiates (``classification_margin``), for a row of :func:`rows`."""
+
+    def output(forward: Callable[..., Any], example: torch.Tensor) -> torch.Tensor:
+        ids = example[:width].long().reshape(1, width)
+        mask = example[width:2 * width].long().reshape(1, width)
+        return classification_margin(forward(ids, mask).float(), example[-1:].long())
+
+    return output
 
 
 def read_checkpoints(directory: Path, module: TextModule, which: str = "all") -> tuple[list[dict[str, Any]],

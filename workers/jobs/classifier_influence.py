@@ -1,4 +1,4 @@
-"""Worker side of ``POST /tracin/classifier``: TracIn-CP on a trained classifier's checkpoints
+"""Worker side of ``POST /tracin/classifier``: TracIn-CP or TRAK on a trained classifier's checkpoints
 (``models.export.influence`` for exported programs, ``models.hf.influence`` for Hugging Face classifiers, both over
 the generic engine ``models.explain.tracin``), mode ``test`` (a streaming top-k of proponents and opponents per
 test example) or ``self`` (every training example's self-influence, ranked).
@@ -40,12 +40,13 @@ class Prepared:
 
     module: Any
     loss: Any
+    output: Any  # TRAK's output function (the classification margin)
     listed: list[dict[str, Any]]
     states: list[Any]
     labels: list[str]
     train_rows: Any
     train_labels: list[int]
-    train_predicted: Any  # a callable: the model's predicted class of every training example (mode self)
+    train_logits: Any  # a callable: the final model's logits of every training example [n, classes]
     train_texts: list[str] | None = None
     train_preview: Any = None  # a callable: an image training example's preview (exported image models)
     test_rows: Any = None
@@ -60,7 +61,7 @@ class Prepared:
 def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, directory: Any, name: str) -> Prepared:
     import torch
 
-    from models.export.influence import ProgramModule, loss_of, preview, read_checkpoints, rows
+    from models.export.influence import ProgramModule, loss_of, margin_of, preview, read_checkpoints, rows
     from models.export.program import load
     from models.export.train import read_split
 
@@ -80,8 +81,8 @@ def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, direc
     if list(train.inputs.shape[1:]) != list(shape):
         raise JobError("invalid_request", f"dataset {name!r} has inputs of shape {list(train.inputs.shape[1:])}; "
                        f"model {r.model!r} takes {list(shape)}")
-    out = Prepared(module, loss_of(shape), ckpts.listed, ckpts.states, labels, rows(train.inputs, train.labels),
-                   train.labels.tolist(), lambda: clf.logits(train.inputs).argmax(1).tolist())
+    out = Prepared(module, loss_of(shape), margin_of(shape), ckpts.listed, ckpts.states, labels,
+                   rows(train.inputs, train.labels), train.labels.tolist(), lambda: clf.logits(train.inputs).cpu())
     image = clf.spec.kind == "image"
     if image:
         out.train_preview = lambda j: preview(train.inputs[j])
@@ -108,7 +109,7 @@ def _exported(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, direc
 
 def _huggingface(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, directory: Any, name: str) -> Prepared:
     from models.hf.checkpoint import load
-    from models.hf.influence import TextModule, loss_of, read_checkpoints, rows, width
+    from models.hf.influence import TextModule, loss_of, margin_of, read_checkpoints, rows, width
     from models.textdata import label_indices, read_split, split_files
 
     files = files_for(ctx.settings, directory)
@@ -153,8 +154,8 @@ def _huggingface(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, di
         train_rows = rows(clf, train.texts, train_labels, r.max_length, length)
     except ValueError as exc:
         raise JobError("invalid_request", str(exc)) from None
-    out = Prepared(module, loss_of(length), listed, states, labels, train_rows, train_labels,
-                   lambda: clf.logits(train.texts).argmax(1).tolist(), train_texts=train.texts)
+    out = Prepared(module, loss_of(length), margin_of(length), listed, states, labels, train_rows, train_labels,
+                   lambda: clf.logits(train.texts).cpu(), train_texts=train.texts)
     if r.mode == "self":
         return out
     out.test_ids, out.known, out.test_texts = ids, known, [t[:TEXT_SHOWN] for t in texts]
@@ -165,8 +166,6 @@ def _huggingface(r: ClassifierInfluenceRequest, ctx: JobContext, source: Any, di
 
 
 def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInfluenceResult:
-    import torch
-
     from models.explain.tracin import FuncGradients, TracIn
 
     t0 = time.perf_counter()
@@ -181,8 +180,7 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
     directory = registry.absolute_path(ctx.settings, ref.entry) if ref.entry is not None else ref.path
     p = (_huggingface if kind == HF_KIND else _exported)(r, ctx, source, directory, name)
     parameters = sum(t.numel() for t in p.module.parameters())
-    engine = TracIn(FuncGradients(p.module, p.loss, device=ctx.device), p.states,
-                    batch_size=chunk_size(r, parameters))
+    chunk = chunk_size(r, parameters)
     labels = p.labels
 
     def progress(done: int, total: int) -> None:
@@ -197,34 +195,92 @@ def run(request: ClassifierInfluenceRequest, ctx: JobContext) -> ClassifierInflu
         return out
 
     base: dict[str, Any] = {"model": r.model, "dataset": name, "mode": r.mode, "parameters": parameters,
-                            "train_examples": len(p.train_rows), "checkpoints": p.listed, "labels": labels}
+                            "train_examples": len(p.train_rows), "checkpoints": p.listed, "labels": labels,
+                            "estimator": r.estimator}
+    if r.estimator == "trak":
+        return _trak(r, ctx, p, base, chunk, example, t0)
+    engine = TracIn(FuncGradients(p.module, p.loss, device=ctx.device), p.states, batch_size=chunk)
     if r.mode == "self":
         scores = engine.self_influence(p.train_rows, progress).float().cpu()
-        predicted = p.train_predicted()
-        order = torch.argsort(scores, descending=True, stable=True).tolist()
-        with open(ctx.artifact_path("self_influence.csv"), "w", newline="", encoding="utf-8") as fh:
-            TableWriter(fh, ["rank", "index", "label", "predicted", "self_influence"]).rows(
-                [rank, i, labels[p.train_labels[i]], labels[predicted[i]], float(scores[i])]
-                for rank, i in enumerate(order, 1))
-        return ClassifierInfluenceResult.model_validate({
-            **base, "self_influence": [example(i, float(scores[i])) for i in order[:r.top_k]],
-            "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
-
+        return _ranking(ctx, p, base, scores, p.train_logits().argmax(1).tolist(), r.top_k, example, t0)
     assert p.test_ids is not None and p.targets is not None and p.predicted is not None and p.known is not None
     top = engine.top_influence(p.test_rows, p.train_rows, r.top_k, progress=progress)
+    lists = [{key: [example(j, v, s) for j, v, s in top.listed(i, positive)]
+              for key, positive in (("proponents", True), ("opponents", False))} for i in range(len(p.test_ids))]
+    counts = [(float(top.test_self[i]), int(top.n_positive[i]), int(top.n_negative[i]))
+              for i in range(len(p.test_ids))]
+    return _tests(ctx, p, base, lists, counts, t0)
+
+
+def _ranking(ctx: JobContext, p: Prepared, base: dict[str, Any], scores: Any, predicted: list[int], top_k: int,
+             example: Any, t0: float) -> ClassifierInfluenceResult:
+    """Mode self: every training example ranked (``self_influence.csv``), the top ``top_k`` inline."""
+    import torch
+
+    labels = p.labels
+    order = torch.argsort(scores, descending=True, stable=True).tolist()
+    with open(ctx.artifact_path("self_influence.csv"), "w", newline="", encoding="utf-8") as fh:
+        TableWriter(fh, ["rank", "index", "label", "predicted", "self_influence"]).rows(
+            [rank, i, labels[p.train_labels[i]], labels[predicted[i]], float(scores[i])]
+            for rank, i in enumerate(order, 1))
+    return ClassifierInfluenceResult.model_validate({
+        **base, "self_influence": [example(i, float(scores[i])) for i in order[:top_k]],
+        "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
+
+
+def _tests(ctx: JobContext, p: Prepared, base: dict[str, Any], lists: list[dict[str, Any]],
+           counts: list[tuple[float | None, int, int]], t0: float) -> ClassifierInfluenceResult:
+    """Mode test: per test example its lists (and ``influence.csv``, every listed pair)."""
+    assert p.test_ids is not None and p.targets is not None and p.predicted is not None and p.known is not None
+    labels = p.labels
     tests, pairs = [], []
     for i, test_id in enumerate(p.test_ids):
-        lists = {}
-        for key, positive in (("proponents", True), ("opponents", False)):
-            lists[key] = [example(j, v, s) for j, v, s in top.listed(i, positive)]
+        for key in ("proponents", "opponents"):
             pairs.extend([test_id, key[:-1], rank, e["index"], e["label"], e["score"]]
-                         for rank, e in enumerate(lists[key], 1))
+                         for rank, e in enumerate(lists[i][key], 1))
+        own, n_pos, n_neg = counts[i]
         tests.append({"id": test_id, "target": labels[p.targets[i]], "predicted": labels[p.predicted[i]],
-                      "label": p.known[i], "self_influence": float(top.test_self[i]),
-                      "n_positive": int(top.n_positive[i]), "n_negative": int(top.n_negative[i]), **lists,
-                      "text": p.test_texts[i] if p.test_texts is not None else None,
+                      "label": p.known[i], "self_influence": own, "n_positive": n_pos, "n_negative": n_neg,
+                      **lists[i], "text": p.test_texts[i] if p.test_texts is not None else None,
                       "preview": p.test_previews[i] if p.test_previews is not None else None})
     with open(ctx.artifact_path("influence.csv"), "w", newline="", encoding="utf-8") as fh:
         TableWriter(fh, ["test", "side", "rank", "index", "label", "influence"]).rows(pairs)
     return ClassifierInfluenceResult.model_validate({
         **base, "tests": tests, "seconds": time.perf_counter() - t0, "artifacts": ctx.artifacts()})
+
+
+def trak_weights(logits: Any, labels: list[int]) -> Any:
+    """TRAK's Q: each training example's 1 - p of its own label under the final model."""
+    import torch
+
+    probs = torch.softmax(logits.double(), 1)
+    return (1.0 - probs[torch.arange(len(labels)), torch.tensor(labels)]).float()
+
+
+def _trak(r: ClassifierInfluenceRequest, ctx: JobContext, p: Prepared, base: dict[str, Any], chunk: int,
+          example: Any, t0: float) -> ClassifierInfluenceResult:
+    """TRAK: projected gradients of the margin at every checkpoint, the damped Gauss-Newton inverse, the training
+    columns weighted by Q (:func:`trak_weights`), averaged over the checkpoints."""
+    import torch
+
+    from models.explain.trak import FuncProjector, projected_self_scores, projected_trak_scores
+
+    projector = FuncProjector(p.module, p.output, proj_dim=r.proj_dim, seed=r.seed, device=ctx.device,
+                              batch_size=chunk)
+    logits = p.train_logits()
+    q = trak_weights(logits, p.train_labels)
+    base = {**base, "output": "margin", "proj_dim": r.proj_dim, "damping": r.damping}
+    ctx.progress(0, 1, "passes", message=f"TRAK over {len(p.states)} checkpoints")
+    if r.mode == "self":
+        scores = projected_self_scores(projector, p.states, p.train_rows, r.damping).float() * q
+        return _ranking(ctx, p, base, scores, logits.argmax(1).tolist(), r.top_k, example, t0)
+    scores = projected_trak_scores(projector, p.states, p.test_rows, p.train_rows, r.damping).float() * q[None]
+    k = min(r.top_k, scores.shape[1])
+    lists, counts = [], []
+    for row in scores:
+        pro = torch.argsort(row, descending=True, stable=True)[:k].tolist()
+        opp = torch.argsort(row, stable=True)[:k].tolist()
+        lists.append({"proponents": [example(j, float(row[j])) for j in pro if row[j] > 0],
+                      "opponents": [example(j, float(row[j])) for j in opp if row[j] < 0]})
+        counts.append((None, int((row > 0).sum()), int((row < 0).sum())))
+    return _tests(ctx, p, base, lists, counts, t0)

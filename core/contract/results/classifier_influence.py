@@ -43,7 +43,7 @@ class TestInfluence(ResultModel):
     target: str
     predicted: str
     label: str | None = None
-    self_influence: float
+    self_influence: float | None = Field(description="tracin: the test example's own TracIn score; trak: None")
     n_positive: int
     n_negative: int
     proponents: list[InfluenceExample]
@@ -59,8 +59,12 @@ class ClassifierInfluenceResult(ResultModel):
     model: str
     dataset: str
     mode: Literal["test", "self"]
-    estimator: Literal["tracin"] = "tracin"
-    loss: Literal["cross_entropy"] = "cross_entropy"
+    estimator: Literal["tracin", "trak"] = "tracin"
+    output: Literal["cross_entropy", "margin"] = Field(
+        "cross_entropy", description="what is differentiated: tracin the training loss, trak the classification "
+        "margin log(p / (1 - p)) of the example's class")
+    proj_dim: int | None = Field(None, description="trak: the projection's dimensions")
+    damping: float | None = Field(None, description="trak: the damping relative to the mean eigenvalue")
     parameters: int = Field(description="the parameters differentiated (all of the program's)")
     train_examples: int
     checkpoints: list[ClassifierCheckpoint]

@@ -370,6 +370,10 @@ class KindMethods(Generic[R]):
         test_indices: Sequence[int] | None | NotGiven = NOT_GIVEN,
         test_split: Literal["train", "valid", "test"] | NotGiven = NOT_GIVEN,
         top_k: int | NotGiven = NOT_GIVEN,
+        estimator: Literal["tracin", "trak"] | NotGiven = NOT_GIVEN,
+        proj_dim: int | NotGiven = NOT_GIVEN,
+        damping: float | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
         checkpoints: Literal["all", "last"] | NotGiven = NOT_GIVEN,
         max_length: int | NotGiven = NOT_GIVEN,
         batch_size: int | None | NotGiven = NOT_GIVEN,
@@ -385,8 +389,10 @@ class KindMethods(Generic[R]):
         "target"?}]``), ``target`` the class whose loss is traced (by default the predicted one), or
         ``test_indices`` of the dataset's ``test_split``. ``mode="self"`` ranks the training examples by
         self-influence (suspected mislabels first; the full ranking is the artifact ``self_influence.csv``).
-        Server defaults: ``top_k=10``, ``checkpoints="all"``, ``max_length=128`` tokens, ``batch_size`` as many
-        training examples' gradients as fit 256 MiB.
+        ``estimator="trak"`` gives TRAK (margin gradients projected to ``proj_dim``, the damped Gauss-Newton
+        inverse, ``seed`` of the projection) instead of exact TracIn-CP. Server defaults: ``top_k=10``,
+        ``estimator="tracin"``, ``proj_dim=2048``, ``damping=0.01``, ``checkpoints="all"``, ``max_length=128``
+        tokens, ``batch_size`` as many training examples' gradients as fit 256 MiB.
         """
         return self._submit("/tracin/classifier", _body(dict(locals())), idempotency_key)
 

@@ -882,7 +882,7 @@ def _thumb_html(preview: Any, px: int = 56) -> str:
 def classifier_influence_html(result: Mapping[str, Any]) -> str:
     """Per test example (its preview or text) its proponents and opponents with bars from zero on one scale per
     test example; or the self-influence ranking. Images as thumbnails, texts as text."""
-    head = (f"<div><b>TracIn-CP</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
+    head = (f"<div><b>{'TRAK' if result.get('estimator') == 'trak' else 'TracIn-CP'}</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
             f"{escape(str(result.get('mode')))}, {len(result.get('checkpoints') or [])} checkpoints, "
             f"{_num(result.get('train_examples'))} training examples")
     parts = [head]
@@ -910,7 +910,8 @@ def classifier_influence_html(result: Mapping[str, Any]) -> str:
 
 
 def classifier_influence_text(result: Mapping[str, Any]) -> str:
-    lines = [f"TracIn-CP on {result.get('model')}, mode {result.get('mode')}"]
+    lines = [f"{'TRAK' if result.get('estimator') == 'trak' else 'TracIn-CP'} on {result.get('model')}, mode "
+             f"{result.get('mode')}"]
     for t in result.get("tests") or []:
         lines.append(f"{t.get('id')}: class {t.get('target')}, predicted {t.get('predicted')}")
         for key in ("proponents", "opponents"):
