@@ -273,6 +273,7 @@ def test_a_saved_classifier_imports_and_predicts_exactly_as_transformers(svc, so
     res = _finish(svc, _submit(svc, {"name": name, "kind": "huggingface", "path": name})["id"])
     reference = AutoModelForSequenceClassification.from_pretrained(sources[model_type]).eval()
     tokenizer = AutoTokenizer.from_pretrained(sources[model_type])
+    assert res.pop("provenance")["registered"][0]["name"] == name  # what produced it (tests/test_provenance.py)
     assert res == {
         "model": name, "kind": "huggingface", "registry_kind": "hf_classifier",
         "parameters": sum(p.numel() for p in reference.parameters()),

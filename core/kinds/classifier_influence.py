@@ -13,7 +13,7 @@ with ℓ the training loss (cross-entropy).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -61,7 +61,8 @@ class ClassifierInfluenceRequest(JobRequest):
     texts: list[TextIn] | None = Field(None, max_length=MAX_TESTS, title="Test texts",
         description="Mode test, a Hugging Face classifier: texts; target is the class whose loss is traced (by "
                     "default the predicted class)")
-    test_indices: list[int] | None = Field(None, min_length=1, max_length=MAX_TESTS, title="Test examples",
+    test_indices: list[Annotated[int, Field(ge=0, le=limits.MAX_SEED)]] | None = Field(
+        None, min_length=1, max_length=MAX_TESTS, title="Test examples",
         description="Mode test, instead of inputs: positions in the dataset's test_split, with their own labels")
     test_split: Literal["train", "valid", "test"] = Field("test", title="Split of test_indices",
         json_schema_extra=ADVANCED, description="The dataset split test_indices point into")
