@@ -69,11 +69,12 @@ def recipe(args: argparse.Namespace) -> TrainConfig:
 
 def _cache_dir(args: argparse.Namespace, work: Path, name: str, what: str) -> Path:
     """Where a trained model (or the subset models' masks and outputs) lives: under ``--cache-dir`` when given,
-    keyed by everything that changes it (dataset, recipe, alpha, m, seed, fraction), so that measuring another
-    estimator retrains nothing; else in the run's temporary directory."""
+    keyed by everything that changes it (the LDS design version, dataset, recipe, alpha, m, seed, fraction), so
+    that measuring another estimator retrains nothing; else in the run's temporary directory."""
     if not args.cache_dir:
         return work / f"{name}-{what}"
-    key = (f"{name}-{what}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
+    design = "" if what == "mislabel" else f"-v{ev.LDS_DESIGN}"  # the LDS's models follow its design's seeds
+    key = (f"{name}-{what}{design}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
            + ("" if args.dropout is None else f"-p{args.dropout}")
            + (f"-a{args.alpha}-m{args.m}" if what == "subsets" else "")
            + (f"-f{args.fraction}" if what == "mislabel" else ""))
@@ -89,13 +90,14 @@ def _full_model(ds: TriplesDataset, cfg: TrainConfig, out: Path) -> tuple[Any, f
 
 
 def _subsets(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    """The ``m`` subset models' masks and margins on the whole test split (trained once per cache key)."""
+    """The ``m`` subset models' masks and margins on the whole test split (trained once per cache key), each
+    subset drawn and trained with the seeds ``ev.subset_seeds`` and ``ev.subset_train_seeds`` give."""
     out.mkdir(parents=True, exist_ok=True)
     subsets = []
-    for s in ev.subset_seeds(args.seed, args.m):
+    for s, t in zip(ev.subset_seeds(args.seed, args.m), ev.subset_train_seeds(args.seed, args.m), strict=True):
         path = out / f"subset-{s}.npz"
         if not path.exists():
-            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu")
+            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=t)
             np.savez(path, mask=sub["mask"], outputs=sub["outputs"])
         with np.load(path) as z:
             subsets.append({"mask": z["mask"], "outputs": z["outputs"]})
@@ -116,12 +118,12 @@ def _members(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, wor
 
 def _replicates(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out: Path) -> np.ndarray:
     """``[m, n_test_split]``: each subset model's replicate (the same subset trained with
-    ``ev.replicate_seed``), its margins on the whole test split (trained once per cache key)."""
+    ``ev.subset_replicate_seeds``), its margins on the whole test split (trained once per cache key)."""
     outputs = []
-    for s in ev.subset_seeds(args.seed, args.m):
+    for s, t in zip(ev.subset_seeds(args.seed, args.m), ev.subset_replicate_seeds(args.seed, args.m), strict=True):
         path = out / f"replicate-{s}.npz"
         if not path.exists():
-            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=ev.replicate_seed(s))
+            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=t)
             np.savez(path, mask=sub["mask"], outputs=sub["outputs"])
         with np.load(path) as z:
             outputs.append(z["outputs"])
@@ -158,7 +160,8 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
             # another seed is an independent replicate: another full-data model, other subsets, other test triples
             one = argparse.Namespace(**{**vars(args), "seed": seed})
             label = name if len(seeds) == 1 else f"{name}/s{seed}"
-            cfg = recipe(one)
+            # the full-data model's seed is derived from the replicate's, as the service derives it
+            cfg = dataclasses.replace(recipe(one), seed=ev.full_model_seed(seed, seed))
             bundle, full_s = _full_model(ds, cfg, _cache_dir(one, work, name, "full"))
             t0 = time.perf_counter()
             subsets = _subsets(ds, cfg, one, _cache_dir(one, work, name, "subsets"))
@@ -189,7 +192,7 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
                 pooled.setdefault((name, est), []).append((r["per_test"], reference, (ratio or {}).get("ratio")))
                 if ratio and ratio["ratio"] is not None:
                     ratios.append([label, f"{est} / {ev.REFERENCE}", f"{ratio['ratio']:.2f}",
-                                   f"[{ratio['low']:.2f}, {ratio['high']:.2f}]", str(ratio["n"])])
+                                   f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]", str(ratio["n"])])
             for est, r in report.items():
                 lds = r["lds"]
                 rows.append([label, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",

@@ -65,7 +65,7 @@ def test_subset_masks_hold_alpha_of_the_triples_and_follow_their_seed():
     assert m.dtype == bool and m.sum() == 51
     assert (m == evaluation.subset_mask(101, 0.5, 4)).all()
     assert (m != evaluation.subset_mask(101, 0.5, 5)).any()
-    assert evaluation.subset_seeds(7, 3) == [7, 8, 9]
+    assert evaluation.subset_seeds(7, 3) == evaluation.subset_seeds(7, 4)[:3]
     sel = evaluation.test_selection(20, 5, 0)
     assert len(sel) == 5 and (np.diff(sel) > 0).all() and (sel == evaluation.test_selection(20, 5, 0)).all()
     assert len(evaluation.test_selection(4, 10, 0)) == 4
@@ -191,24 +191,26 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
         return _identity(request(body), data)
 
     ident = identity(base)
-    assert ident == identity(dict(base)) and ident["seeds"] == [0, 1, 2]
+    assert ident == identity(dict(base)) and ident["seeds"] == evaluation.subset_seeds(0, 3)
     for change in ({"alpha": 0.4}, {"m": 4}, {"seed": 1}, {"recipe": {**base["recipe"], "epochs": 2}}):
         other = identity({**base, **change})
         assert other["lds"] != ident["lds"], change
-    # the full-data model depends on the recipe and the data only
+    # the full-data model depends on the recipe, the data and the evaluation's seed (another replicate) only
     assert identity({**base, "alpha": 0.4, "m": 9})["full"] == ident["full"]
     assert identity({**base, "recipe": {**base["recipe"], "seed": 1}})["full"] != ident["full"]
+    assert identity({**base, "seed": 1})["full"] != ident["full"]
     changed = evaluation.with_train(ds, ds.train[1:], keep_eval=True)
     assert identity(base, changed)["lds"] != ident["lds"]
     assert evaluation.data_version(changed) != evaluation.data_version(ds)
     # ensemble members only when an ensemble estimator is asked for; a member is the recipe's full-data model with
-    # the member's seed (the same address another evaluation of that recipe and seed would use)
+    # the member's seed (the address of any model of that recipe, seed and data)
     assert ident["members"] == []
     ens = identity({**base, "estimators": ["trak_ensemble"], "ensemble": 3})
     assert len(ens["members"]) == 3 and ens["lds"] == ident["lds"] and ens["full"] == ident["full"]
-    seeds = evaluation.member_seeds(0, 3)
+    seeds = evaluation.member_seeds(evaluation.full_model_seed(0, 0), 3)
     assert [r["seed"] for r in ens["member_recipes"]] == seeds
-    assert ens["members"][1] == identity({**base, "recipe": {**base["recipe"], "seed": seeds[1]}})["full"]
+    assert ens["members"][1] == evaluation.content_key(what="full", recipe={**ens["full_recipe"], "seed": seeds[1]},
+                                                       data=ident["data_version"])
     assert identity({**base, "estimators": ["trak"], "ensemble": 3})["members"] == []
     # the models an evaluation needs, in the fixed order a shard's range points into: subsets, replicates, the
     # full-data model, the ensemble members
@@ -478,8 +480,54 @@ def test_noise_ceiling_is_the_replicates_spearman_and_bounds_a_prediction_from_t
     assert best == pytest.approx(out["ceiling"], abs=0.15) and out["agreement"]["mean"] < best
 
 
-def test_replicate_seeds_are_other_seeds_and_train_subset_keeps_the_subset():
-    seeds = [evaluation.replicate_seed(s) for s in range(64)]
-    assert len(set(seeds)) == 64 and not set(seeds) & set(range(1000))
-    assert not set(seeds) & set(evaluation.member_seeds(0, 16))
-    assert evaluation.replicate_seed(3) == evaluation.replicate_seed(3) and 0 <= seeds[0] <= 2**31 - 1
+def _plan(seed: int, m: int = 64, n_train: int = 400, recipe_seed: int = 0) -> dict:
+    """Every draw of one LDS replicate: masks, their seeds, training seeds, test draw, full-data model seed."""
+    seeds = evaluation.subset_seeds(seed, m)
+    return {"masks": [evaluation.subset_mask(n_train, 0.5, s) for s in seeds], "mask_seeds": seeds,
+            "train_seeds": evaluation.subset_train_seeds(seed, m),
+            "replicate_seeds": evaluation.subset_replicate_seeds(seed, m),
+            "test": evaluation.test_selection(1000, 100, seed),
+            "full": evaluation.full_model_seed(seed, recipe_seed)}
+
+
+def test_independent_replicates_share_no_subset_seed_mask_test_draw_or_full_data_model():
+    plans = [_plan(s) for s in (0, 1, 2)]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            a, b = plans[i], plans[j]
+            seeds_a = {*a["mask_seeds"], *a["train_seeds"], *a["replicate_seeds"], a["full"]}
+            seeds_b = {*b["mask_seeds"], *b["train_seeds"], *b["replicate_seeds"], b["full"]}
+            assert not seeds_a & seeds_b
+            masks_a = {m.tobytes() for m in a["masks"]}
+            assert not masks_a & {m.tobytes() for m in b["masks"]}
+            assert not (a["test"] == b["test"]).all()
+    for p in plans:  # within a replicate too, no seed plays two roles
+        seeds = [*p["mask_seeds"], *p["train_seeds"], *p["replicate_seeds"], p["full"]]
+        assert len(set(seeds)) == len(seeds) and all(0 <= s <= 2**31 - 1 for s in seeds)
+        assert not set(seeds) & set(range(1000))  # never the consecutive seeds of the old design
+        assert not set(seeds) & set(evaluation.member_seeds(p["full"], 16))
+    # one replicate's plan is reproducible, and the recipe's own seed changes the full-data model
+    again = _plan(1)
+    assert all((x == y).all() for x, y in zip(again["masks"], plans[1]["masks"], strict=True))
+    assert {k: v for k, v in again.items() if k not in ("masks", "test")} == {
+        k: v for k, v in plans[1].items() if k not in ("masks", "test")}
+    assert (again["test"] == plans[1]["test"]).all()
+    assert evaluation.full_model_seed(1, 7) != plans[1]["full"]
+    with pytest.raises(ValueError, match="role"):
+        evaluation.design_seed(0, "no-such-role")
+
+
+def test_the_stored_ground_truth_is_addressed_by_the_design_version(monkeypatch):
+    from core.kinds.evaluate import EvaluateAttributionRequest
+    from models.kg.triples import load_nations
+    from workers.jobs import evaluate as jobs
+
+    ds = load_nations()
+    request = EvaluateAttributionRequest.model_validate({"m": 3, "seed": 2})
+    ident = jobs._identity(request, ds)
+    assert ident["seeds"] == evaluation.subset_seeds(2, 3)
+    assert ident["train_seeds"] == evaluation.subset_train_seeds(2, 3)
+    assert ident["full_recipe"]["seed"] == evaluation.full_model_seed(2, request.recipe.seed)
+    monkeypatch.setattr(evaluation, "LDS_DESIGN", evaluation.LDS_DESIGN + 1)
+    other = jobs._identity(request, ds)
+    assert other["lds"] != ident["lds"]

@@ -2,7 +2,8 @@ r"""How good is a data-attribution estimator? The linear datamodeling score (LDS
 
 **LDS** (Park et al. 2023, "TRAK: Attributing Model Behavior at Scale", §2). Train ``M`` models on random subsets
 :math:`S_1..S_M` of the training triples, each holding :math:`\lceil\alpha n\rceil` of the ``n`` triples (a seeded
-draw per subset; its model is trained with the same recipe and seed). For a test triple ``z`` the estimator's
+draw per subset; its model is trained with the same recipe and a seed of its own; every seed of one evaluation is
+derived from its seed by :func:`design_seed`, so independent replicates share none). For a test triple ``z`` the estimator's
 scores :math:`\tau(z)_i` (computed once, on the model trained on all the data) predict the subset model's output by
 the sum over the subset, :math:`g_s(z) = \sum_{i\in S_s} \tau(z)_i`; the actual output :math:`f_s(z)` is the
 subset model's. :math:`\mathrm{LDS}(z) = \mathrm{spearman}_s(g_s(z), f_s(z))`, and an estimator's LDS is its
@@ -71,9 +72,41 @@ def content_key(**parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# How an LDS evaluation's randomness follows from its seed (a replicate's seed). Every seed it uses is a digest of
+# (this version, the replicate's seed, a role, an index): the subset masks, the subset models' training seeds, their
+# replicates' training seeds, the test draw and the full-data model, so two replicates share no subset, no
+# initialisation and no test draw, and one replicate's plan is reproducible. The version is part of every stored
+# ground truth's address: a ground truth of another design is never served for this one.
+LDS_DESIGN = 2
+ROLES = ("subset-mask", "subset-train", "subset-replicate", "test", "full")
+
+
+def design_seed(seed: int, role: str, index: int = 0, max_seed: int = 2**31 - 1) -> int:
+    """The seed of ``role`` (one of ``ROLES``) number ``index`` in the replicate with seed ``seed``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; one of {ROLES}")
+    return _digest_seed(f"lds-design-{LDS_DESIGN}|{int(seed)}|{role}|{int(index)}", max_seed)
+
+
 def subset_seeds(seed: int, m: int) -> list[int]:
-    """The seed of each subset (its draw and its model's training)."""
-    return [seed + i for i in range(m)]
+    """The seed of each subset's draw (its mask, :func:`subset_mask`) in the replicate with seed ``seed``."""
+    return [design_seed(seed, "subset-mask", i) for i in range(m)]
+
+
+def subset_train_seeds(seed: int, m: int) -> list[int]:
+    """The training seed of each subset model in the replicate with seed ``seed``."""
+    return [design_seed(seed, "subset-train", i) for i in range(m)]
+
+
+def subset_replicate_seeds(seed: int, m: int) -> list[int]:
+    """The training seed of each subset model's replicate (the same subset trained again, for the noise ceiling)."""
+    return [design_seed(seed, "subset-replicate", i) for i in range(m)]
+
+
+def full_model_seed(seed: int, recipe_seed: int = 0) -> int:
+    """The training seed of the full-data model of the replicate with seed ``seed``, for a recipe whose own seed is
+    ``recipe_seed`` (both change it)."""
+    return design_seed(seed, "full", recipe_seed)
 
 
 def subset_mask(n_train: int, alpha: float, seed: int) -> np.ndarray:
@@ -98,9 +131,10 @@ def _digest_seed(text: str, max_seed: int) -> int:
 
 
 def test_selection(n_split: int, n_test: int, seed: int) -> np.ndarray:
-    """Positions in the test split of the ``n_test`` evaluated test triples (a seeded draw, sorted)."""
+    """Positions in the test split of the ``n_test`` evaluated test triples (a draw seeded by the replicate's
+    ``seed`` in the role "test", sorted)."""
     n = min(n_split, n_test)
-    return np.sort(np.random.default_rng([seed, 0x7E57]).permutation(n_split)[:n])
+    return np.sort(np.random.default_rng([design_seed(seed, "test"), 0x7E57]).permutation(n_split)[:n])
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -139,8 +173,8 @@ def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, 
                  work_dir: Path | None = None, train_seed: int | None = None) -> dict[str, Any]:
     """One subset model: its mask, its outputs on the whole test split (``margins``) and its training time
     (the model itself is trained in a temporary directory under ``work_dir`` and not kept). The subset is drawn
-    with ``seed`` and the model trained with ``train_seed`` (default: ``seed``; another one trains a replicate of
-    the same subset)."""
+    with ``seed`` (:func:`subset_seeds`) and the model trained with ``train_seed`` (:func:`subset_train_seeds`, or
+    :func:`subset_replicate_seeds` for a replicate of the same subset; default: ``seed``)."""
     from models.kg.checkpoint import load
 
     mask = subset_mask(len(ds.train), alpha, seed)
@@ -159,12 +193,6 @@ def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, 
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"mask": mask, "outputs": outputs, "seed": seed, "seconds": seconds}
-
-
-def replicate_seed(seed: int, max_seed: int = 2**31 - 1) -> int:
-    """The training seed of the replicate of subset model ``seed`` (the same subset, another initialisation and
-    batch order): from a digest, so it is never another subset model's or an ensemble member's seed."""
-    return _digest_seed(f"replicate|{int(seed)}", max_seed)
 
 
 # ---------------------------------------------------------------------------------------------- LDS

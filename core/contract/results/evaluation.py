@@ -142,8 +142,10 @@ class CheckpointRef(ResultModel):
 
 
 class FullModel(ResultModel):
-    """The full-data model the estimators ran on: its metrics and the checkpoints they used."""
+    """The full-data model the estimators ran on: its training seed (``models.kg.evaluation.full_model_seed`` of
+    the evaluation's seed and the recipe's), its metrics and the checkpoints they used."""
 
+    seed: int
     metrics: SplitMetrics
     checkpoints: list[CheckpointRef]
 
@@ -155,7 +157,10 @@ class LdsResult(EvaluationResult):
     metric: Literal["lds"]
     m: int
     alpha: float
-    seeds: list[int]  # the subset models' seeds (subset i: seeds[i])
+    design: int  # the version of how every seed is derived from ``seed`` (models.kg.evaluation.LDS_DESIGN)
+    seeds: list[int]  # the subset models' mask seeds (subset i: seeds[i])
+    train_seeds: list[int]  # the subset models' training seeds
+    replicate_seeds: list[int] | None = None  # the training seeds of their replicates (with ``replicates``)
     subset_size: int
     n_test: int
     test_triples: list[Triple]
