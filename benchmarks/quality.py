@@ -210,11 +210,11 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         table += _table(["dataset", "ratio", "value", "95% interval", "n"], ratios)
     if len(seeds) > 1:
         table += ["", f"Pooled over the {len(seeds)} seeds (independent replicates): the mean over all their test "
-                  "triples and its ratio to TracIn's; 95% percentile bootstrap resampling test triples within each "
-                  "seed (paired), so the interval takes the replicates as given; their spread is the last column",
-                  ""]
-        table += _table(["dataset", "estimator", "LDS", "95% interval", "n", "x TracIn", "95% interval",
-                         "x TracIn per seed"], _pooled_rows(pooled, seeds[0]))
+                  "triples and its ratio to TracIn's; 95% hierarchical percentile bootstrap (resampling the seeds, "
+                  "then test triples within each, paired) and 95% t interval over the per-seed values (t, "
+                  f"{len(seeds) - 1} degrees of freedom); the per-seed ratios are the last column", ""]
+        table += _table(["dataset", "estimator", "LDS", "95% hier. bootstrap", "95% t", "n", "x TracIn",
+                         "95% hier. bootstrap", "95% t", "x TracIn per seed"], _pooled_rows(pooled, seeds[0]))
     if scaling:
         table += ["", "TRAK's model ensemble by size: TRAK averaged over the first k models (the full-data model, "
                   "then the members), LDS and its ratio to TracIn's (paired bootstrap)", ""]
@@ -228,18 +228,23 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
     return head + table
 
 
+def _t_fmt(t: dict[str, Any] | None, digits: int) -> str:
+    return "-" if t is None else f"[{_fmt(t['low'], digits)}, {_fmt(t['high'], digits)}]"
+
+
 def _pooled_rows(pooled: dict[tuple[str, str], list[tuple[list, list | None, float | None]]],
                  seed: int) -> list[list[str]]:
     rows = []
     for (name, est), per_seed in pooled.items():
         lds = ev.pooled_interval([(a, None) for a, _, _ in per_seed], seed)
-        row = [name, est, _fmt(lds["value"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]", str(lds["n"])]
+        row = [name, est, _fmt(lds["value"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
+               _t_fmt(lds["t_interval"], 3), str(lds["n"])]
         if est != ev.REFERENCE and all(ref is not None for _, ref, _ in per_seed):
             ratio = ev.pooled_interval([(a, ref) for a, ref, _ in per_seed], seed)
             row += [_fmt(ratio["value"], 2), f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]",
-                    " ".join(_fmt(r, 2) for _, _, r in per_seed)]
+                    _t_fmt(ratio["t_interval"], 2), " ".join(_fmt(r, 2) for _, _, r in per_seed)]
         else:
-            row += ["-", "-", "-"]
+            row += ["-", "-", "-", "-"]
         rows.append(row)
     return rows
 

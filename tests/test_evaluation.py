@@ -284,13 +284,15 @@ def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_ld
     assert sorted(per_seed) == [("0", "random"), ("0", "tracin"), ("1", "random"), ("1", "tracin")]
     ratios = dict(re.findall(r"^nations/s(\d) +random / tracin +(-?\d+\.\d\d) ", out, re.M))
     pooled = {e: (float(v), int(n), rest) for e, v, n, rest in
-              re.findall(r"^nations +(tracin|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +(\d+) +(.*)$", out, re.M)}
+              re.findall(r"^nations +(tracin|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +\[\S+ \S+\] +(\d+) +(.*)$", out,
+                         re.M)}
     assert set(pooled) == {"tracin", "random"}
     for est in ("tracin", "random"):
         (m0, n0), (m1, n1) = per_seed[("0", est)], per_seed[("1", est)]
         assert pooled[est][1] == n0 + n1
         assert pooled[est][0] == pytest.approx((m0 * n0 + m1 * n1) / (n0 + n1), abs=1.5e-3)
-    assert pooled["tracin"][2].split() == ["-", "-", "-"]
+    assert pooled["tracin"][2].split() == ["-", "-", "-", "-"]
+    assert "hierarchical percentile bootstrap (resampling the seeds, then test triples" in out
     assert pooled["random"][2].split()[-2:] == [ratios["0"], ratios["1"]]  # each seed's own ratio
     with pytest.raises(SystemExit):  # argparse's error: exit status 2, the message on stderr
         bench.main(["--seeds", "0,x", "--sections", "lds"])
@@ -438,15 +440,74 @@ def test_pooled_interval_pools_replicates_and_resamples_within_each():
     # paired: a = c·b in every test triple of every replicate leaves no doubt about the ratio
     exact = evaluation.pooled_interval([(1.7 * b[0], b[0]), (1.7 * b[1], b[1])], seed=3)
     assert exact["low"] == pytest.approx(1.7) and exact["high"] == pytest.approx(1.7)
-    # stratified: each replicate keeps its own number of test triples in every resample, so two replicates that are
-    # constant within themselves give a pooled mean without spread (an unstratified bootstrap would mix them)
+    # hierarchical: two replicates each constant within itself still disagree, and the interval says so (a bootstrap
+    # of test triples within each replicate would give none)
     flat = evaluation.pooled_interval([(np.full(10, 0.8), None), (np.full(30, 0.2), None)], seed=3)
-    assert flat["value"] == pytest.approx(0.35) and flat["low"] == pytest.approx(0.35)
-    assert flat["high"] == pytest.approx(0.35)
+    assert flat["value"] == pytest.approx(0.35) and flat["low"] < 0.3 and flat["high"] > 0.6
+    assert flat["method"] == "hierarchical_bootstrap" and flat["resampled"] == ["replicates", "test triples"]
+    assert flat["per_replicate"] == [pytest.approx(0.8), pytest.approx(0.2)]
+    t = flat["t_interval"]
+    want = stats.t.interval(0.95, 1, loc=0.5, scale=stats.sem([0.8, 0.2]))
+    assert t["method"] == "t_over_replicates" and (t["low"], t["high"]) == (pytest.approx(want[0]),
+                                                                            pytest.approx(want[1]))
+    one = evaluation.pooled_interval([(a[0], b[0])], seed=3)
+    assert one["t_interval"] is None and one["resampled"] == ["test triples"] and one["low"] < one["high"]
     with pytest.raises(ValueError, match="every replicate or for none"):
         evaluation.pooled_interval([(a[0], b[0]), (a[1], None)], seed=0)
     with pytest.raises(ValueError, match="different lengths"):
         evaluation.pooled_interval([(a[0][:5], b[0])], seed=0)
+
+
+def _brute_hierarchical(strata, seed, n_resamples, confidence=0.95):
+    """The two-level bootstrap one resample, one replicate slot and one test triple at a time."""
+    xs, ys = [], []
+    for a, b in strata:
+        a = np.array([np.nan if v is None else v for v in a], float)
+        b = np.ones(len(a)) if b is None else np.array([np.nan if v is None else v for v in b], float)
+        keep = np.isfinite(a) & np.isfinite(b)
+        xs.append(a[keep])
+        ys.append(b[keep])
+    reps, n_max = len(xs), max(len(x) for x in xs)
+    rng = np.random.default_rng(seed)
+    chosen = rng.integers(0, reps, size=(n_resamples, reps))
+    uniforms = [rng.random((n_resamples, n_max)) for _ in range(reps)]
+    out = []
+    for k in range(n_resamples):
+        num = den = 0.0
+        for j in range(reps):
+            r = chosen[k, j]
+            for t in range(len(xs[r])):
+                i = int(uniforms[j][k, t] * len(xs[r]))
+                num += xs[r][i]
+                den += ys[r][i]
+        out.append(num / den)
+    tail = (1 - confidence) / 2 * 100
+    return np.percentile(out, [tail, 100 - tail])
+
+
+def test_pooled_interval_is_the_hierarchical_bootstrap_of_a_brute_force_reference():
+    rng = np.random.default_rng(5)
+    b = [rng.normal(0.3, 0.2, n) for n in (7, 12, 9)]
+    a = [c * v + rng.normal(0, 0.05, len(v)) for c, v in zip((1.5, 2.0, 2.5), b, strict=True)]
+    a[1] = list(a[1])
+    a[1][4] = None
+    for strata in ([(x, y) for x, y in zip(a, b, strict=True)], [(x, None) for x in a]):
+        got = evaluation.pooled_interval(strata, seed=9, n_resamples=300)
+        want = _brute_hierarchical(strata, 9, 300)
+        np.testing.assert_allclose([got["low"], got["high"]], want, rtol=1e-12)
+
+
+def test_the_pooled_interval_widens_when_replicates_disagree():
+    rng = np.random.default_rng(1)
+    noise = [rng.normal(0, 0.1, 60) for _ in range(4)]
+    agree = evaluation.pooled_interval([(0.3 + e, None) for e in noise], seed=2)
+    apart = evaluation.pooled_interval([(c + e, None) for c, e in zip((0.1, 0.25, 0.35, 0.5), noise, strict=True)],
+                                       seed=2)
+    assert agree["value"] == pytest.approx(apart["value"], abs=1e-12)
+    width = {k: r["high"] - r["low"] for k, r in (("agree", agree), ("apart", apart))}
+    assert width["apart"] > 3 * width["agree"]
+    t_width = {k: r["t_interval"]["high"] - r["t_interval"]["low"] for k, r in (("agree", agree), ("apart", apart))}
+    assert t_width["apart"] > 3 * t_width["agree"]
 
 
 def test_lds_report_gives_each_estimator_relative_to_tracin(tmp_path):

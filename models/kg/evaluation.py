@@ -287,15 +287,29 @@ def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: i
     return out
 
 
+POOLED_METHOD = "hierarchical_bootstrap"  # what pooled_interval's low/high are (see its docstring)
+
+
 def pooled_interval(strata: Sequence[tuple[Sequence[float | None], Sequence[float | None] | None]], seed: int,
                     confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
     """An estimator's LDS pooled over independent replicates of an evaluation (other seeds: another full-data model,
     other subsets, other test triples). ``strata`` holds one ``(a, b)`` per replicate: the estimator's per-test LDS
     and, for a ratio, the reference's on the same test triples (``b`` None: the pooled mean of ``a``). The value
     is the mean over every test triple of every replicate (of those where ``a``, and ``b`` if given, are defined),
-    or the ratio of the two such means; the interval is a percentile bootstrap that resamples test triples within
-    each replicate (stratified, paired), so it treats the replicates as given: their spread is reported
-    separately."""
+    or the ratio of the two such means.
+
+    Two intervals, each named in the result, so that the variation between replicates is in them:
+
+    - ``low``/``high`` (``method`` "hierarchical_bootstrap"): a two-level percentile bootstrap. Each resample draws
+      as many replicates as there are, with replacement, then, within each drawn replicate, as many of its test
+      triples as it has, with replacement (paired: the same draw for ``a`` and ``b``), and takes the pooled value.
+      The draws are, in order: the replicate indices ``[n_resamples, R]``, then for each slot ``j < R`` one uniform
+      ``[n_resamples, n_max]`` array whose first ``n`` columns, scaled by the drawn replicate's ``n`` and floored,
+      are its test triples. (The subsets within a replicate are not resampled: the LDS of a test triple is already a
+      correlation over them.) With one replicate this is the bootstrap over test triples alone
+      (``resampled`` says which levels were).
+    - ``t_interval``: with at least two replicates, the Student t interval of the mean of the per-replicate values
+      (each replicate's own mean, or ratio of means), R - 1 degrees of freedom; None with one replicate."""
     refs = [b is not None for _, b in strata]
     if any(refs) and not all(refs):
         raise ValueError("give a reference for every replicate or for none")
@@ -305,27 +319,62 @@ def pooled_interval(strata: Sequence[tuple[Sequence[float | None], Sequence[floa
         xs.append(x)
         ys.append(y)
     n = sum(len(x) for x in xs)
-    out: dict[str, Any] = {"value": None, "low": None, "high": None, "n": int(n), "replicates": len(xs),
-                           "confidence": confidence, "n_resamples": n_resamples, "seed": seed}
+    reps = len(xs)
+    per = [float(x.sum() / y.sum()) if len(x) and y.sum() != 0 else None for x, y in zip(xs, ys, strict=True)]
+    out: dict[str, Any] = {"value": None, "low": None, "high": None, "n": int(n), "replicates": reps,
+                           "method": POOLED_METHOD,
+                           "resampled": ["replicates", "test triples"] if reps > 1 else ["test triples"],
+                           "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
+                           "per_replicate": per, "t_interval": replicate_t_interval(per, confidence)}
     den = sum(float(y.sum()) for y in ys)
     if n == 0 or den == 0:
         return out
     out["value"] = sum(float(x.sum()) for x in xs) / den
-    rng = np.random.default_rng(seed)
-    num_b = np.zeros(n_resamples)
-    den_b = np.zeros(n_resamples)
-    for x, y in zip(xs, ys, strict=True):
-        if len(x) == 0:
-            continue
-        idx = rng.integers(0, len(x), size=(n_resamples, len(x)))  # the same draw for both: paired
-        num_b += x[idx].sum(1)
-        den_b += y[idx].sum(1)
+    boot = _hierarchical_resamples(xs, ys, np.random.default_rng(seed), n_resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
-        boot = num_b / den_b
-    if np.all(np.isfinite(boot)):
+        ratios = boot[0] / boot[1]
+    if np.all(np.isfinite(ratios)):
         tail = (1 - confidence) / 2 * 100
-        out["low"], out["high"] = (float(v) for v in np.percentile(boot, [tail, 100 - tail]))
+        out["low"], out["high"] = (float(v) for v in np.percentile(ratios, [tail, 100 - tail]))
     return out
+
+
+def _hierarchical_resamples(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], rng: np.random.Generator,
+                            n_resamples: int) -> np.ndarray:
+    """``[2, n_resamples]``: the sums of ``x`` and of ``y`` over each two-level resample (replicates, then test
+    triples within each; the draw order :func:`pooled_interval` states)."""
+    reps = len(xs)
+    sizes = np.array([len(x) for x in xs])
+    n_max = max(int(sizes.max()), 1)
+    px = np.zeros((reps, n_max))
+    py = np.zeros((reps, n_max))
+    for r, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        px[r, :len(x)] = x
+        py[r, :len(y)] = y
+    chosen = rng.integers(0, reps, size=(n_resamples, reps))
+    sums = np.zeros((2, n_resamples))
+    cols = np.arange(n_max)
+    for j in range(reps):
+        u = rng.random((n_resamples, n_max))
+        r = chosen[:, j]
+        size = sizes[r]
+        idx = np.minimum(np.floor(u * size[:, None]).astype(np.int64), np.maximum(size[:, None] - 1, 0))
+        keep = cols[None, :] < size[:, None]
+        sums[0] += np.where(keep, px[r[:, None], idx], 0.0).sum(1)
+        sums[1] += np.where(keep, py[r[:, None], idx], 0.0).sum(1)
+    return sums
+
+
+def replicate_t_interval(values: Sequence[float | None], confidence: float = CONFIDENCE) -> dict[str, Any] | None:
+    """The Student t interval of the mean of per-replicate values (None when fewer than two are defined):
+    mean ± t_{(1+confidence)/2, R-1} · sd / √R, ``method`` "t_over_replicates"."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+    if len(v) < 2:
+        return None
+    mean = float(v.mean())
+    half = float(stats.t.ppf((1 + confidence) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return {"method": "t_over_replicates", "mean": mean, "low": mean - half, "high": mean + half,
+            "replicates": int(len(v)), "confidence": confidence}
 
 
 def noise_ceiling(outputs: np.ndarray, replicates: np.ndarray, seed: int) -> dict[str, Any]:
