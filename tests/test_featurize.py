@@ -172,7 +172,7 @@ def test_stored_report_lists_the_direct_top_k_and_self_scores(bundle, store):
             assert p["influence"] == pytest.approx(float(direct[i, j]), rel=1e-4)
             assert p["train_self_influence"] == pytest.approx(float(self_direct[j]), rel=1e-4)
     assert len(rows) == sum(len(e["proponents"]) + len(e["opponents"]) for e in result["results"])
-    assert result["estimator"] == "trak" and result["approximate"] is True
+    assert result["estimator"] == "trak" and result["approximate"] is True and result["projection"] == "kronecker"
 
 
 def test_stored_report_fails_on_a_non_finite_score(bundle, store, monkeypatch):

@@ -144,7 +144,8 @@ def stored_report(store: Any, bundle: KGBundle, test_triples: Sequence[Sequence[
                 "checkpoints": [{"name": c.name, "epoch": getattr(c, "epoch", None), "lr": getattr(c, "lr", None),
                                  "weight": w} for c, w in zip(index.ckpts, index.weights(weights), strict=True)],
                 "layers": list(index.settings.layers), "loss": loss, "projection_dim": int(proj_dim),
-                "seed": int(seed), "damping": float(damping) if estimator == "trak" else None, "precision": "fp32",
+                "projection": GradientProjector.projection, "seed": int(seed),
+                "damping": float(damping) if estimator == "trak" else None, "precision": "fp32",
                 "requested_precision": None, "method": None, "filter": None, "warnings": []}
     return {**settings, **out.finish(), "notes": [], "n_candidates": len(index.train),
             "seconds": time.perf_counter() - t0}, out.rows

@@ -109,6 +109,8 @@ class InfluenceResult(ResultModel):
     layers: list[str]
     loss: str
     projection_dim: int | None = None
+    projection: str | None = Field(None, description="the random projection of the stored features: 'kronecker' "
+                                   "(models.explain.trak) or 'dense'; None without one")
     seed: int | None = None
     damping: float | None = None
     precision: str | None = None
