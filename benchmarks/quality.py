@@ -171,7 +171,8 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
             outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
             members = _members(ds, cfg, one, work, name)
             test = ds.test[torch.from_numpy(sel)]
-            report = ev.lds_report(bundle, masks, outputs, test, one.estimators, seed, members=members)
+            report = ev.lds_report(bundle, masks, outputs, test, one.estimators, seed, members=members,
+                                   output=one.output)
             print(f"# {label}: full model {full_s:.1f} s (test MRR "
                   f"{bundle.metrics.get('test', {}).get('mrr', 0):.3f}), {one.m} subset models {train_s:.1f} s "
                   f"({train_s / one.m:.1f} s each), {len(members)} ensemble members", flush=True)
@@ -197,7 +198,8 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
                 lds = r["lds"]
                 rows.append([label, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
                              str(lds["n"]), f"{r['seconds']:.2f}", PUBLISHED_LDS.get(est, "")])
-    head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, recipe ConvE-"
+    head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, test-side output "
+            f"{args.output} (TRAK: margin), recipe ConvE-"
             f"{args.embedding_dim} x {args.epochs} epochs"
             + ("" if args.dropout is None else f", dropout {args.dropout}")
             + f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; 95% percentile bootstrap over "
@@ -313,6 +315,8 @@ def main(argv: list[str] | None = None) -> None:
                     "estimator among --estimators)")
     ap.add_argument("--replicates", action="store_true", help="also train each subset model again with another "
                     "seed and print the ground truth's noise ceiling (doubles the subset trainings)")
+    ap.add_argument("--output", default=ev.DEFAULT_OUTPUT, choices=ev.OUTPUTS, help="TracIn's test-side output: "
+                    "the margin the LDS measures (default) or the training loss")
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default=None, help="comma-separated: measure the LDS once per seed (each an "

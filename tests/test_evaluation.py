@@ -161,7 +161,7 @@ def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
         ckpts.append(save_checkpoint(model, tmp_path / f"epoch_{epoch}.safetensors", epoch, 0.01 / epoch))
     bundle = KGBundle(model, ds, ckpts, tmp_path)
     test, train = ds.test[:3], ds.train[:50]
-    run = evaluation.run_estimator("tracin_last", bundle, test, train)
+    run = evaluation.run_estimator("tracin_last", bundle, test, train, output="loss")  # POST /tracin's output
     want = ConvETracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)[0]
     np.testing.assert_allclose(run.values, want.double().numpy(), rtol=1e-6)
     assert run.values.shape == (3, 50) and run.seconds >= 0
@@ -592,3 +592,44 @@ def test_the_stored_ground_truth_is_addressed_by_the_design_version(monkeypatch)
     monkeypatch.setattr(evaluation, "LDS_DESIGN", evaluation.LDS_DESIGN + 1)
     other = jobs._identity(request, ds)
     assert other["lds"] != ident["lds"]
+
+
+def _dense_output_tracin(bundle, test, train, layers, output):
+    """Σ_c η_c ⟨∇(test side), ∇ℓ(train)⟩ from explicit per-example gradients and dot products in float64."""
+    import copy
+
+    from models.kg.tracin import resolve_layers
+    from models.kg.trak import dense_gradients
+
+    model = copy.deepcopy(bundle.model).double().eval()
+    names = resolve_layers(model, layers)
+    total = torch.zeros(len(test), len(train), dtype=torch.float64)
+    for ck in bundle.checkpoints:
+        model.load_state_dict(ck.state_dict("cpu"))
+        model.double().eval()
+        g_test = dense_gradients(model, test, names, "margin" if output == "margin" else "train")
+        total += ck.lr * g_test @ dense_gradients(model, train, names, "train").t()
+    return total.numpy()
+
+
+@pytest.mark.parametrize(("name", "layers"), [("tracin", "all"), ("tracin_last", "last")])
+def test_tracin_on_the_margin_equals_a_dense_reference_and_states_its_output(tmp_path, name, layers):
+    full = _tiny_bundle(tmp_path, 0)
+    test, train = full.dataset.test[:4], full.dataset.train[:40]
+    margin = evaluation.run_estimator(name, full, test, train).values          # the evaluation's default
+    want = _dense_output_tracin(full, test, train, layers, "margin")
+    np.testing.assert_allclose(margin, want, rtol=2e-4, atol=1e-6 * np.abs(want).max())
+    loss = evaluation.run_estimator(name, full, test, train, output="loss").values
+    np.testing.assert_allclose(loss, _dense_output_tracin(full, test, train, layers, "loss"), rtol=2e-4,
+                               atol=1e-6 * np.abs(want).max())
+    assert not np.allclose(margin, loss, rtol=0.05)
+    # the margin's gradient as the test side: a positive score says a step on the training triple raises the margin
+    assert evaluation.output_of(name) == "margin" and evaluation.output_of(name, "loss") == "loss"
+    assert evaluation.output_of("trak", "loss") == "margin" and evaluation.output_of("random") is None
+    masks = np.random.default_rng(0).random((5, 40)) < 0.5
+    outputs = np.random.default_rng(1).normal(size=(5, 4))
+    report = evaluation.lds_report(full, np.pad(masks, ((0, 0), (0, len(full.dataset.train) - 40))), outputs,
+                                   test, [name, "random"], seed=0, output="loss")
+    assert report[name]["output"] == "loss" and report["random"]["output"] is None
+    with pytest.raises(ValueError, match="output must be one of"):
+        evaluation.run_estimator(name, full, test, train, output="logit")

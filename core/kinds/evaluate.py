@@ -16,7 +16,7 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -116,6 +116,11 @@ class EvaluateAttributionRequest(_EvaluateRequest):
                              description="Also train every subset model again on the same subset with another seed "
                              "(m more trainings) and report how well the two agree: the most any estimator's LDS "
                              "can reach on this ground truth")
+    output: Literal["margin", "loss"] = Field(
+        "margin", title="Test-side output", json_schema_extra=ADVANCED,
+        description="The function whose gradient TracIn's test side takes: 'margin' (the true tail's margin on the "
+        "tail query, the quantity the LDS measures, as TRAK uses) or 'loss' (the training loss, as POST /tracin); "
+        "each estimator's result states the output it used")
     shard_retries: int = shard_retries_field()
 
     def members(self) -> int:

@@ -52,6 +52,13 @@ N_RESAMPLES = 2000
 RECALL_POINTS = 100  # the recall curve at 1%, 2%, ... 100% of the training triples inspected
 RANDOM_SEED = 0      # the "random" estimator's noise
 REFERENCE = "tracin"  # an LDS report gives every other estimator's LDS as a ratio to this one's
+OUTPUTS = ("margin", "loss")  # the test-side function of the estimators that take ``output``
+DEFAULT_OUTPUT = "margin"     # an evaluation's: the quantity the LDS measures (:func:`margins`)
+
+
+def check_output(output: str) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
 
 
 # ---------------------------------------------------------------------------------------------- identities
@@ -397,14 +404,26 @@ class EstimatorRun:
     seconds: float
 
 
+def output_of(name: str, output: str = DEFAULT_OUTPUT) -> str | None:
+    """The test-side output estimator ``name`` uses when an evaluation asks for ``output``: ``output`` itself for
+    one that takes it, its fixed one otherwise (TRAK: ``"margin"``), None for one without (``random``)."""
+    outputs = get_estimator(name).outputs
+    return output if output in outputs else (outputs[0] if outputs else None)
+
+
 def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train: torch.Tensor,
-                  self_scores: bool = False, members: Sequence[KGBundle] = ()) -> EstimatorRun:
+                  self_scores: bool = False, members: Sequence[KGBundle] = (),
+                  output: str = DEFAULT_OUTPUT) -> EstimatorRun:
     """Time one estimator on the full-data model: its scores ``[m, n]`` or its self-scores ``[n]``. An ensemble
-    estimator's scores also get ``members`` (the further models it averages over; their time is counted)."""
+    estimator's scores also get ``members`` (the further models it averages over; their time is counted); one that
+    takes an ``output`` (:func:`output_of`) gets ``output``."""
+    check_output(output)
     estimator = get_estimator(name)
     scores_fn, self_fn = estimator.load()
     ckpts = bundle.checkpoints
-    extra = {"members": list(members)} if estimator.ensemble and not self_scores else {}
+    extra: dict[str, Any] = {"members": list(members)} if estimator.ensemble and not self_scores else {}
+    if not self_scores and len(estimator.outputs) > 1:
+        extra["output"] = output
     t0 = time.perf_counter()
     out = self_fn(bundle, ckpts, train) if self_scores else scores_fn(bundle, ckpts, test, train, **extra)
     values = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, np.float64)
@@ -420,23 +439,26 @@ def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train:
 def lds_report(bundle: KGBundle, masks: np.ndarray, outputs: np.ndarray, test: torch.Tensor,
                estimators: Sequence[str], seed: int,
                progress: Callable[[int, int, str], None] | None = None,
-               scores: dict[str, np.ndarray] | None = None, members: Sequence[KGBundle] = ()) -> dict[str, Any]:
-    """Each estimator's LDS per test triple, its mean with a bootstrap interval, and its time. ``outputs`` is
-    ``[M, m]`` for the test triples ``test`` (ids); ``masks`` ``[M, n]`` over ``bundle.dataset.train``.
-    ``scores``, when given, receives each estimator's scores ``[m, n]``; ``members``: the ensemble members
-    (further full-data models) the ensemble estimators average over."""
+               scores: dict[str, np.ndarray] | None = None, members: Sequence[KGBundle] = (),
+               output: str = DEFAULT_OUTPUT) -> dict[str, Any]:
+    """Each estimator's LDS per test triple, its mean with a bootstrap interval, its time and the test-side output
+    it used (``output`` where it takes one: :func:`output_of`). ``outputs`` is ``[M, m]`` for the test triples
+    ``test`` (ids); ``masks`` ``[M, n]`` over ``bundle.dataset.train``. ``scores``, when given, receives each
+    estimator's scores ``[m, n]``; ``members``: the ensemble members (further full-data models) the ensemble
+    estimators average over."""
     train = bundle.dataset.train
     out: dict[str, Any] = {}
     for k, name in enumerate(estimators):
         if progress is not None:
             progress(k, len(estimators), f"estimator {name}")
-        run = run_estimator(name, bundle, test, train, members=members)
+        run = run_estimator(name, bundle, test, train, members=members, output=output)
         per = lds_per_test(masks, outputs, run.values)
         if scores is not None:
             scores[name] = run.values
         out[name] = {"lds": mean_interval(per, seed), "per_test": [None if not np.isfinite(x) else float(x)
                                                                     for x in per],
-                     "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum())}
+                     "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum()),
+                     "output": output_of(name, output)}
     if REFERENCE in out:  # each estimator's LDS relative to TracIn's, paired over the same test triples
         for name in out:
             if name != REFERENCE:
@@ -524,9 +546,23 @@ def _tracin(bundle: KGBundle, checkpoints: Sequence, layers: str) -> Any:
                   weights=checkpoint_weights(bundle, list(checkpoints), "last"))
 
 
-def tracin_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
-    """TracIn-CP, every parameter, learning-rate weighted (``POST /tracin``'s defaults)."""
-    return _tracin(bundle, checkpoints, "all").influence(test, train)[0]
+def _tracin_output(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                   layers: str, output: str) -> torch.Tensor:
+    check_output(output)
+    tracin = _tracin(bundle, checkpoints, layers)
+    if output == "loss":
+        return tracin.influence(test, train)[0]
+    return tracin.output_influence(test, train)
+
+
+def tracin_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                  output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """TracIn-CP, every parameter, learning-rate weighted (``POST /tracin``'s defaults). The training side is the
+    training loss's gradient; the test side is the gradient of ``output``: ``"margin"`` (the negated margin of the
+    tail query, the quantity the LDS measures: :meth:`models.kg.tracin.ConvETracIn.output_influence`) or
+    ``"loss"`` (the training loss, as ``POST /tracin``). ConvE trains with Adam, whose steps are not the gradient
+    steps TracIn-CP's derivation assumes: TracIn is a heuristic here, whatever the output."""
+    return _tracin_output(bundle, checkpoints, test, train, "all", output)
 
 
 def tracin_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
@@ -534,9 +570,9 @@ def tracin_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Ten
 
 
 def tracin_last_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor,
-                       train: torch.Tensor) -> torch.Tensor:
-    """TracIn-CP on the output layers only (``layers="last"``)."""
-    return _tracin(bundle, checkpoints, "last").influence(test, train)[0]
+                       train: torch.Tensor, output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """TracIn-CP on the output layers only (``layers="last"``), ``output`` as :func:`tracin_scores`."""
+    return _tracin_output(bundle, checkpoints, test, train, "last", output)
 
 
 def tracin_last_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:

@@ -396,7 +396,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     scores: dict[str, Any] = {}
     try:
         report = lds_report(bundle, masks, outputs[:, sel], test, names_asked, seed, progress=progress,
-                            scores=scores, members=members)
+                            scores=scores, members=members, output=request.output)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
     ceiling = None

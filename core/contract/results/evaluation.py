@@ -105,6 +105,8 @@ class LdsEstimator(EstimatorTiming):
     per_test: list[float | None]
     n_undefined: int
     ratio_to_tracin: RatioInterval | None = None
+    # the test-side output its scores used: "margin" (what the LDS measures) or "loss"; None for one without (random)
+    output: Literal["margin", "loss"] | None = None
 
 
 class GroundTruth(ResultModel):
