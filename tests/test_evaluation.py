@@ -633,3 +633,30 @@ def test_tracin_on_the_margin_equals_a_dense_reference_and_states_its_output(tmp
     assert report[name]["output"] == "loss" and report["random"]["output"] is None
     with pytest.raises(ValueError, match="output must be one of"):
         evaluation.run_estimator(name, full, test, train, output="logit")
+
+
+def test_graddot_and_gradcos_are_the_last_checkpoints_dot_products_and_cosines(tmp_path):
+    import copy
+
+    from models.kg.trak import dense_gradients
+
+    full = _tiny_bundle(tmp_path, 0)
+    test, train = full.dataset.test[:3], full.dataset.train[:30]
+    model = copy.deepcopy(full.model).double().eval()
+    model.load_state_dict(full.checkpoints[-1].state_dict("cpu"))
+    model.double().eval()
+    from models.kg.tracin import resolve_layers
+
+    names = resolve_layers(model, "all")
+    for output in ("margin", "loss"):
+        gt = dense_gradients(model, test, names, "margin" if output == "margin" else "train")
+        gb = dense_gradients(model, train, names, "train")
+        dot = (gt @ gb.t()).numpy()
+        cos = dot / np.outer(gt.norm(dim=1).numpy(), gb.norm(dim=1).numpy())
+        got_dot = evaluation.run_estimator("graddot", full, test, train, output=output).values
+        got_cos = evaluation.run_estimator("gradcos", full, test, train, output=output).values
+        np.testing.assert_allclose(got_dot, dot, rtol=2e-4, atol=1e-6 * np.abs(dot).max())
+        np.testing.assert_allclose(got_cos, cos, rtol=2e-4, atol=1e-5)
+    selfs = evaluation.run_estimator("graddot", full, None, train, self_scores=True).values
+    np.testing.assert_allclose(selfs, (gb * gb).sum(1).numpy(), rtol=2e-4)
+    assert (evaluation.run_estimator("gradcos", full, None, train, self_scores=True).values == 1).all()

@@ -55,6 +55,11 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
               outputs=("margin",)),
     Estimator("trak_ensemble", "models.kg.evaluation:trak_ensemble_scores",
               "models.kg.evaluation:trak_self_scores", ensemble=True, outputs=("margin",)),
+    # baselines on the last checkpoint alone: the gradient dot product and its cosine
+    Estimator("graddot", "models.kg.evaluation:graddot_scores", "models.kg.evaluation:graddot_self_scores",
+              outputs=("margin", "loss")),
+    Estimator("gradcos", "models.kg.evaluation:gradcos_scores", "models.kg.evaluation:gradcos_self_scores",
+              outputs=("margin", "loss")),
     Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores"),
 )}
 

@@ -548,11 +548,7 @@ def _tracin(bundle: KGBundle, checkpoints: Sequence, layers: str) -> Any:
 
 def _tracin_output(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
                    layers: str, output: str) -> torch.Tensor:
-    check_output(output)
-    tracin = _tracin(bundle, checkpoints, layers)
-    if output == "loss":
-        return tracin.influence(test, train)[0]
-    return tracin.output_influence(test, train)
+    return _tracin_at(_tracin(bundle, checkpoints, layers), test, train, output)
 
 
 def tracin_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
@@ -577,6 +573,63 @@ def tracin_last_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tens
 
 def tracin_last_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
     return _tracin(bundle, checkpoints, "last").self_influence(train)
+
+
+def _last_checkpoint(bundle: KGBundle, checkpoints: Sequence) -> Any:
+    """TracIn on the last checkpoint alone (the latest epoch), unweighted: the gradients GradDot and GradCos use."""
+    from models.kg.tracin import ConvETracIn
+
+    last = max(checkpoints, key=lambda c: (c.epoch, list(checkpoints).index(c)))
+    return ConvETracIn(bundle.model, [last], layers="all", weights=[1.0])
+
+
+def _gradient_norms(tracin: Any, examples: torch.Tensor, margin: bool) -> torch.Tensor:
+    """‖∇‖ per example at ``tracin``'s one checkpoint: of the negated margin (``margin``) or the training loss."""
+    from models.kg.tracin import ghost_kernel
+
+    g = tracin.gradients
+    g.load(tracin.checkpoints[0])
+    with torch.no_grad():
+        if margin:
+            f = g.margin_features(examples)
+            sq = ghost_kernel(f, f, g.names, rowwise=True)
+        else:
+            sq = g.self_dots(g.features(examples), len(examples))
+    return sq.clamp_min(0).sqrt().double().cpu()
+
+
+def graddot_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                   output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """GradDot: ⟨∇(test side), ∇ℓ(train)⟩ at the last checkpoint alone, every parameter, unweighted (the test side
+    as :func:`tracin_scores`'s ``output``)."""
+    return _tracin_at(_last_checkpoint(bundle, checkpoints), test, train, output)
+
+
+def _tracin_at(tracin: Any, test: torch.Tensor, train: torch.Tensor, output: str) -> torch.Tensor:
+    check_output(output)
+    return tracin.influence(test, train)[0] if output == "loss" else tracin.output_influence(test, train)
+
+
+def gradcos_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                   output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """GradCos: :func:`graddot_scores` divided by the two gradients' norms (cosine similarity; 0 where a gradient
+    is 0)."""
+    tracin = _last_checkpoint(bundle, checkpoints)
+    dots = _tracin_at(tracin, test, train, output).double()
+    nt = _gradient_norms(tracin, test, output == "margin")
+    nb = _gradient_norms(tracin, train, False)
+    den = nt[:, None] * nb[None, :]
+    return torch.where(den > 0, dots / den.clamp_min(1e-300), torch.zeros_like(dots))
+
+
+def graddot_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    """‖∇ℓ(z)‖² at the last checkpoint."""
+    return _gradient_norms(_last_checkpoint(bundle, checkpoints), train, False) ** 2
+
+
+def gradcos_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    """A gradient's cosine with itself: 1 for every training triple (no ranking: AUC 0.5 by construction)."""
+    return torch.ones(len(train), dtype=torch.float64)
 
 
 # TRAK as the paper defines its features: gradients of the output function (the multi-class margin the LDS
