@@ -652,11 +652,21 @@ def trak_proj_dim(n_train: int) -> int:
     return k
 
 
+def trak_configuration(n_train: int) -> dict[str, Any]:
+    """The TRAK configuration the evaluations run and docs/quality.md measured, for ``n_train`` training triples:
+    what :func:`trak_scores` passes to :func:`models.kg.trak.trak_scores` (every checkpoint, every layer, the
+    margin on both sides, k from :func:`trak_proj_dim`, ``TRAK_DAMPING``, projection seed 0, the Kronecker
+    projection). ``POST /tracin``'s ``trak`` results name it beside the configuration they ran."""
+    return {"checkpoints": "all", "layers": "all", "loss": "margin", "projection_dim": trak_proj_dim(n_train),
+            "damping": TRAK_DAMPING, "seed": 0, "projection": "kronecker"}
+
+
 def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
     from models.kg import trak
 
-    return trak.trak_scores(bundle, list(checkpoints), test, train, loss="margin",
-                            proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
+    cfg = trak_configuration(len(train))
+    return trak.trak_scores(bundle, list(checkpoints), test, train, layers=cfg["layers"], loss=cfg["loss"],
+                            proj_dim=cfg["projection_dim"], damping=cfg["damping"], seed=cfg["seed"])
 
 
 def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
@@ -675,8 +685,9 @@ def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Te
 def trak_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
     from models.kg import trak
 
-    return trak.self_scores(bundle, list(checkpoints), train, loss="margin",
-                            proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
+    cfg = trak_configuration(len(train))
+    return trak.self_scores(bundle, list(checkpoints), train, layers=cfg["layers"], loss=cfg["loss"],
+                            proj_dim=cfg["projection_dim"], damping=cfg["damping"], seed=cfg["seed"])
 
 
 def random_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
