@@ -70,15 +70,14 @@ def recipe(args: argparse.Namespace) -> TrainConfig:
 def _cache_dir(args: argparse.Namespace, work: Path, name: str, what: str) -> Path:
     """Where a trained model (or the subset models' masks and outputs) lives: under ``--cache-dir`` when given,
     keyed by everything that changes it (the LDS design version, dataset, recipe, alpha, m, seed, fraction), so
-    that measuring another estimator retrains nothing; else in the run's temporary directory."""
-    if not args.cache_dir:
-        return work / f"{name}-{what}"
+    that measuring another estimator retrains nothing; else in the run's temporary directory, under the same key
+    (so each seed of ``--seeds`` trains its own full-data model there too)."""
     design = "" if what == "mislabel" else f"-v{ev.LDS_DESIGN}"  # the LDS's models follow its design's seeds
     key = (f"{name}-{what}{design}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
            + ("" if args.dropout is None else f"-p{args.dropout}")
            + (f"-a{args.alpha}-m{args.m}" if what == "subsets" else "")
            + (f"-f{args.fraction}" if what == "mislabel" else ""))
-    return Path(args.cache_dir) / key
+    return (Path(args.cache_dir) if args.cache_dir else work) / key
 
 
 def _full_model(ds: TriplesDataset, cfg: TrainConfig, out: Path) -> tuple[Any, float]:

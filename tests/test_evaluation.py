@@ -271,6 +271,18 @@ def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimato
     assert sizes[0][1] == lds["trak"] and sizes[-1][1] == lds["trak_ensemble"]  # one model; all four
 
 
+def test_each_seed_of_the_quality_benchmark_has_its_own_models(tmp_path):
+    import argparse
+
+    bench = _quality_benchmark()
+    for cache in (None, str(tmp_path / "cache")):
+        args = [argparse.Namespace(cache_dir=cache, embedding_dim=20, epochs=1, seed=s, dropout=None, alpha=0.5,
+                                   m=4, fraction=0.1) for s in (0, 1)]
+        for what in ("full", "subsets", "member7"):
+            dirs = [bench._cache_dir(a, tmp_path / "work", "nations", what) for a in args]
+            assert dirs[0] != dirs[1] and f"-v{evaluation.LDS_DESIGN}-" in dirs[0].name, (cache, what)
+
+
 @pytest.mark.slow
 def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_lds(capsys):
     import re
