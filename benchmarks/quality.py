@@ -69,15 +69,15 @@ def recipe(args: argparse.Namespace) -> TrainConfig:
 
 def _cache_dir(args: argparse.Namespace, work: Path, name: str, what: str) -> Path:
     """Where a trained model (or the subset models' masks and outputs) lives: under ``--cache-dir`` when given,
-    keyed by everything that changes it (dataset, recipe, alpha, m, seed, fraction), so that measuring another
-    estimator retrains nothing; else in the run's temporary directory."""
-    if not args.cache_dir:
-        return work / f"{name}-{what}"
-    key = (f"{name}-{what}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
+    keyed by everything that changes it (the LDS design version, dataset, recipe, alpha, m, seed, fraction), so
+    that measuring another estimator retrains nothing; else in the run's temporary directory, under the same key
+    (so each seed of ``--seeds`` trains its own full-data model there too)."""
+    design = "" if what == "mislabel" else f"-v{ev.LDS_DESIGN}"  # the LDS's models follow its design's seeds
+    key = (f"{name}-{what}{design}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
            + ("" if args.dropout is None else f"-p{args.dropout}")
            + (f"-a{args.alpha}-m{args.m}" if what == "subsets" else "")
            + (f"-f{args.fraction}" if what == "mislabel" else ""))
-    return Path(args.cache_dir) / key
+    return (Path(args.cache_dir) if args.cache_dir else work) / key
 
 
 def _full_model(ds: TriplesDataset, cfg: TrainConfig, out: Path) -> tuple[Any, float]:
@@ -89,13 +89,14 @@ def _full_model(ds: TriplesDataset, cfg: TrainConfig, out: Path) -> tuple[Any, f
 
 
 def _subsets(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    """The ``m`` subset models' masks and margins on the whole test split (trained once per cache key)."""
+    """The ``m`` subset models' masks and margins on the whole test split (trained once per cache key), each
+    subset drawn and trained with the seeds ``ev.subset_seeds`` and ``ev.subset_train_seeds`` give."""
     out.mkdir(parents=True, exist_ok=True)
     subsets = []
-    for s in ev.subset_seeds(args.seed, args.m):
+    for s, t in zip(ev.subset_seeds(args.seed, args.m), ev.subset_train_seeds(args.seed, args.m), strict=True):
         path = out / f"subset-{s}.npz"
         if not path.exists():
-            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu")
+            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=t)
             np.savez(path, mask=sub["mask"], outputs=sub["outputs"])
         with np.load(path) as z:
             subsets.append({"mask": z["mask"], "outputs": z["outputs"]})
@@ -116,12 +117,12 @@ def _members(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, wor
 
 def _replicates(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out: Path) -> np.ndarray:
     """``[m, n_test_split]``: each subset model's replicate (the same subset trained with
-    ``ev.replicate_seed``), its margins on the whole test split (trained once per cache key)."""
+    ``ev.subset_replicate_seeds``), its margins on the whole test split (trained once per cache key)."""
     outputs = []
-    for s in ev.subset_seeds(args.seed, args.m):
+    for s, t in zip(ev.subset_seeds(args.seed, args.m), ev.subset_replicate_seeds(args.seed, args.m), strict=True):
         path = out / f"replicate-{s}.npz"
         if not path.exists():
-            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=ev.replicate_seed(s))
+            sub = ev.train_subset(ds, cfg, args.alpha, s, "cpu", train_seed=t)
             np.savez(path, mask=sub["mask"], outputs=sub["outputs"])
         with np.load(path) as z:
             outputs.append(z["outputs"])
@@ -158,7 +159,8 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
             # another seed is an independent replicate: another full-data model, other subsets, other test triples
             one = argparse.Namespace(**{**vars(args), "seed": seed})
             label = name if len(seeds) == 1 else f"{name}/s{seed}"
-            cfg = recipe(one)
+            # the full-data model's seed is derived from the replicate's, as the service derives it
+            cfg = dataclasses.replace(recipe(one), seed=ev.full_model_seed(seed, seed))
             bundle, full_s = _full_model(ds, cfg, _cache_dir(one, work, name, "full"))
             t0 = time.perf_counter()
             subsets = _subsets(ds, cfg, one, _cache_dir(one, work, name, "subsets"))
@@ -168,7 +170,8 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
             outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
             members = _members(ds, cfg, one, work, name)
             test = ds.test[torch.from_numpy(sel)]
-            report = ev.lds_report(bundle, masks, outputs, test, one.estimators, seed, members=members)
+            report = ev.lds_report(bundle, masks, outputs, test, one.estimators, seed, members=members,
+                                   output=one.output)
             print(f"# {label}: full model {full_s:.1f} s (test MRR "
                   f"{bundle.metrics.get('test', {}).get('mrr', 0):.3f}), {one.m} subset models {train_s:.1f} s "
                   f"({train_s / one.m:.1f} s each), {len(members)} ensemble members", flush=True)
@@ -189,12 +192,13 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
                 pooled.setdefault((name, est), []).append((r["per_test"], reference, (ratio or {}).get("ratio")))
                 if ratio and ratio["ratio"] is not None:
                     ratios.append([label, f"{est} / {ev.REFERENCE}", f"{ratio['ratio']:.2f}",
-                                   f"[{ratio['low']:.2f}, {ratio['high']:.2f}]", str(ratio["n"])])
+                                   f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]", str(ratio["n"])])
             for est, r in report.items():
                 lds = r["lds"]
                 rows.append([label, est, _fmt(lds["mean"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
                              str(lds["n"]), f"{r['seconds']:.2f}", PUBLISHED_LDS.get(est, "")])
-    head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, recipe ConvE-"
+    head = [f"LDS: m={args.m} subset models, alpha={args.alpha}, n_test={args.n_test}, test-side output "
+            f"{args.output} (TRAK: margin), recipe ConvE-"
             f"{args.embedding_dim} x {args.epochs} epochs"
             + ("" if args.dropout is None else f", dropout {args.dropout}")
             + f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}; 95% percentile bootstrap over "
@@ -207,11 +211,11 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         table += _table(["dataset", "ratio", "value", "95% interval", "n"], ratios)
     if len(seeds) > 1:
         table += ["", f"Pooled over the {len(seeds)} seeds (independent replicates): the mean over all their test "
-                  "triples and its ratio to TracIn's; 95% percentile bootstrap resampling test triples within each "
-                  "seed (paired), so the interval takes the replicates as given; their spread is the last column",
-                  ""]
-        table += _table(["dataset", "estimator", "LDS", "95% interval", "n", "x TracIn", "95% interval",
-                         "x TracIn per seed"], _pooled_rows(pooled, seeds[0]))
+                  "triples and its ratio to TracIn's; 95% hierarchical percentile bootstrap (resampling the seeds, "
+                  "then test triples within each, paired) and 95% t interval over the per-seed values (t, "
+                  f"{len(seeds) - 1} degrees of freedom); the per-seed ratios are the last column", ""]
+        table += _table(["dataset", "estimator", "LDS", "95% hier. bootstrap", "95% t", "n", "x TracIn",
+                         "95% hier. bootstrap", "95% t", "x TracIn per seed"], _pooled_rows(pooled, seeds[0]))
     if scaling:
         table += ["", "TRAK's model ensemble by size: TRAK averaged over the first k models (the full-data model, "
                   "then the members), LDS and its ratio to TracIn's (paired bootstrap)", ""]
@@ -225,18 +229,23 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
     return head + table
 
 
+def _t_fmt(t: dict[str, Any] | None, digits: int) -> str:
+    return "-" if t is None else f"[{_fmt(t['low'], digits)}, {_fmt(t['high'], digits)}]"
+
+
 def _pooled_rows(pooled: dict[tuple[str, str], list[tuple[list, list | None, float | None]]],
                  seed: int) -> list[list[str]]:
     rows = []
     for (name, est), per_seed in pooled.items():
         lds = ev.pooled_interval([(a, None) for a, _, _ in per_seed], seed)
-        row = [name, est, _fmt(lds["value"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]", str(lds["n"])]
+        row = [name, est, _fmt(lds["value"]), f"[{_fmt(lds['low'])}, {_fmt(lds['high'])}]",
+               _t_fmt(lds["t_interval"], 3), str(lds["n"])]
         if est != ev.REFERENCE and all(ref is not None for _, ref, _ in per_seed):
             ratio = ev.pooled_interval([(a, ref) for a, ref, _ in per_seed], seed)
             row += [_fmt(ratio["value"], 2), f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]",
-                    " ".join(_fmt(r, 2) for _, _, r in per_seed)]
+                    _t_fmt(ratio["t_interval"], 2), " ".join(_fmt(r, 2) for _, _, r in per_seed)]
         else:
-            row += ["-", "-", "-"]
+            row += ["-", "-", "-", "-"]
         rows.append(row)
     return rows
 
@@ -305,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
                     "estimator among --estimators)")
     ap.add_argument("--replicates", action="store_true", help="also train each subset model again with another "
                     "seed and print the ground truth's noise ceiling (doubles the subset trainings)")
+    ap.add_argument("--output", default=ev.DEFAULT_OUTPUT, choices=ev.OUTPUTS, help="TracIn's test-side output: "
+                    "the margin the LDS measures (default) or the training loss")
     ap.add_argument("--fraction", type=float, default=0.1, help="mislabel fraction (0: skip that section)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", default=None, help="comma-separated: measure the LDS once per seed (each an "

@@ -16,6 +16,8 @@ supports beside its model (ConvE: ``models.kg.estimators``, tested to cover exac
   (the margin output function, k=4096).
 - ``trak_ensemble``: TRAK averaged over the full-data model and further models of the same recipe trained with
   other seeds (TRAK's model ensemble): an evaluation of the LDS trains them.
+- ``graddot`` / ``gradcos``: baselines (evaluations only): ⟨∇(z), ∇ℓ(z')⟩ at the last checkpoint alone,
+  unweighted, and the same divided by the two gradients' norms (cosine).
 - ``random``: seeded Gaussian noise, the floor any estimator must beat (evaluations only).
 """
 
@@ -45,6 +47,9 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
               "over the checkpoints", approximate=True, stored=True, query=True),
     Estimator("trak_ensemble", "TRAK averaged over independently trained models of the same recipe (LDS only)",
               approximate=True, ensemble=True),
+    Estimator("graddot", "GradDot: the gradient dot product at the last checkpoint alone (evaluations only)"),
+    Estimator("gradcos", "GradCos: the gradients' cosine at the last checkpoint alone (evaluations only; its "
+              "self-influence is 1 for every example)"),
     Estimator("random", "seeded Gaussian noise: the floor any estimator must beat"),
 )}
 

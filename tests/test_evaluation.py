@@ -65,7 +65,7 @@ def test_subset_masks_hold_alpha_of_the_triples_and_follow_their_seed():
     assert m.dtype == bool and m.sum() == 51
     assert (m == evaluation.subset_mask(101, 0.5, 4)).all()
     assert (m != evaluation.subset_mask(101, 0.5, 5)).any()
-    assert evaluation.subset_seeds(7, 3) == [7, 8, 9]
+    assert evaluation.subset_seeds(7, 3) == evaluation.subset_seeds(7, 4)[:3]
     sel = evaluation.test_selection(20, 5, 0)
     assert len(sel) == 5 and (np.diff(sel) > 0).all() and (sel == evaluation.test_selection(20, 5, 0)).all()
     assert len(evaluation.test_selection(4, 10, 0)) == 4
@@ -161,7 +161,7 @@ def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
         ckpts.append(save_checkpoint(model, tmp_path / f"epoch_{epoch}.safetensors", epoch, 0.01 / epoch))
     bundle = KGBundle(model, ds, ckpts, tmp_path)
     test, train = ds.test[:3], ds.train[:50]
-    run = evaluation.run_estimator("tracin_last", bundle, test, train)
+    run = evaluation.run_estimator("tracin_last", bundle, test, train, output="loss")  # POST /tracin's output
     want = ConvETracIn(bundle.model, bundle.checkpoints, layers="last").influence(test, train)[0]
     np.testing.assert_allclose(run.values, want.double().numpy(), rtol=1e-6)
     assert run.values.shape == (3, 50) and run.seconds >= 0
@@ -191,24 +191,26 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
         return _identity(request(body), data)
 
     ident = identity(base)
-    assert ident == identity(dict(base)) and ident["seeds"] == [0, 1, 2]
+    assert ident == identity(dict(base)) and ident["seeds"] == evaluation.subset_seeds(0, 3)
     for change in ({"alpha": 0.4}, {"m": 4}, {"seed": 1}, {"recipe": {**base["recipe"], "epochs": 2}}):
         other = identity({**base, **change})
         assert other["lds"] != ident["lds"], change
-    # the full-data model depends on the recipe and the data only
+    # the full-data model depends on the recipe, the data and the evaluation's seed (another replicate) only
     assert identity({**base, "alpha": 0.4, "m": 9})["full"] == ident["full"]
     assert identity({**base, "recipe": {**base["recipe"], "seed": 1}})["full"] != ident["full"]
+    assert identity({**base, "seed": 1})["full"] != ident["full"]
     changed = evaluation.with_train(ds, ds.train[1:], keep_eval=True)
     assert identity(base, changed)["lds"] != ident["lds"]
     assert evaluation.data_version(changed) != evaluation.data_version(ds)
     # ensemble members only when an ensemble estimator is asked for; a member is the recipe's full-data model with
-    # the member's seed (the same address another evaluation of that recipe and seed would use)
+    # the member's seed (the address of any model of that recipe, seed and data)
     assert ident["members"] == []
     ens = identity({**base, "estimators": ["trak_ensemble"], "ensemble": 3})
     assert len(ens["members"]) == 3 and ens["lds"] == ident["lds"] and ens["full"] == ident["full"]
-    seeds = evaluation.member_seeds(0, 3)
+    seeds = evaluation.member_seeds(evaluation.full_model_seed(0, 0), 3)
     assert [r["seed"] for r in ens["member_recipes"]] == seeds
-    assert ens["members"][1] == identity({**base, "recipe": {**base["recipe"], "seed": seeds[1]}})["full"]
+    assert ens["members"][1] == evaluation.content_key(what="full", recipe={**ens["full_recipe"], "seed": seeds[1]},
+                                                       data=ident["data_version"])
     assert identity({**base, "estimators": ["trak"], "ensemble": 3})["members"] == []
     # the models an evaluation needs, in the fixed order a shard's range points into: subsets, replicates, the
     # full-data model, the ensemble members
@@ -269,6 +271,18 @@ def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimato
     assert sizes[0][1] == lds["trak"] and sizes[-1][1] == lds["trak_ensemble"]  # one model; all four
 
 
+def test_each_seed_of_the_quality_benchmark_has_its_own_models(tmp_path):
+    import argparse
+
+    bench = _quality_benchmark()
+    for cache in (None, str(tmp_path / "cache")):
+        args = [argparse.Namespace(cache_dir=cache, embedding_dim=20, epochs=1, seed=s, dropout=None, alpha=0.5,
+                                   m=4, fraction=0.1) for s in (0, 1)]
+        for what in ("full", "subsets", "member7"):
+            dirs = [bench._cache_dir(a, tmp_path / "work", "nations", what) for a in args]
+            assert dirs[0] != dirs[1] and f"-v{evaluation.LDS_DESIGN}-" in dirs[0].name, (cache, what)
+
+
 @pytest.mark.slow
 def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_lds(capsys):
     import re
@@ -282,13 +296,15 @@ def test_the_quality_benchmark_pools_seeds_as_the_weighted_mean_of_each_seeds_ld
     assert sorted(per_seed) == [("0", "random"), ("0", "tracin"), ("1", "random"), ("1", "tracin")]
     ratios = dict(re.findall(r"^nations/s(\d) +random / tracin +(-?\d+\.\d\d) ", out, re.M))
     pooled = {e: (float(v), int(n), rest) for e, v, n, rest in
-              re.findall(r"^nations +(tracin|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +(\d+) +(.*)$", out, re.M)}
+              re.findall(r"^nations +(tracin|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +\[\S+ \S+\] +(\d+) +(.*)$", out,
+                         re.M)}
     assert set(pooled) == {"tracin", "random"}
     for est in ("tracin", "random"):
         (m0, n0), (m1, n1) = per_seed[("0", est)], per_seed[("1", est)]
         assert pooled[est][1] == n0 + n1
         assert pooled[est][0] == pytest.approx((m0 * n0 + m1 * n1) / (n0 + n1), abs=1.5e-3)
-    assert pooled["tracin"][2].split() == ["-", "-", "-"]
+    assert pooled["tracin"][2].split() == ["-", "-", "-", "-"]
+    assert "hierarchical percentile bootstrap (resampling the seeds, then test triples" in out
     assert pooled["random"][2].split()[-2:] == [ratios["0"], ratios["1"]]  # each seed's own ratio
     with pytest.raises(SystemExit):  # argparse's error: exit status 2, the message on stderr
         bench.main(["--seeds", "0,x", "--sections", "lds"])
@@ -436,15 +452,74 @@ def test_pooled_interval_pools_replicates_and_resamples_within_each():
     # paired: a = c·b in every test triple of every replicate leaves no doubt about the ratio
     exact = evaluation.pooled_interval([(1.7 * b[0], b[0]), (1.7 * b[1], b[1])], seed=3)
     assert exact["low"] == pytest.approx(1.7) and exact["high"] == pytest.approx(1.7)
-    # stratified: each replicate keeps its own number of test triples in every resample, so two replicates that are
-    # constant within themselves give a pooled mean without spread (an unstratified bootstrap would mix them)
+    # hierarchical: two replicates each constant within itself still disagree, and the interval says so (a bootstrap
+    # of test triples within each replicate would give none)
     flat = evaluation.pooled_interval([(np.full(10, 0.8), None), (np.full(30, 0.2), None)], seed=3)
-    assert flat["value"] == pytest.approx(0.35) and flat["low"] == pytest.approx(0.35)
-    assert flat["high"] == pytest.approx(0.35)
+    assert flat["value"] == pytest.approx(0.35) and flat["low"] < 0.3 and flat["high"] > 0.6
+    assert flat["method"] == "hierarchical_bootstrap" and flat["resampled"] == ["replicates", "test triples"]
+    assert flat["per_replicate"] == [pytest.approx(0.8), pytest.approx(0.2)]
+    t = flat["t_interval"]
+    want = stats.t.interval(0.95, 1, loc=0.5, scale=stats.sem([0.8, 0.2]))
+    assert t["method"] == "t_over_replicates" and (t["low"], t["high"]) == (pytest.approx(want[0]),
+                                                                            pytest.approx(want[1]))
+    one = evaluation.pooled_interval([(a[0], b[0])], seed=3)
+    assert one["t_interval"] is None and one["resampled"] == ["test triples"] and one["low"] < one["high"]
     with pytest.raises(ValueError, match="every replicate or for none"):
         evaluation.pooled_interval([(a[0], b[0]), (a[1], None)], seed=0)
     with pytest.raises(ValueError, match="different lengths"):
         evaluation.pooled_interval([(a[0][:5], b[0])], seed=0)
+
+
+def _brute_hierarchical(strata, seed, n_resamples, confidence=0.95):
+    """The two-level bootstrap one resample, one replicate slot and one test triple at a time."""
+    xs, ys = [], []
+    for a, b in strata:
+        a = np.array([np.nan if v is None else v for v in a], float)
+        b = np.ones(len(a)) if b is None else np.array([np.nan if v is None else v for v in b], float)
+        keep = np.isfinite(a) & np.isfinite(b)
+        xs.append(a[keep])
+        ys.append(b[keep])
+    reps, n_max = len(xs), max(len(x) for x in xs)
+    rng = np.random.default_rng(seed)
+    chosen = rng.integers(0, reps, size=(n_resamples, reps))
+    uniforms = [rng.random((n_resamples, n_max)) for _ in range(reps)]
+    out = []
+    for k in range(n_resamples):
+        num = den = 0.0
+        for j in range(reps):
+            r = chosen[k, j]
+            for t in range(len(xs[r])):
+                i = int(uniforms[j][k, t] * len(xs[r]))
+                num += xs[r][i]
+                den += ys[r][i]
+        out.append(num / den)
+    tail = (1 - confidence) / 2 * 100
+    return np.percentile(out, [tail, 100 - tail])
+
+
+def test_pooled_interval_is_the_hierarchical_bootstrap_of_a_brute_force_reference():
+    rng = np.random.default_rng(5)
+    b = [rng.normal(0.3, 0.2, n) for n in (7, 12, 9)]
+    a = [c * v + rng.normal(0, 0.05, len(v)) for c, v in zip((1.5, 2.0, 2.5), b, strict=True)]
+    a[1] = list(a[1])
+    a[1][4] = None
+    for strata in ([(x, y) for x, y in zip(a, b, strict=True)], [(x, None) for x in a]):
+        got = evaluation.pooled_interval(strata, seed=9, n_resamples=300)
+        want = _brute_hierarchical(strata, 9, 300)
+        np.testing.assert_allclose([got["low"], got["high"]], want, rtol=1e-12)
+
+
+def test_the_pooled_interval_widens_when_replicates_disagree():
+    rng = np.random.default_rng(1)
+    noise = [rng.normal(0, 0.1, 60) for _ in range(4)]
+    agree = evaluation.pooled_interval([(0.3 + e, None) for e in noise], seed=2)
+    apart = evaluation.pooled_interval([(c + e, None) for c, e in zip((0.1, 0.25, 0.35, 0.5), noise, strict=True)],
+                                       seed=2)
+    assert agree["value"] == pytest.approx(apart["value"], abs=1e-12)
+    width = {k: r["high"] - r["low"] for k, r in (("agree", agree), ("apart", apart))}
+    assert width["apart"] > 3 * width["agree"]
+    t_width = {k: r["t_interval"]["high"] - r["t_interval"]["low"] for k, r in (("agree", agree), ("apart", apart))}
+    assert t_width["apart"] > 3 * t_width["agree"]
 
 
 def test_lds_report_gives_each_estimator_relative_to_tracin(tmp_path):
@@ -478,8 +553,122 @@ def test_noise_ceiling_is_the_replicates_spearman_and_bounds_a_prediction_from_t
     assert best == pytest.approx(out["ceiling"], abs=0.15) and out["agreement"]["mean"] < best
 
 
-def test_replicate_seeds_are_other_seeds_and_train_subset_keeps_the_subset():
-    seeds = [evaluation.replicate_seed(s) for s in range(64)]
-    assert len(set(seeds)) == 64 and not set(seeds) & set(range(1000))
-    assert not set(seeds) & set(evaluation.member_seeds(0, 16))
-    assert evaluation.replicate_seed(3) == evaluation.replicate_seed(3) and 0 <= seeds[0] <= 2**31 - 1
+def _plan(seed: int, m: int = 64, n_train: int = 400, recipe_seed: int = 0) -> dict:
+    """Every draw of one LDS replicate: masks, their seeds, training seeds, test draw, full-data model seed."""
+    seeds = evaluation.subset_seeds(seed, m)
+    return {"masks": [evaluation.subset_mask(n_train, 0.5, s) for s in seeds], "mask_seeds": seeds,
+            "train_seeds": evaluation.subset_train_seeds(seed, m),
+            "replicate_seeds": evaluation.subset_replicate_seeds(seed, m),
+            "test": evaluation.test_selection(1000, 100, seed),
+            "full": evaluation.full_model_seed(seed, recipe_seed)}
+
+
+def test_independent_replicates_share_no_subset_seed_mask_test_draw_or_full_data_model():
+    plans = [_plan(s) for s in (0, 1, 2)]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            a, b = plans[i], plans[j]
+            seeds_a = {*a["mask_seeds"], *a["train_seeds"], *a["replicate_seeds"], a["full"]}
+            seeds_b = {*b["mask_seeds"], *b["train_seeds"], *b["replicate_seeds"], b["full"]}
+            assert not seeds_a & seeds_b
+            masks_a = {m.tobytes() for m in a["masks"]}
+            assert not masks_a & {m.tobytes() for m in b["masks"]}
+            assert not (a["test"] == b["test"]).all()
+    for p in plans:  # within a replicate too, no seed plays two roles
+        seeds = [*p["mask_seeds"], *p["train_seeds"], *p["replicate_seeds"], p["full"]]
+        assert len(set(seeds)) == len(seeds) and all(0 <= s <= 2**31 - 1 for s in seeds)
+        assert not set(seeds) & set(range(1000))  # never the consecutive seeds of the old design
+        assert not set(seeds) & set(evaluation.member_seeds(p["full"], 16))
+    # one replicate's plan is reproducible, and the recipe's own seed changes the full-data model
+    again = _plan(1)
+    assert all((x == y).all() for x, y in zip(again["masks"], plans[1]["masks"], strict=True))
+    assert {k: v for k, v in again.items() if k not in ("masks", "test")} == {
+        k: v for k, v in plans[1].items() if k not in ("masks", "test")}
+    assert (again["test"] == plans[1]["test"]).all()
+    assert evaluation.full_model_seed(1, 7) != plans[1]["full"]
+    with pytest.raises(ValueError, match="role"):
+        evaluation.design_seed(0, "no-such-role")
+
+
+def test_the_stored_ground_truth_is_addressed_by_the_design_version(monkeypatch):
+    from core.kinds.evaluate import EvaluateAttributionRequest
+    from models.kg.triples import load_nations
+    from workers.jobs import evaluate as jobs
+
+    ds = load_nations()
+    request = EvaluateAttributionRequest.model_validate({"m": 3, "seed": 2})
+    ident = jobs._identity(request, ds)
+    assert ident["seeds"] == evaluation.subset_seeds(2, 3)
+    assert ident["train_seeds"] == evaluation.subset_train_seeds(2, 3)
+    assert ident["full_recipe"]["seed"] == evaluation.full_model_seed(2, request.recipe.seed)
+    monkeypatch.setattr(evaluation, "LDS_DESIGN", evaluation.LDS_DESIGN + 1)
+    other = jobs._identity(request, ds)
+    assert other["lds"] != ident["lds"]
+
+
+def _dense_output_tracin(bundle, test, train, layers, output):
+    """Σ_c η_c ⟨∇(test side), ∇ℓ(train)⟩ from explicit per-example gradients and dot products in float64."""
+    import copy
+
+    from models.kg.tracin import resolve_layers
+    from models.kg.trak import dense_gradients
+
+    model = copy.deepcopy(bundle.model).double().eval()
+    names = resolve_layers(model, layers)
+    total = torch.zeros(len(test), len(train), dtype=torch.float64)
+    for ck in bundle.checkpoints:
+        model.load_state_dict(ck.state_dict("cpu"))
+        model.double().eval()
+        g_test = dense_gradients(model, test, names, "margin" if output == "margin" else "train")
+        total += ck.lr * g_test @ dense_gradients(model, train, names, "train").t()
+    return total.numpy()
+
+
+@pytest.mark.parametrize(("name", "layers"), [("tracin", "all"), ("tracin_last", "last")])
+def test_tracin_on_the_margin_equals_a_dense_reference_and_states_its_output(tmp_path, name, layers):
+    full = _tiny_bundle(tmp_path, 0)
+    test, train = full.dataset.test[:4], full.dataset.train[:40]
+    margin = evaluation.run_estimator(name, full, test, train).values          # the evaluation's default
+    want = _dense_output_tracin(full, test, train, layers, "margin")
+    np.testing.assert_allclose(margin, want, rtol=2e-4, atol=1e-6 * np.abs(want).max())
+    loss = evaluation.run_estimator(name, full, test, train, output="loss").values
+    np.testing.assert_allclose(loss, _dense_output_tracin(full, test, train, layers, "loss"), rtol=2e-4,
+                               atol=1e-6 * np.abs(want).max())
+    assert not np.allclose(margin, loss, rtol=0.05)
+    # the margin's gradient as the test side: a positive score says a step on the training triple raises the margin
+    assert evaluation.output_of(name) == "margin" and evaluation.output_of(name, "loss") == "loss"
+    assert evaluation.output_of("trak", "loss") == "margin" and evaluation.output_of("random") is None
+    masks = np.random.default_rng(0).random((5, 40)) < 0.5
+    outputs = np.random.default_rng(1).normal(size=(5, 4))
+    report = evaluation.lds_report(full, np.pad(masks, ((0, 0), (0, len(full.dataset.train) - 40))), outputs,
+                                   test, [name, "random"], seed=0, output="loss")
+    assert report[name]["output"] == "loss" and report["random"]["output"] is None
+    with pytest.raises(ValueError, match="output must be one of"):
+        evaluation.run_estimator(name, full, test, train, output="logit")
+
+
+def test_graddot_and_gradcos_are_the_last_checkpoints_dot_products_and_cosines(tmp_path):
+    import copy
+
+    from models.kg.trak import dense_gradients
+
+    full = _tiny_bundle(tmp_path, 0)
+    test, train = full.dataset.test[:3], full.dataset.train[:30]
+    model = copy.deepcopy(full.model).double().eval()
+    model.load_state_dict(full.checkpoints[-1].state_dict("cpu"))
+    model.double().eval()
+    from models.kg.tracin import resolve_layers
+
+    names = resolve_layers(model, "all")
+    for output in ("margin", "loss"):
+        gt = dense_gradients(model, test, names, "margin" if output == "margin" else "train")
+        gb = dense_gradients(model, train, names, "train")
+        dot = (gt @ gb.t()).numpy()
+        cos = dot / np.outer(gt.norm(dim=1).numpy(), gb.norm(dim=1).numpy())
+        got_dot = evaluation.run_estimator("graddot", full, test, train, output=output).values
+        got_cos = evaluation.run_estimator("gradcos", full, test, train, output=output).values
+        np.testing.assert_allclose(got_dot, dot, rtol=2e-4, atol=1e-6 * np.abs(dot).max())
+        np.testing.assert_allclose(got_cos, cos, rtol=2e-4, atol=1e-5)
+    selfs = evaluation.run_estimator("graddot", full, None, train, self_scores=True).values
+    np.testing.assert_allclose(selfs, (gb * gb).sum(1).numpy(), rtol=2e-4)
+    assert (evaluation.run_estimator("gradcos", full, None, train, self_scores=True).values == 1).all()

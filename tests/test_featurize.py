@@ -172,7 +172,46 @@ def test_stored_report_lists_the_direct_top_k_and_self_scores(bundle, store):
             assert p["influence"] == pytest.approx(float(direct[i, j]), rel=1e-4)
             assert p["train_self_influence"] == pytest.approx(float(self_direct[j]), rel=1e-4)
     assert len(rows) == sum(len(e["proponents"]) + len(e["opponents"]) for e in result["results"])
-    assert result["estimator"] == "trak" and result["approximate"] is True
+    assert result["estimator"] == "trak" and result["approximate"] is True and result["projection"] == "kronecker"
+    # not the configuration the evaluations measured (loss, k, damping, seed differ): the result says so
+    from models.kg.evaluation import trak_configuration
+
+    conf = result["configuration"]
+    assert conf["evaluated"] == trak_configuration(len(train)) and conf["matches_evaluated"] is False
+    assert conf["ran"] == {"checkpoints": "all", "layers": "all", "loss": "train", "projection_dim": 16,
+                           "damping": 0.01, "seed": 4, "projection": "kronecker"}
+    assert any("evaluated: 'margin'" in w and "projection_dim 16 (evaluated:" in w for w in result["warnings"])
+
+
+def test_trak_as_evaluated_is_named_as_such_and_the_evaluation_runs_its_configuration(bundle, store, monkeypatch):
+    """The configuration POST /tracin's trak results compare with is the one the evaluations' trak estimator runs:
+    trak_configuration feeds evaluation.trak_scores (captured), and stored features of that configuration match it."""
+    from models.kg import evaluation
+    from models.kg import trak as kg_trak
+
+    monkeypatch.setattr(evaluation, "TRAK_PROJ_DIM", 16)  # a small k: the configuration, not its size, is tested
+    train = bundle.dataset.train[:300]
+    conf = evaluation.trak_configuration(len(train))
+    seen = {}
+    real = kg_trak.trak_scores
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kg_trak, "trak_scores", spy)
+    evaluation.trak_scores(bundle, bundle.checkpoints, bundle.dataset.test[:2], train)
+    assert {k: seen[k] for k in ("layers", "loss", "damping", "seed")} == {
+        k: conf[k] for k in ("layers", "loss", "damping", "seed")} and seen["proj_dim"] == conf["projection_dim"]
+    opts = {"layers": "all", "proj_dim": 16, "seed": 0}
+    KF.featurize(store, bundle, "all", train=train, loss="margin", **opts)
+    names = bundle.dataset.decode(bundle.dataset.test[:2])
+    result, _ = KF.stored_report(store, bundle, names, estimator="trak", top_k=3, train=train, loss="margin",
+                                 damping=evaluation.TRAK_DAMPING, **opts)
+    assert result["configuration"]["matches_evaluated"] is True and not result["warnings"]
+    projected, _ = KF.stored_report(store, bundle, names, estimator="tracin_projected", top_k=3, train=train,
+                                    loss="margin", **opts)
+    assert projected["configuration"]["evaluated"] is None and projected["configuration"]["matches_evaluated"] is None
 
 
 def test_stored_report_fails_on_a_non_finite_score(bundle, store, monkeypatch):

@@ -16,7 +16,7 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -50,7 +50,7 @@ def ensemble_members(names: list[str], ensemble: int) -> int:
 
 class Recipe(RequestModel):
     """How every model of the evaluation is trained (``models.kg.train.TrainConfig``); ``seed`` is the full-data
-    model's, each subset model trains with its own subset's seed. The defaults are the Nations demo model's."""
+    model's recipe seed (mixed with the evaluation's seed), each subset model trains with a seed of its own. The defaults are the Nations demo model's."""
 
     epochs: int = Field(10, ge=1, le=limits.MAX_EVAL_EPOCHS, title="Training epochs",
                         description="Passes over the training triples, for every model the evaluation trains")
@@ -83,7 +83,9 @@ class Recipe(RequestModel):
                                   description="The full-data model keeps a checkpoint every this many epochs "
                                   "and at the last one: the checkpoints the estimators use")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Full-data model's seed", json_schema_extra=ADVANCED,
-                      description="Seed of the full-data model (each subset model trains with its subset's seed)")
+                      description="The training seed of a mislabel evaluation's model; an LDS evaluation mixes it "
+                                  "with its own seed into the full-data model's (each subset model trains with a "
+                                  "seed of its own)")
 
 
 class _EvaluateRequest(JobRequest):
@@ -94,7 +96,9 @@ class _EvaluateRequest(JobRequest):
                            description="How every model of the evaluation is trained (ConvE)")
     estimators: list[EstimatorName] = _estimators_field(DEFAULT_ESTIMATORS, "")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
-                      description="Seed of the subsets (or of the corruption) and of the bootstrap")
+                      description="Seed of the corruption, or of an LDS evaluation's every draw (subsets, their "
+                      "training, the test triples, the full-data model: another seed is an independent replicate) "
+                      "and of the bootstrap")
 
 
 class EvaluateAttributionRequest(_EvaluateRequest):
@@ -112,6 +116,11 @@ class EvaluateAttributionRequest(_EvaluateRequest):
                              description="Also train every subset model again on the same subset with another seed "
                              "(m more trainings) and report how well the two agree: the most any estimator's LDS "
                              "can reach on this ground truth")
+    output: Literal["margin", "loss"] = Field(
+        "margin", title="Test-side output", json_schema_extra=ADVANCED,
+        description="The function whose gradient TracIn's test side takes: 'margin' (the true tail's margin on the "
+        "tail query, the quantity the LDS measures, as TRAK uses) or 'loss' (the training loss, as POST /tracin); "
+        "each estimator's result states the output it used")
     shard_retries: int = shard_retries_field()
 
     def members(self) -> int:

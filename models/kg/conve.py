@@ -121,6 +121,8 @@ def query_loss(logits: torch.Tensor, t: torch.Tensor, label_smoothing: float, ki
 
     ``train``: the training loss, 1-N BCE with label smoothing averaged over entities.
     ``score_bce``: BCE of the single score σ(s_t) against 1 (the variant some TracIn tools used).
+    ``margin``: the negated multi-class margin −(s_t − logsumexp_{e≠t} s_e), the output an LDS evaluation measures
+    (negated so that, as for a loss, lower is better).
     """
     logits = logits.float()
     if kind == "train":
@@ -131,7 +133,10 @@ def query_loss(logits: torch.Tensor, t: torch.Tensor, label_smoothing: float, ki
     if kind == "score_bce":
         s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
         return F.binary_cross_entropy_with_logits(s, torch.ones_like(s), reduction="none")
-    raise ValueError(f"loss must be 'train' or 'score_bce', got {kind!r}")
+    if kind == "margin":
+        s = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        return torch.logsumexp(logits.scatter(-1, t.unsqueeze(-1), float("-inf")), -1) - s
+    raise ValueError(f"loss must be 'train', 'score_bce' or 'margin', got {kind!r}")
 
 
 def triple_queries(triples: torch.Tensor, num_relations: int, reciprocal: bool) -> list[torch.Tensor]:

@@ -31,6 +31,9 @@ class Estimator:
     scores: str        # "module:function", (bundle, checkpoints, test, train) -> Tensor[m, n]
     self_scores: str   # "module:function", (bundle, checkpoints, train) -> Tensor[n]
     ensemble: bool = False  # ``scores`` takes ``members=[KGBundle, ...]`` (further independently trained models)
+    # the test-side outputs it computes: with two or more ``scores`` takes ``output=`` one of them (the first is
+    # its evaluation default); with one it always uses that one; with none it has no output (noise)
+    outputs: tuple[str, ...] = ()
 
     def load(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The two functions (importing their module: torch)."""
@@ -43,13 +46,20 @@ def _resolve(path: str) -> Callable[..., Any]:
 
 
 ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
-    Estimator("tracin", "models.kg.evaluation:tracin_scores", "models.kg.evaluation:tracin_self_scores"),
+    Estimator("tracin", "models.kg.evaluation:tracin_scores", "models.kg.evaluation:tracin_self_scores",
+              outputs=("margin", "loss")),
     Estimator("tracin_last", "models.kg.evaluation:tracin_last_scores",
-              "models.kg.evaluation:tracin_last_self_scores"),
+              "models.kg.evaluation:tracin_last_self_scores", outputs=("margin", "loss")),
     # the margin output function projected to k=4096 (less on graphs too large for that), damped Gauss-Newton
-    Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores"),
+    Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores",
+              outputs=("margin",)),
     Estimator("trak_ensemble", "models.kg.evaluation:trak_ensemble_scores",
-              "models.kg.evaluation:trak_self_scores", ensemble=True),
+              "models.kg.evaluation:trak_self_scores", ensemble=True, outputs=("margin",)),
+    # baselines on the last checkpoint alone: the gradient dot product and its cosine
+    Estimator("graddot", "models.kg.evaluation:graddot_scores", "models.kg.evaluation:graddot_self_scores",
+              outputs=("margin", "loss")),
+    Estimator("gradcos", "models.kg.evaluation:gradcos_scores", "models.kg.evaluation:gradcos_self_scores",
+              outputs=("margin", "loss")),
     Estimator("random", "models.kg.evaluation:random_scores", "models.kg.evaluation:random_self_scores"),
 )}
 

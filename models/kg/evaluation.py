@@ -2,7 +2,8 @@ r"""How good is a data-attribution estimator? The linear datamodeling score (LDS
 
 **LDS** (Park et al. 2023, "TRAK: Attributing Model Behavior at Scale", §2). Train ``M`` models on random subsets
 :math:`S_1..S_M` of the training triples, each holding :math:`\lceil\alpha n\rceil` of the ``n`` triples (a seeded
-draw per subset; its model is trained with the same recipe and seed). For a test triple ``z`` the estimator's
+draw per subset; its model is trained with the same recipe and a seed of its own; every seed of one evaluation is
+derived from its seed by :func:`design_seed`, so independent replicates share none). For a test triple ``z`` the estimator's
 scores :math:`\tau(z)_i` (computed once, on the model trained on all the data) predict the subset model's output by
 the sum over the subset, :math:`g_s(z) = \sum_{i\in S_s} \tau(z)_i`; the actual output :math:`f_s(z)` is the
 subset model's. :math:`\mathrm{LDS}(z) = \mathrm{spearman}_s(g_s(z), f_s(z))`, and an estimator's LDS is its
@@ -51,6 +52,13 @@ N_RESAMPLES = 2000
 RECALL_POINTS = 100  # the recall curve at 1%, 2%, ... 100% of the training triples inspected
 RANDOM_SEED = 0      # the "random" estimator's noise
 REFERENCE = "tracin"  # an LDS report gives every other estimator's LDS as a ratio to this one's
+OUTPUTS = ("margin", "loss")  # the test-side function of the estimators that take ``output``
+DEFAULT_OUTPUT = "margin"     # an evaluation's: the quantity the LDS measures (:func:`margins`)
+
+
+def check_output(output: str) -> None:
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
 
 
 # ---------------------------------------------------------------------------------------------- identities
@@ -71,9 +79,41 @@ def content_key(**parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+# How an LDS evaluation's randomness follows from its seed (a replicate's seed). Every seed it uses is a digest of
+# (this version, the replicate's seed, a role, an index): the subset masks, the subset models' training seeds, their
+# replicates' training seeds, the test draw and the full-data model, so two replicates share no subset, no
+# initialisation and no test draw, and one replicate's plan is reproducible. The version is part of every stored
+# ground truth's address: a ground truth of another design is never served for this one.
+LDS_DESIGN = 2
+ROLES = ("subset-mask", "subset-train", "subset-replicate", "test", "full")
+
+
+def design_seed(seed: int, role: str, index: int = 0, max_seed: int = 2**31 - 1) -> int:
+    """The seed of ``role`` (one of ``ROLES``) number ``index`` in the replicate with seed ``seed``."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; one of {ROLES}")
+    return _digest_seed(f"lds-design-{LDS_DESIGN}|{int(seed)}|{role}|{int(index)}", max_seed)
+
+
 def subset_seeds(seed: int, m: int) -> list[int]:
-    """The seed of each subset (its draw and its model's training)."""
-    return [seed + i for i in range(m)]
+    """The seed of each subset's draw (its mask, :func:`subset_mask`) in the replicate with seed ``seed``."""
+    return [design_seed(seed, "subset-mask", i) for i in range(m)]
+
+
+def subset_train_seeds(seed: int, m: int) -> list[int]:
+    """The training seed of each subset model in the replicate with seed ``seed``."""
+    return [design_seed(seed, "subset-train", i) for i in range(m)]
+
+
+def subset_replicate_seeds(seed: int, m: int) -> list[int]:
+    """The training seed of each subset model's replicate (the same subset trained again, for the noise ceiling)."""
+    return [design_seed(seed, "subset-replicate", i) for i in range(m)]
+
+
+def full_model_seed(seed: int, recipe_seed: int = 0) -> int:
+    """The training seed of the full-data model of the replicate with seed ``seed``, for a recipe whose own seed is
+    ``recipe_seed`` (both change it)."""
+    return design_seed(seed, "full", recipe_seed)
 
 
 def subset_mask(n_train: int, alpha: float, seed: int) -> np.ndarray:
@@ -98,9 +138,10 @@ def _digest_seed(text: str, max_seed: int) -> int:
 
 
 def test_selection(n_split: int, n_test: int, seed: int) -> np.ndarray:
-    """Positions in the test split of the ``n_test`` evaluated test triples (a seeded draw, sorted)."""
+    """Positions in the test split of the ``n_test`` evaluated test triples (a draw seeded by the replicate's
+    ``seed`` in the role "test", sorted)."""
     n = min(n_split, n_test)
-    return np.sort(np.random.default_rng([seed, 0x7E57]).permutation(n_split)[:n])
+    return np.sort(np.random.default_rng([design_seed(seed, "test"), 0x7E57]).permutation(n_split)[:n])
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -139,8 +180,8 @@ def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, 
                  work_dir: Path | None = None, train_seed: int | None = None) -> dict[str, Any]:
     """One subset model: its mask, its outputs on the whole test split (``margins``) and its training time
     (the model itself is trained in a temporary directory under ``work_dir`` and not kept). The subset is drawn
-    with ``seed`` and the model trained with ``train_seed`` (default: ``seed``; another one trains a replicate of
-    the same subset)."""
+    with ``seed`` (:func:`subset_seeds`) and the model trained with ``train_seed`` (:func:`subset_train_seeds`, or
+    :func:`subset_replicate_seeds` for a replicate of the same subset; default: ``seed``)."""
     from models.kg.checkpoint import load
 
     mask = subset_mask(len(ds.train), alpha, seed)
@@ -159,12 +200,6 @@ def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, 
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"mask": mask, "outputs": outputs, "seed": seed, "seconds": seconds}
-
-
-def replicate_seed(seed: int, max_seed: int = 2**31 - 1) -> int:
-    """The training seed of the replicate of subset model ``seed`` (the same subset, another initialisation and
-    batch order): from a digest, so it is never another subset model's or an ensemble member's seed."""
-    return _digest_seed(f"replicate|{int(seed)}", max_seed)
 
 
 # ---------------------------------------------------------------------------------------------- LDS
@@ -259,15 +294,29 @@ def ratio_interval(a: Sequence[float | None], b: Sequence[float | None], seed: i
     return out
 
 
+POOLED_METHOD = "hierarchical_bootstrap"  # what pooled_interval's low/high are (see its docstring)
+
+
 def pooled_interval(strata: Sequence[tuple[Sequence[float | None], Sequence[float | None] | None]], seed: int,
                     confidence: float = CONFIDENCE, n_resamples: int = N_RESAMPLES) -> dict[str, Any]:
     """An estimator's LDS pooled over independent replicates of an evaluation (other seeds: another full-data model,
     other subsets, other test triples). ``strata`` holds one ``(a, b)`` per replicate: the estimator's per-test LDS
     and, for a ratio, the reference's on the same test triples (``b`` None: the pooled mean of ``a``). The value
     is the mean over every test triple of every replicate (of those where ``a``, and ``b`` if given, are defined),
-    or the ratio of the two such means; the interval is a percentile bootstrap that resamples test triples within
-    each replicate (stratified, paired), so it treats the replicates as given: their spread is reported
-    separately."""
+    or the ratio of the two such means.
+
+    Two intervals, each named in the result, so that the variation between replicates is in them:
+
+    - ``low``/``high`` (``method`` "hierarchical_bootstrap"): a two-level percentile bootstrap. Each resample draws
+      as many replicates as there are, with replacement, then, within each drawn replicate, as many of its test
+      triples as it has, with replacement (paired: the same draw for ``a`` and ``b``), and takes the pooled value.
+      The draws are, in order: the replicate indices ``[n_resamples, R]``, then for each slot ``j < R`` one uniform
+      ``[n_resamples, n_max]`` array whose first ``n`` columns, scaled by the drawn replicate's ``n`` and floored,
+      are its test triples. (The subsets within a replicate are not resampled: the LDS of a test triple is already a
+      correlation over them.) With one replicate this is the bootstrap over test triples alone
+      (``resampled`` says which levels were).
+    - ``t_interval``: with at least two replicates, the Student t interval of the mean of the per-replicate values
+      (each replicate's own mean, or ratio of means), R - 1 degrees of freedom; None with one replicate."""
     refs = [b is not None for _, b in strata]
     if any(refs) and not all(refs):
         raise ValueError("give a reference for every replicate or for none")
@@ -277,27 +326,62 @@ def pooled_interval(strata: Sequence[tuple[Sequence[float | None], Sequence[floa
         xs.append(x)
         ys.append(y)
     n = sum(len(x) for x in xs)
-    out: dict[str, Any] = {"value": None, "low": None, "high": None, "n": int(n), "replicates": len(xs),
-                           "confidence": confidence, "n_resamples": n_resamples, "seed": seed}
+    reps = len(xs)
+    per = [float(x.sum() / y.sum()) if len(x) and y.sum() != 0 else None for x, y in zip(xs, ys, strict=True)]
+    out: dict[str, Any] = {"value": None, "low": None, "high": None, "n": int(n), "replicates": reps,
+                           "method": POOLED_METHOD,
+                           "resampled": ["replicates", "test triples"] if reps > 1 else ["test triples"],
+                           "confidence": confidence, "n_resamples": n_resamples, "seed": seed,
+                           "per_replicate": per, "t_interval": replicate_t_interval(per, confidence)}
     den = sum(float(y.sum()) for y in ys)
     if n == 0 or den == 0:
         return out
     out["value"] = sum(float(x.sum()) for x in xs) / den
-    rng = np.random.default_rng(seed)
-    num_b = np.zeros(n_resamples)
-    den_b = np.zeros(n_resamples)
-    for x, y in zip(xs, ys, strict=True):
-        if len(x) == 0:
-            continue
-        idx = rng.integers(0, len(x), size=(n_resamples, len(x)))  # the same draw for both: paired
-        num_b += x[idx].sum(1)
-        den_b += y[idx].sum(1)
+    boot = _hierarchical_resamples(xs, ys, np.random.default_rng(seed), n_resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
-        boot = num_b / den_b
-    if np.all(np.isfinite(boot)):
+        ratios = boot[0] / boot[1]
+    if np.all(np.isfinite(ratios)):
         tail = (1 - confidence) / 2 * 100
-        out["low"], out["high"] = (float(v) for v in np.percentile(boot, [tail, 100 - tail]))
+        out["low"], out["high"] = (float(v) for v in np.percentile(ratios, [tail, 100 - tail]))
     return out
+
+
+def _hierarchical_resamples(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], rng: np.random.Generator,
+                            n_resamples: int) -> np.ndarray:
+    """``[2, n_resamples]``: the sums of ``x`` and of ``y`` over each two-level resample (replicates, then test
+    triples within each; the draw order :func:`pooled_interval` states)."""
+    reps = len(xs)
+    sizes = np.array([len(x) for x in xs])
+    n_max = max(int(sizes.max()), 1)
+    px = np.zeros((reps, n_max))
+    py = np.zeros((reps, n_max))
+    for r, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        px[r, :len(x)] = x
+        py[r, :len(y)] = y
+    chosen = rng.integers(0, reps, size=(n_resamples, reps))
+    sums = np.zeros((2, n_resamples))
+    cols = np.arange(n_max)
+    for j in range(reps):
+        u = rng.random((n_resamples, n_max))
+        r = chosen[:, j]
+        size = sizes[r]
+        idx = np.minimum(np.floor(u * size[:, None]).astype(np.int64), np.maximum(size[:, None] - 1, 0))
+        keep = cols[None, :] < size[:, None]
+        sums[0] += np.where(keep, px[r[:, None], idx], 0.0).sum(1)
+        sums[1] += np.where(keep, py[r[:, None], idx], 0.0).sum(1)
+    return sums
+
+
+def replicate_t_interval(values: Sequence[float | None], confidence: float = CONFIDENCE) -> dict[str, Any] | None:
+    """The Student t interval of the mean of per-replicate values (None when fewer than two are defined):
+    mean ± t_{(1+confidence)/2, R-1} · sd / √R, ``method`` "t_over_replicates"."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+    if len(v) < 2:
+        return None
+    mean = float(v.mean())
+    half = float(stats.t.ppf((1 + confidence) / 2, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+    return {"method": "t_over_replicates", "mean": mean, "low": mean - half, "high": mean + half,
+            "replicates": int(len(v)), "confidence": confidence}
 
 
 def noise_ceiling(outputs: np.ndarray, replicates: np.ndarray, seed: int) -> dict[str, Any]:
@@ -320,14 +404,26 @@ class EstimatorRun:
     seconds: float
 
 
+def output_of(name: str, output: str = DEFAULT_OUTPUT) -> str | None:
+    """The test-side output estimator ``name`` uses when an evaluation asks for ``output``: ``output`` itself for
+    one that takes it, its fixed one otherwise (TRAK: ``"margin"``), None for one without (``random``)."""
+    outputs = get_estimator(name).outputs
+    return output if output in outputs else (outputs[0] if outputs else None)
+
+
 def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train: torch.Tensor,
-                  self_scores: bool = False, members: Sequence[KGBundle] = ()) -> EstimatorRun:
+                  self_scores: bool = False, members: Sequence[KGBundle] = (),
+                  output: str = DEFAULT_OUTPUT) -> EstimatorRun:
     """Time one estimator on the full-data model: its scores ``[m, n]`` or its self-scores ``[n]``. An ensemble
-    estimator's scores also get ``members`` (the further models it averages over; their time is counted)."""
+    estimator's scores also get ``members`` (the further models it averages over; their time is counted); one that
+    takes an ``output`` (:func:`output_of`) gets ``output``."""
+    check_output(output)
     estimator = get_estimator(name)
     scores_fn, self_fn = estimator.load()
     ckpts = bundle.checkpoints
-    extra = {"members": list(members)} if estimator.ensemble and not self_scores else {}
+    extra: dict[str, Any] = {"members": list(members)} if estimator.ensemble and not self_scores else {}
+    if not self_scores and len(estimator.outputs) > 1:
+        extra["output"] = output
     t0 = time.perf_counter()
     out = self_fn(bundle, ckpts, train) if self_scores else scores_fn(bundle, ckpts, test, train, **extra)
     values = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, np.float64)
@@ -343,23 +439,26 @@ def run_estimator(name: str, bundle: KGBundle, test: torch.Tensor | None, train:
 def lds_report(bundle: KGBundle, masks: np.ndarray, outputs: np.ndarray, test: torch.Tensor,
                estimators: Sequence[str], seed: int,
                progress: Callable[[int, int, str], None] | None = None,
-               scores: dict[str, np.ndarray] | None = None, members: Sequence[KGBundle] = ()) -> dict[str, Any]:
-    """Each estimator's LDS per test triple, its mean with a bootstrap interval, and its time. ``outputs`` is
-    ``[M, m]`` for the test triples ``test`` (ids); ``masks`` ``[M, n]`` over ``bundle.dataset.train``.
-    ``scores``, when given, receives each estimator's scores ``[m, n]``; ``members``: the ensemble members
-    (further full-data models) the ensemble estimators average over."""
+               scores: dict[str, np.ndarray] | None = None, members: Sequence[KGBundle] = (),
+               output: str = DEFAULT_OUTPUT) -> dict[str, Any]:
+    """Each estimator's LDS per test triple, its mean with a bootstrap interval, its time and the test-side output
+    it used (``output`` where it takes one: :func:`output_of`). ``outputs`` is ``[M, m]`` for the test triples
+    ``test`` (ids); ``masks`` ``[M, n]`` over ``bundle.dataset.train``. ``scores``, when given, receives each
+    estimator's scores ``[m, n]``; ``members``: the ensemble members (further full-data models) the ensemble
+    estimators average over."""
     train = bundle.dataset.train
     out: dict[str, Any] = {}
     for k, name in enumerate(estimators):
         if progress is not None:
             progress(k, len(estimators), f"estimator {name}")
-        run = run_estimator(name, bundle, test, train, members=members)
+        run = run_estimator(name, bundle, test, train, members=members, output=output)
         per = lds_per_test(masks, outputs, run.values)
         if scores is not None:
             scores[name] = run.values
         out[name] = {"lds": mean_interval(per, seed), "per_test": [None if not np.isfinite(x) else float(x)
                                                                     for x in per],
-                     "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum())}
+                     "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum()),
+                     "output": output_of(name, output)}
     if REFERENCE in out:  # each estimator's LDS relative to TracIn's, paired over the same test triples
         for name in out:
             if name != REFERENCE:
@@ -447,9 +546,19 @@ def _tracin(bundle: KGBundle, checkpoints: Sequence, layers: str) -> Any:
                   weights=checkpoint_weights(bundle, list(checkpoints), "last"))
 
 
-def tracin_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
-    """TracIn-CP, every parameter, learning-rate weighted (``POST /tracin``'s defaults)."""
-    return _tracin(bundle, checkpoints, "all").influence(test, train)[0]
+def _tracin_output(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                   layers: str, output: str) -> torch.Tensor:
+    return _tracin_at(_tracin(bundle, checkpoints, layers), test, train, output)
+
+
+def tracin_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                  output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """TracIn-CP, every parameter, learning-rate weighted (``POST /tracin``'s defaults). The training side is the
+    training loss's gradient; the test side is the gradient of ``output``: ``"margin"`` (the negated margin of the
+    tail query, the quantity the LDS measures: :meth:`models.kg.tracin.ConvETracIn.output_influence`) or
+    ``"loss"`` (the training loss, as ``POST /tracin``). ConvE trains with Adam, whose steps are not the gradient
+    steps TracIn-CP's derivation assumes: TracIn is a heuristic here, whatever the output."""
+    return _tracin_output(bundle, checkpoints, test, train, "all", output)
 
 
 def tracin_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
@@ -457,13 +566,70 @@ def tracin_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Ten
 
 
 def tracin_last_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor,
-                       train: torch.Tensor) -> torch.Tensor:
-    """TracIn-CP on the output layers only (``layers="last"``)."""
-    return _tracin(bundle, checkpoints, "last").influence(test, train)[0]
+                       train: torch.Tensor, output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """TracIn-CP on the output layers only (``layers="last"``), ``output`` as :func:`tracin_scores`."""
+    return _tracin_output(bundle, checkpoints, test, train, "last", output)
 
 
 def tracin_last_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
     return _tracin(bundle, checkpoints, "last").self_influence(train)
+
+
+def _last_checkpoint(bundle: KGBundle, checkpoints: Sequence) -> Any:
+    """TracIn on the last checkpoint alone (the latest epoch), unweighted: the gradients GradDot and GradCos use."""
+    from models.kg.tracin import ConvETracIn
+
+    last = max(checkpoints, key=lambda c: (c.epoch, list(checkpoints).index(c)))
+    return ConvETracIn(bundle.model, [last], layers="all", weights=[1.0])
+
+
+def _gradient_norms(tracin: Any, examples: torch.Tensor, margin: bool) -> torch.Tensor:
+    """‖∇‖ per example at ``tracin``'s one checkpoint: of the negated margin (``margin``) or the training loss."""
+    from models.kg.tracin import ghost_kernel
+
+    g = tracin.gradients
+    g.load(tracin.checkpoints[0])
+    with torch.no_grad():
+        if margin:
+            f = g.margin_features(examples)
+            sq = ghost_kernel(f, f, g.names, rowwise=True)
+        else:
+            sq = g.self_dots(g.features(examples), len(examples))
+    return sq.clamp_min(0).sqrt().double().cpu()
+
+
+def graddot_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                   output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """GradDot: ⟨∇(test side), ∇ℓ(train)⟩ at the last checkpoint alone, every parameter, unweighted (the test side
+    as :func:`tracin_scores`'s ``output``)."""
+    return _tracin_at(_last_checkpoint(bundle, checkpoints), test, train, output)
+
+
+def _tracin_at(tracin: Any, test: torch.Tensor, train: torch.Tensor, output: str) -> torch.Tensor:
+    check_output(output)
+    return tracin.influence(test, train)[0] if output == "loss" else tracin.output_influence(test, train)
+
+
+def gradcos_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                   output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """GradCos: :func:`graddot_scores` divided by the two gradients' norms (cosine similarity; 0 where a gradient
+    is 0)."""
+    tracin = _last_checkpoint(bundle, checkpoints)
+    dots = _tracin_at(tracin, test, train, output).double()
+    nt = _gradient_norms(tracin, test, output == "margin")
+    nb = _gradient_norms(tracin, train, False)
+    den = nt[:, None] * nb[None, :]
+    return torch.where(den > 0, dots / den.clamp_min(1e-300), torch.zeros_like(dots))
+
+
+def graddot_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    """‖∇ℓ(z)‖² at the last checkpoint."""
+    return _gradient_norms(_last_checkpoint(bundle, checkpoints), train, False) ** 2
+
+
+def gradcos_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    """A gradient's cosine with itself: 1 for every training triple (no ranking: AUC 0.5 by construction)."""
+    return torch.ones(len(train), dtype=torch.float64)
 
 
 # TRAK as the paper defines its features: gradients of the output function (the multi-class margin the LDS
@@ -486,11 +652,21 @@ def trak_proj_dim(n_train: int) -> int:
     return k
 
 
+def trak_configuration(n_train: int) -> dict[str, Any]:
+    """The TRAK configuration the evaluations run and docs/quality.md measured, for ``n_train`` training triples:
+    what :func:`trak_scores` passes to :func:`models.kg.trak.trak_scores` (every checkpoint, every layer, the
+    margin on both sides, k from :func:`trak_proj_dim`, ``TRAK_DAMPING``, projection seed 0, the Kronecker
+    projection). ``POST /tracin``'s ``trak`` results name it beside the configuration they ran."""
+    return {"checkpoints": "all", "layers": "all", "loss": "margin", "projection_dim": trak_proj_dim(n_train),
+            "damping": TRAK_DAMPING, "seed": 0, "projection": "kronecker"}
+
+
 def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:
     from models.kg import trak
 
-    return trak.trak_scores(bundle, list(checkpoints), test, train, loss="margin",
-                            proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
+    cfg = trak_configuration(len(train))
+    return trak.trak_scores(bundle, list(checkpoints), test, train, layers=cfg["layers"], loss=cfg["loss"],
+                            proj_dim=cfg["projection_dim"], damping=cfg["damping"], seed=cfg["seed"])
 
 
 def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
@@ -509,8 +685,9 @@ def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Te
 def trak_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
     from models.kg import trak
 
-    return trak.self_scores(bundle, list(checkpoints), train, loss="margin",
-                            proj_dim=trak_proj_dim(len(train)), damping=TRAK_DAMPING)
+    cfg = trak_configuration(len(train))
+    return trak.self_scores(bundle, list(checkpoints), train, layers=cfg["layers"], loss=cfg["loss"],
+                            proj_dim=cfg["projection_dim"], damping=cfg["damping"], seed=cfg["seed"])
 
 
 def random_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:

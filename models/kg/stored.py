@@ -36,6 +36,32 @@ from models.kg.tracin import resolve_layers
 from models.kg.trak import LOSSES, GradientProjector
 
 
+def run_configuration(bundle: KGBundle, index: Any, estimator: str, loss: str, proj_dim: int, seed: int,
+                      damping: float) -> dict[str, Any]:
+    """The configuration a stored-feature report ran (``ran``) and, for ``trak``, the one the evaluations measure
+    (``evaluated``, :func:`models.kg.evaluation.trak_configuration` for this training set) and whether they match;
+    ``tracin_projected`` is not evaluated (``evaluated`` and ``matches_evaluated`` None)."""
+    from models.kg.evaluation import trak_configuration
+
+    every = [c.name for c in bundle.checkpoints]
+    ran = {"checkpoints": "all" if [c.name for c in index.ckpts] == every else [c.name for c in index.ckpts],
+           "layers": "all" if tuple(index.settings.layers) == resolve_layers(bundle.model, "all")
+           else list(index.settings.layers),
+           "loss": loss, "projection_dim": int(proj_dim), "damping": float(damping) if estimator == "trak" else None,
+           "seed": int(seed), "projection": GradientProjector.projection}
+    if estimator != "trak":
+        return {"ran": ran, "evaluated": None, "matches_evaluated": None}
+    evaluated = trak_configuration(len(index.train))
+    return {"ran": ran, "evaluated": evaluated, "matches_evaluated": ran == evaluated}
+
+
+def _differs_warning(configuration: dict[str, Any]) -> str:
+    ran, evaluated = configuration["ran"], configuration["evaluated"]
+    diff = ", ".join(f"{k} {ran[k]!r} (evaluated: {evaluated[k]!r})" for k in evaluated if ran[k] != evaluated[k])
+    return (f"estimator 'trak' ran another configuration than the one the attribution-quality evaluations measure "
+            f"(docs/quality.md): {diff}; its measured LDS does not apply to this result")
+
+
 @dataclass
 class ConvEFeatures(FeatureSource):
     """A ConvE bundle as the feature store sees it: its training triples, checkpoints and configuration, its
@@ -144,7 +170,11 @@ def stored_report(store: Any, bundle: KGBundle, test_triples: Sequence[Sequence[
                 "checkpoints": [{"name": c.name, "epoch": getattr(c, "epoch", None), "lr": getattr(c, "lr", None),
                                  "weight": w} for c, w in zip(index.ckpts, index.weights(weights), strict=True)],
                 "layers": list(index.settings.layers), "loss": loss, "projection_dim": int(proj_dim),
-                "seed": int(seed), "damping": float(damping) if estimator == "trak" else None, "precision": "fp32",
+                "projection": GradientProjector.projection, "seed": int(seed),
+                "damping": float(damping) if estimator == "trak" else None, "precision": "fp32",
                 "requested_precision": None, "method": None, "filter": None, "warnings": []}
+    settings["configuration"] = run_configuration(bundle, index, estimator, loss, proj_dim, seed, damping)
+    if settings["configuration"]["matches_evaluated"] is False:
+        settings["warnings"].append(_differs_warning(settings["configuration"]))
     return {**settings, **out.finish(), "notes": [], "n_candidates": len(index.train),
             "seconds": time.perf_counter() - t0}, out.rows

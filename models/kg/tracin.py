@@ -429,6 +429,21 @@ class ConvEGradients(ModuleGradients):
         k = ghost_kernel(fa, fb, self.names)
         return k.reshape(nq, n, nq, m).sum((0, 2))
 
+    def margin_features(self, triples: torch.Tensor) -> QueryFactors:
+        """Ghost factors of each triple's negated margin on its tail query (h, r, ?) alone, at the current weights:
+        the test side of TracIn on the output an LDS evaluation measures (``ghost`` only)."""
+        if self.method != "ghost":
+            raise ValueError("the margin output needs method='ghost'")
+        parts = [ghost_factors(self._work, triples[i:i + self.batch_size].to(self.device), self.names, "margin",
+                               self.precision, self._projection) for i in range(0, len(triples), self.batch_size)]
+        return QueryFactors.cat(parts)
+
+    def output_dots(self, ft: QueryFactors, fb: QueryFactors, n: int, m: int) -> torch.Tensor:
+        """``[n, m]``: dot products of ``n`` one-query test factors (:meth:`margin_features`) with ``m`` training
+        triples' factors (:meth:`features`, every query of each)."""
+        nq = fb.h.shape[0] // m
+        return ghost_kernel(ft, fb, self.names).reshape(n, nq, m).sum(1)
+
     def self_dots(self, fa: Any, n: int) -> torch.Tensor:
         """Triple-level self dot products ``[n]``."""
         if self.method == "vmap":
@@ -456,6 +471,25 @@ class ConvETracIn(TracIn):
         gradients = ConvEGradients(model, layers, loss, method, precision, projection_dim, batch_size, seed, device)
         super().__init__(gradients, checkpoints, batch_size, weights)
         self.model = model
+
+    @torch.no_grad()
+    def output_influence(self, test: torch.Tensor, train: torch.Tensor,
+                         checkpoints: Sequence[int] | None = None) -> torch.Tensor:
+        """``[n_test, n_train]``: Σ_c η_c ⟨∇(−f)(z_test), ∇ℓ(z_train)⟩ with f the test triple's margin on its tail
+        query (:meth:`ConvEGradients.margin_features`) and ℓ the training loss of the training triple (positive:
+        a step on the training triple raises the margin). ``checkpoints``: the positions of the checkpoints used
+        (default all)."""
+        n, m = len(test), len(train)
+        out = torch.zeros(n, m, device=self.device, dtype=self.dtype)
+        which = range(len(self.checkpoints)) if checkpoints is None else checkpoints
+        for c in which:
+            self._load(self.checkpoints[c])
+            ft = self.gradients.margin_features(test)
+            for i in range(0, m, self.batch_size):
+                b = train[i:i + self.batch_size]
+                out[:, i:i + len(b)] += self.weights[c] * self.gradients.output_dots(
+                    ft, self.gradients.features(b), n, len(b))
+        return out.cpu()
 
     @property
     def precision(self) -> str:

@@ -302,8 +302,9 @@ def tracin_projected_scores(bundle: Any, checkpoints: Any, test: torch.Tensor, t
                             batch_size: int = 256) -> torch.Tensor:
     """Projected TracIn ``[m, n]``: Σ_c η_c φ_c(z_test)ᵀ φ_c(z_j), η_c the checkpoints' learning rates (or
     ``weights``). An approximation of exact TracIn (:class:`models.kg.tracin.ConvETracIn`): each gradient dot
-    product is replaced by the dot product of the projected gradients, unbiased, with a relative error of order
-    √(2/k)."""
+    product is replaced by the dot product of the projected gradients, unbiased, with a relative error of about
+    √(2/k₁ + 2/k₂) on a rank-one block for the Kronecker projection's factors k₁·k₂ = k
+    (:mod:`models.explain.trak`, "Its variance")."""
     _check_dims("test", test)
     _check_dims("train", train)
     ckpts = resolve_checkpoints(bundle, checkpoints)

@@ -10,8 +10,11 @@ data can reach it):
   version (the model the estimators run on; an ensemble member is the full-data model of the recipe with another
   seed, so it has the same address as that recipe's full-data model), or, for mislabel detection, the model of the
   corrupted graph (its ``corruption.json`` records the corrupted triples);
-- ``cache/evaluation/lds/<digest>/subset-<i>.npz``: subset model ``i`` of a (recipe, data version, alpha, m,
-  seed) ground truth: its mask over the training triples, its outputs (margins) on the whole test split, its seed;
+- ``cache/evaluation/lds/<digest>/subset-<i>.npz``: subset model ``i`` of a (design version, recipe, data
+  version, alpha, m, seed) ground truth: its mask over the training triples, its outputs (margins) on the whole test
+  split, its mask seed and training seed (``models.kg.evaluation.design_seed``: every seed of an evaluation is
+  derived from its seed, so evaluations with other seeds are independent replicates; the design version keeps a
+  ground truth of an older derivation from being served);
   ``replicate-<i>.npz`` the same for its replicate (the same subset trained with another seed), when an evaluation
   asked for the noise ceiling (``replicates``).
 
@@ -151,27 +154,39 @@ def _split_metrics(bundle: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ LDS
+def _full_recipe(request: EvaluateAttributionRequest) -> dict[str, Any]:
+    """The recipe of the full-data model: the request's, with the seed :func:`full_model_seed` derives from the
+    evaluation's seed and the recipe's (another evaluation seed: another full-data model)."""
+    from models.kg.evaluation import full_model_seed
+
+    return {**_recipe(request.recipe), "seed": full_model_seed(request.seed, request.recipe.seed)}
+
+
 def _member_recipes(request: EvaluateAttributionRequest) -> list[dict[str, Any]]:
     from models.kg.evaluation import member_seeds
 
-    recipe = _recipe(request.recipe)
-    return [{**recipe, "seed": s} for s in member_seeds(request.recipe.seed, request.members())]
+    full = _full_recipe(request)
+    return [{**full, "seed": s} for s in member_seeds(full["seed"], request.members())]
 
 
 def _identity(request: EvaluateAttributionRequest, ds: Any) -> dict[str, Any]:
     """The store addresses of what the evaluation needs, from the request and the data."""
-    from models.kg.evaluation import content_key, data_version, subset_seeds
+    from models.kg import evaluation as ev
 
-    version = data_version(ds)
+    version = ev.data_version(ds)
     recipe = _recipe(request.recipe)
+    full = _full_recipe(request)
     members = _member_recipes(request)
     return {"data_version": version,
-            "full": content_key(what="full", recipe=recipe, data=version),
-            "members": [content_key(what="full", recipe=r, data=version) for r in members],
+            "full": ev.content_key(what="full", recipe=full, data=version),
+            "full_recipe": full,
+            "members": [ev.content_key(what="full", recipe=r, data=version) for r in members],
             "member_recipes": members,
-            "lds": content_key(what="lds", recipe=recipe, data=version, alpha=request.alpha, m=request.m,
-                               seed=request.seed),
-            "seeds": subset_seeds(request.seed, request.m)}
+            "lds": ev.content_key(what="lds", design=ev.LDS_DESIGN, recipe=recipe, data=version,
+                                  alpha=request.alpha, m=request.m, seed=request.seed),
+            "seeds": ev.subset_seeds(request.seed, request.m),
+            "train_seeds": ev.subset_train_seeds(request.seed, request.m),
+            "replicate_seeds": ev.subset_replicate_seeds(request.seed, request.m)}
 
 
 def _models(request: EvaluateAttributionRequest) -> list[int]:
@@ -215,19 +230,19 @@ def _train_item(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     if store.exists(_stored_at(ident, request.m, item)):
         return False
     if item == FULL:
-        _train_full(ctx, ds, _recipe(request.recipe), _model_key(ident["full"]))
+        _train_full(ctx, ds, ident["full_recipe"], _model_key(ident["full"]))
         return True
     if item < FULL:  # ensemble member j: the recipe's full-data model with the member's seed
         j = FULL - 1 - item
         _train_full(ctx, ds, ident["member_recipes"][j], _model_key(ident["members"][j]),
                     what=f"ensemble member {j + 1}/{len(ident['members'])}")
         return True
-    from models.kg.evaluation import replicate_seed, train_subset
+    from models.kg.evaluation import train_subset
 
     m = request.m
     index, replicate = (item - m, True) if item >= m else (item, False)
     seed = ident["seeds"][index]
-    train_seed = replicate_seed(seed) if replicate else seed
+    train_seed = ident["replicate_seeds" if replicate else "train_seeds"][index]
     what = f"replicate of subset model {index + 1}/{m}" if replicate else f"subset model {index + 1}/{m}"
     out = train_subset(ds, _config(_recipe(request.recipe)), request.alpha, seed, ctx.device,
                        _train_progress(ctx, what), ctx.settings.work_dir, train_seed=train_seed)
@@ -366,7 +381,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     import numpy as np
     import torch
 
-    from models.kg.evaluation import lds_report, test_selection
+    from models.kg.evaluation import LDS_DESIGN, lds_report, test_selection
 
     m, seed, names_asked = request.m, request.seed, list(request.estimators)
     masks, outputs, seeds = load_ground_truth(ctx.settings, ident["lds"], m)
@@ -382,7 +397,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     scores: dict[str, Any] = {}
     try:
         report = lds_report(bundle, masks, outputs[:, sel], test, names_asked, seed, progress=progress,
-                            scores=scores, members=members)
+                            scores=scores, members=members, output=request.output)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
     ceiling = None
@@ -406,7 +421,9 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     result: dict[str, Any] = {
         "metric": "lds", "dataset": request.dataset, "data_version": ident["data_version"],
         "recipe": _recipe(request.recipe), "m": m, "alpha": request.alpha, "seed": seed,
-        "seeds": seeds, "n_train": len(ds.train), "subset_size": int(masks[0].sum()), "n_test": len(sel),
+        "design": LDS_DESIGN, "seeds": seeds, "train_seeds": ident["train_seeds"],
+        "replicate_seeds": ident["replicate_seeds"] if request.replicates else None, "n_train": len(ds.train),
+        "subset_size": int(masks[0].sum()), "n_test": len(sel),
         "test_triples": names, "output": OUTPUT,
         "ground_truth": {"key": ident["lds"], "full_model": ident["full"], "trainings": trainings,
                          "reused": len(_models(request)) - trainings},
@@ -414,7 +431,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
         "ensemble": {"members": len(members), "seeds": [r["seed"] for r in ident["member_recipes"]],
                      "models": ident["members"]},
         "trainings": trainings,
-        "full_model": {"metrics": _split_metrics(bundle),
+        "full_model": {"seed": ident["full_recipe"]["seed"], "metrics": _split_metrics(bundle),
                        "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr} for c in bundle.checkpoints]},
         "estimators": report,
         "shards": shards,

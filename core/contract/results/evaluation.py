@@ -107,6 +107,8 @@ class LdsEstimator(EstimatorTiming):
     per_test: list[float | None]
     n_undefined: int
     ratio_to_tracin: RatioInterval | None = None
+    # the test-side output its scores used: "margin" (what the LDS measures) or "loss"; None for one without (random)
+    output: Literal["margin", "loss"] | None = None
 
 
 class GroundTruth(ResultModel):
@@ -144,8 +146,10 @@ class CheckpointRef(ResultModel):
 
 
 class FullModel(ResultModel):
-    """The full-data model the estimators ran on: its metrics and the checkpoints they used."""
+    """The full-data model the estimators ran on: its training seed (``models.kg.evaluation.full_model_seed`` of
+    the evaluation's seed and the recipe's), its metrics and the checkpoints they used."""
 
+    seed: int
     metrics: SplitMetrics
     checkpoints: list[CheckpointRef]
 
@@ -157,7 +161,10 @@ class LdsResult(EvaluationResult):
     metric: Literal["lds"]
     m: int
     alpha: float
-    seeds: list[int]  # the subset models' seeds (subset i: seeds[i])
+    design: int  # the version of how every seed is derived from ``seed`` (models.kg.evaluation.LDS_DESIGN)
+    seeds: list[int]  # the subset models' mask seeds (subset i: seeds[i])
+    train_seeds: list[int]  # the subset models' training seeds
+    replicate_seeds: list[int] | None = None  # the training seeds of their replicates (with ``replicates``)
     subset_size: int
     n_test: int
     test_triples: list[Triple]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -92,6 +92,16 @@ class Unscored(ResultModel):
     triples: list[Triple] = Field(default_factory=list)
 
 
+class RunConfiguration(ResultModel):
+    """What a stored-feature estimator ran (``ran``: checkpoints, layers, loss, projection_dim, damping, seed,
+    projection) and, for ``trak``, the configuration ``models.kg.evaluation.trak_configuration`` says the
+    evaluations measure (``evaluated``) and whether the two are equal (``matches_evaluated``)."""
+
+    ran: dict[str, Any]
+    evaluated: dict[str, Any] | None
+    matches_evaluated: bool | None
+
+
 class InfluenceResult(ResultModel):
     """TracIn-CP or TRAK influence of training triples on a ConvE model's predictions (``POST /tracin``).
 
@@ -110,6 +120,11 @@ class InfluenceResult(ResultModel):
     layers: list[str]
     loss: str
     projection_dim: int | None = None
+    projection: str | None = Field(None, description="the random projection of the stored features: 'kronecker' "
+                                   "(models.explain.trak) or 'dense'; None without one")
+    configuration: RunConfiguration | None = Field(
+        None, description="the stored-feature estimators' configuration as run, and for 'trak' the one the "
+        "attribution-quality evaluations measured and whether they match (None for the other estimators)")
     seed: int | None = None
     damping: float | None = None
     precision: str | None = None

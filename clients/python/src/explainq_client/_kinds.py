@@ -203,6 +203,7 @@ class KindMethods(Generic[R]):
         n_test: int | NotGiven = NOT_GIVEN,
         ensemble: int | NotGiven = NOT_GIVEN,
         replicates: bool | NotGiven = NOT_GIVEN,
+        output: Literal["margin", "loss"] | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         shard_retries: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
@@ -217,11 +218,14 @@ class KindMethods(Generic[R]):
         ``n_test`` test triples; the result has each estimator's LDS per test triple, its mean with a 95%
         bootstrap interval and its time. ``recipe`` holds ConvE's training settings (``epochs``,
         ``embedding_dim``, ...). Server defaults: ``dataset="nations"``, ``m=64``, ``alpha=0.5``,
-        ``n_test=100``, ``estimators=["tracin", "tracin_last", "trak", "trak_ensemble", "random"]``,
+        ``n_test=100``, ``estimators=["tracin", "tracin_last", "trak", "trak_ensemble", "graddot", "gradcos",
+        "random"]``, ``output="margin"`` (TracIn's and the gradient baselines' test side: the margin the LDS
+        measures, or ``"loss"``; each estimator's result states its ``output``),
         ``ensemble=4`` (the further full-data models, other seeds, that ``trak_ensemble`` averages over). Every
         estimator but TracIn also gets its LDS as a ratio to TracIn's with a paired bootstrap interval
         (``ratio_to_tracin``). ``replicates=True`` trains every subset model again with another seed and reports
-        the ground truth's ``noise_ceiling`` (how high any LDS can be). A later evaluation of the same recipe, data, ``alpha``, ``m`` and ``seed`` reuses
+        the ground truth's ``noise_ceiling`` (how high any LDS can be). Another ``seed`` is an independent
+        replicate. A later evaluation of the same recipe, data, ``alpha``, ``m`` and ``seed`` reuses
         the subset models and members (``trainings`` in the result counts what one trained).
         """
         return self._submit("/evaluate/attribution", _body(dict(locals())), idempotency_key)
@@ -242,8 +246,8 @@ class KindMethods(Generic[R]):
         train ``recipe`` on the corrupted graph, and rank the training triples by each estimator's
         self-influence. The result has each estimator's AUC, the fraction of corrupted triples found after
         inspecting 10% and 20% of the data, the recall curve, and the corrupted triples (``corrupted.tsv``).
-        Server default: ``estimators=["tracin", "tracin_last", "trak", "random"]`` (no ensemble estimators: one
-        model of the corrupted graph is trained).
+        Server default: ``estimators=["tracin", "tracin_last", "trak", "graddot", "gradcos", "random"]`` (no
+        ensemble estimators: one model of the corrupted graph is trained).
         """
         return self._submit("/evaluate/mislabel", _body(dict(locals())), idempotency_key)
 
