@@ -31,8 +31,9 @@ def test_the_form_offers_every_model_its_kind_takes() -> None:
 
 def test_the_models_page_opens_the_attributions_form_for_a_classifier() -> None:
     kinds = _described()
-    assert [a["kind"] for a in explain_actions(kinds, "hf_classifier")] == ["attributions"]
-    # an exported classifier can be explained, or trained further from its weights
-    assert [a["kind"] for a in explain_actions(kinds, "exported_classifier")] == ["attributions", "train_classifier"]
+    # a classifier can be explained, trained further from its weights, and traced to its training data
+    for kind in ("hf_classifier", "exported_classifier"):
+        assert [a["kind"] for a in explain_actions(kinds, kind)] == ["attributions", "train_classifier",
+                                                                   "classifier_influence"]
     assert "attributions" in [a["kind"] for a in explain_actions(kinds, "news")]
     assert "tracin" in [a["kind"] for a in explain_actions(kinds, "conve")]

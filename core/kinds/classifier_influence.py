@@ -64,12 +64,12 @@ class ClassifierInfluenceRequest(JobRequest):
     test_indices: list[Annotated[int, Field(ge=0, le=limits.MAX_SEED)]] | None = Field(
         None, min_length=1, max_length=MAX_TESTS, title="Test examples",
         description="Mode test, instead of inputs: positions in the dataset's test_split, with their own labels")
-    test_split: Literal["train", "valid", "test"] = Field("test", title="Split of test_indices",
+    test_split: Literal["train", "valid", "test"] = Field("test", title="Split of the test examples",
         json_schema_extra=ADVANCED, description="The dataset split test_indices point into")
     top_k: int = Field(10, ge=1, le=MAX_TOP_K, title="Examples listed",
         description="Proponents and opponents per test example, or training examples in the self ranking (the full "
                     "self ranking is the artifact self_influence.csv)")
-    estimator: Literal["tracin", "trak"] = Field("tracin", title="Estimator",
+    estimator: Literal["tracin", "trak"] = Field("tracin", title="Influence method",
         description="tracin: exact TracIn-CP (Σ lr · gradient dot products of the training loss); trak: TRAK "
                     "(projected gradients of the classification margin, the Gauss-Newton inverse, each training "
                     "example weighted by 1 - p of its label, averaged over the checkpoints)")
@@ -79,7 +79,7 @@ class ClassifierInfluenceRequest(JobRequest):
         description="trak: the Gauss-Newton matrix's damping, relative to its mean eigenvalue")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
         description="trak: seed of the random projection")
-    checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints", json_schema_extra=ADVANCED,
+    checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints summed", json_schema_extra=ADVANCED,
         description="Sum over every kept checkpoint (TracIn-CP), or the last one only")
     max_length: int = Field(128, ge=2, le=4096, title="Tokens per text", json_schema_extra=ADVANCED,
         description="Hugging Face classifiers: each text is cut to this many tokens, as fine-tuning cut it")
