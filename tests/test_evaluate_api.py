@@ -371,9 +371,10 @@ def _result_schema(svc, job_id):
 def _timing_free(res):
     """An LDS result without what legitimately differs between a sharded run and a whole one: how many models this
     job trained (``trainings``, ``ground_truth.trainings``/``reused``), how it was split (``shards``), the
-    estimators' ``seconds`` (timing) and the file list (compared on its own)."""
+    estimators' ``seconds`` (timing), the file list (compared on its own) and the job's own provenance (its id and
+    times)."""
     out = json.loads(json.dumps(res))
-    for name in ("trainings", "shards", "artifacts"):
+    for name in ("trainings", "shards", "artifacts", "provenance"):
         del out[name]
     for name in ("trainings", "reused"):
         del out["ground_truth"][name]
@@ -420,7 +421,9 @@ def test_an_lds_evaluation_has_one_shape_sharded_or_whole(svc):
     assert svc.artifact(sharded_job["id"], "lds_per_test.csv", headers=ALICE) == svc.artifact(
         whole_job["id"], "lds_per_test.csv", headers=ALICE)
     stored = json.loads(svc.artifact(whole_job["id"], "result.json", headers=ALICE))
-    assert stored == {k: v for k, v in whole.items() if k != "artifacts"}
+    # the job writes result.json before the runner attaches the provenance block (the served result has it)
+    assert stored.pop("provenance") is None and whole["provenance"]["job_id"] == whole_job["id"]
+    assert stored == {k: v for k, v in whole.items() if k not in ("artifacts", "provenance")}
     # the SDK's renderers and the CLI's table draw both
     from explainq_client import EvaluationResult
 

@@ -144,10 +144,13 @@ def _with_provenance(spec: JobKind, returned: Any, result: Any, block: dict | No
     model = type(returned) if isinstance(returned, BaseModel) else spec.result
     if block is None or not isinstance(result, dict) or model is None or "provenance" not in model.model_fields:
         return result
+    from core.contract.results.provenance import Provenance
+
     done = provenance.finish(block, result, STATE["device"], ctx.registered_models, _now())
     if ctx.registered_models and not spec.internal:
         ctx.update_meta({"model_digests": provenance.digests(done)})
-    return {**result, "provenance": done}
+    # stored as its model writes it (every field present), so a stored result equals its model's dump
+    return {**result, "provenance": Provenance.model_validate(done).model_dump(mode="json")}
 
 
 def execute(*args: Any) -> Any:
