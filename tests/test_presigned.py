@@ -24,7 +24,7 @@ ALICE = {"Authorization": "Bearer key-alice"}
 
 
 @pytest.fixture
-def bucket(s3_server):
+def bucket(s3_server):  # noqa: F811  (the imported fixture)
     name = f"explainq-sign-{uuid.uuid4().hex[:12]}"
     fs = fsspec.filesystem("s3")
     fs.mkdir(name)
