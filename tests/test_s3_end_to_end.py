@@ -190,7 +190,7 @@ def test_a_paused_store_fails_a_job_in_its_bounds_and_shards_are_retried_when_it
         # 2 attempts of 2 s and 0.5 s of backoff: failed within the store's bounds, never "running" for ever
         assert took < 20, took
 
-        r_fan = team.client.post("/tracin", json={**BODY, "shard_size": 400, "shard_retries": 5})
+        r_fan = team.client.post("/tracin", json={"model": MODEL, **BODY, "shard_size": 400, "shard_retries": 5})
         assert r_fan.status_code == 202, r_fan.text
         fan = r_fan.json()["id"]
         deadline = time.monotonic() + 90
