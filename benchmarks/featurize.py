@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the gradients are computed and projected (features are fp32 on every device: "
+                    "featurize has no reduced-precision path)")
     args = ap.parse_args()
 
     import torch
@@ -84,10 +87,11 @@ def main() -> None:
         opts = {"layers": args.layers, "loss": args.loss, "proj_dim": args.proj_dim, "seed": 0}
 
         t0 = time.perf_counter()
-        rep = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, **opts)
+        rep = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, device=args.device, **opts)
         t_feat = time.perf_counter() - t0
         t0 = time.perf_counter()
-        again = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, **opts)
+        again = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, device=args.device,
+                             **opts)
         t_again = time.perf_counter() - t0
 
         tests = ds.test[:args.repeats + 1]
@@ -102,7 +106,7 @@ def main() -> None:
             warm.append(time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        direct = trak_scores(bundle, "all", tests[:1], train, batch_size=args.batch_size, **opts)
+        direct = trak_scores(bundle, "all", tests[:1], train, batch_size=args.batch_size, device=args.device, **opts)
         t_direct = time.perf_counter() - t0
         stored = index.scores(index.queries(tests[:1]))
         diff = float((stored - direct).abs().max())
@@ -110,7 +114,8 @@ def main() -> None:
         same_top = bool(torch.equal(top.pro_idx, ref.pro_idx) and torch.equal(top.opp_idx, ref.opp_idx))
 
     n, k = len(train), args.proj_dim
-    print(f"CPU: {cpu_model()}; torch threads {args.threads}; torch {torch.__version__}")
+    card = f"; device {torch.cuda.get_device_name(0)}" if args.device == "cuda" else "; device cpu"
+    print(f"CPU: {cpu_model()}; torch threads {args.threads}; torch {torch.__version__}{card}")
     print(f"graph: synthetic FB15k-237 shape, {len(ds.entities):,} entities, {n:,} training triples; "
           f"ConvE dim {args.dim} ({args.height}x{args.dim // args.height}), {args.filters} filters, initial weights; "
           f"layers {args.layers}, loss {args.loss}, k {k}, 1 checkpoint; features {n * k * 4 / 2**20:.0f} MiB")

@@ -377,7 +377,12 @@ def main() -> None:
                         help="timed rounds per method (and per precision-table cell); the median is reported")
     parser.add_argument("--sections", default="methods,convergence,precision,tolerance",
                         help="comma-separated subset of methods, convergence, precision, tolerance")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="where every method runs (auto: cuda when available); the precision table compares "
+                        "fp32 with bf16, and with fp16 on CUDA")
     opts = parser.parse_args()
+    if opts.device != "auto":  # read by models.common.default_device here and in every spawned method process
+        os.environ["EXPLAINQ_DEVICE"] = opts.device
     sections = set(opts.sections.split(","))
     quick = opts.quick
     args = {"samples": 2 if quick else 8, "history": 20 if quick else 50, "steps": 8 if quick else 32,
@@ -537,10 +542,11 @@ def precision_table(ckpt: Path, data: Path, args: dict) -> None:
     print("| precision | n_steps | ms / sample-step | median / max rel. delta | max rel. diff vs fp32 |")
     print("|---|---:|---:|---:|---:|")
     prec: dict[tuple[str, int], dict] = {}
+    halves = ("bf16", "fp16") if default_device().type == "cuda" else ("bf16",)  # fp16 autocast is CUDA's
     for n in steps_list:
-        for p in ("fp32", "bf16"):
+        for p in ("fp32", *halves):
             prec[(p, n)] = run_isolated("d", ckpt, data, {**args, "precision": p, "steps": n})
-        for p in ("fp32", "bf16"):
+        for p in ("fp32", *halves):
             r = prec[(p, n)]
             ms = r["seconds"] * 1000 / (args["samples"] * n)
             diff = max_rel_diff(r["attrs"], prec[("fp32", n)]["attrs"])

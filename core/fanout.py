@@ -246,17 +246,25 @@ _LUA = """
 local JOB = '@JOB@'
 local PENDING = '@PENDING@'
 local WAITING = '@WAITING@'
+local FANQUEUE = '@FANQUEUE@'
+local QUEUE = '@QUEUE@'
 local OPEN = '@OPEN@'
 local PARENTS = '@PARENTS@'
 local INFLIGHT = '@INFLIGHT@'
 local LIVE = '@LIVE@'
 local OWNERS = '@OWNERS@'
 local CANCEL = '@CANCEL@'
+local BULK_NAME = '@BULK_NAME@'
 local BULK = '@BULK@'
 local QUEUES = '@QUEUES@'
 local WORKERS = '@WORKERS@'
 local DEFERRED = '@DEFERRED@'
 local PLANNING = '@PLANNING@'
+
+-- The queue a parent's children wait in: bulk, or a worker class's own (<queue>@<class>, core/placement.py).
+local function queue_of(parent)
+  return redis.call('GET', FANQUEUE .. parent) or BULK_NAME
+end
 
 local function window_of(w)
   w = tonumber(w)
@@ -273,6 +281,7 @@ local function release(owner, window, now)
   local inflight = INFLIGHT .. owner
   local parents = PARENTS .. owner
   local idle = redis.call('SCARD', inflight) == 0
+  local into = {}
   while redis.call('SCARD', inflight) < window do
     local head = redis.call('ZRANGE', parents, 0, 0)
     if #head == 0 then break end
@@ -281,12 +290,14 @@ local function release(owner, window, now)
     if redis.call('EXISTS', CANCEL .. parent) == 1 then
       redis.call('ZREM', parents, parent)  -- being torn down: nothing of it goes out any more
     else
+      local q = queue_of(parent)
       local sid = redis.call('LPOP', pending)
-      if sid then redis.call('SREM', WAITING, sid) end
+      if sid then redis.call('SREM', WAITING .. q, sid) end
       if sid and redis.call('HGET', JOB .. sid, 'status') == 'deferred' then
         redis.call('HSET', JOB .. sid, 'status', 'queued', 'enqueued_at', now)
         redis.call('SADD', inflight, sid)
         out[#out + 1] = sid
+        into[#into + 1] = QUEUE .. q
       end
       if redis.call('LLEN', pending) == 0 then
         redis.call('ZREM', parents, parent)
@@ -297,11 +308,11 @@ local function release(owner, window, now)
     end
   end
   if idle then
-    for i = #out, 1, -1 do redis.call('LPUSH', BULK, out[i]) end
+    for i = #out, 1, -1 do redis.call('LPUSH', into[i], out[i]) end
   else
-    for i = 1, #out do redis.call('RPUSH', BULK, out[i]) end
+    for i = 1, #out do redis.call('RPUSH', into[i], out[i]) end
   end
-  if #out > 0 then redis.call('SADD', QUEUES, BULK) end
+  for i = 1, #into do redis.call('SADD', QUEUES, into[i]) end
   if redis.call('SCARD', inflight) == 0 and redis.call('ZCARD', parents) == 0 then
     redis.call('SREM', OWNERS, owner)
   end
@@ -315,11 +326,12 @@ local function maybe_reduce(parent, now)
   if redis.call('EXISTS', CANCEL .. parent) == 1 then return 0 end
   local rid = parent .. '@REDUCE@'
   if redis.call('HGET', JOB .. rid, 'status') ~= 'deferred' then return 0 end
+  local q = queue_of(parent)
   redis.call('HSET', JOB .. rid, 'status', 'queued', 'enqueued_at', now)
-  redis.call('LPUSH', BULK, rid)
-  redis.call('SADD', QUEUES, BULK)
+  redis.call('LPUSH', QUEUE .. q, rid)
+  redis.call('SADD', QUEUES, QUEUE .. q)
   redis.call('HDEL', LIVE, parent)
-  for _, id in ipairs(redis.call('LRANGE', PENDING .. parent, 0, -1)) do redis.call('SREM', WAITING, id) end
+  for _, id in ipairs(redis.call('LRANGE', PENDING .. parent, 0, -1)) do redis.call('SREM', WAITING .. q, id) end
   redis.call('DEL', PENDING .. parent)
   return 1
 end
@@ -329,11 +341,12 @@ end
 def _lua(body: str) -> str:
     names = {
         "JOB": JOB_PREFIX, "PENDING": keys.fanout_pending(""), "OPEN": keys.fanout_open(""),
-        "WAITING": keys.backlog_pending(BULK),
+        "WAITING": keys.backlog_pending(""), "FANQUEUE": keys.fanout_queue(""), "QUEUE": QUEUE_PREFIX,
+        "BULK_NAME": BULK,
         "PARENTS": keys.fanout_parents(""), "INFLIGHT": keys.fanout_inflight(""), "LIVE": keys.FANOUT_LIVE,
         "OWNERS": keys.FANOUT_OWNERS, "CANCEL": keys.cancel(""), "BULK": QUEUE_PREFIX + BULK,
         "QUEUES": Queue.redis_queues_keys, "WORKERS": WORKERS_BY_QUEUE_KEY % BULK,
-        "DEFERRED": f"rq:deferred:{BULK}", "PLANNING": PLANNING, "REDUCE": reduce_id(""),
+        "DEFERRED": "rq:deferred:", "PLANNING": PLANNING, "REDUCE": reduce_id(""),
     }
     text = _LUA + body
     for name, value in names.items():
@@ -374,15 +387,16 @@ local parent = ARGV[1]
 local owner = redis.call('HGET', LIVE, parent) or ARGV[2]
 local now, registry, score, ttl, flag_ttl = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
 local canceled = {}
+local q = queue_of(parent)
 local function cancel_waiting(id)
   local job = JOB .. id
   local status = redis.call('HGET', job, 'status')
   if status ~= 'deferred' and status ~= 'queued' and status ~= 'scheduled' then return false end
   if status == 'queued' then
-    redis.call('LREM', BULK, 0, id)
+    redis.call('LREM', QUEUE .. (redis.call('HGET', job, 'origin') or q), 0, id)
     redis.call('SET', CANCEL .. id, '1', 'EX', flag_ttl)  -- in case a worker popped it a moment ago
   end
-  redis.call('ZREM', DEFERRED, id)
+  redis.call('ZREM', DEFERRED .. q, id)
   redis.call('HSET', job, 'status', 'canceled', 'ended_at', now)
   redis.call('ZADD', registry, score, id)
   redis.call('EXPIRE', job, ttl)
@@ -390,7 +404,7 @@ local function cancel_waiting(id)
   return true
 end
 for _, id in ipairs(redis.call('LRANGE', PENDING .. parent, 0, -1)) do
-  redis.call('SREM', WAITING, id)
+  redis.call('SREM', WAITING .. q, id)
   cancel_waiting(id)
   redis.call('SREM', OPEN .. parent, id)
 end
@@ -462,9 +476,10 @@ def tear_down(redis: Any, parent: str, owner: str | None, settings: Any) -> list
     """Cancel the fan-out of ``parent``: its children that wait are canceled (returned), running shards are flagged
     to stop, its bookkeeping is removed and the owner's window goes to its other parents. Idempotent."""
     ttl = settings.failure_ttl_s
+    queue = (redis.get(keys.fanout_queue(parent)) or BULK.encode()).decode()
     canceled = [c.decode() for c in _call(redis, TEAR_DOWN, [
         parent, owner or "", _window(settings.shard_window), _now(),
-        CanceledJobRegistry(BULK, connection=redis).key, time.time() + ttl, ttl, settings.result_ttl_s])]
+        CanceledJobRegistry(queue, connection=redis).key, time.time() + ttl, ttl, settings.result_ttl_s])]
     if canceled:
         meta = _meta_of(redis.hget(JOB_PREFIX + parent, "meta"))
         fan = meta.get("fanout") or {}

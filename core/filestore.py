@@ -386,6 +386,27 @@ class Store:
             return self._call("open", key, self.fs.open, self.full(key), mode)
         return io.BufferedReader(self._retrying("open", key, lambda: self._open_raw(key)), buffer_size=CHUNK)
 
+    def sign(self, key: str, expires_s: int, filename: str | None = None) -> str | None:
+        """A pre-signed URL that lets anyone holding it GET ``key`` for ``expires_s`` seconds, straight from the
+        store (s3fs's ``sign``; a download named ``filename``), or None where the store signs nothing (a file
+        system, ``memory://``), where signing fails (say, credentials without a secret key) or with
+        ``expires_s`` 0: the caller streams the file itself then. Signing is computed locally (no request to the
+        store), bounded all the same."""
+        if expires_s <= 0 or self.local:
+            return None
+        extra: dict[str, Any] = {}
+        if filename and "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)):
+            extra = {"ResponseContentDisposition": f'attachment; filename="{filename}"',
+                     "ResponseContentType": media_type(filename)}
+        try:
+            url = bounded(self.fs.sign, self.timeout_s, self.full(key), expiration=int(expires_s), **extra)
+        except NotImplementedError:
+            return None
+        except Exception as exc:  # no signature: the API streams instead
+            log.warning("store could not sign %r (%s); streaming it", key, type(exc).__name__)
+            return None
+        return url if isinstance(url, str) and url.startswith(("https://", "http://")) else None
+
     def size(self, key: str) -> int:
         return int(self._call("size", key, self.fs.size, self.full(key)))
 

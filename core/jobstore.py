@@ -52,6 +52,7 @@ from core.jobview import (
 )
 from core.keys import JOB_PREFIX, QUEUE_PREFIX, valid_job_id
 from core.metrics import record_finished, record_submitted
+from core.placement import Placement
 from core.reaper import reap_job
 from core.settings import Settings
 
@@ -173,6 +174,8 @@ def prune_canceled(redis: Redis, queues: tuple[str, ...] = QUEUES) -> None:
 def without_unset_listing_fields(payload: dict[str, Any]) -> dict[str, Any]:
     """The payload without ``label`` and ``tags`` when they are unset (None, empty): a request that gives neither
     is stored, and its Idempotency-Key's body compared, exactly as before they existed."""
+    if payload.get("requirements", 0) is None:  # stated only by jobs that need a kind of worker
+        payload = {k: v for k, v in payload.items() if k != "requirements"}
     if payload.get("label") or payload.get("tags") or not ({"label", "tags"} & payload.keys()):
         return payload
     return {k: v for k, v in payload.items() if k not in ("label", "tags")}
@@ -226,14 +229,15 @@ class JobStore:
         return job_id, replayed
 
     def submit_with_view(
-        self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None = None
+        self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None = None,
+        placement: Placement | None = None,
     ) -> tuple[str, bool, dict[str, Any]]:
         """``submit`` that also returns the job view, read in the same round trip as the enqueue.
 
         Raises ``IdempotencyConflict`` (same key, other body), ``IdempotencyInProgress`` (the key's job is being
         created by a concurrent request) or ``QuotaExceeded``.
         """
-        keys, args = self.submission(kind, payload, owner, idempotency_key)
+        keys, args = self.submission(kind, payload, owner, idempotency_key, placement)
         outcome = self._outcome(kind, self._submit(keys=keys, args=args))
         if outcome is None and self.prune_active(owner):
             outcome = self._outcome(kind, self._submit(keys=keys, args=args))
@@ -242,13 +246,15 @@ class JobStore:
         return outcome
 
     async def asubmit_with_view(
-        self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None = None
+        self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None = None,
+        placement: Placement | None = None,
     ) -> tuple[str, bool, dict[str, Any]]:
-        """``submit_with_view`` on the async client (``aredis``): one round trip, no thread."""
-        queue = self.queue(kind.queue)
+        """``submit_with_view`` on the async client (``aredis``): one round trip, no thread. ``placement``
+        (``core.placement.place``) names the job's queue when it is not its kind's."""
+        queue = self.queue(placement.queue if placement is not None else kind.queue)
         if not queue.redis_server_version:  # RQ asks the server once per queue (a blocking call: in a thread)
             await asyncio.to_thread(queue.get_redis_server_version)
-        keys, args = self.submission(kind, payload, owner, idempotency_key)
+        keys, args = self.submission(kind, payload, owner, idempotency_key, placement)
         outcome = self._outcome(kind, await run_script(self.aredis, self._asubmit, keys, args))
         if outcome is None and await asyncio.to_thread(self.prune_active, owner):
             outcome = self._outcome(kind, await run_script(self.aredis, self._asubmit, keys, args))
@@ -256,8 +262,8 @@ class JobStore:
             raise self._active_quota_exceeded()
         return outcome
 
-    def submission(self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None
-                   ) -> tuple[list[str], list[Any]]:
+    def submission(self, kind: JobKind, payload: dict[str, Any], owner: str, idempotency_key: str | None,
+                   placement: Placement | None = None) -> tuple[list[str], list[Any]]:
         """The keys and arguments of ``SUBMIT_SCRIPT`` for a new job (no Redis round trip).
 
         The job's writes are RQ's own: ``enqueue_call`` runs on a transaction pipeline that is never executed, and
@@ -268,9 +274,13 @@ class JobStore:
         job_id = uuid.uuid4().hex
         payload = without_unset_listing_fields(payload)
         digest = body_hash({"kind": kind.name, "payload": payload})
+        queue_name = placement.queue if placement is not None else kind.queue
+        meta: dict[str, Any] = {"kind": kind.name, "owner": owner, "body": digest, **listing_meta(kind, payload)}
+        if placement is not None and (placement.needs or placement.worker_class):
+            meta["placement"] = placement.meta()  # what the worker that takes it checks (core/placement.py)
         recorder = self.redis.pipeline(transaction=True)
         recorder.multi()
-        self.queue(kind.queue).enqueue_call(
+        self.queue(queue_name).enqueue_call(
             RUNNER,
             args=(kind.name, payload),
             job_id=job_id,
@@ -278,7 +288,7 @@ class JobStore:
             result_ttl=s.result_ttl_for(kind.result_ttl_s),
             failure_ttl=s.failure_ttl_s,
             ttl=None,
-            meta={"kind": kind.name, "owner": owner, "body": digest, **listing_meta(kind, payload)},
+            meta=meta,
             description=f"{kind.name} job",
             pipeline=recorder,
         )
@@ -297,7 +307,7 @@ class JobStore:
         for command in writes:
             args.append(len(command))
             args.extend(command)
-        return [job_key, keys.owner_active(owner), QUEUE_PREFIX + kind.queue, idem_key, *QUEUE_KEYS], args
+        return [job_key, keys.owner_active(owner), QUEUE_PREFIX + queue_name, idem_key, *QUEUE_KEYS], args
 
     def _outcome(self, kind: JobKind, answer: list[Any]) -> tuple[str, bool, dict[str, Any]] | None:
         """``(job_id, replayed, view)`` from ``SUBMIT_SCRIPT``'s answer; None when the owner is at the active-job

@@ -71,9 +71,12 @@ local function view(job_key, job_id, queues_from)
   local position = false
   if values[1] == 'queued' and values[2] then
     local wanted = '""" + QUEUE_PREFIX + """' .. values[2]
+    local listed = false
     for i = queues_from, #KEYS do
-      if KEYS[i] == wanted then position = redis.call('LPOS', KEYS[i], job_id) end
+      if KEYS[i] == wanted then position = redis.call('LPOS', KEYS[i], job_id); listed = true end
     end
+    -- a worker class's own queue (<queue>@<class>, core/placement.py) is not among the kinds' queue keys
+    if not listed and string.find(values[2], '@', 1, true) then position = redis.call('LPOS', wanted, job_id) end
   end
   values[#values + 1] = position
   return values

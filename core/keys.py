@@ -41,6 +41,7 @@ METRICS_STORE_UNAVAILABLE = "explainq:metrics:store_unavailable"
 ALIVE_PREFIX = "explainq:alive:"
 DEMO_PLAN = "explainq:demo:plan"
 DEMO_ALIVE = "explainq:demo:alive"
+BACKLOG_SECONDS = "explainq:backlog:seconds"
 
 
 def owner_jobs(owner: str) -> str:
@@ -93,6 +94,12 @@ def fanout_inflight(owner: str) -> str:
     """Set: the owner's shards released onto ``bulk`` that have not ended (queued or running; at most the
     window)."""
     return f"explainq:fanout:inflight:{owner}"
+
+
+def fanout_queue(parent: str) -> str:
+    """String: the queue a fanned-out job's children wait in when it is a worker class's own
+    (``bulk@<class>``, core/placement.py); absent: ``bulk``."""
+    return f"explainq:fanout:queue:{parent}"
 
 
 def backlog_pending(queue: str) -> str:
@@ -150,8 +157,12 @@ KEYS: dict[str, str] = {
     "explainq:fanout:parents:<owner>": "the owner's fanned-out jobs with pending shards, by last release "
                                        "(round robin)",
     "explainq:fanout:inflight:<owner>": "the owner's shards out on `bulk` (queued or running): at most the window",
+    "explainq:fanout:queue:<parent>": "the worker class's queue a fanned-out job's children wait in, when not "
+                                      "`bulk` (`bulk@<class>`)",
     "explainq:backlog:pending:<queue>": "the shards of every fan-out waiting for the queue outside RQ's list "
                                         "(not yet released onto it): the backlog autoscalers add to its length",
+    BACKLOG_SECONDS: "each queue's backlog in estimated seconds (and `at`: when it was read), written at every "
+                     "metrics scrape and worker maintenance pass (`core/backlog.py`)",
     "explainq:alive:<worker>": "a worker's liveness key: the job it runs, TTL = heartbeat TTL",
     WORKER_MODELS: "the names of workers that publish their loaded models",
     "explainq:worker-models:<worker>": "the models one worker holds loaded, TTL = heartbeat TTL",

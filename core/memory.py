@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core import placement
 from core.contract.errors import FieldError
 from core.settings import Settings
 from models.kg.shapes import default_height, expected_shapes
@@ -135,15 +136,18 @@ def bdh_training(n_layer: int, n_embd: int, n_head: int, mlp_multiplier: int, cl
 
 def check_budget(settings: Settings, estimate: Estimate, fields: list[tuple[str, Any]], what: str) -> None:
     """A 422 naming ``fields`` (``(dotted name, value)``, the ones that drive the estimate first) when ``estimate`` exceeds
-    the worker memory budget (``EXPLAINQ_WORKER_MEMORY_BYTES``; 0 turns the check off)."""
-    budget = settings.worker_memory_bytes
+    the memory budget of every worker that could take the request (``core.placement.memory_budget``: its worker
+    classes', else ``EXPLAINQ_WORKER_MEMORY_BYTES``; 0 turns the check off). The estimate also places the job."""
+    budget = placement.memory_budget(settings, estimate.total_bytes)
     if not budget or estimate.total_bytes <= budget:
         return
     names = ", ".join(name for name, _ in fields)
+    source = ("the worker classes that can take it (EXPLAINQ_WORKER_CLASSES)" if placement.worker_classes(settings)
+              else "a worker offers (EXPLAINQ_WORKER_MEMORY_BYTES)")
     message = (f"{what} would need about {gib(estimate.total_bytes)} of worker memory ({estimate.parameters:,} "
                f"parameters with their gradients and Adam's moments: {gib(estimate.parameter_bytes)}; activations "
-               f"of one step: {gib(estimate.activation_bytes)}), more than the {gib(budget)} a worker offers "
-               f"(EXPLAINQ_WORKER_MEMORY_BYTES); lower {names}")
+               f"of one step: {gib(estimate.activation_bytes)}), more than the {gib(budget)} {source}; "
+               f"lower {names}")
     (first, value), *rest = fields
     raise FieldError(("body", *first.split(".")), message, value=value,
                      related=[(("body", *n.split(".")), v) for n, v in rest])

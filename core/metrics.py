@@ -145,9 +145,10 @@ def _rq_time(value: bytes | None) -> float | None:
 class RedisCollector(Collector):
     """Reads the shared counters, histograms, queue and worker state from Redis at each scrape."""
 
-    def __init__(self, redis: Redis, queues: Iterable[str]):
+    def __init__(self, redis: Redis, queues: Iterable[str], unknown_cost_s: float = 60.0):
         self.redis = redis
         self.queues = tuple(queues)
+        self.unknown_cost_s = unknown_cost_s
 
     def collect(self) -> Iterator[Any]:
         submitted, finished, duration, loads, outages, per_queue = _read_hashes_and_queues(self.redis, self.queues)
@@ -156,12 +157,32 @@ class RedisCollector(Collector):
         yield _finished_family(finished)
         yield _duration_family(duration)
         yield from _queue_families(self.queues, per_queue, enqueued, live)
+        yield from self._cost_families()
         yield from _model_load_families(loads)
         fam = CounterMetricFamily("explainq_store_unavailable", "Store calls given up after their retries, by "
                                   "operation (any worker or API process)", labels=["operation"])
         for field, value in sorted(outages.items()):
             fam.add_metric([field.decode()], int(value))
         yield fam
+
+    def _cost_families(self) -> list[GaugeMetricFamily]:
+        """Each queue's backlog in estimated seconds (``core.backlog.read``), also published to Redis."""
+        seconds = GaugeMetricFamily("explainq_backlog_seconds", "Estimated run time of the work waiting for each "
+                                    "queue's workers: its queued jobs and pending fan-out shards, each at the mean "
+                                    "run time of its kind so far", labels=["queue"])
+        unknown = GaugeMetricFamily("explainq_backlog_unestimated", "Queued jobs and pending shards of kinds that "
+                                    "have not ended once yet, counted at EXPLAINQ_BACKLOG_UNKNOWN_COST_S",
+                                    labels=["queue"])
+        try:
+            backlogs = backlog.read(self.redis, self.queues, self.unknown_cost_s)
+        except RedisError as exc:
+            log.warning("backlog cost not read: %s", exc)
+            return [seconds, unknown]
+        for q, b in backlogs.items():
+            seconds.add_metric([q], b.seconds)
+            unknown.add_metric([q], b.unestimated)
+        _safely("backlog seconds", lambda: backlog.publish(self.redis, backlogs))
+        return [seconds, unknown]
 
 
 class StoreCollector(Collector):
@@ -283,12 +304,12 @@ def _model_load_families(loads: dict[bytes, bytes]) -> list[CounterMetricFamily]
     return [n, s]
 
 
-def build_registry(redis: Redis, queues: Iterable[str] = QUEUES,
-                   store_check: Any = None) -> tuple[CollectorRegistry, Counter]:
-    """A per-app registry: the Redis-backed collector, the store's check (``store_check``, when given) and this
-    process's Redis-error counter."""
+def build_registry(redis: Redis, queues: Iterable[str] = QUEUES, store_check: Any = None,
+                   unknown_cost_s: float = 60.0) -> tuple[CollectorRegistry, Counter]:
+    """A per-app registry: the Redis-backed collector over ``queues`` (the kinds' and the worker classes' own), the
+    store's check (``store_check``, when given) and this process's Redis-error counter."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RedisCollector(redis, queues))
+    registry.register(RedisCollector(redis, queues, unknown_cost_s))
     if store_check is not None:
         registry.register(StoreCollector(store_check))
     errors = Counter("explainq_api_redis_errors", "Redis errors seen by this API process", ["error"],

@@ -18,8 +18,13 @@
 | ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
 | ``EXPLAINQ_STORE_TIMEOUT_S`` | how long one store call may go without an answer (plus a second per MiB it moves; a streamed read, per chunk); 0: no bound | 30 |
 | ``EXPLAINQ_STORE_RETRIES`` | retries of a store call that timed out or met an outage (0.5 s, 1 s, 2 s, ... apart), then it fails as ``store_unavailable`` | 3 |
+| ``EXPLAINQ_PRESIGNED_URL_TTL_S`` | how long the pre-signed URL an artifact download redirects to stays valid, where the store signs URLs (S3); 0: the API streams every download | 300 |
 | ``EXPLAINQ_MODEL_CACHE_BYTES`` | memory budget of a worker's loaded models (least recently used ones are dropped) | 4 GiB |
 | ``EXPLAINQ_WORKER_MEMORY_BYTES`` | memory a training job may need on a worker (``core/memory.py`` estimates it at submission; more is ``422``); 0: no check | 8 GiB |
+| ``EXPLAINQ_WORKER_CLASSES`` | the worker classes, as JSON: name -> ``{queues, gpu, gpu_memory_gib, memory_gib}``; a job goes only to a class that can run it (``core/placement.py``); the API and every worker read the same value | empty: no classes |
+| ``EXPLAINQ_WORKER_CLASS`` | the class this worker belongs to (``explainq worker --class``) | empty |
+| ``EXPLAINQ_WORKER_RESOURCES`` | what this worker has, as JSON ``{gpu, gpu_memory_gib, gpu_name}``, instead of what it detects | empty: detected |
+| ``EXPLAINQ_BACKLOG_UNKNOWN_COST_S`` | seconds a queued job or shard of a kind with no finished run counts in the backlog's estimated cost | 60 |
 | ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
 | ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
 | ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks the API and every worker call at start to register extra kinds (``core.contract.kind.load_kinds``) | empty |
@@ -32,7 +37,7 @@ import os
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -68,6 +73,8 @@ class Settings(BaseSettings):
     store_cache_mode: str = Field("auto", pattern="^(auto|always)$", validation_alias=_alias("EXPLAINQ_STORE_CACHE"))
     store_timeout_s: float = Field(30.0, ge=0, validation_alias=_alias("EXPLAINQ_STORE_TIMEOUT_S"))
     store_retries: int = Field(3, ge=0, le=20, validation_alias=_alias("EXPLAINQ_STORE_RETRIES"))
+    presigned_url_ttl_s: int = Field(300, ge=0, le=7 * 24 * 3600,
+                                     validation_alias=_alias("EXPLAINQ_PRESIGNED_URL_TTL_S"))
     model_cache_bytes: int = Field(4 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_MODEL_CACHE_BYTES"))
     # what one training job may need on a worker (the API host cannot see the workers' memory: a fixed budget)
     worker_memory_bytes: int = Field(8 * 1024**3, ge=0, validation_alias=_alias("EXPLAINQ_WORKER_MEMORY_BYTES"))
@@ -133,6 +140,21 @@ class Settings(BaseSettings):
     def work_dir(self) -> Path:
         """This host's scratch space for running jobs (their artifacts before they reach the store)."""
         return self.home / "work"
+
+    # Placement (core/placement.py) and the backlog's cost (core/backlog.py).
+    worker_classes_raw: str = Field("", validation_alias=_alias("EXPLAINQ_WORKER_CLASSES"))
+    worker_class: str = Field("", validation_alias=_alias("EXPLAINQ_WORKER_CLASS"))
+    worker_resources_raw: str = Field("", validation_alias=_alias("EXPLAINQ_WORKER_RESOURCES"))
+    backlog_unknown_cost_s: float = Field(60.0, ge=0, le=86_400,
+                                          validation_alias=_alias("EXPLAINQ_BACKLOG_UNKNOWN_COST_S"))
+
+    @field_validator("worker_classes_raw")
+    @classmethod
+    def _classes_parse(cls, raw: str) -> str:
+        from core.placement import parse_classes  # placement builds on the kinds, which build on settings
+
+        parse_classes(raw)  # a ValueError naming EXPLAINQ_WORKER_CLASSES and the entry
+        return raw
 
     # Worker fault tolerance, logging and kind plugins.
     redis_retry_s: float = Field(120.0, ge=0, validation_alias=_alias("EXPLAINQ_REDIS_RETRY_S"))

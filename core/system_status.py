@@ -63,11 +63,19 @@ def snapshot(redis: Any, caller: str | None) -> dict[str, Any]:
             "name": name, "queues": [q for q in queues.split(",") if q], "state": state or "unknown",
             "current_job": _text(alive) or None, "models": models, "rss_bytes": info.get("rss_bytes"),
             "device": info.get("device"), "last_heartbeat": heartbeat, "started_at": birth,
+            "offer": info.get("offer"),  # its worker class and what it has (core/placement.py)
         })
     _show_jobs(redis, workers, caller)
-    lengths = answers[3 * len(names):]
+    lengths = list(answers[3 * len(names):])
+    # worker classes' own queues (<queue>@<class>) that live workers serve, after the kinds' queues
+    extra = sorted({q for w in workers for q in w["queues"]} - set(QUEUES))
+    if extra:
+        with redis.pipeline(transaction=False) as pipe:
+            for q in extra:
+                pipe.llen(keys.QUEUE_PREFIX + q)
+            lengths += pipe.execute()
     queues = []
-    for q, length in zip(QUEUES, lengths, strict=True):
+    for q, length in zip((*QUEUES, *extra), lengths, strict=True):
         serving = [w["name"] for w in workers if q in w["queues"]]
         queues.append({"name": q, "queued": int(length), "workers": len(serving), "worker_names": serving})
     return {"workers": workers, "queues": queues}

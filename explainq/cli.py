@@ -63,8 +63,10 @@ def cmd_worker(args: argparse.Namespace) -> None:
         os.nice(args.nice)
     from workers.worker import run_worker
 
-    queues = [q.strip() for q in args.queues.split(",") if q.strip()]
-    run_worker(Settings(), queues, burst=args.burst, preload=not args.no_preload, threads=args.threads)
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
+    settings = Settings()
+    run_worker(settings, queues, burst=args.burst, preload=not args.no_preload, threads=args.threads,
+               worker_class=args.worker_class or settings.worker_class or None)
 
 
 def cmd_redis(args: argparse.Namespace) -> None:
@@ -429,7 +431,11 @@ def build_parser() -> argparse.ArgumentParser:
     api.set_defaults(func=cmd_api)
 
     worker = sub.add_parser("worker", help="run one worker (models preloaded from the registry)")
-    worker.add_argument("--queues", default="explain,bulk,train", help="comma-separated, in priority order")
+    worker.add_argument("--queues", default=None, help="comma-separated, in priority order (default: the "
+                        "class's queues with --class, else explain,bulk,train)")
+    worker.add_argument("--class", dest="worker_class", default=None, metavar="NAME",
+                        help="the worker class this worker belongs to (EXPLAINQ_WORKER_CLASSES; default "
+                        "EXPLAINQ_WORKER_CLASS): it serves the class's queues and takes the jobs placed on it")
     worker.add_argument("--burst", action="store_true", help="exit when the queues are empty")
     worker.add_argument("--no-preload", action="store_true", help="load models on first use instead")
     worker.add_argument("--threads", type=int, default=None,

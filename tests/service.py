@@ -110,12 +110,14 @@ class Service:
         self.client.__enter__()
         return self
 
-    def start_worker(self, queues: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
-        """Start one worker on ``queues`` (extra ``explainq worker`` arguments in ``args``)."""
+    def start_worker(self, queues: str, args: tuple[str, ...] = (), env: dict[str, str] | None = None
+                     ) -> subprocess.Popen:
+        """Start one worker on ``queues`` (extra ``explainq worker`` arguments in ``args``, extra variables of
+        its own in ``env``)."""
         log = open(self.home / f"worker-{len(self.workers)}.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "explainq.cli", "worker", "--queues", queues, *args],
-            env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**self.env, **(env or {})}, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         self.workers.append(proc)
         return proc

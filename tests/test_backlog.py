@@ -70,3 +70,46 @@ def test_the_backlog_counts_pending_shards_that_the_queue_does_not(tmp_path):
         samples = scrape(c)
         assert value(samples, "explainq_backlog", queue="bulk") == 0
         assert r.scard(scaler_keys("bulk")[PENDING]) == 0
+
+
+def test_a_32_shard_job_with_no_bulk_worker_is_backlog_with_its_estimated_cost(tmp_path):
+    """Only an explain worker: the parent plans its 32 shards, the window lets one onto ``bulk`` and 31 wait in the
+    pending set; nothing runs them. The backlog counts all 32, at the default cost until a shard of the kind has
+    ended, then at that kind's mean run time, in ``GET /metrics`` and in Redis."""
+    from core.metrics import record_finished
+    from tests.service import Service
+
+    env = {"EXPLAINQ_KIND_PLUGINS": PLUGINS, "EXPLAINQ_BACKLOG_UNKNOWN_COST_S": "7"}
+    with Service(tmp_path, queues=("explain",), env=env) as svc:
+        c, r = svc.client, svc.redis()
+        parent = c.post("/test/fan", json={"n": 32}).json()["id"]
+        deadline = time.monotonic() + 60
+        while r.hget(f"rq:job:{parent}", "status") != b"finished" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        queued, pending, _, running = _read(r, [parent])
+        assert (queued, len(pending), running) == (1, 31, 0)
+        assert value(scrape(c), "explainq_queue_depth", queue="bulk") == 1
+        samples = scrape(c)
+        assert value(samples, "explainq_backlog", queue="bulk") == 32
+        assert value(samples, "explainq_backlog_seconds", queue="bulk") == 32 * 7.0
+        assert value(samples, "explainq_backlog_unestimated", queue="bulk") == 32
+        assert float(r.hget(keys.BACKLOG_SECONDS, "bulk")) == 32 * 7.0
+
+        # shards of the kind ended elsewhere at 2 s and 3 s: each waiting shard costs their mean
+        record_finished(r, "test_fan_shard", "succeeded", 2.0)
+        record_finished(r, "test_fan_shard", "succeeded", 3.0)
+        train = c.post("/test/train-sleep", json={"steps": 1}).json()["id"]  # no train worker: it waits
+        record_finished(r, "test_train_sleep", "failed", 40.0)
+        samples = scrape(c)
+        assert value(samples, "explainq_backlog_seconds", queue="bulk") == 32 * 2.5
+        assert value(samples, "explainq_backlog_unestimated", queue="bulk") == 0
+        assert value(samples, "explainq_backlog_seconds", queue="train") == 40.0
+        assert value(samples, "explainq_backlog_seconds", queue="explain") == 0
+        assert float(r.hget(keys.BACKLOG_SECONDS, "bulk")) == 80.0
+        assert float(r.hget(keys.BACKLOG_SECONDS, "train")) == 40.0
+        assert abs(float(r.hget(keys.BACKLOG_SECONDS, "at")) - time.time()) < 60
+        assert c.delete(f"/jobs/{train}").status_code in (200, 202)
+        assert c.delete(f"/jobs/{parent}").status_code == 202
+        assert svc.wait(parent)["status"] == "canceled"
+        samples = scrape(c)
+        assert value(samples, "explainq_backlog_seconds", queue="bulk") == 0

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from core import placement
 from core.backlog import scaler_keys
 from core.contract.kind import QUEUES
 from core.settings import Settings
@@ -77,6 +78,12 @@ def settings_names() -> set[str]:
             if isinstance(choice, str) and choice.isupper():
                 names.add(choice)
     return names
+
+
+def worker_classes_of(docs: list[dict[str, Any]]) -> dict[str, placement.WorkerClass]:
+    """The worker classes of the rendered ConfigMap, as the service parses them (a bad table fails here)."""
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and "EXPLAINQ_WORKER_CLASSES" in d["data"]]
+    return placement.worker_classes(Settings(EXPLAINQ_WORKER_CLASSES=config["data"]["EXPLAINQ_WORKER_CLASSES"]))
 
 
 def example_secret() -> dict[str, str]:
@@ -164,6 +171,15 @@ def test_workers_threads_match_their_cpu_request_and_the_gpu_class_gets_a_gpu(ov
         assert d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 60, name
     served = sorted(q for _, _, args in workers.values() for q in args.queues.split(","))
     assert served == sorted(QUEUES)  # every queue has exactly one worker class
+    classes = worker_classes_of(docs)
+    for name, (_, _, args) in workers.items():  # each worker joins a class of the table, for the class's queues
+        assert args.worker_class in classes, (name, args.worker_class)
+        assert args.queues.split(",") == list(classes[args.worker_class].queues), name
+    assert not classes["explain"].gpu
+    if overlay.name == "gpu":  # the two-class example: CPU explain workers, GPU train workers
+        assert classes["train"].gpu and classes["train"].gpu_memory_bytes >= 16 * placement.GIB
+    else:
+        assert not classes["train"].gpu
     train, train_c, _ = workers["explainq-worker-train"]
     explain, explain_c, _ = workers["explainq-worker-explain"]
     assert "nvidia.com/gpu" not in str(explain_c["resources"]) and "nodeSelector" not in pod_spec(explain)
@@ -236,8 +252,11 @@ def test_each_worker_class_scales_on_the_backlog_the_code_publishes(overlay):
     assert targets == worker_names  # one per worker class, none for the API
     for so in scaled.values():
         target = deployments[so["spec"]["scaleTargetRef"]["name"]]
-        queues = explainq_args(pod_spec(target)["containers"][0]).queues.split(",")
-        want = {f"{q}_{part}": key for q in queues for part, key in scaler_keys(q).items()}
+        args = explainq_args(pod_spec(target)["containers"][0])
+        classes = worker_classes_of(docs)
+        served = placement.serving_queues(classes[args.worker_class], args.queues.split(","))
+        want = {f"{q.replace(placement.SEPARATOR + args.worker_class, '_at')}_{part}": key
+                for q in served for part, key in scaler_keys(q).items()}
         triggers = {t["name"]: t for t in so["spec"]["triggers"]}
         assert {n: t["metadata"]["listName"] for n, t in triggers.items()} == want, so["metadata"]["name"]
         for t in triggers.values():
@@ -248,3 +267,36 @@ def test_each_worker_class_scales_on_the_backlog_the_code_publishes(overlay):
         assert sorted(terms) == sorted(want), modifiers["formula"]  # the sum of every trigger, each once
         assert float(modifiers["target"]) > 0
         assert so["spec"]["maxReplicaCount"] >= max(1, so["spec"].get("minReplicaCount", 0))
+
+
+# Kubernetes's own schemas, bundled by kubernetes-validate (offline): every rendered object of the built-in API is
+# valid for the oldest Kubernetes the manifests support, strictly (a misspelt field is an error). KEDA's objects
+# have no bundled schema; their fields are checked against the code above.
+K8S_VERSION = "1.28.0"
+CRD_KINDS = {("keda.sh/v1alpha1", "ScaledObject"), ("keda.sh/v1alpha1", "TriggerAuthentication")}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_every_rendered_object_is_valid_for_the_kubernetes_api(overlay):
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra)")
+    docs = render(overlay)
+    validated = 0
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
+            with pytest.raises(kv.utils.SchemaNotFoundError):
+                kv.validate(doc, K8S_VERSION, strict=True)
+            continue
+        kv.validate(doc, K8S_VERSION, strict=True)
+        validated += 1
+    assert validated >= 6, validated  # the config, the API with its Service, two worker classes, gc
+
+
+def test_the_schema_check_catches_a_misspelt_field():
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed (the dev extra)")
+    doc = yaml.safe_load((DEPLOY / "base" / "workers.yaml").read_text().split("\n---\n")[0])
+    kv.validate(doc, K8S_VERSION, strict=True)
+    doc["spec"]["template"]["spec"]["containers"][0]["resource"] = doc["spec"]["template"]["spec"]["containers"][0].pop(
+        "resources")
+    with pytest.raises(kv.ValidationError, match="resource"):
+        kv.validate(doc, K8S_VERSION, strict=True)

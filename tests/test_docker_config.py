@@ -28,3 +28,16 @@ def test_compose_restarts_services_and_requires_a_redis_password():
     for name in ("api", "worker-explain", "worker-train"):
         url = services[name]["environment"]["REDIS_URL"]
         assert url.startswith("redis://:${REDIS_PASSWORD") and url.endswith("@redis:6379/0"), (name, url)
+
+
+def test_compose_checks_every_worker_and_reserves_a_gpu_for_the_gpu_profile():
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in ("worker-explain", "worker-train", "worker-train-gpu"):
+        check = services[name]["healthcheck"]
+        assert check["test"][0] == "CMD" and "rq:workers" in check["test"][-1], name
+        compile(check["test"][-1], name, "exec")  # the check is Python that parses
+    gpu = services["worker-train-gpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["args"]["FLAVOR"] == "cuda"
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert "--threads" in gpu["command"] and gpu["command"][gpu["command"].index("--queues") + 1] == "train"

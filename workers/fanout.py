@@ -27,7 +27,7 @@ from rq import Queue
 from rq.job import Job, JobStatus, Retry
 from rq.serializers import JSONSerializer
 
-from core import fanout, keys, registry
+from core import fanout, keys, placement, registry
 from core.artifacts import artifacts_key, record_owner
 from core.contract.kind import KINDS
 from core.fanout import BULK, plan, reduce_id, shard_count, shard_id, too_many_shards
@@ -126,7 +126,11 @@ def fan_out(ctx: JobContext, kind: str, request: BaseModel, n_items: int, shard_
     shard_size = capped_shard_size(request, n_items, shard_size, settings.max_shards, declared.unit)
     ranges = plan(n_items, shard_size)
     conn = job.connection
-    queue = Queue(BULK, connection=conn, serializer=JSONSerializer)
+    placed_on = shard_placement(settings, job.meta.get("placement"))
+    queue_name = placed_on.queue
+    queue = Queue(queue_name, connection=conn, serializer=JSONSerializer)
+    if queue_name != BULK:  # the children wait in a worker class's own queue (core/placement.py)
+        conn.set(keys.fanout_queue(parent), queue_name, ex=max(settings.result_ttl_s, settings.failure_ttl_s) + 3600)
     plan_meta = {"shards": len(ranges), "shard_size": shard_size, "items": n_items, "unit": declared.unit,
                  "ranges": ranges, "max_failed_fraction": max_failed_fraction, "shard_kind": shard_kind,
                  "reduce_kind": reduce_kind}
@@ -141,11 +145,12 @@ def fan_out(ctx: JobContext, kind: str, request: BaseModel, n_items: int, shard_
                 "from_parent": from_parent}
 
     rid = reduce_id(parent)
+    placed = {"placement": placed_on.meta()} if placed_on.needs else {}
     try:
         reduce_job = queue.create_job(
             RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": carried,
                                         "from_parent": from_parent}), job_id=rid,
-            meta={"kind": reduce_kind, "owner": owner, "parent": parent}, **common)
+            meta={"kind": reduce_kind, "owner": owner, "parent": parent, **placed}, **common)
         _unless_canceled(conn, parent, lambda pipe: _begin(pipe, parent, owner, reduce_job))
         for first in range(0, len(ranges), PLAN_BATCH):
             batch = [(i, ranges[i]) for i in range(first, min(first + PLAN_BATCH, len(ranges)))]
@@ -155,10 +160,11 @@ def fan_out(ctx: JobContext, kind: str, request: BaseModel, n_items: int, shard_
                 exists = pipe.execute()
             new = [queue.create_job(RUNNER, args=(shard_kind, shard_payload(i, start, end)), job_id=shard_id(parent, i),
                                     retry=Retry(max=retries) if retries > 0 else None,
-                                    meta={"kind": shard_kind, "owner": owner, "parent": parent, "shard": i}, **common)
+                                    meta={"kind": shard_kind, "owner": owner, "parent": parent, "shard": i,
+                                          **placed}, **common)
                    for (i, (start, end)), there in zip(batch, exists, strict=True) if not there]
             _unless_canceled(conn, parent, lambda pipe, new=new, batch=batch: _add_shards(pipe, parent, owner, new,
-                                                                                          batch))
+                                                                                          batch, queue_name))
             fanout.release(conn, owner, settings.shard_window)
             done = first + len(batch)
             ctx.progress(done, len(ranges), "shards", message=f"planned shard {done}/{len(ranges)}")
@@ -214,7 +220,22 @@ def _begin(pipe: Any, parent: str, owner: str, reduce_job: Job) -> None:
     pipe.sadd(keys.FANOUT_OWNERS, owner)
 
 
-def _add_shards(pipe: Any, parent: str, owner: str, new: list[Job], batch: list[tuple[int, Any]]) -> None:
+def shard_placement(settings: Any, placed: dict[str, Any] | None) -> placement.Placement:
+    """Where a parent's shards and reduce step wait: ``bulk``, or the own ``bulk@<class>`` of the smallest worker
+    class that serves ``bulk`` and can run them, when the parent's needs (``meta["placement"]``) rule some
+    classes out; a JobError ``no_capable_worker`` when none can."""
+    needs = (placed or {}).get("needs") or {}
+    if not needs:
+        return placement.Placement(BULK)
+    try:
+        return placement.place_needs(settings, BULK, needs)
+    except placement.Unplaceable as exc:
+        raise JobError("no_capable_worker", f"its shards cannot run on any worker class that serves bulk: "
+                       f"{exc.message}") from None
+
+
+def _add_shards(pipe: Any, parent: str, owner: str, new: list[Job], batch: list[tuple[int, Any]],
+                queue_name: str = BULK) -> None:
     """New shards (deferred) join the parent's pending list and open set; the parent takes its turn among the
     owner's parents."""
     for shard in new:
@@ -223,7 +244,7 @@ def _add_shards(pipe: Any, parent: str, owner: str, new: list[Job], batch: list[
     if new:
         ids = [shard.id for shard in new]
         pipe.rpush(keys.fanout_pending(parent), *ids)
-        pipe.sadd(keys.backlog_pending(BULK), *ids)
+        pipe.sadd(keys.backlog_pending(queue_name), *ids)
         pipe.sadd(keys.fanout_open(parent), *ids)
         pipe.zadd(keys.fanout_parents(owner), {parent: 0}, nx=True)
         pipe.sadd(keys.FANOUT_OWNERS, owner)

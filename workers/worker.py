@@ -36,7 +36,8 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException
 from rq.utils import now
 
-from core import fanout, keys
+from core import backlog, fanout, keys, placement
+from core.keys import QUEUE_PREFIX
 from core.logs import set_process_fields, setup_logging
 from core.reaper import reap_queue
 from core.redis_server import redact_url, redis_client
@@ -59,9 +60,15 @@ class ForeignJob(Exception):
     """An RQ job whose function is not ``workers.runner.execute``: refused without importing anything."""
 
 
+class NoCapableWorker(Exception):
+    """A job this worker cannot run, taken from the only queue that could hold it: failed without running."""
+
+
 class ExplainqWorker(SimpleWorker):
     models: ModelCache | None = None
     settings: Settings | None = None
+    offer: placement.Offer | None = None  # this worker's class and what it has (core/placement.py)
+    _refusal: str | None = None  # why the job being performed is failed unrun (no worker class can run it)
     _current_job_id: str | None = None
     _redis_down_logged = False
 
@@ -113,6 +120,8 @@ class ExplainqWorker(SimpleWorker):
 
     # ---- the job
     def execute_job(self, job: Job, queue: Queue) -> None:
+        if self._hand_on(job, queue):
+            return
         self._current_job_id = job.id
         execution = self._persist(lambda: self.prepare_execution(job), "start the job")
         stop = threading.Event()
@@ -127,6 +136,34 @@ class ExplainqWorker(SimpleWorker):
             self._quietly(self._publish_models, "publish models")
         self._quietly(lambda: self.set_state("idle"), "set state")
 
+    # ---- placement: a job this worker cannot run is handed on unrun, or failed when nowhere can run it
+    def _hand_on(self, job: Job, queue: Queue) -> bool:
+        """Whether ``job`` (just taken from ``queue``) went on to the queue of a class that can run it: at that
+        queue's front, its status still queued, without this worker starting it. A job that no class can run
+        (the place it came from is the only one) is failed as ``no_capable_worker`` when it is performed."""
+        self._refusal = None
+        if self.offer is None or self.settings is None:
+            return False
+        why = placement.fits(self.offer, job.meta.get("placement"))
+        if why is None:
+            return False
+        target = placement.hand_on_queue(self.settings, queue.name, job.meta.get("placement"))
+        if target is None:
+            self._refusal = why
+            return False
+
+        def move() -> None:
+            with self.connection.pipeline() as pipe:
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+                pipe.hset(job.key, mapping={"origin": target})
+                pipe.lpush(QUEUE_PREFIX + target, job.id)
+                pipe.sadd(Queue.redis_queues_keys, QUEUE_PREFIX + target)
+                pipe.execute()
+
+        self._persist(move, "hand the job on")
+        log.info("job %s handed on from %s to %s: %s", job.id, queue.name, target, why)
+        return True
+
     def perform_job(self, job: Job, queue: Queue, execution: Any) -> bool:
         """RQ's ``perform_job`` with the job's function checked first and its end written through Redis outages."""
         try:
@@ -139,6 +176,8 @@ class ExplainqWorker(SimpleWorker):
         try:
             if func_name != runner.RUNNER:
                 raise ForeignJob(f"job function {func_name!r} is not {runner.RUNNER}")
+            if self._refusal is not None:
+                raise NoCapableWorker(self._refusal)
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 return_value = job.perform()
@@ -148,6 +187,13 @@ class ExplainqWorker(SimpleWorker):
                 log.error("refused job %s: %s", job.id, exc_info[1])
                 job.meta["error"] = {"code": "unknown_kind",
                                      "message": "this job does not name a registered kind; it was not run"}
+                self._persist(job.save_meta, "record the refusal")
+            elif isinstance(exc_info[1], NoCapableWorker):
+                log.error("refused job %s: %s, and no worker class that can run it serves its queue", job.id,
+                          exc_info[1])
+                job.meta["error"] = {"code": "no_capable_worker",
+                                     "message": f"this worker cannot run it ({exc_info[1]}) and no worker class "
+                                     "that can serves its queue (EXPLAINQ_WORKER_CLASSES); it was not run"}
                 self._persist(job.save_meta, "record the refusal")
             self._end(job, lambda: self._finalize_failure(job, queue, execution, exc_info), execution)
             return False
@@ -252,7 +298,20 @@ class ExplainqWorker(SimpleWorker):
             finally:
                 queue.release_maintenance_lock()
         self._sweep_fanouts()
+        self._publish_backlog()
         self.last_cleaned_at = now()
+
+    def _publish_backlog(self) -> None:
+        """``explainq:backlog:seconds`` kept current while no API process is scraped (``core/backlog.py``)."""
+        if self.settings is None:
+            return
+        try:
+            backlog.publish(self.connection, backlog.read(self.connection, placement.all_queues(self.settings),
+                                                          self.settings.backlog_unknown_cost_s))
+        except REDIS_DOWN_ERRORS:
+            raise
+        except Exception:  # advice for autoscalers: the next pass tries again
+            log.exception("backlog cost not published")
 
     def _sweep_fanouts(self) -> None:
         """``core.fanout.sweep``: fan-outs whose parent failed are torn down, shards that ended without their end
@@ -288,7 +347,8 @@ class ExplainqWorker(SimpleWorker):
         if self.models is None:
             return
         info = {"worker": self.name, "queues": self.queue_names(), "pid": os.getpid(),
-                "models": self.models.describe(), "device": str(self.models.device), "rss_bytes": rss_bytes()}
+                "models": self.models.describe(), "device": str(self.models.device), "rss_bytes": rss_bytes(),
+                "offer": self.offer.describe() if self.offer is not None else None}
         ttl = int(self.worker_ttl) + 30
         with self.connection.pipeline() as pipe:
             pipe.set(keys.worker_models(self.name), json.dumps(info), ex=ttl)
@@ -361,8 +421,21 @@ def apply_thread_budget(threads: int | None) -> None:
         os.environ[var] = str(threads)
 
 
-def run_worker(settings: Settings, queues: list[str], burst: bool = False, preload: bool = True,
-               threads: int | None = None) -> None:
+def detect_gpu(device: Any) -> dict[str, Any]:
+    """What this process's device is: a CUDA device's name and total memory, or no GPU."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return {"gpu": False}
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    return {"gpu": True, "gpu_memory_bytes": int(props.total_memory), "gpu_name": props.name}
+
+
+def run_worker(settings: Settings, queues: list[str] | None, burst: bool = False, preload: bool = True,
+               threads: int | None = None, worker_class: str | None = None) -> None:
+    """Serve ``queues`` (default: ``worker_class``'s, else every queue), as a worker of ``worker_class`` when
+    given: its own queues first (core/placement.py). Exits with a message naming the setting when the class is
+    unknown or this host has less than it promises."""
     apply_thread_budget(threads)
     from models.common import default_device
 
@@ -378,6 +451,18 @@ def run_worker(settings: Settings, queues: list[str], burst: bool = False, prelo
     connection = redis_client(url, settings.redis_timeout_s)
     log.info("redis: %s", redact_url(url))
     device = default_device()
+    try:
+        offer = placement.worker_offer(settings, worker_class, detect_gpu(device))
+    except ValueError as exc:
+        raise SystemExit(f"explainq worker: {exc}") from None
+    wc = offer.worker_class
+    if queues is None:
+        queues = list(wc.queues) if wc is not None else ["explain", "bulk", "train"]
+    elif wc is not None and set(queues) - set(wc.queues):
+        raise SystemExit(f"explainq worker: queues {sorted(set(queues) - set(wc.queues))} are not served by "
+                         f"class {wc.name!r} (EXPLAINQ_WORKER_CLASSES gives it {list(wc.queues)})")
+    queues = placement.serving_queues(wc, queues)
+    log.info("class %s, queues %s, offer %s", wc.name if wc else "-", ",".join(queues), offer.describe())
     models = ModelCache(settings, device)
     if preload:
         names = models.preload()
@@ -386,6 +471,7 @@ def run_worker(settings: Settings, queues: list[str], burst: bool = False, prelo
     runner.kind_table(settings)  # the kinds this worker runs are fixed at start
     ExplainqWorker.models = models
     ExplainqWorker.settings = settings
+    ExplainqWorker.offer = offer
     worker = ExplainqWorker(
         [Queue(q, connection=connection, serializer=JSONSerializer) for q in queues],
         connection=connection,

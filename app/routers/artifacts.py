@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
-from fastapi.responses import StreamingResponse
+from fastapi.responses import RedirectResponse, StreamingResponse
 
 from app.deps import caller
 from app.routers.jobs import resolve_id
@@ -55,9 +55,16 @@ async def list_artifacts(job_id: str, request: Request, owner: str = Depends(cal
 
 
 @router.get("/jobs/{job_id}/artifacts/{name:path}", summary="Download one of a job's files",
+            description="Where the store signs URLs (S3), a `307` redirect to a pre-signed URL of the file, valid "
+            "`EXPLAINQ_PRESIGNED_URL_TTL_S` seconds, so the file comes straight from the store (send no "
+            "`Authorization` header there: clients drop it on a redirect to another host); `redirect=false`, or "
+            "a store that signs nothing, streams it through the API.",
             response_class=StreamingResponse, responses={200: {"content": {"application/octet-stream": {}}},
+                                                         307: {"description": "the file's pre-signed URL"},
                                                          404: {}})
-async def get_artifact(job_id: str, name: str, request: Request, owner: str = Depends(caller)) -> StreamingResponse:
+async def get_artifact(job_id: str, name: str, request: Request, owner: str = Depends(caller),
+                       redirect: bool = Query(True, description="false: stream the file through the API even "
+                                              "where the store offers a pre-signed URL")) -> Response:
     job_id = await _check_owner(request, job_id, owner)
     store = get_store(request.app.state.settings)
     try:
@@ -74,6 +81,10 @@ async def get_artifact(job_id: str, name: str, request: Request, owner: str = De
     if is_dir:
         raise _not_found(f"{name!r} is a directory; list the job's artifacts for its files")
     filename = name.rsplit("/", 1)[-1].replace('"', "")
+    ttl = request.app.state.settings.presigned_url_ttl_s
+    signed = await run_in_threadpool(store.sign, key, ttl, filename) if redirect else None
+    if signed is not None:
+        return RedirectResponse(signed, status_code=307, headers={"Cache-Control": "no-store"})
     return StreamingResponse(
         iterate_in_threadpool(store.iter_bytes(key)),
         media_type=media_type(name),

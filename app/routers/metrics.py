@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.deps import caller
+from core import placement
 from core.filestore import get_store
 from core.jobstore import prune_canceled
 from core.metrics import build_registry
@@ -23,7 +24,8 @@ def install(app: Any) -> None:
     (``app.state.redis_errors``) and the ``GET /metrics`` route."""
     settings = app.state.settings
     app.state.metrics_registry, app.state.redis_errors = build_registry(
-        app.state.redis, store_check=lambda: get_store(settings).check(STORE_CHECK_S))
+        app.state.redis, placement.all_queues(settings), store_check=lambda: get_store(settings).check(STORE_CHECK_S),
+        unknown_cost_s=settings.backlog_unknown_cost_s)
     app.include_router(router)
 
 

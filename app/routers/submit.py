@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
+from core import placement
 from core.contract.errors import FieldError
 from core.contract.kind import JobKind
 from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
@@ -16,6 +17,16 @@ from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExcee
 # Seconds a client should wait before retrying a 409 idempotency_in_progress / a 429.
 IN_PROGRESS_RETRY_S = 1
 QUOTA_RETRY_S = 30
+
+
+def _admit(kind: JobKind, body: Any, settings: Any, owner: str) -> placement.Placement:
+    """The kind's checks (its memory estimates compare with the workers that could take the request), then the
+    request's queue (``core.placement.place``: a FieldError when no worker class can run it)."""
+    requirements = getattr(body, "requirements", None)
+    with placement.admitting(settings, kind.queue, requirements) as admission:
+        if kind.validate is not None:
+            kind.validate(body, settings, owner)
+    return placement.place(settings, kind.queue, requirements, admission.memory_bytes)
 
 
 def _route_for(kind: JobKind):
@@ -31,13 +42,13 @@ def _route_for(kind: JobKind):
         ),
     ) -> JSONResponse:
         settings = request.app.state.settings
-        if kind.validate is not None:  # registry and store lookups, blocking: in a thread
-            await run_in_threadpool(kind.validate, body, settings, owner)
+        # registry and store lookups, blocking: in a thread; then the worker class the job may go to
+        placed = await run_in_threadpool(_admit, kind, body, settings, owner)
         payload: dict[str, Any] = json.loads(body.model_dump_json())
         store = request.app.state.store
         try:
             # One Redis round trip on the async client: idempotency, quota admission, enqueue, the job's view.
-            job_id, replayed, view = await store.asubmit_with_view(kind, payload, owner, idempotency_key)
+            job_id, replayed, view = await store.asubmit_with_view(kind, payload, owner, idempotency_key, placed)
         except IdempotencyConflict as exc:
             raise FieldError(("header", "Idempotency-Key"), str(exc), value=idempotency_key) from None
         except IdempotencyInProgress as exc:

@@ -41,6 +41,25 @@ LABEL_FIELD = dict(title="Job label", description="A name of your own for this j
                    "found by its search")
 TAGS_FIELD = dict(title="Job tags", description="Short words to group and find jobs by (letters, digits, '-', '_', "
                   "'.'; compared without case)")
+# A worker class's name (EXPLAINQ_WORKER_CLASSES, core/placement.py): also a part of its queues' names.
+CLASS_PATTERN = r"^[a-z0-9][a-z0-9-]{0,31}$"
+
+
+class Requirements(RequestModel):
+    """What a job needs of the worker that runs it (core/placement.py): it goes only to a worker class that offers
+    all of it; a job that states none goes to any worker of its queue that can hold it."""
+
+    gpu: bool | None = Field(None, title="Needs a GPU", description="true: only a worker with a GPU; false: only "
+                             "one without")
+    gpu_memory_gib: float | None = Field(None, gt=0, le=4096, title="GPU memory (GiB)",
+                                         description="At least this much memory on the worker's GPU")
+    device_class: str | None = Field(None, max_length=32, pattern=CLASS_PATTERN, title="Worker class",
+                                     description="Only workers of this class (a name of EXPLAINQ_WORKER_CLASSES)")
+
+
+REQUIREMENTS_FIELD = dict(title="What the job needs of its worker", json_schema_extra={"advanced": True},
+                          description="What the job needs of its worker (a GPU, its memory, a worker class); "
+                          "leave out to run on any worker of the job's queue")
 
 
 class JobRequest(RequestModel):
@@ -49,17 +68,23 @@ class JobRequest(RequestModel):
 
     label: Label | None = Field(None, **LABEL_FIELD)
     tags: Tags = Field(default_factory=list, **TAGS_FIELD)
+    requirements: Requirements | None = Field(None, **REQUIREMENTS_FIELD)
 
 
 def with_label_and_tags(request: type[BaseModel]) -> type[BaseModel]:
     """``request`` itself when it has ``label`` and ``tags`` (every kind's request derives from
     :class:`JobRequest`), else a subclass that adds them, so a kind registered with another base has them too."""
     fields = request.model_fields
-    if "label" in fields and "tags" in fields:
+    if "label" in fields and "tags" in fields and "requirements" in fields:
         return request
-    extended = create_model(request.__name__, __base__=request, __module__=request.__module__,
-                            label=(Label | None, Field(None, **LABEL_FIELD)),
-                            tags=(Tags, Field(default_factory=list, **TAGS_FIELD)))
+    extra: dict[str, Any] = {}
+    if "label" not in fields:
+        extra["label"] = (Label | None, Field(None, **LABEL_FIELD))
+    if "tags" not in fields:
+        extra["tags"] = (Tags, Field(default_factory=list, **TAGS_FIELD))
+    if "requirements" not in fields:
+        extra["requirements"] = (Requirements | None, Field(None, **REQUIREMENTS_FIELD))
+    extended = create_model(request.__name__, __base__=request, __module__=request.__module__, **extra)
     extended.__doc__ = request.__doc__
     return extended
 

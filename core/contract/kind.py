@@ -25,11 +25,9 @@ from core.contract.charts import chart_description
 from core.contract.columns import job_columns
 from core.contract.fields import RequestModel, with_label_and_tags
 from core.keys import JOB_ID_PATTERN
+from core.placement import QUEUES  # the kinds' queues (and the worker classes' own: core/placement.py)
 from core.settings import Settings
 
-# Workers list their queues in priority order: "explain,bulk" serves an interactive request before the next shard
-# of a dataset-scale run; "train" runs long training jobs on workers of its own.
-QUEUES = ("explain", "bulk", "train")
 # The result views clients know how to draw (a kind names one, or none for its result as JSON).
 RENDERERS = tuple(results.BY_RENDERER)
 # Form widgets beyond the ones a field's JSON schema implies.

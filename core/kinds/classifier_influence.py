@@ -34,6 +34,7 @@ from core.kinds.train_classifier import (
 
 __all__ = ["ClassifierInfluenceRequest", "ClassifierInfluenceResult", "chunk_size", "training_dataset", "validate"]
 from core.memory import gib
+from core.placement import memory_budget
 from core.settings import Settings
 from models.textdata import label_indices
 
@@ -168,7 +169,7 @@ def validate(req: ClassifierInfluenceRequest, settings: Settings, owner: str = "
                                  f"split ({size} examples)", value=k)
     parameters = int(entry.get("parameters") or 0)
     need = parameters * chunk_size(req, parameters) * BYTES_PER_GRADIENT_VALUE + TEST_FACTOR_BYTES
-    budget = settings.worker_memory_bytes
+    budget = memory_budget(settings, need)
     if budget and need > budget:
         raise FieldError(("body", "batch_size"), f"{chunk_size(req, parameters)} examples' gradients of model "
                          f"{req.model!r} ({parameters:,} parameters) would need about {gib(need)} of worker memory, "

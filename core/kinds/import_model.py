@@ -34,6 +34,7 @@ from core.contract.results.base import RankMetrics, ResultModel
 from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 from core.contract.results.training import ConvECheckpoint
 from core.memory import gib
+from core.placement import memory_budget
 from core.settings import Settings
 from core.userfiles import (
     PathError,
@@ -372,8 +373,8 @@ def _validate_huggingface(req: ImportModelRequest, settings: Settings, owner: st
                    "safetensors weights, tokenizer.json)")
     directory = checked_dir(settings, req.path)
     info = inspect_hf(settings, directory, req.path)
-    budget = settings.worker_memory_bytes
     need = info.parameters * HF_FLOAT_BYTES
+    budget = memory_budget(settings, need)
     if budget and need > budget:
         raise FieldError(("body", "path"), f"the checkpoint's {info.parameters:,} parameters would need about "
                          f"{gib(need)} of worker memory, more than the {gib(budget)} a worker offers "
@@ -425,7 +426,7 @@ def _validate_export(req: ImportModelRequest, settings: Settings, owner: str) ->
                    ".pt2 file, config: the spec)")
     directory = checked_dir(settings, req.path)
     info, _ = inspect_export(settings, directory, req)
-    budget = settings.worker_memory_bytes
+    budget = memory_budget(settings, info.nbytes)
     if budget and info.nbytes > budget:
         raise FieldError(("body", "weights"), f"the program's weights would need about {gib(info.nbytes)} of "
                          f"worker memory, more than the {gib(budget)} a worker offers (EXPLAINQ_WORKER_MEMORY_BYTES)",

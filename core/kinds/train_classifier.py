@@ -29,6 +29,7 @@ from core.contract.results.classifier_influence import ClassifierCheckpoint
 from core.contract.results.training import TrainingResult
 from core.dataset_formats import FormatError, tensor_splits
 from core.memory import gib
+from core.placement import memory_budget
 from core.settings import Settings
 from core.userfiles import UserFiles
 from models.textdata import TextDataError, label_indices
@@ -141,7 +142,7 @@ def _check_tensors(req: TrainClassifierRequest, settings: Settings, entry: dict[
     values = sum(int(counts.get(split) or 0) for split in ("train", "valid", "test")) \
         * math.prod(counts.get("input_shape") or [1])
     need = values * BYTES_PER_VALUE
-    budget = settings.worker_memory_bytes
+    budget = memory_budget(settings, need)
     if budget and need > budget:
         raise FieldError(("body", "dataset"), f"the dataset's {values:,} input values would need about {gib(need)} of "
                          f"worker memory to train on, more than the {gib(budget)} a worker offers "
@@ -172,7 +173,7 @@ def _check_texts(req: TrainClassifierRequest, settings: Settings, entry: dict[st
                              f"{req.model!r} ({', '.join(classes[:8])}{', ...' if len(classes) > 8 else ''}) nor "
                              f"class indices 0..{len(classes) - 1}", value=req.dataset)
     need = fine_tune_bytes(int(entry.get("parameters") or 0), meta.get("dims") or {}, req.batch_size, req.max_length)
-    budget = settings.worker_memory_bytes
+    budget = memory_budget(settings, need)
     if budget and need > budget:
         raise FieldError(("body", "batch_size"), f"fine-tuning model {req.model!r} ({int(entry.get('parameters') or 0):,} "
                          f"parameters) on batches of {req.batch_size} texts of up to {req.max_length} tokens would "

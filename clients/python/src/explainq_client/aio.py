@@ -70,10 +70,12 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
     async def _send(self, method: str, path: str, *, stream: bool = False, retry_policy: RetryPolicy | None = None,
                     **kwargs: Any) -> httpx.Response:
         retry = RetryState(retry_policy or self.config.retry)
+        # a download may be redirected to the store's pre-signed URL: httpx drops the API key on the way there
+        follow = bool(kwargs.pop("follow_redirects", False))
         while True:
             request = self._http.build_request(method, path, **kwargs)
             try:
-                response = await self._http.send(request, stream=stream)
+                response = await self._http.send(request, stream=stream, follow_redirects=follow)
             except httpx.TransportError as exc:
                 await asyncio.sleep(retry.after_error(exc, f"{method} {request.url}"))
                 continue
@@ -91,7 +93,8 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
 
     @asynccontextmanager
     async def _stream(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[httpx.Response]:
-        response = await self._send("GET", path, stream=True, params=params, timeout=self.config.stream_timeout())
+        response = await self._send("GET", path, stream=True, params=params, timeout=self.config.stream_timeout(),
+                                    follow_redirects=True)
         try:
             yield response
         finally:
