@@ -12,15 +12,16 @@ batch's equality with unpadded texts is tested for fine-tuning, ``tests/test_hf_
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from models.explain.classifier import Classifier
 from models.explain.gradients import classification_margin
-from models.explain.tracin import MemoryCheckpoint
+from models.explain.tracin import CheckpointLike, MemoryCheckpoint
 from models.hf.checkpoint import HFClassifier
 
 CHECKPOINTS_FILE = "checkpoints.json"
@@ -122,3 +123,39 @@ def read_checkpoints(directory: Path, module: TextModule, which: str = "all") ->
             state[k] = tensors[twin] if twin is not None else v.detach().clone()
         states.append(MemoryCheckpoint(state, float(c["lr"]), f"epoch-{c['epoch']}"))
     return listed, states
+
+
+def linear_layers(module: nn.Module) -> nn.Module:
+    """``module`` (changed in place and returned) with every transformers ``Conv1D`` (GPT-2's projections:
+    ``x @ W + b``, ``W`` ``[in, out]``) replaced by the ``nn.Linear`` of the same map (weight ``Wᵀ``), so that
+    Kronfluence, which covers ``nn.Linear`` and ``nn.Conv2d``, covers them too. Other modules are kept."""
+    from transformers.pytorch_utils import Conv1D
+
+    for name, child in list(module.named_modules()):
+        if not isinstance(child, Conv1D):
+            continue
+        w = child.weight.detach()
+        linear = nn.Linear(w.shape[0], w.shape[1], bias=child.bias is not None).to(device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(w.t())
+            if child.bias is not None:
+                linear.bias.copy_(child.bias.detach())
+        parent, _, leaf = name.rpartition(".")
+        setattr(module.get_submodule(parent) if parent else module, leaf, linear)
+    return module
+
+
+def classifier(module: TextModule, checkpoints: Sequence[CheckpointLike], length: int, name: str = "classifier"
+               ) -> Classifier:
+    """The text classifier as the estimators take it (:class:`models.explain.classifier.Classifier`): rows of
+    :func:`rows` ``length`` tokens wide, its checkpoints, EK-FAC over its ``nn.Linear`` layers (``Conv1D`` as
+    ``nn.Linear``, :func:`linear_layers`), the rows' attention masks keeping padding out of Kronfluence's
+    covariances."""
+
+    def inputs(r: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return r[:, :length].long(), r[:, length:2 * length].long()
+
+    return Classifier(
+        module=module, checkpoints=list(checkpoints), loss=loss_of(length), margin=margin_of(length), inputs=inputs,
+        labels=lambda r: r[:, -1].long(), layered=linear_layers, token_mask=lambda r: r[:, length:2 * length].long(),
+        name=name)
