@@ -251,7 +251,7 @@ def test_text_ekfac_scores_are_kronfluences_own(tmp_path):
     length = width(hf, TEXTS, 64)
     r = rows(hf, TEXTS, labels, 64, length)
     state = MemoryCheckpoint({k: v.detach().clone() for k, v in module.state_dict().items()}, 1.0)
-    clf = classifier(module, [state], length)
+    clf = classifier(module, [state])
     with EKFAC(clf, batch_size=5) as ek:
         ek.fit(r)
         mine, mine_self = ek.scores(r[:2], r), ek.self_scores(r)

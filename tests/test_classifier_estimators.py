@@ -112,7 +112,7 @@ def test_ghost_tracin_equals_the_materialised_path_on_texts(tmp_path, model_type
     length = width(hf, TEXTS, 64)
     r = rows(hf, TEXTS, [0, 1, 2, 0, 1], 64, length)
     state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    clf = classifier(module, [MemoryCheckpoint(state, 0.5), MemoryCheckpoint(state, 0.25)], length)
+    clf = classifier(module, [MemoryCheckpoint(state, 0.5), MemoryCheckpoint(state, 0.25)])
     ghost = gradient_model(clf, clf.checkpoints, "loss", ghost="all")
     ghost.load(clf.checkpoints[0])
     ghost.features(r[:2])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,8 +34,9 @@ class Classifier:
     in training order (states of ``module``); ``layered(module)`` a module of the same computation whose layers
     are real ``nn.Linear``/``nn.Conv2d`` holding ``module``'s current weights, taking the same inputs (the module
     itself when it already is one); ``token_mask(rows)`` the ``[B, L]`` attention mask of text rows (None for
-    other inputs); ``kfac_problem``: why EK-FAC cannot run (None when it can); ``logits_of(rows)`` the trained
-    model's logits (TRAK's Q weights).
+    other inputs); ``kfac_problem``: why EK-FAC cannot run (None when it can); ``config``: a JSON-able statement of
+    the architecture and row layout (a digest of an exported program's graph, a Hugging Face config), part of
+    every stored feature's key.
     """
 
     module: nn.Module
@@ -48,6 +49,7 @@ class Classifier:
     token_mask: Callable[[torch.Tensor], torch.Tensor] | None = None
     kfac_problem: str | None = None
     name: str = "classifier"
+    config: dict[str, Any] = field(default_factory=dict)  # the architecture besides the weights (feature keys)
 
     def at(self, ckpt: CheckpointLike, device: torch.device | str | None = None) -> nn.Module:
         """A frozen eval-mode copy of the module at ``ckpt``'s weights (on ``device``: default the module's)."""

@@ -61,7 +61,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     Estimator("tracin_projected", f"{_M}:tracin_projected_scores", f"{_M}:tracin_projected_self_scores",
               outputs=("margin", "loss")),
     Estimator("trak", f"{_M}:trak_scores", f"{_M}:trak_self_scores", outputs=("margin",)),
-    Estimator("trak_ensemble", f"{_M}:trak_ensemble_scores", f"{_M}:trak_self_scores", ensemble=True,
+    Estimator("trak_ensemble", f"{_M}:trak_ensemble_scores", f"{_M}:trak_ensemble_self_scores", ensemble=True,
               outputs=("margin",)),
     Estimator("graddot", f"{_M}:graddot_scores", f"{_M}:graddot_self_scores", outputs=("margin", "loss")),
     Estimator("gradcos", f"{_M}:gradcos_scores", f"{_M}:gradcos_self_scores", outputs=("margin", "loss")),
@@ -317,17 +317,34 @@ def trak_self_scores(clf: Classifier, checkpoints: Any, train: torch.Tensor, *, 
                      seed: int = 0, damping: float = TRAK_DAMPING, device: Any = None,
                      batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
     """Each training row's TRAK score on itself: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over the checkpoints, times Q."""
+    return trak_ensemble_self_scores(clf, checkpoints, train, members=(), proj_dim=proj_dim, seed=seed,
+                                     damping=damping, device=device, batch_size=batch_size)
+
+
+def trak_ensemble_self_scores(clf: Classifier, checkpoints: Any, train: torch.Tensor, *,
+                              members: Sequence[Classifier] = (), proj_dim: int = TRAK_PROJ_DIM, seed: int = 0,
+                              damping: float = TRAK_DAMPING, device: Any = None,
+                              batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+    """The ensemble's self-influence: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over every (model, checkpoint), times the
+    models' mean Q (as :func:`trak_ensemble_scores` on the diagonal)."""
     from models.explain.trak import check_damping, gram_of, trak_query
 
     check_damping(damping)
-    ckpts = resolve(clf, checkpoints)
-    proj = _projector(clf, "trak", proj_dim, seed, device, batch_size)
+    models = [clf, *members]
     out = torch.zeros(len(train), dtype=torch.float64)
-    for ck in ckpts:
-        proj.load(ck)
-        phi = proj.features(train).double()
-        out += (trak_query(gram_of(phi), damping, phi) * phi).sum(1).cpu()
-    return out / len(ckpts) * trak_weights(clf, train, device=device)
+    q = torch.zeros(len(train), dtype=torch.float64)
+    count = 0
+    for i, m in enumerate(models):
+        ckpts = resolve(m, checkpoints if (i == 0 or isinstance(checkpoints, str) or checkpoints is None)
+                        else "last")
+        proj = _projector(m, "trak", proj_dim, seed, device, batch_size)
+        for ck in ckpts:
+            proj.load(ck)
+            phi = proj.features(train).double()
+            out += (trak_query(gram_of(phi), damping, phi) * phi).sum(1).cpu()
+        count += len(ckpts)
+        q += trak_weights(m, train, device=device)
+    return out / count * (q / len(models))
 
 
 # ------------------------------------------------------------------------------------------ EK-FAC

@@ -162,7 +162,9 @@ class EKFAC:
         model = self.clf.layered(self.clf.at(last(self.clf.checkpoints), self.device))
         task = _task_class()(self.clf, output, self.seed)
         model = prepare_model(model, task)
-        self.covered = [n for n, m in model.named_modules() if type(m).__name__.startswith("Tracked")]
+        tracked = {n: m for n, m in model.named_modules() if type(m).__name__.startswith("Tracked")}
+        self.covered = list(tracked)
+        self.covered_parameters = sum(p.numel() for m in tracked.values() for p in m.parameters())
         if not self.covered:
             raise NotSupported("Kronfluence found no nn.Linear or nn.Conv2d layer in the model")
         return Analyzer("explainq", model, task, cpu=self.device.type == "cpu", disable_tqdm=True,

@@ -204,6 +204,14 @@ class GhostGradients(GradientModel):
     def fingerprint(self) -> str:
         return repr(("ghost", self.names, self.output, self.ghost, str(self.device)))
 
+    def plan(self, examples: torch.Tensor) -> tuple[str, ...]:
+        """Fix which linear layers take the factors from ``examples`` (at the first checkpoint, unless one is
+        loaded) without computing features; returns :attr:`factorised`."""
+        if self._split is None:
+            module = self._current if self._current is not None else self.view(self.clf.checkpoints[0])
+            self._split = self._decide(module, examples.to(self.device))
+        return self.factorised
+
     @property
     def factorised(self) -> tuple[str, ...]:
         """The linear layers that took the factors (empty before the first batch)."""

@@ -200,4 +200,12 @@ def classifier(module: ProgramModule, checkpoints: Sequence[CheckpointLike], nam
         module=module, checkpoints=list(checkpoints), loss=loss_of(shape), margin=margin_of(shape),
         inputs=lambda r: (r[:, :-1].reshape(len(r), *shape),), labels=lambda r: r[:, -1].long(),
         layered=(lambda m: LayeredProgram(m, layers)) if layers else None,
-        kfac_problem=None if layers else WHY_NONE, name=name)
+        kfac_problem=None if layers else WHY_NONE, name=name, config=program_identity(module))
+
+
+def program_identity(module: ProgramModule) -> dict[str, Any]:
+    """What identifies the program besides its weights: a digest of its graph and its input shape."""
+    import hashlib
+
+    graph = json.dumps(module.info.program.get("graph_module", {}).get("graph", {}), sort_keys=True)
+    return {"format": "exported", "graph": hashlib.sha256(graph.encode()).hexdigest(), "shape": list(module.shape)}

@@ -66,24 +66,27 @@ def rows(clf: HFClassifier, texts: list[str], labels: list[int], max_length: int
                       torch.tensor(labels, dtype=torch.float32).reshape(-1, 1)], 1)
 
 
-def loss_of(width: int) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
-    """The per-example loss of a row of ``width`` tokens (:data:`models.explain.gradients.LossFn`)."""
+def _split(example: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's ``[1, L]`` ids and mask; L from the row's own length (``2L + 1``), so rows of any width work."""
+    width = (example.shape[-1] - 1) // 2
+    return example[:width].long().reshape(1, width), example[width:2 * width].long().reshape(1, width)
+
+
+def loss_of(width: int | None = None) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
+    """The per-example loss of a row (:data:`models.explain.gradients.LossFn`); its width is read from the row
+    (``width``, the L the rows were built with, is not needed)."""
 
     def loss(forward: Callable[..., Any], example: torch.Tensor) -> torch.Tensor:
-        ids = example[:width].long().reshape(1, width)
-        mask = example[width:2 * width].long().reshape(1, width)
-        return nn.functional.cross_entropy(forward(ids, mask).float(), example[-1:].long())
+        return nn.functional.cross_entropy(forward(*_split(example)).float(), example[-1:].long())
 
     return loss
 
 
-def margin_of(width: int) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
+def margin_of(width: int | None = None) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
     """The per-example output TRAK differentiates (``classification_margin``), for a row of :func:`rows`."""
 
     def output(forward: Callable[..., Any], example: torch.Tensor) -> torch.Tensor:
-        ids = example[:width].long().reshape(1, width)
-        mask = example[width:2 * width].long().reshape(1, width)
-        return classification_margin(forward(ids, mask).float(), example[-1:].long())
+        return classification_margin(forward(*_split(example)).float(), example[-1:].long())
 
     return output
 
@@ -145,17 +148,17 @@ def linear_layers(module: nn.Module) -> nn.Module:
     return module
 
 
-def classifier(module: TextModule, checkpoints: Sequence[CheckpointLike], length: int, name: str = "classifier"
-               ) -> Classifier:
+def classifier(module: TextModule, checkpoints: Sequence[CheckpointLike], name: str = "classifier") -> Classifier:
     """The text classifier as the estimators take it (:class:`models.explain.classifier.Classifier`): rows of
-    :func:`rows` ``length`` tokens wide, its checkpoints, EK-FAC over its ``nn.Linear`` layers (``Conv1D`` as
+    :func:`rows` of any width (each batch's width is read from it), its checkpoints, EK-FAC over its ``nn.Linear`` layers (``Conv1D`` as
     ``nn.Linear``, :func:`linear_layers`), the rows' attention masks keeping padding out of Kronfluence's
     covariances."""
 
     def inputs(r: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return r[:, :length].long(), r[:, length:2 * length].long()
+        width = (r.shape[1] - 1) // 2
+        return r[:, :width].long(), r[:, width:2 * width].long()
 
     return Classifier(
-        module=module, checkpoints=list(checkpoints), loss=loss_of(length), margin=margin_of(length), inputs=inputs,
-        labels=lambda r: r[:, -1].long(), layered=linear_layers, token_mask=lambda r: r[:, length:2 * length].long(),
-        name=name)
+        module=module, checkpoints=list(checkpoints), loss=loss_of(), margin=margin_of(), inputs=inputs,
+        labels=lambda r: r[:, -1].long(), layered=linear_layers, token_mask=lambda r: inputs(r)[1], name=name,
+        config={"format": "huggingface", "config": json.loads(module.model.config.to_json_string(use_diff=True))})
