@@ -199,7 +199,7 @@ def test_shared_and_decomposed_layers_are_left_out(tmp_path):
     class Shared(nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc = nn.Linear(64, 64)
+            self.fc = nn.Linear(64, 64, bias=False)  # shared by two calls, no bias: the weight alone decides
             self.out = nn.Linear(64, 10, bias=False)
 
         def forward(self, x):
@@ -209,6 +209,19 @@ def test_shared_and_decomposed_layers_are_left_out(tmp_path):
     torch.export.save(program, str(tmp_path / "shared.pt2"))
     assert [(layer.name, layer.bias) for layer in program_layers(inspect_program(tmp_path / "shared.pt2"))] == \
         [("out", None)]
+
+    class SharedBias(nn.Module):  # two layers with their own weights and one bias
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(64, 10), nn.Linear(10, 10), nn.Linear(10, 10)
+            self.c.bias = self.b.bias
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x.flatten(1))))
+
+    torch.export.save(torch.export.export(SharedBias().eval(), (torch.zeros(2, 1, 8, 8),)),
+                      str(tmp_path / "bias.pt2"))
+    assert [layer.name for layer in program_layers(inspect_program(tmp_path / "bias.pt2"))] == ["a"]
     decomposed = torch.export.export(DigitsCNN().eval(), (torch.zeros(2, 1, 8, 8),)).run_decompositions()
     torch.export.save(decomposed, str(tmp_path / "decomposed.pt2"))
     assert program_layers(inspect_program(tmp_path / "decomposed.pt2")) == []

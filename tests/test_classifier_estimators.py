@@ -192,3 +192,41 @@ def test_projected_tracin_approaches_tracin(digits):
                                          projection="dense")
         errors.append(float((approx - exact).norm() / exact.norm()))
     assert errors[1] < errors[0] / 3 and errors[1] < 0.15, errors
+
+
+def test_a_model_whose_examples_interact_is_not_factorised():
+    """A batch-coupled model (each row minus the batch's mean) would give wrong factors: the check on the first
+    batch finds it, TracIn materialises every gradient (a warning says so) and still equals the plain path."""
+    from torch import nn
+
+    from models.explain.classifier import Classifier
+    from models.explain.classifier_estimators import gradient_model, tracin_scores
+    from models.explain.gradients import classification_margin
+    from models.explain.tracin import MemoryCheckpoint
+
+    class Coupled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.fc(x - x.mean(0, keepdim=True))
+
+    torch.manual_seed(0)
+    module = Coupled()
+
+    def loss(forward, row):
+        return nn.functional.cross_entropy(forward(row[None, :-1]), row[-1:].long())
+
+    def margin(forward, row):
+        return classification_margin(forward(row[None, :-1]), row[-1:].long())
+
+    clf = Classifier(module, [MemoryCheckpoint({k: v.clone() for k, v in module.state_dict().items()}, 1.0)],
+                     loss, margin, inputs=lambda r: (r[:, :-1],), labels=lambda r: r[:, -1].long())
+    rows_ = torch.cat([torch.randn(8, 6), torch.randint(0, 3, (8, 1)).float()], 1)
+    ghost = gradient_model(clf, clf.checkpoints, "loss", ghost="all")
+    ghost.load(clf.checkpoints[0])
+    ghost.features(rows_[:4])
+    assert ghost.factorised == () and "interact" in ghost.warnings[0]
+    torch.testing.assert_close(tracin_scores(clf, "all", rows_[:2], rows_, output="loss", ghost="all"),
+                               tracin_scores(clf, "all", rows_[:2], rows_, output="loss", ghost="none"))

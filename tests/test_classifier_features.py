@@ -47,9 +47,9 @@ def test_featurize_once_append_rows_and_query_equal_the_dense_estimators(digits,
     from models.explain import features
     from models.explain.classifier_features import (
         ClassifierFeatures,
+        store_weights,
         stored_self_scores,
         stored_top_k,
-        store_weights,
     )
     from models.explain.features import FeatureIndex, NotFeaturized, featurize, full_sort_top_k
 

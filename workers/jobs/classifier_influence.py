@@ -279,6 +279,11 @@ def _ekfac(r: ClassifierInfluenceRequest, ctx: JobContext, p: Prepared, base: di
 
     from models.explain.ekfac import EKFAC, NotSupported
 
+    try:
+        import kronfluence  # noqa: F401
+    except ImportError:
+        raise JobError("unavailable", "estimator ekfac runs Kronfluence, which this worker lacks: pip install "
+                       "'explainq[influence]' and pip install --no-deps kronfluence==1.0.1") from None
     clf = replace(p.clf, checkpoints=p.states[-1:])
     try:
         ek = EKFAC(clf, output=output_of(r), damping=r.ekfac_damping, batch_size=chunk, device=ctx.device,
