@@ -400,6 +400,10 @@ def test_text_self_influence_and_test_indices(svc_text):
     assert trak["output"] == "margin" and pro and [e["score"] for e in pro] == sorted((e["score"] for e in pro),
                                                                                       reverse=True)
     assert all(e["score"] > 0 and e["text"] for e in pro)
+    # EK-FAC over the transformer's linear layers (Kronfluence), the head and the attention projections included
+    ekfac = _run(svc_text, {"model": "bert-reviews", "test_indices": [0], "top_k": 3, "estimator": "ekfac"})
+    assert "classifier" in ekfac["layers"] and any("attention" in n for n in ekfac["layers"])
+    assert ekfac["tests"][0]["n_positive"] + ekfac["tests"][0]["n_negative"] == 64
 
 
 @pytest.mark.parametrize(("body", "loc", "says"), [
@@ -622,3 +626,75 @@ def test_ekfac_on_a_program_without_linear_layers_is_a_422_that_says_why(svc, ma
     result = _run(svc, {"model": matmul_model, "test_indices": [0], "top_k": 3, "estimator": "trak",
                         "proj_dim": 32})
     assert result["tests"][0]["proponents"]
+
+
+def test_featurize_once_then_stored_queries_equal_the_direct_ones(svc):
+    """POST /featurize/classifier stores the features (a repeat computes nothing, the features are recorded with
+    the model version), and stored TRAK lists what the direct TRAK lists; a stored query of other settings fails
+    saying what to featurize."""
+    import json
+
+    from core import registry
+    from core.filestore import get_store
+
+    body = {"model": "cnn-noisy", "proj_dim": 64, "seed": 2}
+    r = svc.client.post("/featurize/classifier", json=body)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=300)
+    assert job["status"] == "succeeded", (job.get("error"), svc.worker_logs()[-3000:])
+    first = svc.client.get(f"/jobs/{job['id']}/result").json()
+    assert first["serves"] == ["trak"] and first["rows_computed"] == 2 * 240 and first["n_train"] == 240
+    assert first["examples_per_second"] > 0
+    r = svc.client.post("/featurize/classifier", json=body)
+    again = svc.client.get(f"/jobs/{svc.wait(r.json()['id'], timeout_s=300)['id']}/result").json()
+    assert again["rows_computed"] == 0 and [c["key"] for c in again["checkpoints"]] == \
+        [c["key"] for c in first["checkpoints"]]
+    store = get_store(svc.settings)
+    location = registry.get_model(svc.settings, "cnn-noisy")["location"]
+    for c in first["checkpoints"]:
+        assert location in json.loads(store.read_bytes(f"features/{c['key']}/models.json"))
+    query = {"model": "cnn-noisy", "test_indices": [4, 9], "top_k": 5, "estimator": "trak", "proj_dim": 64,
+             "seed": 2, "damping": 0.05}
+    stored, direct = _run(svc, {**query, "stored": True}), _run(svc, query)
+    assert stored["stored"] is True and direct["stored"] is False
+    for s, d in zip(stored["tests"], direct["tests"], strict=True):
+        assert [e["index"] for e in s["proponents"]] == [e["index"] for e in d["proponents"]]
+        assert [e["score"] for e in s["proponents"]] == pytest.approx([e["score"] for e in d["proponents"]],
+                                                                       rel=1e-3)
+    ranked = _run(svc, {"model": "cnn-noisy", "mode": "self", "estimator": "trak", "proj_dim": 64, "seed": 2,
+                        "stored": True, "top_k": 240})
+    assert len(ranked["self_influence"]) == 240
+    r = svc.client.post("/tracin/classifier", json={**query, "seed": 3, "stored": True})
+    job = svc.wait(r.json()["id"], timeout_s=300)
+    assert job["status"] == "failed" and job["error"]["code"] == "not_featurized", job
+    assert "POST /featurize/classifier" in job["error"]["message"], job
+
+
+@pytest.mark.parametrize(("body", "loc", "says"), [
+    ({"estimator": "tracin", "stored": True}, ("body", "stored"), "serve trak and tracin_projected"),
+    ({"estimator": "tracin_projected", "stored": True, "output": "margin"}, ("body", "output"), "of the loss"),
+])
+def test_what_stored_queries_cannot_take_is_a_422(svc, body, loc, says):
+    r = svc.client.post("/tracin/classifier", json={"model": "cnn-noisy", "test_indices": [0], **body})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert tuple(detail["loc"]) == loc and says in detail["msg"], detail
+
+
+@pytest.mark.parametrize(("estimator", "title"), [("ekfac", "EK-FAC influence functions"),
+                                                  ("trak_ensemble", "TRAK (ensemble)"),
+                                                  ("tracin_projected", "TracIn-CP (projected)")])
+def test_the_sdk_reads_every_estimators_result(estimator, title):
+    from explainq_client import ClassifierInfluenceResult
+    from explainq_client.results import make_result
+
+    example = {"index": 3, "label": "7", "score": 0.5, "preview": [[0.0, 1.0], [1.0, 0.0]]}
+    data = {"model": "m", "dataset": "d", "mode": "test", "estimator": estimator, "output": "margin",
+            "parameters": 10, "train_examples": 4, "checkpoints": [{"file": "c", "epoch": 1, "lr": 0.1}],
+            "labels": ["7", "1"], "seconds": 1.0, "layers": ["fc"], "ensemble": ["m2"],
+            "tests": [{"id": "t", "target": "7", "predicted": "7", "self_influence": None, "n_positive": 1,
+                       "n_negative": 0, "proponents": [example], "opponents": []}]}
+    result = make_result("classifier_influence", data, "classifier_influence")
+    assert isinstance(result, ClassifierInfluenceResult)
+    assert [(r["role"], r["index"], r["score"]) for r in result.rows()] == [("proponent", 3, 0.5)]
+    assert title in result.text() and title in result._repr_html_()

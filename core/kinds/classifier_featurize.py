@@ -67,6 +67,7 @@ class ClassifierFeaturizeResult(ResultModel):
     model: str
     dataset: str
     format: str
+    layers: list[str] = Field(description="the parameters whose gradients are projected (every one)")
     loss: str
     proj_dim: int
     seed: int
