@@ -1,4 +1,4 @@
-"""``POST /tracin/classifier``: TracIn-CP on a classifier trained by the service: the training examples that
+"""``POST /tracin/classifier``: training-data influence on a classifier trained by the service: the training examples that
 pushed a test prediction's loss down (proponents) or up (opponents), or the training examples ranked by
 self-influence (suspected mislabels). No torch here.
 
@@ -286,8 +286,9 @@ register(JobKind(
     queue="explain",
     func="workers.jobs.classifier_influence:run",
     timeout_s=3 * 3600,
-    summary=("TracIn-CP on a classifier trained by the service: each test example's proponents and opponents "
-             "among the training examples, or the training examples ranked by self-influence"),
+    summary=("Training-data influence on a classifier trained by the service (TracIn-CP, projected TracIn, TRAK "
+             "and its ensembles, EK-FAC influence functions through Kronfluence): each test example's proponents "
+             "and opponents among the training examples, or the training examples ranked by self-influence"),
     title="Training-data influence (classifier)",
     renderer="classifier_influence",
     result=ClassifierInfluenceResult,
