@@ -30,7 +30,7 @@ ARG FLAVOR
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL_CPU=https://download.pytorch.org/whl/cpu
 ARG TORCH_INDEX_URL_CUDA=https://pypi.org/simple
-ARG EXTRAS=s3,gcs
+ARG EXTRAS=s3,gcs,influence
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 EXPLAINQ_HOME=/data PATH=/opt/venv/bin:$PATH
 WORKDIR /app
 RUN if [ "$FLAVOR" = cuda ]; then index="$TORCH_INDEX_URL_CUDA"; else index="$TORCH_INDEX_URL_CPU"; fi \
@@ -42,6 +42,8 @@ COPY workers ./workers
 COPY models ./models
 COPY explainq ./explainq
 RUN pip install ."[${EXTRAS}]"
+# EK-FAC's Kronfluence without its declared torchvision, which it never imports (pyproject.toml's "influence")
+RUN pip install --no-deps "kronfluence==1.0.1"
 # Everything runs as an unprivileged user that owns only the data volume.
 RUN groupadd --system --gid 10001 explainq \
  && useradd --system --uid 10001 --gid explainq --home-dir /data --shell /usr/sbin/nologin explainq \

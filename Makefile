@@ -17,6 +17,7 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet --no-deps "kronfluence==1.0.1"  # pyproject.toml's "influence" extra says why
 	$(BIN)/python -m pip install --quiet -e clients/python
 	touch $@
 

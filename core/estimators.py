@@ -19,6 +19,15 @@ supports beside its model (ConvE: ``models.kg.estimators``, tested to cover exac
 - ``graddot`` / ``gradcos``: baselines (evaluations only): ⟨∇(z), ∇ℓ(z')⟩ at the last checkpoint alone,
   unweighted, and the same divided by the two gradients' norms (cosine).
 - ``random``: seeded Gaussian noise, the floor any estimator must beat (evaluations only).
+- ``ekfac``: influence functions, ∇f(z)ᵀ(G + λI)⁻¹∇ℓ(z') with G the EK-FAC approximation of the Gauss–Newton
+  Hessian at the trained weights, computed by Kronfluence (Grosse et al. 2023) over the model's ``nn.Linear`` and
+  ``nn.Conv2d`` layers (classifiers only; an exported program's linear and convolution calls run as such layers).
+
+The capabilities above (``query``, ``evaluated``, ``stored``) are those of knowledge-graph models (``POST /tracin``,
+``POST /featurize``, ``POST /evaluate/*``). Classifiers (``POST /tracin/classifier``, their evaluations) have
+their own: ``classifier_query`` (``POST /tracin/classifier`` answers with it) and ``classifier_evaluated`` (the
+classifier evaluations can measure it), implemented in ``models.explain.classifier_estimators`` (tested to cover
+exactly the names marked ``classifier_evaluated``).
 """
 
 from __future__ import annotations
@@ -36,21 +45,30 @@ class Estimator:
     query: bool = False        # POST /tracin answers with it
     evaluated: bool = True     # the evaluation kinds can measure it
     ensemble: bool = False     # averages over independently trained models of one recipe (LDS only)
+    classifier_query: bool = False      # POST /tracin/classifier answers with it
+    classifier_evaluated: bool = False  # the classifier evaluations can measure it
 
 
 ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
-    Estimator("tracin", "TracIn-CP from the checkpoints, exact gradient dot products", query=True),
+    Estimator("tracin", "TracIn-CP from the checkpoints, exact gradient dot products", query=True,
+              classifier_query=True, classifier_evaluated=True),
     Estimator("tracin_last", "TracIn-CP over the output layers only"),
     Estimator("tracin_projected", "TracIn-CP with projected gradients (approximate), scored against the stored "
-              "features", approximate=True, stored=True, query=True, evaluated=False),
+              "features", approximate=True, stored=True, query=True, evaluated=False, classifier_query=True,
+              classifier_evaluated=True),
     Estimator("trak", "TRAK: projected gradients with a damped Gauss-Newton inverse per checkpoint, averaged "
-              "over the checkpoints", approximate=True, stored=True, query=True),
+              "over the checkpoints", approximate=True, stored=True, query=True, classifier_query=True,
+              classifier_evaluated=True),
     Estimator("trak_ensemble", "TRAK averaged over independently trained models of the same recipe (LDS only)",
-              approximate=True, ensemble=True),
-    Estimator("graddot", "GradDot: the gradient dot product at the last checkpoint alone (evaluations only)"),
+              approximate=True, ensemble=True, classifier_query=True, classifier_evaluated=True),
+    Estimator("graddot", "GradDot: the gradient dot product at the last checkpoint alone (evaluations only)",
+              classifier_evaluated=True),
     Estimator("gradcos", "GradCos: the gradients' cosine at the last checkpoint alone (evaluations only; its "
-              "self-influence is 1 for every example)"),
-    Estimator("random", "seeded Gaussian noise: the floor any estimator must beat"),
+              "self-influence is 1 for every example)", classifier_evaluated=True),
+    Estimator("random", "seeded Gaussian noise: the floor any estimator must beat", classifier_evaluated=True),
+    Estimator("ekfac", "influence functions with EK-FAC curvature through Kronfluence, over the nn.Linear and "
+              "nn.Conv2d layers at the trained weights (classifiers)", query=False,
+              evaluated=False, classifier_query=True, classifier_evaluated=True),
 )}
 
 # An earlier name of ``tracin`` in POST /tracin, still read from stored requests and accepted from clients.
@@ -58,9 +76,11 @@ ALIASES = {"exact": "tracin"}
 
 
 def names(*, query: bool | None = None, evaluated: bool | None = None, stored: bool | None = None,
-          ensemble: bool | None = None) -> tuple[str, ...]:
+          ensemble: bool | None = None, classifier_query: bool | None = None,
+          classifier_evaluated: bool | None = None) -> tuple[str, ...]:
     """The names of the estimators with the given capabilities (None: either), in registry order."""
-    want = {"query": query, "evaluated": evaluated, "stored": stored, "ensemble": ensemble}
+    want = {"query": query, "evaluated": evaluated, "stored": stored, "ensemble": ensemble,
+            "classifier_query": classifier_query, "classifier_evaluated": classifier_evaluated}
     return tuple(n for n, e in ESTIMATORS.items()
                  if all(v is None or getattr(e, k) == v for k, v in want.items()))
 

@@ -28,6 +28,7 @@ CORE_MAY_USE = {
     "models.explain.rules",
     "models.files",
     "models.export.files",
+    "models.export.kfac",
     "models.export.spec",
     "models.hf.files",
     "models.kg.shapes",

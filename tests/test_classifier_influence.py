@@ -400,6 +400,10 @@ def test_text_self_influence_and_test_indices(svc_text):
     assert trak["output"] == "margin" and pro and [e["score"] for e in pro] == sorted((e["score"] for e in pro),
                                                                                       reverse=True)
     assert all(e["score"] > 0 and e["text"] for e in pro)
+    # EK-FAC over the transformer's linear layers (Kronfluence), the head and the attention projections included
+    ekfac = _run(svc_text, {"model": "bert-reviews", "test_indices": [0], "top_k": 3, "estimator": "ekfac"})
+    assert "classifier" in ekfac["layers"] and any("attention" in n for n in ekfac["layers"])
+    assert ekfac["tests"][0]["n_positive"] + ekfac["tests"][0]["n_negative"] == 64
 
 
 @pytest.mark.parametrize(("body", "loc", "says"), [
@@ -455,3 +459,242 @@ def test_the_influence_grid_and_the_text_list_in_a_browser(svc, svc_text, show, 
     assert "the plot was dull" in pg.locator("blockquote.test-text").inner_text()
     if width == 390:
         _no_sideways_scroll(pg)
+
+
+# ---------------------------------------------------------------------------------------------------- estimators
+def _source(svc, name):
+    from core import registry
+
+    return registry.local_path(svc.settings, registry.get_model(svc.settings, name))
+
+
+def _digits_classifier(svc, name):
+    from models.export.influence import ProgramModule, classifier, read_checkpoints
+
+    source = _source(svc, name)
+    module = ProgramModule(load(source))
+    return classifier(module, read_checkpoints(source, module).states, name)
+
+
+def _digits_rows(svc, indices):
+    from models.export.influence import rows
+    from models.export.train import read_split
+
+    data = svc.settings.data_roots[0] / "digits-noisy"
+    train_split, test_split = read_split(data / "train.safetensors"), read_split(data / "test.safetensors")
+    idx = torch.tensor(indices)
+    return rows(test_split.inputs[idx], test_split.labels[idx]), rows(train_split.inputs, train_split.labels)
+
+
+def _listed_equal(result, dense, k):
+    for i, t in enumerate(result["tests"]):
+        want = torch.argsort(dense[i], descending=True, stable=True)[:k].tolist()
+        want = [j for j in want if dense[i, j] > 0]
+        assert [e["index"] for e in t["proponents"]] == want
+        scale = float(dense[i].abs().max())
+        assert [e["score"] for e in t["proponents"]] == pytest.approx(dense[i, want].tolist(), abs=1e-4 * scale)
+
+
+def test_ekfac_through_the_service_is_kronfluences_on_the_trained_model(svc):
+    from sklearn.metrics import roc_auc_score
+
+    from models.explain.ekfac import EKFAC
+
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [2, 5], "top_k": 5, "estimator": "ekfac",
+                        "batch_size": 48})
+    assert result["estimator"] == "ekfac" and result["output"] == "margin"
+    assert result["layers"] == ["conv1", "conv2", "fc"] and [c["epoch"] for c in result["checkpoints"]] == [4]
+    clf = _digits_classifier(svc, "cnn-noisy")
+    test, train_rows = _digits_rows(svc, [2, 5])
+    with EKFAC(clf, batch_size=48) as ek:
+        ek.fit(train_rows)
+        dense = ek.scores(test, train_rows)
+        own = ek.self_scores(train_rows)
+    _listed_equal(result, dense, 5)
+    ranked = _run(svc, {"model": "cnn-noisy", "mode": "self", "estimator": "ekfac", "top_k": 240, "batch_size": 48})
+    scores = {e["index"]: e["score"] for e in ranked["self_influence"]}
+    assert [scores[i] for i in range(240)] == pytest.approx(own.tolist(), rel=1e-4)
+    auc = roc_auc_score([1 if i < FLIPPED else 0 for i in range(240)], [scores[i] for i in range(240)])
+    print(f"EK-FAC self-influence AUC of the {FLIPPED} flipped labels: {auc:.3f}")
+    assert auc >= 0.7, auc
+
+
+def test_projected_tracin_and_margin_tracin_through_the_service(svc):
+    from models.explain import classifier_estimators as table
+
+    clf = _digits_classifier(svc, "cnn-noisy")
+    test, train_rows = _digits_rows(svc, [1, 6])
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [1, 6], "top_k": 4, "estimator": "tracin_projected",
+                        "proj_dim": 64, "seed": 5})
+    assert result["output"] == "cross_entropy" and result["proj_dim"] == 64
+    _listed_equal(result, table.tracin_projected_scores(clf, "all", test, train_rows, output="loss", proj_dim=64,
+                                                        seed=5), 4)
+    margin = _run(svc, {"model": "cnn-noisy", "test_indices": [1, 6], "top_k": 4, "output": "margin"})
+    assert margin["output"] == "margin" and margin["factorised"] == ["layers.fc"]
+    _listed_equal(margin, table.tracin_scores(clf, "all", test, train_rows, output="margin", ghost="none"), 4)
+    plain = _run(svc, {"model": "cnn-noisy", "test_indices": [1, 6], "top_k": 4, "output": "margin",
+                       "method": "vmap"})
+    assert plain["factorised"] == [] and [e["index"] for e in plain["tests"][0]["proponents"]] == \
+        [e["index"] for e in margin["tests"][0]["proponents"]]
+
+
+@pytest.fixture(scope="module")
+def member(svc):
+    """A second digits CNN of the same recipe, another seed: an ensemble member."""
+    r = svc.client.post("/train/classifier", json={"name": "cnn-noisy-b", "model": "cnn", "dataset": "digits-noisy",
+                                                   "epochs": 4, "batch_size": 32, "lr": 0.05, "checkpoint_every": 2,
+                                                   "seed": 1})
+    assert r.status_code == 202, r.text
+    assert svc.wait(r.json()["id"], timeout_s=300)["status"] == "succeeded", svc.worker_logs()
+    return "cnn-noisy-b"
+
+
+def test_trak_ensemble_through_the_service(svc, member):
+    from models.explain import classifier_estimators as table
+
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [3], "top_k": 5, "estimator": "trak_ensemble",
+                        "ensemble": [member], "proj_dim": 64, "damping": 0.05})
+    assert result["ensemble"] == [member]
+    test, train_rows = _digits_rows(svc, [3])
+    want = table.trak_ensemble_scores(_digits_classifier(svc, "cnn-noisy"), "all", test, train_rows,
+                                      members=[_digits_classifier(svc, member)], proj_dim=64, damping=0.05)
+    _listed_equal(result, want, 5)
+    ranked = _run(svc, {"model": "cnn-noisy", "mode": "self", "estimator": "trak_ensemble", "ensemble": [member],
+                        "proj_dim": 64, "top_k": 3})
+    assert len(ranked["self_influence"]) == 3
+
+
+@pytest.fixture(scope="module")
+def matmul_model(svc):
+    """An exported classifier computing with matmul only (no aten.linear or conv2d call), trained by the service."""
+    from torch import nn
+
+    class Matmul(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(64, 10) * 0.1)
+
+        def forward(self, x):
+            return x.flatten(1) @ self.w
+
+    directory = svc.settings.data_roots[0] / "mm"
+    directory.mkdir(parents=True, exist_ok=True)
+    program = torch.export.export(Matmul().eval(), (torch.zeros(2, 1, 8, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1 << 20)},))
+    torch.export.save(program, str(directory / "model.pt2"))
+    (directory / "spec.json").write_text('{"input": {"kind": "image", "mean": [0.3]}, "labels": '
+                                         + str(DIGITS_LABELS).replace("'", '"') + "}")
+    r = svc.client.post("/models/import", json={"name": "mm", "kind": "export", "path": "mm"})
+    assert r.status_code == 202, r.text
+    assert svc.wait(r.json()["id"], timeout_s=120)["status"] == "succeeded", svc.worker_logs()
+    r = svc.client.post("/train/classifier", json={"name": "mm-trained", "model": "mm", "dataset": "digits-noisy",
+                                                   "epochs": 1, "batch_size": 64})
+    assert r.status_code == 202, r.text
+    assert svc.wait(r.json()["id"], timeout_s=300)["status"] == "succeeded", svc.worker_logs()
+    return "mm-trained"
+
+
+@pytest.mark.parametrize(("body", "loc", "says"), [
+    ({"estimator": "ekfac", "checkpoints": "all"}, ("body", "checkpoints"), "trained model"),
+    ({"estimator": "trak", "output": "loss"}, ("body", "output"), "margin"),
+    ({"estimator": "trak_ensemble"}, ("body", "ensemble"), "needs ensemble"),
+    ({"estimator": "trak", "ensemble": ["cnn"]}, ("body", "ensemble"), "for estimator trak_ensemble"),
+    ({"estimator": "trak_ensemble", "ensemble": ["cnn-noisy"]}, ("body", "ensemble", 0), "already in"),
+    ({"estimator": "trak_ensemble", "ensemble": ["cnn"]}, ("body", "ensemble", 0), "no training checkpoints"),
+    ({"estimator": "trak", "method": "vmap"}, ("body", "method"), "for estimator tracin"),
+    ({"estimator": "nope"}, ("body", "estimator"), "'tracin'"),
+])
+def test_what_the_estimators_cannot_take_is_a_422_naming_the_field(svc, body, loc, says):
+    r = svc.client.post("/tracin/classifier", json={"model": "cnn-noisy", "test_indices": [0], **body})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert tuple(detail["loc"]) == loc and says in detail["msg"], detail
+
+
+def test_self_mode_takes_no_output(svc):
+    r = svc.client.post("/tracin/classifier", json={"model": "cnn-noisy", "mode": "self", "output": "margin"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "output"], r.text
+
+
+def test_ekfac_on_a_program_without_linear_layers_is_a_422_that_says_why(svc, matmul_model):
+    r = svc.client.post("/tracin/classifier", json={"model": matmul_model, "test_indices": [0],
+                                                    "estimator": "ekfac"})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert detail["loc"] == ["body", "estimator"] and "nn.Linear and nn.Conv2d" in detail["msg"], detail
+    # the other estimators take it (gradients through the interpreter need no modules)
+    result = _run(svc, {"model": matmul_model, "test_indices": [0], "top_k": 3, "estimator": "trak",
+                        "proj_dim": 32})
+    assert result["tests"][0]["proponents"]
+
+
+def test_featurize_once_then_stored_queries_equal_the_direct_ones(svc):
+    """POST /featurize/classifier stores the features (a repeat computes nothing, the features are recorded with
+    the model version), and stored TRAK lists what the direct TRAK lists; a stored query of other settings fails
+    saying what to featurize."""
+    import json
+
+    from core import registry
+    from core.filestore import get_store
+
+    body = {"model": "cnn-noisy", "proj_dim": 64, "seed": 2}
+    r = svc.client.post("/featurize/classifier", json=body)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=300)
+    assert job["status"] == "succeeded", (job.get("error"), svc.worker_logs()[-3000:])
+    first = svc.client.get(f"/jobs/{job['id']}/result").json()
+    assert first["serves"] == ["trak"] and first["rows_computed"] == 2 * 240 and first["n_train"] == 240
+    assert first["examples_per_second"] > 0
+    r = svc.client.post("/featurize/classifier", json=body)
+    again = svc.client.get(f"/jobs/{svc.wait(r.json()['id'], timeout_s=300)['id']}/result").json()
+    assert again["rows_computed"] == 0 and [c["key"] for c in again["checkpoints"]] == \
+        [c["key"] for c in first["checkpoints"]]
+    store = get_store(svc.settings)
+    location = registry.get_model(svc.settings, "cnn-noisy")["location"]
+    for c in first["checkpoints"]:
+        assert location in json.loads(store.read_bytes(f"features/{c['key']}/models.json"))
+    query = {"model": "cnn-noisy", "test_indices": [4, 9], "top_k": 5, "estimator": "trak", "proj_dim": 64,
+             "seed": 2, "damping": 0.05}
+    stored, direct = _run(svc, {**query, "stored": True}), _run(svc, query)
+    assert stored["stored"] is True and direct["stored"] is False
+    for s, d in zip(stored["tests"], direct["tests"], strict=True):
+        assert [e["index"] for e in s["proponents"]] == [e["index"] for e in d["proponents"]]
+        assert [e["score"] for e in s["proponents"]] == pytest.approx([e["score"] for e in d["proponents"]],
+                                                                       rel=1e-3)
+    ranked = _run(svc, {"model": "cnn-noisy", "mode": "self", "estimator": "trak", "proj_dim": 64, "seed": 2,
+                        "stored": True, "top_k": 240})
+    assert len(ranked["self_influence"]) == 240
+    r = svc.client.post("/tracin/classifier", json={**query, "seed": 3, "stored": True})
+    job = svc.wait(r.json()["id"], timeout_s=300)
+    assert job["status"] == "failed" and job["error"]["code"] == "not_featurized", job
+    assert "POST /featurize/classifier" in job["error"]["message"], job
+
+
+@pytest.mark.parametrize(("body", "loc", "says"), [
+    ({"estimator": "tracin", "stored": True}, ("body", "stored"), "serve trak and tracin_projected"),
+    ({"estimator": "tracin_projected", "stored": True, "output": "margin"}, ("body", "output"), "of the loss"),
+])
+def test_what_stored_queries_cannot_take_is_a_422(svc, body, loc, says):
+    r = svc.client.post("/tracin/classifier", json={"model": "cnn-noisy", "test_indices": [0], **body})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"][0]
+    assert tuple(detail["loc"]) == loc and says in detail["msg"], detail
+
+
+@pytest.mark.parametrize(("estimator", "title"), [("ekfac", "EK-FAC influence functions"),
+                                                  ("trak_ensemble", "TRAK (ensemble)"),
+                                                  ("tracin_projected", "TracIn-CP (projected)")])
+def test_the_sdk_reads_every_estimators_result(estimator, title):
+    from explainq_client import ClassifierInfluenceResult
+    from explainq_client.results import make_result
+
+    example = {"index": 3, "label": "7", "score": 0.5, "preview": [[0.0, 1.0], [1.0, 0.0]]}
+    data = {"model": "m", "dataset": "d", "mode": "test", "estimator": estimator, "output": "margin",
+            "parameters": 10, "train_examples": 4, "checkpoints": [{"file": "c", "epoch": 1, "lr": 0.1}],
+            "labels": ["7", "1"], "seconds": 1.0, "layers": ["fc"], "ensemble": ["m2"],
+            "tests": [{"id": "t", "target": "7", "predicted": "7", "self_influence": None, "n_positive": 1,
+                       "n_negative": 0, "proponents": [example], "opponents": []}]}
+    result = make_result("classifier_influence", data, "classifier_influence")
+    assert isinstance(result, ClassifierInfluenceResult)
+    assert [(r["role"], r["index"], r["score"]) for r in result.rows()] == [("proponent", 3, 0.5)]
+    assert title in result.text() and title in result._repr_html_()

@@ -1,4 +1,4 @@
-"""``POST /tracin/classifier``: TracIn-CP on a classifier trained by the service: the training examples that
+"""``POST /tracin/classifier``: training-data influence on a classifier trained by the service: the training examples that
 pushed a test prediction's loss down (proponents) or up (opponents), or the training examples ranked by
 self-influence (suspected mislabels). No torch here.
 
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from core import limits
+from core import estimators, limits, registry
 from core.contract.checks import require_model
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
@@ -39,6 +39,11 @@ from core.settings import Settings
 from models.textdata import label_indices
 
 MAX_TESTS = 64
+PROGRAM_FILE = "model.pt2"  # models.export.program.PROGRAM_FILE: an exported classifier's program
+MAX_ENSEMBLE = 16
+EstimatorName = estimators.choices(classifier_query=True)
+OUTPUT_DEFAULTS = {"tracin": "loss", "tracin_projected": "loss", "trak": "margin", "trak_ensemble": "margin",
+                   "ekfac": "margin"}
 MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: the k x k matrix inverted per checkpoint
 MAX_TOP_K = 1000
 BYTES_PER_GRADIENT_VALUE = 4  # per-example gradients are fp32
@@ -70,23 +75,121 @@ class ClassifierInfluenceRequest(JobRequest):
     top_k: int = Field(10, ge=1, le=MAX_TOP_K, title="Examples listed",
         description="Proponents and opponents per test example, or training examples in the self ranking (the full "
                     "self ranking is the artifact self_influence.csv)")
-    estimator: Literal["tracin", "trak"] = Field("tracin", title="Influence method",
-        description="tracin: exact TracIn-CP (Σ lr · gradient dot products of the training loss); trak: TRAK "
-                    "(projected gradients of the classification margin, the Gauss-Newton inverse, each training "
-                    "example weighted by 1 - p of its label, averaged over the checkpoints)")
-    proj_dim: int = Field(2048, ge=16, le=MAX_PROJ_DIM, title="TRAK projection", json_schema_extra=ADVANCED,
-        description="trak: dimensions of the random projection of the gradients")
+    estimator: EstimatorName = Field("tracin", title="Influence method",  # type: ignore[valid-type]
+        description="tracin: exact TracIn-CP (Σ lr · gradient dot products); tracin_projected: the same with the "
+                    "gradients projected to proj_dim; trak: TRAK (projected gradients of the classification margin, "
+                    "the Gauss-Newton inverse, each training example weighted by 1 - p of its label, averaged over "
+                    "the checkpoints); trak_ensemble: TRAK averaged over this model and the models of ensemble; "
+                    "ekfac: influence functions with EK-FAC curvature through Kronfluence, at the trained model, "
+                    "over its linear and convolution layers")
+    output: Literal["loss", "margin"] | None = Field(None, title="Test output traced", json_schema_extra=ADVANCED,
+        description="What the test side differentiates: loss (the cross-entropy of the target class) or margin "
+                    "(the classification margin, negated, so a positive score helps the prediction either way). "
+                    "Default: loss for tracin and tracin_projected, margin for ekfac; trak and trak_ensemble always "
+                    "use the margin")
+    method: Literal["ghost", "vmap"] = Field("ghost", title="TracIn gradients", json_schema_extra=ADVANCED,
+        description="tracin: ghost factorises each linear layer's gradient dot products where that costs less "
+                    "than materialising its gradients (exact, the same numbers); vmap materialises every gradient")
+    ensemble: list[Annotated[str, Field(min_length=1, max_length=limits.MAX_NAME_LENGTH)]] | None = Field(
+        None, min_length=1, max_length=MAX_ENSEMBLE, title="Ensemble members", json_schema_extra=ADVANCED,
+        description="trak_ensemble: further classifiers of the same architecture, classes and training data "
+                    "(trained with other seeds), each with its checkpoints")
+    stored: bool = Field(False, title="From stored features", json_schema_extra=ADVANCED,
+        description="trak, tracin_projected: score against the features POST /featurize/classifier stored (the "
+                    "same checkpoints, proj_dim and seed; loss margin for trak, train for tracin_projected): one "
+                    "tiled pass over the stored rows, no gradient of a training example computed")
+    proj_dim: int = Field(2048, ge=16, le=MAX_PROJ_DIM, title="Projection size", json_schema_extra=ADVANCED,
+        description="trak, trak_ensemble, tracin_projected: dimensions of the random projection of the gradients")
     damping: float = Field(0.01, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
-        description="trak: the Gauss-Newton matrix's damping, relative to its mean eigenvalue")
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
-        description="trak: seed of the random projection")
+        description="trak, trak_ensemble: the Gauss-Newton matrix's damping, relative to its mean eigenvalue")
+    ekfac_damping: float | None = Field(None, ge=0, le=1e6, title="EK-FAC damping", json_schema_extra=ADVANCED,
+        description="ekfac: the damping added to the EK-FAC eigenvalues (Kronfluence's damping_factor); by default "
+                    "Kronfluence's heuristic, 0.1 x each layer's mean eigenvalue")
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Seed", json_schema_extra=ADVANCED,
+        description="trak, trak_ensemble, tracin_projected: seed of the random projection; ekfac: seed of the "
+                    "labels sampled for the Fisher")
     checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints summed", json_schema_extra=ADVANCED,
-        description="Sum over every kept checkpoint (TracIn-CP), or the last one only")
+        description="Sum over every kept checkpoint (TracIn-CP, TRAK), or the last one only; ekfac always runs at "
+                    "the trained model (the last checkpoint)")
     max_length: int = Field(128, ge=2, le=4096, title="Tokens per text", json_schema_extra=ADVANCED,
         description="Hugging Face classifiers: each text is cut to this many tokens, as fine-tuning cut it")
     batch_size: int | None = Field(None, ge=1, le=4096, title="Examples per chunk", json_schema_extra=ADVANCED,
         description="Training examples whose gradients are held at once; by default as many as fit 256 MiB "
                     "(at most 256)")
+
+
+def output_of(req: ClassifierInfluenceRequest) -> str:
+    """The test side's output: the request's, or the estimator's default (:data:`OUTPUT_DEFAULTS`)."""
+    return req.output or OUTPUT_DEFAULTS[req.estimator]
+
+
+def kfac_problem(settings: Settings, entry: dict[str, Any]) -> str | None:
+    """Why EK-FAC cannot run on the exported classifier ``entry`` (``models.export.kfac``), or None. Reads the
+    program's graph (no torch), once per model version."""
+    location = str(entry.get("location") or entry.get("path") or "")
+    if location not in _KFAC_PROBLEMS:
+        from models.export.files import ProgramError, inspect_program
+        from models.export.kfac import layers_problem
+
+        try:
+            info = inspect_program(registry.local_path(settings, entry) / PROGRAM_FILE)
+        except (ProgramError, OSError):
+            return None  # unreadable here: the worker decides (and says why)
+        if len(_KFAC_PROBLEMS) > 256:
+            _KFAC_PROBLEMS.clear()
+        _KFAC_PROBLEMS[location] = layers_problem(info)
+    return _KFAC_PROBLEMS[location]
+
+
+_KFAC_PROBLEMS: dict[str, str | None] = {}
+
+
+def _check_estimator(req: ClassifierInfluenceRequest, settings: Settings, entry: dict[str, Any]) -> None:
+    """The estimator's own fields: its output, its ensemble members, what EK-FAC needs of the model."""
+    name = req.estimator
+    if req.output == "loss" and name in ("trak", "trak_ensemble"):
+        raise FieldError(("body", "output"), f"{name} differentiates the classification margin (TRAK's output "
+                         "function); output 'loss' is for tracin, tracin_projected and ekfac", value=req.output)
+    if (req.ensemble is not None) != (name == "trak_ensemble"):
+        raise FieldError(("body", "ensemble"), "trak_ensemble needs ensemble: the other models of the ensemble"
+                         if req.ensemble is None else "ensemble is for estimator trak_ensemble", value=None)
+    for i, member in enumerate(req.ensemble or []):
+        where = ("body", "ensemble", i)
+        if member == req.model or member in req.ensemble[:i]:
+            raise FieldError(where, f"{member!r} is already in the ensemble", value=member)
+        other = registry.get_model(settings, member)
+        if other is None or other.get("kind") != entry["kind"]:
+            raise FieldError(where, f"{member!r} is not a registered classifier of the kind of {req.model!r}",
+                             value=member)
+        if not (other.get("meta") or {}).get("checkpoints"):
+            raise FieldError(where, f"model {member!r} has no training checkpoints", value=member)
+        if class_names(settings, other) != class_names(settings, entry):
+            raise FieldError(where, f"model {member!r} has other classes than {req.model!r}", value=member)
+        if entry["kind"] == MODEL_KIND and model_spec(other) != model_spec(entry):
+            raise FieldError(where, f"model {member!r} takes other inputs than {req.model!r}", value=member)
+        if int(other.get("parameters") or 0) != int(entry.get("parameters") or 0):
+            raise FieldError(where, f"model {member!r} has {int(other.get('parameters') or 0):,} parameters, "
+                             f"{req.model!r} {int(entry.get('parameters') or 0):,}: an ensemble is one architecture",
+                             value=member)
+    if name == "ekfac":
+        if "checkpoints" in req.model_fields_set and req.checkpoints != "last":
+            raise FieldError(("body", "checkpoints"), "ekfac runs at the trained model (the last checkpoint): "
+                             "influence functions take the Hessian at the trained weights", value=req.checkpoints)
+        if entry["kind"] == MODEL_KIND:
+            problem = kfac_problem(settings, entry)
+            if problem is not None:
+                raise FieldError(("body", "estimator"), f"model {req.model!r}: {problem}", value=name)
+    if req.mode == "self" and req.output is not None:
+        raise FieldError(("body", "output"), "self-influence differentiates the training loss on both sides (trak: "
+                         "the margin); output is for mode test", value=req.output)
+    if req.stored:
+        if name not in ("trak", "tracin_projected"):
+            raise FieldError(("body", "stored"), "stored features serve trak and tracin_projected", value=True)
+        if name == "tracin_projected" and req.output == "margin":
+            raise FieldError(("body", "output"), "stored projected TracIn features are of the loss: output 'loss'",
+                             value=req.output)
+    if req.method != "ghost" and name != "tracin":
+        raise FieldError(("body", "method"), "method is for estimator tracin", value=req.method)
 
 
 def training_dataset(req: ClassifierInfluenceRequest, entry: dict[str, Any]) -> str:
@@ -139,6 +242,7 @@ def validate(req: ClassifierInfluenceRequest, settings: Settings, owner: str = "
             if indices is None:
                 raise FieldError(("body", "dataset"), f"the dataset's labels {bad} are not classes of model "
                                  f"{req.model!r}", value=name)
+    _check_estimator(req, settings, entry)
     field, items = _test_items(req, kind)
     if req.mode == "self":
         for f in (field, "test_indices"):
@@ -183,8 +287,9 @@ register(JobKind(
     queue="explain",
     func="workers.jobs.classifier_influence:run",
     timeout_s=3 * 3600,
-    summary=("TracIn-CP on a classifier trained by the service: each test example's proponents and opponents "
-             "among the training examples, or the training examples ranked by self-influence"),
+    summary=("Training-data influence on a classifier trained by the service (TracIn-CP, projected TracIn, TRAK "
+             "and its ensembles, EK-FAC influence functions through Kronfluence): each test example's proponents "
+             "and opponents among the training examples, or the training examples ranked by self-influence"),
     title="Training-data influence (classifier)",
     renderer="classifier_influence",
     result=ClassifierInfluenceResult,

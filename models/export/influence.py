@@ -11,8 +11,10 @@ listed in ``checkpoints.json``, each weighted by the learning rate stored with i
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,10 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from models.explain.classifier import Classifier
 from models.explain.gradients import classification_margin
-from models.explain.tracin import MemoryCheckpoint
+from models.explain.tracin import CheckpointLike, MemoryCheckpoint
+from models.export.kfac import WHY_NONE, Layer, program_layers
 from models.export.program import SPEC_FILE, ExportedClassifier, build
 
 CHECKPOINTS_FILE = "checkpoints.json"
@@ -39,6 +43,7 @@ class ProgramModule(nn.Module):
     def __init__(self, clf: ExportedClassifier):
         super().__init__()
         self.program = clf.program
+        self.info = clf.info
         self.shape = tuple(clf.spec.shape)
         self._slots: dict[str, str] = {}
         for name, (kind, fqn) in clf.info.state.items():
@@ -50,6 +55,10 @@ class ProgramModule(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.program, {slot: getattr(self, safe) for safe, slot in self._slots.items()}, (x,))
+
+    def layers(self) -> list[Layer]:
+        """The program's calls EK-FAC covers (:func:`models.export.kfac.program_layers`)."""
+        return program_layers(self.info)
 
     def state_of(self, clf: ExportedClassifier) -> dict[str, torch.Tensor]:
         """``clf``'s parameters under this module's names (a checkpoint of the same program)."""
@@ -116,3 +125,87 @@ def preview(x: torch.Tensor, cells: int = 28) -> list[list[float]]:
     if h > cells or w > cells:
         grey = nn.functional.adaptive_avg_pool2d(grey, (min(h, cells), min(w, cells)))
     return [[round(float(v), 4) for v in row] for row in grey[0]]
+
+
+class LayeredProgram(nn.Module):
+    """A :class:`ProgramModule` whose ``aten.linear`` / ``aten.conv2d`` calls of :func:`program_layers` run through
+    real ``nn.Linear`` / ``nn.Conv2d`` modules (``layers``, named after their weights' owners, dots as ``__``)
+    holding those parameters, so that Kronfluence (and the factorised TracIn) can hook them; the program's other
+    parameters stay parameters (``rest``, under the module's names). The same computation as the module at its
+    current weights (tested), on its device."""
+
+    def __init__(self, module: ProgramModule, layers: Sequence[Layer] | None = None) -> None:
+        super().__init__()
+        layers = module.layers() if layers is None else list(layers)
+        if not layers:
+            raise ValueError(WHY_NONE)
+        self.program = copy.deepcopy(module.program)
+        slot_of = {fqn: module.program._slot[name] for name, (_, fqn) in module.info.state.items()}
+        self.layers = nn.ModuleDict()
+        self._by_node: dict[str, str] = {}
+        held = set()
+        for layer in layers:
+            w = getattr(module, _safe(layer.weight)).detach()
+            b = getattr(module, _safe(layer.bias)).detach() if layer.bias is not None else None
+            if layer.kind == "linear":
+                m: nn.Module = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
+            else:
+                c = layer.conv
+                m = nn.Conv2d(w.shape[1] * c["groups"], w.shape[0], tuple(w.shape[2:]), stride=tuple(c["stride"]),
+                              padding=tuple(c["padding"]), dilation=tuple(c["dilation"]), groups=c["groups"],
+                              bias=b is not None)
+            m = m.to(device=w.device, dtype=w.dtype)
+            with torch.no_grad():
+                m.weight.copy_(w)
+                if b is not None:
+                    m.bias.copy_(b)
+            key = _safe(layer.name)
+            self.layers[key] = m
+            self._by_node[layer.node] = key
+            held.update(_safe(f) for f in (layer.weight, layer.bias) if f is not None)
+            # the program's own copies of these weights are never read (their call runs the module): share them
+            setattr(self.program, slot_of[layer.weight], m.weight.detach())
+            if b is not None:
+                setattr(self.program, slot_of[layer.bias], m.bias.detach())
+        self.rest = nn.ParameterDict({safe: nn.Parameter(getattr(module, safe).detach().clone())
+                                      for safe in module._slots if safe not in held})
+        self._rest_slots = {safe: module._slots[safe] for safe in self.rest}
+
+    def _call(self, key: str) -> Callable[..., torch.Tensor]:
+        def call(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return self.layers[key](args[0] if args else kwargs["input"])
+
+        return call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the layer calls are bound for this call only (to this module's current ``layers``, which Kronfluence
+        # replaces by its tracked wrappers), so copies of this module never call another's layers
+        calls = {node: self._call(key) for node, key in self._by_node.items()}
+        nodes = self.program._nodes
+        self.program._nodes = [dataclasses.replace(n, op=calls[n.name]) if n.name in calls else n for n in nodes]
+        try:
+            return functional_call(self.program, {slot: self.rest[safe] for safe, slot in self._rest_slots.items()},
+                                   (x,))
+        finally:
+            self.program._nodes = nodes
+
+
+def classifier(module: ProgramModule, checkpoints: Sequence[CheckpointLike], name: str = "classifier"
+               ) -> Classifier:
+    """The exported classifier as the estimators take it (:class:`models.explain.classifier.Classifier`): rows
+    of :func:`rows`, its checkpoints, and EK-FAC through :class:`LayeredProgram` (or the reason it cannot)."""
+    shape = module.shape
+    layers = module.layers()
+    return Classifier(
+        module=module, checkpoints=list(checkpoints), loss=loss_of(shape), margin=margin_of(shape),
+        inputs=lambda r: (r[:, :-1].reshape(len(r), *shape),), labels=lambda r: r[:, -1].long(),
+        layered=(lambda m: LayeredProgram(m, layers)) if layers else None,
+        kfac_problem=None if layers else WHY_NONE, name=name, config=program_identity(module))
+
+
+def program_identity(module: ProgramModule) -> dict[str, Any]:
+    """What identifies the program besides its weights: a digest of its graph and its input shape."""
+    import hashlib
+
+    graph = json.dumps(module.info.program.get("graph_module", {}).get("graph", {}), sort_keys=True)
+    return {"format": "exported", "graph": hashlib.sha256(graph.encode()).hexdigest(), "shape": list(module.shape)}

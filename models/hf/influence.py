@@ -12,15 +12,16 @@ batch's equality with unpadded texts is tested for fine-tuning, ``tests/test_hf_
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from models.explain.classifier import Classifier
 from models.explain.gradients import classification_margin
-from models.explain.tracin import MemoryCheckpoint
+from models.explain.tracin import CheckpointLike, MemoryCheckpoint
 from models.hf.checkpoint import HFClassifier
 
 CHECKPOINTS_FILE = "checkpoints.json"
@@ -65,24 +66,27 @@ def rows(clf: HFClassifier, texts: list[str], labels: list[int], max_length: int
                       torch.tensor(labels, dtype=torch.float32).reshape(-1, 1)], 1)
 
 
-def loss_of(width: int) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
-    """The per-example loss of a row of ``width`` tokens (:data:`models.explain.gradients.LossFn`)."""
+def _split(example: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's ``[1, L]`` ids and mask; L from the row's own length (``2L + 1``), so rows of any width work."""
+    width = (example.shape[-1] - 1) // 2
+    return example[:width].long().reshape(1, width), example[width:2 * width].long().reshape(1, width)
+
+
+def loss_of(width: int | None = None) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
+    """The per-example loss of a row (:data:`models.explain.gradients.LossFn`); its width is read from the row
+    (``width``, the L the rows were built with, is not needed)."""
 
     def loss(forward: Callable[..., Any], example: torch.Tensor) -> torch.Tensor:
-        ids = example[:width].long().reshape(1, width)
-        mask = example[width:2 * width].long().reshape(1, width)
-        return nn.functional.cross_entropy(forward(ids, mask).float(), example[-1:].long())
+        return nn.functional.cross_entropy(forward(*_split(example)).float(), example[-1:].long())
 
     return loss
 
 
-def margin_of(width: int) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
+def margin_of(width: int | None = None) -> Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]:
     """The per-example output TRAK differentiates (``classification_margin``), for a row of :func:`rows`."""
 
     def output(forward: Callable[..., Any], example: torch.Tensor) -> torch.Tensor:
-        ids = example[:width].long().reshape(1, width)
-        mask = example[width:2 * width].long().reshape(1, width)
-        return classification_margin(forward(ids, mask).float(), example[-1:].long())
+        return classification_margin(forward(*_split(example)).float(), example[-1:].long())
 
     return output
 
@@ -122,3 +126,39 @@ def read_checkpoints(directory: Path, module: TextModule, which: str = "all") ->
             state[k] = tensors[twin] if twin is not None else v.detach().clone()
         states.append(MemoryCheckpoint(state, float(c["lr"]), f"epoch-{c['epoch']}"))
     return listed, states
+
+
+def linear_layers(module: nn.Module) -> nn.Module:
+    """``module`` (changed in place and returned) with every transformers ``Conv1D`` (GPT-2's projections:
+    ``x @ W + b``, ``W`` ``[in, out]``) replaced by the ``nn.Linear`` of the same map (weight ``Wᵀ``), so that
+    Kronfluence, which covers ``nn.Linear`` and ``nn.Conv2d``, covers them too. Other modules are kept."""
+    from transformers.pytorch_utils import Conv1D
+
+    for name, child in list(module.named_modules()):
+        if not isinstance(child, Conv1D):
+            continue
+        w = child.weight.detach()
+        linear = nn.Linear(w.shape[0], w.shape[1], bias=child.bias is not None).to(device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(w.t())
+            if child.bias is not None:
+                linear.bias.copy_(child.bias.detach())
+        parent, _, leaf = name.rpartition(".")
+        setattr(module.get_submodule(parent) if parent else module, leaf, linear)
+    return module
+
+
+def classifier(module: TextModule, checkpoints: Sequence[CheckpointLike], name: str = "classifier") -> Classifier:
+    """The text classifier as the estimators take it (:class:`models.explain.classifier.Classifier`): rows of
+    :func:`rows` of any width (each batch's width is read from it), its checkpoints, EK-FAC over its ``nn.Linear`` layers (``Conv1D`` as
+    ``nn.Linear``, :func:`linear_layers`), the rows' attention masks keeping padding out of Kronfluence's
+    covariances."""
+
+    def inputs(r: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        width = (r.shape[1] - 1) // 2
+        return r[:, :width].long(), r[:, width:2 * width].long()
+
+    return Classifier(
+        module=module, checkpoints=list(checkpoints), loss=loss_of(), margin=margin_of(), inputs=inputs,
+        labels=lambda r: r[:, -1].long(), layered=linear_layers, token_mask=lambda r: inputs(r)[1], name=name,
+        config={"format": "huggingface", "config": json.loads(module.model.config.to_json_string(use_diff=True))})

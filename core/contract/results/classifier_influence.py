@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from core import estimators
 from core.contract.results.base import Artifact, ResultModel
 from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 
@@ -59,12 +60,21 @@ class ClassifierInfluenceResult(ResultModel):
     model: str
     dataset: str
     mode: Literal["test", "self"]
-    estimator: Literal["tracin", "trak"] = "tracin"
+    estimator: estimators.choices(classifier_query=True) = "tracin"  # type: ignore[valid-type]
     output: Literal["cross_entropy", "margin"] = Field(
-        "cross_entropy", description="what is differentiated: tracin the training loss, trak the classification "
-        "margin log(p / (1 - p)) of the example's class")
-    proj_dim: int | None = Field(None, description="trak: the projection's dimensions")
-    damping: float | None = Field(None, description="trak: the damping relative to the mean eigenvalue")
+        "cross_entropy", description="what the test side differentiates: the training loss (cross-entropy) or the "
+        "classification margin log(p / (1 - p)) of the example's class (negated for tracin and ekfac, so that a "
+        "positive score helps the prediction); the training side is the loss, for trak the margin")
+    proj_dim: int | None = Field(None, description="trak, trak_ensemble, tracin_projected: the projection's "
+                                 "dimensions")
+    damping: float | None = Field(None, description="trak: the damping relative to the mean eigenvalue; ekfac: "
+                                  "Kronfluence's damping_factor (None: its heuristic)")
+    ensemble: list[str] | None = Field(None, description="trak_ensemble: the other models averaged with this one")
+    layers: list[str] | None = Field(None, description="ekfac: the layers Kronfluence covered (their parameters "
+                                     "are the ones the scores differentiate)")
+    factorised: list[str] | None = Field(None, description="tracin with method ghost: the linear layers whose "
+                                         "gradient dot products were factorised")
+    stored: bool = Field(False, description="scored against the features POST /featurize/classifier stored")
     parameters: int = Field(description="the parameters differentiated (all of the program's)")
     train_examples: int
     checkpoints: list[ClassifierCheckpoint]

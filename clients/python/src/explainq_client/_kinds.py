@@ -271,6 +271,28 @@ class KindMethods(Generic[R]):
         """
         return self._submit("/featurize", _body(dict(locals())), idempotency_key)
 
+    def classifier_featurize(
+        self, *, model: str,
+        dataset: str | None | NotGiven = NOT_GIVEN,
+        loss: Literal["margin", "train"] | NotGiven = NOT_GIVEN,
+        proj_dim: int | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        checkpoints: Literal["all", "last"] | NotGiven = NOT_GIVEN,
+        max_length: int | NotGiven = NOT_GIVEN,
+        batch_size: int | None | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Store the projected gradient features of a classifier's training examples (``POST
+        /featurize/classifier``, queue ``bulk``; your own model only), so that :meth:`classifier_influence` with
+        ``stored=True`` (``estimator="trak"`` for ``loss="margin"``, ``"tracin_projected"`` for ``loss="train"``)
+        scores against them in one tiled pass. Only rows not stored yet are computed. Server defaults:
+        ``loss="margin"``, ``proj_dim=2048``, ``seed=0``, ``checkpoints="all"``, ``max_length=128``.
+        """
+        return self._submit("/featurize/classifier", _body(dict(locals())), idempotency_key)
+
     def train_bdh(
         self, *,
         dataset: Literal["digits", "cifar10", "cifar100"] | NotGiven = NOT_GIVEN,
@@ -374,9 +396,14 @@ class KindMethods(Generic[R]):
         test_indices: Sequence[int] | None | NotGiven = NOT_GIVEN,
         test_split: Literal["train", "valid", "test"] | NotGiven = NOT_GIVEN,
         top_k: int | NotGiven = NOT_GIVEN,
-        estimator: Literal["tracin", "trak"] | NotGiven = NOT_GIVEN,
+        estimator: Literal["tracin", "tracin_projected", "trak", "trak_ensemble", "ekfac"] | NotGiven = NOT_GIVEN,
+        output: Literal["loss", "margin"] | None | NotGiven = NOT_GIVEN,
+        method: Literal["ghost", "vmap"] | NotGiven = NOT_GIVEN,
+        ensemble: Sequence[str] | None | NotGiven = NOT_GIVEN,
+        stored: bool | NotGiven = NOT_GIVEN,
         proj_dim: int | NotGiven = NOT_GIVEN,
         damping: float | NotGiven = NOT_GIVEN,
+        ekfac_damping: float | None | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         checkpoints: Literal["all", "last"] | NotGiven = NOT_GIVEN,
         max_length: int | NotGiven = NOT_GIVEN,
@@ -394,9 +421,17 @@ class KindMethods(Generic[R]):
         ``test_indices`` of the dataset's ``test_split``. ``mode="self"`` ranks the training examples by
         self-influence (suspected mislabels first; the full ranking is the artifact ``self_influence.csv``).
         ``estimator="trak"`` gives TRAK (margin gradients projected to ``proj_dim``, the damped Gauss-Newton
-        inverse, ``seed`` of the projection) instead of exact TracIn-CP. Server defaults: ``top_k=10``,
-        ``estimator="tracin"``, ``proj_dim=2048``, ``damping=0.01``, ``checkpoints="all"``, ``max_length=128``
-        tokens, ``batch_size`` as many training examples' gradients as fit 256 MiB.
+        inverse, ``seed`` of the projection) instead of exact TracIn-CP; ``"trak_ensemble"`` averages TRAK over
+        this model and the models named in ``ensemble``; ``"tracin_projected"`` is TracIn with projected
+        gradients; ``"ekfac"`` gives influence functions with EK-FAC curvature through Kronfluence at the trained
+        model (``ekfac_damping``: Kronfluence's damping factor, by default its heuristic), over the model's linear
+        and convolution layers (an exported program without such calls is refused with the reason). ``output``:
+        what the test side differentiates (``"loss"`` or ``"margin"``); ``method="vmap"`` makes TracIn
+        materialise every gradient instead of factorising linear layers; ``stored=True`` scores trak or
+        tracin_projected against the features ``classifier_featurize`` stored. Server defaults: ``top_k=10``,
+        ``estimator="tracin"``, ``output`` loss for tracin and tracin_projected and margin otherwise,
+        ``method="ghost"``, ``proj_dim=2048``, ``damping=0.01``, ``checkpoints="all"``, ``max_length=128`` tokens,
+        ``batch_size`` as many training examples' gradients as fit 256 MiB.
         """
         return self._submit("/tracin/classifier", _body(dict(locals())), idempotency_key)
 

@@ -879,10 +879,19 @@ def _thumb_html(preview: Any, px: int = 56) -> str:
             f"grid-template-columns:repeat({len(preview[0])},1fr)'>{cells}</span>")
 
 
+ESTIMATOR_TITLES = {"tracin": "TracIn-CP", "tracin_projected": "TracIn-CP (projected)", "trak": "TRAK",
+                    "trak_ensemble": "TRAK (ensemble)", "ekfac": "EK-FAC influence functions"}
+
+
+def _estimator_title(result: Mapping[str, Any]) -> str:
+    name = str(result.get("estimator") or "tracin")
+    return ESTIMATOR_TITLES.get(name, name)
+
+
 def classifier_influence_html(result: Mapping[str, Any]) -> str:
     """Per test example (its preview or text) its proponents and opponents with bars from zero on one scale per
     test example; or the self-influence ranking. Images as thumbnails, texts as text."""
-    head = (f"<div><b>{'TRAK' if result.get('estimator') == 'trak' else 'TracIn-CP'}</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
+    head = (f"<div><b>{_estimator_title(result)}</b> on <code>{escape(str(result.get('model', '')))}</code>, mode "
             f"{escape(str(result.get('mode')))}, {len(result.get('checkpoints') or [])} checkpoints, "
             f"{_num(result.get('train_examples'))} training examples")
     parts = [head]
@@ -910,7 +919,7 @@ def classifier_influence_html(result: Mapping[str, Any]) -> str:
 
 
 def classifier_influence_text(result: Mapping[str, Any]) -> str:
-    lines = [f"{'TRAK' if result.get('estimator') == 'trak' else 'TracIn-CP'} on {result.get('model')}, mode "
+    lines = [f"{_estimator_title(result)} on {result.get('model')}, mode "
              f"{result.get('mode')}"]
     for t in result.get("tests") or []:
         lines.append(f"{t.get('id')}: class {t.get('target')}, predicted {t.get('predicted')}")
