@@ -105,7 +105,7 @@ class ClassifierInfluenceRequest(JobRequest):
     ekfac_damping: float | None = Field(None, ge=0, le=1e6, title="EK-FAC damping", json_schema_extra=ADVANCED,
         description="ekfac: the damping added to the EK-FAC eigenvalues (Kronfluence's damping_factor); by default "
                     "Kronfluence's heuristic, 0.1 x each layer's mean eigenvalue")
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Seed", json_schema_extra=ADVANCED,
+    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
         description="trak, trak_ensemble, tracin_projected: seed of the random projection; ekfac: seed of the "
                     "labels sampled for the Fisher")
     checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints summed", json_schema_extra=ADVANCED,

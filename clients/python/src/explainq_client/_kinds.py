@@ -70,11 +70,15 @@ class KindMethods(Generic[R]):
     :class:`AsyncClient`."""
 
     def submit(self, kind: str, body: Mapping[str, Any], *, label: str | None | NotGiven = NOT_GIVEN,
-               tags: Sequence[str] | NotGiven = NOT_GIVEN, idempotency_key: str | None = None) -> R:
+               tags: Sequence[str] | NotGiven = NOT_GIVEN,
+               requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
+               idempotency_key: str | None = None) -> R:
         """Submit a job of ``kind`` (a kind the server runs, see ``kinds()``, or a route) with a raw request
         ``body``; an unknown kind raises ``ValueError``. ``label`` (free text) and ``tags`` (short slugs), which
         every kind takes, are added to the body when given; the jobs list shows them and searches them
-        (``client.jobs(q=..., tag=...)``).
+        (``client.jobs(q=..., tag=...)``). ``requirements`` (``{"gpu": true, "gpu_memory_gib": 40,
+        "device_class": "a100"}``, any of them) keeps the job for a worker that has them; every typed method below
+        takes it too.
 
         An ``Idempotency-Key`` is generated when none is given, so retries never create a second job."""
         sent = dict(body)
@@ -82,6 +86,8 @@ class KindMethods(Generic[R]):
             sent["label"] = label
         if tags is not NOT_GIVEN:
             sent["tags"] = list(tags)
+        if requirements is not NOT_GIVEN:
+            sent["requirements"] = None if requirements is None else dict(requirements)
         return self._submit(kind, sent, idempotency_key)
 
     def _submit(self, kind_or_route: str, body: dict[str, Any], idempotency_key: str | None) -> R:
@@ -117,6 +123,7 @@ class KindMethods(Generic[R]):
         shard_retries: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -173,6 +180,7 @@ class KindMethods(Generic[R]):
         shard_retries: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -208,6 +216,7 @@ class KindMethods(Generic[R]):
         shard_retries: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -239,6 +248,7 @@ class KindMethods(Generic[R]):
         seed: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -261,6 +271,7 @@ class KindMethods(Generic[R]):
         batch_size: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -282,6 +293,7 @@ class KindMethods(Generic[R]):
         batch_size: int | None | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -317,6 +329,7 @@ class KindMethods(Generic[R]):
         keep_checkpoints: Literal["last_best", "all"] | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -350,6 +363,7 @@ class KindMethods(Generic[R]):
         overwrite: bool | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -374,6 +388,7 @@ class KindMethods(Generic[R]):
         overwrite: bool | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -410,6 +425,7 @@ class KindMethods(Generic[R]):
         batch_size: int | None | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -454,6 +470,7 @@ class KindMethods(Generic[R]):
         seed: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -494,6 +511,7 @@ class KindMethods(Generic[R]):
         overwrite: bool | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
@@ -529,6 +547,7 @@ class KindMethods(Generic[R]):
         overwrite: bool | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
         tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
