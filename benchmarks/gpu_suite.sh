@@ -109,7 +109,7 @@ step 0 "cuda-marked tests" "$PY" -m pytest -q -p no:cacheprovider -m cuda -rs "$
 
 # 2. IG: explainq against Captum (methods) and fp32 against bf16/fp16 autocast with completeness (precision)
 if [ "$SMOKE" = 1 ]; then
-  step 1 "IG against Captum, fp32 against AMP" "$PY" benchmarks/ig.py --device "$DEVICE" --quick --rounds 1 \
+  step 1 "IG against Captum, fp32 against AMP" "$PY" benchmarks/ig.py --device "$DEVICE" --quick --rounds 1 --history 5 \
     --sections methods,precision --home "$WORK/ig-home" --small "$WORK/ig-small" --threads 2
 else
   step 1 "IG against Captum, fp32 against AMP" "$PY" benchmarks/ig.py --device "$DEVICE" --rounds 3 \

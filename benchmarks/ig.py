@@ -370,6 +370,8 @@ def max_rel_diff(a: list, b: list) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
+    parser.add_argument("--history", type=int, default=None,
+                        help="titles per user history (default 20 with --quick, else 50)")
     parser.add_argument("--home", default=os.environ.get("EXPLAINQ_HOME", str(ROOT / "var")))
     parser.add_argument("--small", default=None, help="train a small demo model here when the demo is missing")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
@@ -385,7 +387,10 @@ def main() -> None:
         os.environ["EXPLAINQ_DEVICE"] = opts.device
     sections = set(opts.sections.split(","))
     quick = opts.quick
-    args = {"samples": 2 if quick else 8, "history": 20 if quick else 50, "steps": 8 if quick else 32,
+    history = opts.history if opts.history is not None else (20 if quick else 50)
+    if history < 1:
+        parser.error("--history must be at least 1")
+    args = {"samples": 2 if quick else 8, "history": history, "steps": 8 if quick else 32,
             "threads": opts.threads, "captum_internal_batch": 8, "rounds": opts.rounds}
     ckpt, data = find_model(Path(opts.home), Path(opts.small) if opts.small else None)
     args["max_title_len"] = _max_title_len(ckpt)
