@@ -1,12 +1,28 @@
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 import pytest
 
 from tests.browser import browser  # noqa: F401 (the browser tests' fixture: one Chromium per module)
+from tests.heavy import HEAVY
 from tests.jobkinds import register_test_kinds
 
 # Test-only kinds must exist before any app is created in this process.
 register_test_kinds()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests tests/heavy.py lists are marked ``slow``: ``make test`` leaves them to ``make test-slow``."""
+    unmatched = set(HEAVY)
+    for item in items:
+        matched = {pattern for pattern in HEAVY if fnmatchcase(item.nodeid, pattern)}
+        if matched:
+            item.add_marker(pytest.mark.slow)
+            unmatched -= matched
+    # a whole run (no paths given) names every listed test: a renamed or deleted one is an error, not a silent gap
+    if unmatched and config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword:
+        raise pytest.UsageError(f"tests/heavy.py names no collected test: {sorted(unmatched)}")
 
 
 @pytest.fixture(scope="module")
