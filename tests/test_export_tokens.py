@@ -237,3 +237,17 @@ def test_a_float_input_is_still_not_a_token_input(tmp_path):
     with pytest.raises(SpecError, match="token ids are int64"):
         check_spec({"input": {"kind": "tokens", "embedding": "conv.weight"}, "labels": IMAGE_SPEC["labels"]},
                    inspect_program(path))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_token_path_equals_the_cpu_run(models):
+    _, directory, cpu = models["transformer"]
+    gpu = build(directory / "model.pt2", json.loads((directory / "spec.json").read_text()), device="cuda")
+    samples = _samples(TRANSFORMER_IDS, [0, 1, 2])
+    ref = explain(cpu, samples, ExportOptions(n_steps=STEPS, baseline="pad", precision="fp32"))
+    out = explain(gpu, samples, ExportOptions(n_steps=STEPS, baseline="pad", precision="fp32", faithfulness=True))
+    for a, b in zip(out["samples"], ref["samples"], strict=True):
+        np.testing.assert_allclose(a["token_attributions"], b["token_attributions"], rtol=1e-4, atol=1e-5)
+    half = explain(gpu, samples, ExportOptions(n_steps=STEPS, baseline="pad", precision="bf16"))
+    assert half["summary"]["precision"] == "bf16" and half["errors"] == []

@@ -148,6 +148,8 @@ def test_whole_and_sharded_token_runs_give_one_result(svc, imported):
     t1 = frame[frame["sample"] == "t1"]
     assert list(t1["name"]) == by_id["t1"]["words"] and list(t1["attribution"]) == by_id["t1"]["word_attributions"]
     assert "acting" in attribution_html(whole)
+    page = svc.client.get(f"/ui/jobs/{ids[0]}")
+    assert page.status_code == 200 and "funny" in page.text and "acting" in page.text
 
 
 def test_an_adaptive_run_over_a_fixed_length_transformer(svc, imported):
