@@ -204,6 +204,24 @@ def test_a_spec_the_graph_disagrees_with_is_refused_naming_the_field(models, kin
     assert err.field[:2] == ("input", field) and says in str(err), str(err)
 
 
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda i: i.update(attention_mask=["mask"]), "attention_mask"), (lambda i: i.update(embedding=7), "embedding"),
+    (lambda i: i.update(max_tokens=True), "max_tokens"), (lambda i: i.update(special_ids={"a": 1}), "special_ids"),
+    (lambda i: i.update(vocabulary=["vocab.txt"]), "vocabulary"), (lambda i: i.update(pad_id=1.0), "pad_id"),
+])
+def test_a_hostile_spec_is_a_spec_error_not_a_crash(models, change, field):
+    assert _refusal(models, "bag", change).field[:2] == ("input", field)
+
+
+def test_odd_range_constraints_are_read_as_unknown_bounds(models, tmp_path):
+    _, directory, _ = models["bag"]
+    crafted = rewrite(directory / "model.pt2", tmp_path / "odd.pt2",
+                      edit_program(lambda p: p.update(range_constraints=["s0"])))
+    with pytest.raises(SpecError, match="give max_tokens"):
+        check_spec({**BAG_SPEC, "input": {k: v for k, v in BAG_SPEC["input"].items() if k != "max_tokens"}},
+                   inspect_program(crafted), lambda name: (directory / "vocab.txt").read_bytes())
+
+
 def test_a_vocabulary_of_the_wrong_size_or_not_text_is_refused(models):
     err = _refusal(models, "bag", lambda i: None, lambda name: "\n".join(VOCAB[:-1]).encode())
     assert err.field == ("input", "vocabulary") and "23 lines; the embedding table has 24 rows" in str(err)

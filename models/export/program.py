@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from models.export.files import ATEN_PREFIX, LOCAL, FileAccess, Payload, ProgramInfo, inspect_program
-from models.export.spec import ModelSpec, check_spec
+from models.export.spec import ModelSpec, check_spec, output_name
 
 MAX_VALUE_ELEMENTS = 1 << 28  # one value of the graph, per example (1 GiB of float32)
 TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -76,6 +76,7 @@ class _Node:
     target: str
     args: list[tuple[int, str, dict[str, Any]]]   # (kind, name, serialized argument)
     outputs: list[dict[str, Any]]
+    value: str | None = None  # the name of its one tensor output (what ``replace`` names)
 
 
 class Program(torch.nn.Module):
@@ -96,7 +97,7 @@ class Program(torch.nn.Module):
         self._slot = {name: f"t{i}" for i, (name, _) in enumerate(sorted(self._state.items()))}
         self._nodes = [_Node(str(n.get("name")), _resolve(n["target"]), n["target"],
                              [(int(a.get("kind", 1)), a["name"], a["arg"]) for a in n.get("inputs") or []],
-                             n.get("outputs") or []) for n in graph["nodes"]]
+                             n.get("outputs") or [], output_name(n)) for n in graph["nodes"]]
         self.check_values: int | None = None  # per-example element bound while dry-running
         self.counted = 0                      # elements of the values made while dry-running
 
@@ -186,8 +187,8 @@ class Program(torch.nn.Module):
         for name in self._inputs:
             env[name] = given[name] if name in given else getattr(self, self._slot[name])
         for node in self._nodes:
-            if replace and len(node.outputs) == 1 and node.outputs[0].get("as_tensor", {}).get("name") in replace:
-                self._store(node, replace[node.outputs[0]["as_tensor"]["name"]], env)
+            if replace and node.value in replace:
+                self._store(node, replace[node.value], env)
                 continue
             args: list[Any] = []
             kwargs: dict[str, Any] = {}

@@ -268,7 +268,8 @@ def _bounds(info: ProgramInfo, name: str, dim: int) -> tuple[int, int | None]:
     except (KeyError, IndexError, TypeError):
         return 1, None
     m = _SYMBOL.match(expr) if isinstance(expr, str) else None
-    rc = (info.program.get("range_constraints") or {}).get(m.group(1)) if m else None
+    constraints = info.program.get("range_constraints")
+    rc = constraints.get(m.group(1)) if m and isinstance(constraints, dict) else None
     if not isinstance(rc, dict):
         return 1, None
     lo, hi = rc.get("min_val"), rc.get("max_val")
@@ -282,7 +283,16 @@ def _arg_tensor(node: dict[str, Any], name: str, position: int) -> str | None:
     args = node.get("inputs") or []
     found = next((a for a in args if a.get("name") == name), args[position] if position < len(args) else None)
     arg = found.get("arg") if isinstance(found, dict) else None
-    return arg["as_tensor"].get("name") if isinstance(arg, dict) and isinstance(arg.get("as_tensor"), dict) else None
+    name = arg["as_tensor"].get("name") if isinstance(arg, dict) and isinstance(arg.get("as_tensor"), dict) else None
+    return name if isinstance(name, str) else None
+
+
+def output_name(node: dict[str, Any]) -> str | None:
+    """The name of a node's one tensor output (None for a node of no or several outputs)."""
+    outs = node.get("outputs") or []
+    t = outs[0].get("as_tensor") if len(outs) == 1 and isinstance(outs[0], dict) else None
+    name = t.get("name") if isinstance(t, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def embedding_calls(info: ProgramInfo) -> list[tuple[str, str | None, str | None]]:
@@ -292,9 +302,7 @@ def embedding_calls(info: ProgramInfo) -> list[tuple[str, str | None, str | None
     for node in info.program["graph_module"]["graph"]["nodes"]:
         if node.get("target") != EMBEDDING_OP:
             continue
-        outs = node.get("outputs") or []
-        value = outs[0].get("as_tensor", {}).get("name") if len(outs) == 1 and isinstance(outs[0], dict) else None
-        out.append((str(value), _arg_tensor(node, "weight", 0), _arg_tensor(node, "indices", 1)))
+        out.append((str(output_name(node)), _arg_tensor(node, "weight", 0), _arg_tensor(node, "indices", 1)))
     return out
 
 
@@ -367,7 +375,7 @@ def _check_tokens(inp: dict[str, Any], info: ProgramInfo, read_file: ReadFile | 
     names = [i.name for i in info.inputs]
     by_name = {i.name: i for i in info.inputs}
     mask_name = inp.get("attention_mask")
-    if mask_name is not None and mask_name not in by_name:
+    if mask_name is not None and (not isinstance(mask_name, str) or mask_name not in by_name):
         raise SpecError(("input", "attention_mask"), f"the program has no input {str(mask_name)[:80]!r} (its "
                         f"inputs: {', '.join(names)})")
     wanted = 2 if mask_name is not None else 1
