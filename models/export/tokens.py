@@ -26,6 +26,7 @@ classifiers' (:mod:`models.hf.attribution`), in the one view ``text``.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -199,6 +200,19 @@ def check_baseline(clf: ExportedClassifier, baseline: str) -> None:
         raise ValueError(f"baseline {baseline!r}: the model's spec declares no {baseline}_id")
 
 
+# program -> {(precision, device, length, baseline): bytes per interpolated row}, probed once per loaded model
+_PROBES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _bytes_per_row(clf: ExportedClassifier, longest: Prepared, baseline: str, precision: str) -> float:
+    key = (precision, str(clf.device), len(longest.ids), baseline)
+    cache = _PROBES.setdefault(clf.program, {})
+    if key not in cache:
+        probe, _, _ = build_batch(clf, [longest], baseline)
+        cache[key] = probe_bytes_per_row(probe.forward, probe.x, probe.base, precision)
+    return cache[key]
+
+
 def _resolve_batches(clf: ExportedClassifier, prepared: Sequence[Prepared], opts: AttributionOptions,
                      precision: str, n_steps: int) -> tuple[int, int | None, int | None]:
     bs, abs_ = opts.batch_size, opts.alpha_batch_size
@@ -206,9 +220,7 @@ def _resolve_batches(clf: ExportedClassifier, prepared: Sequence[Prepared], opts
         return max(1, min(len(prepared), len(prepared) if bs == "auto" else int(bs))), None, None
     rows = None
     if bs == "auto" or abs_ == "auto":
-        longest = max(prepared, key=lambda p: len(p.ids))
-        probe, _, _ = build_batch(clf, [longest], opts.baseline)
-        per_row = probe_bytes_per_row(probe.forward, probe.x, probe.base, precision)
+        per_row = _bytes_per_row(clf, max(prepared, key=lambda p: len(p.ids)), opts.baseline, precision)
         rows = rows_for_budget(per_row, clf.device, opts.memory_budget)
         if abs_ == "auto":
             abs_ = min(n_steps, rows) if bs == "auto" else max(1, min(n_steps, rows // int(bs)))
