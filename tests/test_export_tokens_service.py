@@ -13,7 +13,7 @@ import pytest
 
 from core.contract.results.attributions import AttributionResult
 from tests.export_fixtures import edit_program, rewrite
-from tests.results_compare import assert_same
+from tests.results_compare import assert_renders, assert_same
 from tests.token_fixtures import BAG_SPEC, CLS, LABELS, PAD, TRANSFORMER_SPEC, VOCAB, save_token_dir
 
 BAG, BAG_B, TRANSFORMER, NOMASK = "bag-text", "bag-text-b", "tiny-transformer", "bag-nomask"
@@ -110,6 +110,7 @@ def _inputs() -> list[dict]:
     return items
 
 
+@pytest.mark.slow  # about 12 s on 2 shared cores; test_an_adaptive_run_over_a_fixed_length_transformer is the fast one
 def test_whole_and_sharded_token_runs_give_one_result(svc, imported):
     body = {"model": BAG, "inputs": _inputs(), "n_steps": 8, "top_k": 3, "precision": "fp32", "baseline": "mask",
             "compare_with": BAG_B, "faithfulness": True}
@@ -143,6 +144,7 @@ def test_whole_and_sharded_token_runs_give_one_result(svc, imported):
     from explainq_client import AttributionResult as SDKAttributionResult
     from explainq_client.render import attribution_html
 
+    assert_renders(svc.settings, ids, SDKAttributionResult)
     frame = SDKAttributionResult(whole).to_pandas()
     assert len(frame) == sum(len(s["words"]) for s in whole["samples"])
     t1 = frame[frame["sample"] == "t1"]
