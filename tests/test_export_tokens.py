@@ -158,6 +158,7 @@ def test_inputs_the_model_cannot_read_become_errors(models):
 def test_the_checked_spec_round_trips_and_says_what_the_graph_has(models):
     _, directory, clf = models["bag"]
     info = inspect_program(directory / "model.pt2")
+    assert "aten.__and__.Tensor" in info.operators and "aten.embedding.default" in info.operators
     assert clf.spec.to_json()["input"] == {
         "name": "ids", "kind": "tokens", "dtype": "int64", "shape": ["batch", "tokens"], "embedding": "embed.weight",
         "vocab_size": len(VOCAB), "max_tokens": 32, "min_tokens": 1, "pad_id": PAD, "mask_id": MASK,
@@ -269,3 +270,50 @@ def test_on_cuda_the_token_path_equals_the_cpu_run(models):
         np.testing.assert_allclose(a["token_attributions"], b["token_attributions"], rtol=1e-4, atol=1e-5)
     half = explain(gpu, samples, ExportOptions(n_steps=STEPS, baseline="pad", precision="bf16"))
     assert half["summary"]["precision"] == "bf16" and half["errors"] == []
+
+
+@pytest.mark.slow  # 13 s on 2 shared cores (the export); the bag and transformer oracles above are the fast ones
+def test_an_exported_bert_classifier_equals_captum_on_the_eager_model(tmp_path):
+    """A BERT-family classifier (random, from a config: ``tests.hf_fixtures``) exported with its input ids and
+    attention mask: the spec names its word-embedding table; IG over it equals Captum's
+    ``LayerIntegratedGradients`` on the eager model's ``get_input_embeddings()`` (position and token-type
+    embeddings, LayerNorm and every layer computing on the real ids)."""
+    from models.hf.checkpoint import load as load_hf
+    from tests.hf_fixtures import save_classifier
+
+    hf = load_hf(save_classifier(tmp_path / "hf", "bert"))
+    model, tok = hf.model.eval(), hf.tokenizer
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask):
+            return self.m(input_ids=ids, attention_mask=mask).logits
+
+    enc = tok(["the movie was good", "a dull plot"], padding=True, return_tensors="pt")
+    batch, tokens = torch.export.Dim("batch", max=1024), torch.export.Dim("tokens", min=2, max=64)
+    program = torch.export.export(Logits(model).eval(), (enc["input_ids"], enc["attention_mask"]),
+                                  dynamic_shapes=({0: batch, 1: tokens}, {0: batch, 1: tokens}))
+    torch.export.save(program, str(tmp_path / "model.pt2"))
+    (tmp_path / "vocab.txt").write_text("\n".join(tok.convert_ids_to_tokens(list(range(model.config.vocab_size))))
+                                        + "\n")
+    special = [tok.cls_token_id, tok.sep_token_id]
+    spec = {"input": {"kind": "tokens", "name": "ids", "embedding": "m.bert.embeddings.word_embeddings.weight",
+                      "pad_id": tok.pad_token_id, "mask_id": tok.mask_token_id, "special_ids": special,
+                      "vocabulary": "vocab.txt", "attention_mask": "mask"}, "labels": hf.labels}
+    clf = build(tmp_path / "model.pt2", spec)
+    rows = [tok(t)["input_ids"] for t in ("the movie was good", "a dull plot but great acting")]
+    report = explain(clf, _samples(rows, [2, 0]), ExportOptions(n_steps=STEPS, baseline="mask", precision="fp32"))
+    lig = LayerIntegratedGradients(lambda i, m: model(input_ids=i, attention_mask=m).logits,
+                                   model.get_input_embeddings())
+    for row, target, rec in zip(rows, [2, 0], report["samples"], strict=True):
+        ids = torch.tensor([row])
+        base = torch.tensor([[t if t in special else tok.mask_token_id for t in row]])
+        theirs = lig.attribute(ids, baselines=base, additional_forward_args=(torch.ones_like(ids),), target=target,
+                               n_steps=STEPS)[0].sum(-1).double()
+        scale = float(theirs.abs().max())
+        assert scale > 1e-4
+        np.testing.assert_allclose(rec["token_attributions"], theirs.numpy(), rtol=RTOL, atol=RTOL * scale)
+        assert rec["tokens"][0] == "[CLS]" and rec["token_attributions"][0] == 0.0

@@ -20,7 +20,7 @@ STATIC_LENGTH = 8
 
 
 class BagText(torch.nn.Module):
-    """Embeddings, mean over the attended positions, Linear-tanh-Linear."""
+    """Embeddings, mean over the attended positions that are not padding, Linear-tanh-Linear."""
 
     def __init__(self, vocab: int = len(VOCAB), dim: int = 6, classes: int = 3):
         super().__init__()
@@ -29,7 +29,7 @@ class BagText(torch.nn.Module):
         self.out = torch.nn.Linear(8, classes)
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        m = mask.unsqueeze(-1).to(torch.float32)
+        m = ((mask > 0) & (ids != PAD)).unsqueeze(-1).to(torch.float32)  # aten.__and__, as BERT's mask has it
         pooled = (self.embed(ids) * m).sum(1) / m.sum(1).clamp(min=1.0)
         return self.out(torch.tanh(self.hidden(pooled)))
 
