@@ -162,7 +162,10 @@ def test_an_adaptive_run_over_a_fixed_length_transformer(svc, imported):
     job = svc.wait(r.json()["id"], timeout_s=300)
     assert job["status"] == "succeeded", (job, svc.worker_logs()[-3000:])
     result = svc.client.get(f"/jobs/{r.json()['id']}/result").json()
-    assert result["summary"]["tolerance_met"] is True
+    AttributionResult.model_validate(result)
+    assert result["summary"]["tolerance_met"] is True and result["summary"]["baseline"] == "pad"
+    assert all(abs(s["relative_delta"]) <= 1e-3 and s["token_attributions"][0] == 0.0 for s in result["samples"])
+    assert result["samples"][1]["token_attributions"][-2:] == [0.0, 0.0]  # padding: no attribution, no word
     assert result["samples"][1]["words"] == ["acting", "very", "funny"]
 
 
