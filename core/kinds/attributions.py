@@ -45,6 +45,7 @@ BASELINES = ("pad", "mask", "zero", "mean", "blur", "custom")
 NEWS_BASELINES = ("pad", "zero")
 HF_BASELINES = ("pad", "mask", "zero")
 EXPORT_BASELINES = ("zero", "mean", "blur", "custom")
+TOKEN_BASELINES = ("pad", "mask", "zero")  # an exported classifier over token ids (spec.input.kind "tokens")
 
 Title = Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_TITLE_LENGTH)]
 BodyText = Annotated[StrictStr, Field(max_length=limits.MAX_BODY_TEXT_LENGTH)]
@@ -119,7 +120,8 @@ class AttributionsRequest(JobRequest):
     inputs: list[TensorIn] | None = Field(
         None, min_length=1, max_length=limits.MAX_SAMPLES, title="Inputs to explain",
         description=("For an exported classifier: the images or tabular rows whose class logit is explained, each "
-                     "in the model's per-example shape"))
+                     "in the model's per-example shape; for one over token ids, each input's ids (its values: a "
+                     "list of integers, padded with the spec's pad_id where its length is fixed)"))
     n_steps: int = Field(64, ge=1, le=limits.MAX_IG_STEPS, title="Integration steps",
         description=("Points on the path from the baseline to the headline: more steps, more exact attributions, a "
                      "longer run"))
@@ -203,12 +205,20 @@ def _check_models(req: AttributionsRequest, settings: Settings) -> dict[str, Any
             f"{MODEL_KINDS[kind]} like model {req.model!r}"))
         if kind == EXPORT_KIND:
             mine_spec, their_spec = model_spec(entry), model_spec(other)
-            if mine_spec is not None and their_spec is not None and \
-                    mine_spec["input"].get("shape") != their_spec["input"].get("shape"):
-                raise FieldError(("body", "compare_with"), f"classifier {req.compare_with!r} takes inputs of shape "
-                                 f"{their_spec['input'].get('shape')} and {req.model!r} of "
-                                 f"{mine_spec['input'].get('shape')}: a comparison needs the same input spec",
-                                 value=req.compare_with)
+
+            def takes(s: dict[str, Any]) -> tuple[Any, ...]:  # what an input of the model is
+                i = s["input"]
+                return (i.get("kind"), i.get("shape"), i.get("vocab_size"), i.get("max_tokens"))
+
+            if mine_spec is not None and their_spec is not None and takes(mine_spec) != takes(their_spec):
+                def shown_spec(s: dict[str, Any]) -> str:
+                    i = s["input"]
+                    return f"{i.get('kind')} inputs of shape {i.get('shape')}" + (
+                        f" over {i.get('vocab_size')} token ids" if i.get("kind") == "tokens" else "")
+
+                raise FieldError(("body", "compare_with"), f"classifier {req.compare_with!r} takes "
+                                 f"{shown_spec(their_spec)} and {req.model!r} {shown_spec(mine_spec)}: a comparison "
+                                 "needs the same input spec", value=req.compare_with)
         if kind in (HF_KIND, EXPORT_KIND):
             mine, theirs = class_names(settings, entry), class_names(settings, other)
             if mine is not None and theirs is not None and sorted(mine) != sorted(theirs):
@@ -367,12 +377,70 @@ def values_problem(values: Any, shape: list[int]) -> tuple[tuple[int, ...], str]
     return None
 
 
+def ids_problem(values: list[Any], spec_input: dict[str, Any]) -> tuple[tuple[int, ...], str] | None:
+    """Why ``values`` are not token ids a token model reads (the index path where it goes wrong and the reason),
+    or None: integers (no booleans) in ``0..vocab_size - 1``, as many as its fixed length, or ``min_tokens`` to
+    ``max_tokens`` where its length is dynamic."""
+    vocab = spec_input.get("vocab_size")
+    longest = spec_input.get("max_tokens")
+    fixed = spec_input.get("shape", [None, None])[-1] != "tokens"
+    shortest = longest if fixed else spec_input.get("min_tokens", 1)
+    if isinstance(longest, int) and fixed and len(values) != longest:
+        return (), f"has {len(values)} token ids; the model reads exactly {longest} (pad with its pad_id)"
+    if isinstance(longest, int) and not shortest <= len(values) <= longest:
+        return (), f"has {len(values)} token ids; the model reads {shortest} to {longest}"
+    for j, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int):
+            return (j,), "must be a token id (an integer)"
+        if isinstance(vocab, int) and not 0 <= v < vocab:
+            return (j,), f"is {v}, not a token id of the model's vocabulary (0..{vocab - 1})"
+    return None
+
+
+def _check_token_baseline(req: AttributionsRequest, settings: Settings, entry: dict[str, Any]) -> None:
+    """A token model's baseline is pad, mask or zero, with the token its spec (and compare_with's) declares."""
+    base = baseline_of(req)
+    if base not in TOKEN_BASELINES:
+        raise FieldError(("body", "baseline"), f"baseline {base!r} is not for token inputs; model {req.model!r} "
+                         f"reads token ids and takes {', '.join(TOKEN_BASELINES)}", value=req.baseline)
+    if req.baseline_values is not None:
+        raise FieldError(("body", "baseline_values"), f"model {req.model!r} reads token ids: its baselines are "
+                         f"{', '.join(TOKEN_BASELINES)}, not baseline_values", value=None)
+    if base == "zero":
+        return
+    for name in filter(None, (req.model, req.compare_with)):
+        other = entry if name == req.model else registry.get_model(settings, name)
+        other_spec = model_spec(other) if other is not None else None
+        if other_spec is not None and other_spec["input"].get(f"{base}_id") is None:
+            raise FieldError(("body", "baseline"), f"baseline {base!r}: model {name!r}'s spec declares no "
+                             f"{base}_id; choose " + " or ".join(repr(b) for b in TOKEN_BASELINES if b != base),
+                             value=req.baseline)
+
+
 def _check_export_inputs(req: AttributionsRequest, settings: Settings, entry: dict[str, Any]) -> None:
-    """An exported classifier reads inputs of its spec's shape; each target is one of its classes; the baseline
-    is one its input kind and spec have."""
+    """An exported classifier reads inputs of its spec's shape (token ids of its vocabulary); each target is one
+    of its classes; the baseline is one its input kind and spec have."""
+    spec = model_spec(entry)
+    if spec is not None and spec["input"].get("kind") == "tokens":
+        _own_items(req, "an exported classifier over token ids", "inputs", "{id, values} each, values the token "
+                   "ids: the service has no tokenizer for an exported program, so texts are tokenized by the "
+                   "caller", ("samples", "dataset", "texts"))
+        labels = class_names(settings, entry)
+        seen: set[str] = set()
+        for i, t in enumerate(req.inputs):
+            if t.id in seen:
+                raise FieldError(("body", "inputs", i, "id"), f"duplicate input id {t.id!r}", value=t.id)
+            seen.add(t.id)
+            problem = ids_problem(t.values, spec["input"])
+            if problem is not None:
+                at, why = problem
+                raise FieldError(("body", "inputs", i, "values", *at), f"values{''.join(f'[{j}]' for j in at)} "
+                                 f"{why}", value=None)
+            _check_target(("body", "inputs", i, "target"), t.target, labels, req.model)
+        _check_token_baseline(req, settings, entry)
+        return
     _own_items(req, "an exported classifier", "inputs", "{id, values} each, in the model's per-example shape",
                ("samples", "dataset", "texts"))
-    spec = model_spec(entry)
     shape = list(spec["input"]["shape"][1:]) if spec is not None else None
     labels = class_names(settings, entry)
     seen: set[str] = set()
@@ -389,7 +457,8 @@ def _check_export_inputs(req: AttributionsRequest, settings: Settings, entry: di
         _check_target(("body", "inputs", i, "target"), t.target, labels, req.model)
     base = baseline_of(req)
     if base not in EXPORT_BASELINES:
-        raise FieldError(("body", "baseline"), f"baseline {base!r} is for text models; an exported classifier takes "
+        raise FieldError(("body", "baseline"), f"baseline {base!r} is for text models; an exported classifier of "
+                         f"{spec['input'].get('kind') if spec else 'tensor'} inputs takes "
                          f"{', '.join(EXPORT_BASELINES)}", value=req.baseline)
     if base == "custom":
         if req.baseline_values is None:

@@ -92,7 +92,9 @@ class ImportModelRequest(JobRequest):
         None, max_length=limits.MAX_CONFIG_KEYS, title="Configuration", json_schema_extra=ADVANCED,
         description=("ConvE's shape settings, or the NRMS / NAML / Vision-BDH configuration; by default the "
                      "directory's config.json. For an exported program, its spec: {\"input\": {\"kind\": \"image\" "
-                     "or \"tabular\", \"features\", \"mean\"}, \"labels\": [...]} (by default spec.json)"))
+                     "or \"tabular\", \"features\", \"mean\"; or \"tokens\" with the \"embedding\" table the ids index, "
+                     "\"pad_id\", \"mask_id\", \"vocabulary\", \"attention_mask\"}, \"labels\": [...]} (by default "
+                     "spec.json)"))
     entities: str | None = Field(
         None, min_length=1, max_length=FILE, title="Entity ids file", json_schema_extra=ADVANCED,
         description=("ConvE: the entity ids (node_dict, entity_to_id.tsv[.gz] or .json, entities.dict); found by name "
@@ -412,8 +414,20 @@ def inspect_export(settings: Settings, directory: Path, req: ImportModelRequest)
             raise FieldError(("body", "path"), f"{SPEC_DEFAULT}: "
                              f"{exc if isinstance(exc, UserFileError) else 'not JSON'}", value=req.path) from None
         where = ("body", "path")
+    def read_file(name: str) -> bytes:  # a file the spec names (a token input's vocabulary), bounded
+        from models.export.spec import MAX_VOCABULARY_BYTES
+
+        try:
+            with files.open(_inside(settings, directory, name, "path"), "vocabulary") as fh:
+                return fh.read(MAX_VOCABULARY_BYTES + 1)
+        except FieldError as exc:
+            raise SpecError(("input", "vocabulary"), exc.message) from None
+        except (UserFileError, OSError) as exc:
+            raise SpecError(("input", "vocabulary"), str(exc) if isinstance(exc, UserFileError) else
+                            f"{shown(name)} cannot be read ({exc.strerror or exc})") from None
+
     try:
-        checked = check_spec(spec, info)
+        checked = check_spec(spec, info, read_file)
     except SpecError as exc:
         loc = (*where, *exc.field) if where[-1] == "config" else where
         prefix = "" if where[-1] == "config" else f"{SPEC_DEFAULT}: spec.{'.'.join(map(str, exc.field))}: "

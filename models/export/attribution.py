@@ -48,6 +48,7 @@ from models.news.summary import ReportAccumulator
 
 VIEW = "input"
 BASELINES = ("zero", "mean", "blur", "custom")
+TOKEN_BASELINES = ("pad", "mask")  # token inputs (models.export.tokens), with zero
 MAX_GRID = 64  # heatmap cells a side at most; a larger image is drawn in patches
 ProgressFn = Callable[[int, int, str], None]
 
@@ -66,9 +67,9 @@ class TensorSample:
 @dataclass
 class ExportOptions(AttributionOptions):
     """The attribution options of an exported classifier: every pipeline's, with its own baselines (``custom``
-    takes ``baseline_values``, one input's values)."""
+    takes ``baseline_values``, one input's values; ``pad`` and ``mask`` are for token inputs)."""
 
-    BASELINES: ClassVar[tuple[str, ...]] = BASELINES
+    BASELINES: ClassVar[tuple[str, ...]] = (*BASELINES, *TOKEN_BASELINES)
     baseline: str = "zero"
     baseline_values: np.ndarray | None = None
 
@@ -165,6 +166,8 @@ def _blur(x: torch.Tensor) -> torch.Tensor:
 
 def baselines(clf: ExportedClassifier, x: torch.Tensor, opts: ExportOptions) -> torch.Tensor:
     """The baseline of each input ``x`` ``[N, *shape]``."""
+    if opts.baseline in TOKEN_BASELINES:
+        raise ValueError(f"baseline {opts.baseline!r} is for token inputs; the model takes {clf.spec.kind} inputs")
     if opts.baseline == "zero":
         return torch.zeros_like(x)
     if opts.baseline == "mean":
@@ -422,6 +425,10 @@ def explain(clf: ExportedClassifier, samples: Sequence[TensorSample], opts: Expo
     ``errors``, ``summary``, ``word_stats`` per cell or feature, and ``faithfulness`` when asked)."""
     opts = opts or ExportOptions()
     opts.check()
+    if clf.spec.kind == "tokens":  # token ids: IG over the embedding table's output
+        from models.export.tokens import explain as explain_tokens
+
+        return explain_tokens(clf, samples, opts, progress, targets)
     started = time.perf_counter()
     precision = opts.pass_precision(resolve_precision(opts.precision, clf.device))
     lay = layout(clf)

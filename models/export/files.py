@@ -76,7 +76,7 @@ sqrt square squeeze stack std sub sum t tan tanh tensor_split tile topk transpos
 unbind unflatten unsqueeze upsample_bilinear2d upsample_nearest2d var view where zeros zeros_like _to_copy to
 _log_softmax _softmax _native_batch_norm_legit_no_training _native_batch_norm_legit_functional sym_size sym_numel
 sym_stride lift_fresh_copy alias_copy view_copy permute_copy squeeze_copy unsqueeze_copy expand_copy t_copy
-select_copy slice_copy _unsafe_view max_pool2d_with_indices adaptive_max_pool2d_backward linalg_vector_norm
+select_copy slice_copy _unsafe_view max_pool2d_with_indices adaptive_max_pool2d_backward linalg_vector_norm _assert_tensor_metadata __and__ __or__ __xor__ __invert__ bitwise_xor
 """
 ATEN_OPERATORS = frozenset(_ATEN.split())
 # Python's own operators on sizes (a reshape by ``x.shape[0]``); no other Python callable is run.

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from models.export.files import ATEN_PREFIX, LOCAL, FileAccess, Payload, ProgramInfo, inspect_program
-from models.export.spec import ModelSpec, check_spec
+from models.export.spec import ModelSpec, check_spec, output_name
 
 MAX_VALUE_ELEMENTS = 1 << 28  # one value of the graph, per example (1 GiB of float32)
 TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
@@ -51,10 +51,19 @@ class ProgramRunError(ValueError):
     """A checked program that does not run (an operator refuses its arguments, a value too large)."""
 
 
+ASSERT_METADATA = ATEN_PREFIX + "_assert_tensor_metadata.default"
+
+
+def _checked(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
 def _resolve(target: str) -> Callable[..., Any]:
     """The callable of a checked target (:func:`models.export.files._check_operator` accepted it)."""
     if target in SYM:
         return SYM[target]
+    if target == ASSERT_METADATA:  # a check export adds around dtype casts; the interpreter runs none of it
+        return _checked
     parts = target[len(ATEN_PREFIX):].split(".")
     packet = getattr(torch.ops.aten, parts[0])
     return getattr(packet, parts[1]) if len(parts) == 2 else packet
@@ -67,24 +76,28 @@ class _Node:
     target: str
     args: list[tuple[int, str, dict[str, Any]]]   # (kind, name, serialized argument)
     outputs: list[dict[str, Any]]
+    value: str | None = None  # the name of its one tensor output (what ``replace`` names)
 
 
 class Program(torch.nn.Module):
-    """The checked graph as a module: ``forward(x)`` computes the program's output for input ``x``."""
+    """The checked graph as a module: ``forward(*inputs)`` computes the program's output for its user inputs (in
+    the program's order). ``replace`` (value name -> tensor) gives some nodes' outputs instead of computing them:
+    a token program's embedding call is replaced by the embeddings IG interpolates, every other node computing on
+    the real inputs."""
 
     def __init__(self, info: ProgramInfo, tensors: dict[str, torch.Tensor]):
         super().__init__()
         graph = info.program["graph_module"]["graph"]
         self._inputs = [a["as_tensor"]["name"] for a in graph["inputs"]]
         self._outputs = graph["outputs"]
-        self._user = info.inputs[0].name
+        self._users = [i.name for i in info.inputs]
         self._state = {name: fqn for name, (_, fqn) in info.state.items()}
         for i, (_, fqn) in enumerate(sorted(self._state.items())):
             self.register_buffer(f"t{i}", tensors[fqn], persistent=False)
         self._slot = {name: f"t{i}" for i, (name, _) in enumerate(sorted(self._state.items()))}
         self._nodes = [_Node(str(n.get("name")), _resolve(n["target"]), n["target"],
                              [(int(a.get("kind", 1)), a["name"], a["arg"]) for a in n.get("inputs") or []],
-                             n.get("outputs") or []) for n in graph["nodes"]]
+                             n.get("outputs") or [], output_name(n)) for n in graph["nodes"]]
         self.check_values: int | None = None  # per-example element bound while dry-running
         self.counted = 0                      # elements of the values made while dry-running
 
@@ -135,6 +148,8 @@ class Program(torch.nn.Module):
 
     def _store(self, node: _Node, out: Any, env: dict[str, Any]) -> None:
         outs = node.outputs
+        if not outs:  # an assertion (aten._assert_tensor_metadata): nothing to keep
+            return
         values = [out] if len(outs) == 1 else list(out)
         if len(values) != len(outs):
             raise ProgramRunError(f"node {node.name} gave {len(values)} values for {len(outs)} outputs")
@@ -164,11 +179,17 @@ class Program(torch.nn.Module):
                                           f"value of {t.numel():,} elements for one example; the most the service "
                                           f"runs is {self.check_values:,}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, *xs: torch.Tensor, replace: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        if len(xs) != len(self._users):
+            raise ProgramRunError(f"the program takes {len(self._users)} inputs, got {len(xs)}")
+        given = dict(zip(self._users, xs, strict=True))
         env: dict[str, Any] = {}
         for name in self._inputs:
-            env[name] = x if name == self._user else getattr(self, self._slot[name])
+            env[name] = given[name] if name in given else getattr(self, self._slot[name])
         for node in self._nodes:
+            if replace and node.value in replace:
+                self._store(node, replace[node.value], env)
+                continue
             args: list[Any] = []
             kwargs: dict[str, Any] = {}
             for kind, name, arg in node.args:
@@ -219,12 +240,23 @@ def dry_run(info: ProgramInfo, spec: ModelSpec) -> int:
     meta = Program(info, tensors)
     meta.check_values = MAX_VALUE_ELEMENTS
     x = torch.zeros((1, *spec.shape), dtype=TORCH_DTYPES[spec.dtype], device="meta")
+    xs = program_inputs(spec, x)  # a token program at its longest sequence, with its attention mask
     with torch.no_grad():
-        out = meta(x)
+        out = meta(*xs)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, len(spec.labels)):
         raise ProgramRunError(f"for one example the program gives {tuple(getattr(out, 'shape', ()))}, not "
                               f"(1, {len(spec.labels)}) logits")
-    return meta.counted + x.numel()
+    return meta.counted + sum(v.numel() for v in xs)
+
+
+def program_inputs(spec: ModelSpec, x: torch.Tensor) -> list[torch.Tensor]:
+    """The program's inputs for ``x`` (the attributed input): ``[x]``, or for token ids with an attention mask
+    the ids and the mask (1 where the ids are not ``pad_id``), in the program's order."""
+    tok = spec.tokens
+    if tok is None or tok.attention_mask is None:
+        return [x]
+    mask = (x != tok.pad_id).to(TORCH_DTYPES[tok.mask_dtype or "int64"])
+    return [mask if name == tok.attention_mask else x for name in tok.inputs]
 
 
 @dataclass
@@ -254,8 +286,25 @@ class ExportedClassifier:
         return TORCH_DTYPES[self.spec.dtype]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``[batch, classes]`` of ``x`` ``[batch, *shape]`` (cast to the program's input dtype)."""
-        return self.program(x.to(self.dtype))
+        """Logits ``[batch, classes]`` of ``x`` ``[batch, *shape]`` (cast to the program's input dtype; token ids
+        ``[batch, tokens]`` with their attention mask made by :func:`program_inputs`)."""
+        return self.program(*program_inputs(self.spec, x.to(self.dtype)))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """A token program's embeddings ``[batch, tokens, dim]`` of ``ids``: its table's rows, as its embedding
+        call computes them."""
+        tok = self.spec.tokens
+        if tok is None:
+            raise ValueError("the model takes no token ids")
+        return torch.nn.functional.embedding(ids.to(self.device), self.program.state_tensor(tok.table))
+
+    def forward_embedded(self, ids: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """Logits of a token program whose embedding call gives ``e`` ``[batch, tokens, dim]`` for ``ids`` (every
+        other node, the attention mask included, computes on ``ids``)."""
+        tok = self.spec.tokens
+        if tok is None:
+            raise ValueError("the model takes no token ids")
+        return self.program(*program_inputs(self.spec, ids.to(self.device)), replace={tok.node: e})
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor, batch: int = 256) -> torch.Tensor:
@@ -267,11 +316,27 @@ PROGRAM_FILE = "model.pt2"
 SPEC_FILE = "spec.json"
 
 
+def _read_beside(archive: Path, name: str, files: FileAccess) -> bytes:
+    """A file the spec names (a plain name, :func:`models.export.spec.check_spec` checked it) beside the archive,
+    read up to one byte past the spec's bound."""
+    from models.export.spec import MAX_VOCABULARY_BYTES, SpecError
+
+    try:
+        with files.open(archive.parent / name, "vocabulary") as fh:
+            return fh.read(MAX_VOCABULARY_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(("input", "vocabulary"), f"{name} cannot be read ({exc.strerror or 'no such file'})") \
+            from None
+    except ValueError as exc:  # the user-file opener's refusal (outside the data roots, too large)
+        raise SpecError(("input", "vocabulary"), str(exc)) from None
+
+
 def build(archive: Path, spec: Any, device: torch.device | str = "cpu", files: FileAccess = LOCAL
           ) -> ExportedClassifier:
-    """Check ``archive`` and ``spec`` (a dict), dry-run the program, then read the tensors."""
+    """Check ``archive`` and ``spec`` (a dict; a file it names, the vocabulary, is read beside the archive),
+    dry-run the program, then read the tensors."""
     info = inspect_program(Path(archive), files)
-    checked = check_spec(spec, info)
+    checked = check_spec(spec, info, lambda name: _read_beside(Path(archive), name, files))
     elements = dry_run(info, checked)  # before any weight is read
     program = Program(info, read_tensors(Path(archive), info, files, device))
     program.eval()

@@ -195,6 +195,10 @@ def _import_export(src: Path, out: Path, request: ImportModelRequest, settings: 
         raise JobError("invalid_model", str(exc) if isinstance(exc, UserFileError) else
                        f"{display(settings, src / name)} cannot be read ({exc.strerror or exc})") from None
     (out / program.SPEC_FILE).write_text(json.dumps(spec.to_json()))
+    if spec.tokens is not None and spec.tokens.words is not None:  # the checked vocabulary, as the spec names it
+        from models.export.spec import VOCABULARY_FILE
+
+        (out / VOCABULARY_FILE).write_text("\n".join(spec.tokens.words) + "\n", encoding="utf-8")
     try:
         clf = program.load(out, "cpu")
         elements = clf.elements_per_example

@@ -138,7 +138,10 @@ class KindMethods(Generic[R]):
         ``baseline`` may also be ``"mask"``); for an exported classifier (registry kind ``exported_classifier``)
         give ``inputs`` (``[{"id", "values", "label"?, "target"?}]``, ``values`` nested lists in the model's
         per-example shape), with ``baseline`` ``"zero"`` (its default), ``"mean"`` (the spec's training mean),
-        ``"blur"`` (images) or ``"custom"`` with ``baseline_values`` (one input's values).
+        ``"blur"`` (images) or ``"custom"`` with ``baseline_values`` (one input's values). An exported
+        classifier over token ids (its spec's input kind ``tokens``) takes ``inputs`` whose ``values`` are the
+        token ids (tokenized by the caller: the service has no tokenizer for a program), with ``baseline``
+        ``"pad"``, ``"mask"`` (the spec's ``pad_id`` / ``mask_id``) or ``"zero"``; its records are text records.
         Server defaults: ``n_steps=64``, ``method="gausslegendre"`` (``"clenshaw_curtis"`` when a ``tolerance``
         is given; or a ``riemann_*`` rule, ``occlusion``), ``precision="auto"``, ``baseline="pad"`` (text; ``"zero"`` for ``inputs``), ``top_k=10``. ``compare_with`` names a second model (e.g. a
         poisoned twin) whose word statistics are compared: per sample the ``compare_top_n`` (3) most changed words,
