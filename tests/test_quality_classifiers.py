@@ -76,6 +76,30 @@ def test_auc_interval_brackets_scikit_learns_auc():
     assert out["low"] < out["auc"] < out["high"] and out["positives"] == 30
 
 
+def test_the_quality_benchmark_has_the_classifier_section_by_default():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quality.py"
+    spec = importlib.util.spec_from_file_location("quality_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert "classifiers" in bench.SECTIONS
+    ran = []
+
+    def fake(name):
+        return lambda args, datasets, work: ran.append((name, args.classifier_quick)) or []
+
+    sections = dict(bench.SECTIONS)
+    bench.SECTIONS.update({name: fake(name) for name in sections})
+    try:
+        bench.main([])                                   # every section by default, classifiers among them
+        bench.main(["--sections", "classifiers", "--classifier-quick"])
+    finally:
+        bench.SECTIONS.update(sections)
+    assert ran == [*((name, False) for name in sections), ("classifiers", True)]
+
+
 @pytest.mark.slow
 def test_the_classifier_quality_benchmark_runs_quick():
     import importlib.util
