@@ -14,8 +14,9 @@ and datasets: MLPs and ResNets on MNIST / CIFAR).
     python benchmarks/quality.py --datasets nations --m 8 --epochs 5 --n-test 50
 
 Sections (``--sections``, all by default): ``lds``, ``mislabel``, ``featurize`` (the gradient feature store at
-272k training triples, ``benchmarks/featurize.py``) and ``faithfulness`` (IG against a random ranking and
-occlusion, ``benchmarks/faithfulness.py``). A section is a function ``(args, datasets, work_dir) -> list of
+272k training triples, ``benchmarks/featurize.py``), ``faithfulness`` (IG against a random ranking and
+occlusion, ``benchmarks/faithfulness.py``) and ``classifiers`` (the classifier estimators beside dattri's on
+digits, ``benchmarks/quality_classifiers.py`` with its own defaults; ``--classifier-quick``: its tiny run). A section is a function ``(args, datasets, work_dir) -> list of
 lines`` in ``SECTIONS`` (``datasets``: name -> TriplesDataset; ``work_dir``: a temporary directory for the run).
 """
 
@@ -291,9 +292,20 @@ def faithfulness_section(args: argparse.Namespace, datasets: dict[str, TriplesDa
     return ["", "IG faithfulness (benchmarks/faithfulness.py):", "", *text.rstrip().splitlines()]
 
 
+def classifiers_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
+    """LDS and mislabel detection on a classifier against dattri's attributors on the same models
+    (``benchmarks/quality_classifiers.py``'s ``run`` with its own defaults, this run's ``--seed`` and ``--threads``;
+    ``--classifier-quick``: its ``--quick`` run)."""
+    from benchmarks import quality_classifiers
+
+    argv = ["--seed", str(args.seed), "--threads", str(args.threads)] + (["--quick"] if args.classifier_quick else [])
+    lines = quality_classifiers.run(quality_classifiers.parse(argv))["lines"]
+    return ["", "Classifiers against dattri (benchmarks/quality_classifiers.py):", "", *lines]
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, TriplesDataset], Path], list[str]]] = {
     "lds": lds_section, "mislabel": mislabel_section, "featurize": featurize_section,
-    "faithfulness": faithfulness_section}
+    "faithfulness": faithfulness_section, "classifiers": classifiers_section}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -324,9 +336,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", default=None, help="keep the trained models here and reuse them in later runs "
                     "(the times printed are then of loading, not training)")
-    ap.add_argument("--sections", default="lds,mislabel,featurize,faithfulness",
+    ap.add_argument("--sections", default="lds,mislabel,featurize,faithfulness,classifiers",
                     help=f"comma-separated, in order, among {list(SECTIONS)}")
     ap.add_argument("--faithfulness-samples", type=int, default=24)
+    ap.add_argument("--classifier-quick", action="store_true", help="the classifiers section's tiny run")
     args = ap.parse_args(argv)
     args.sections = [x for x in args.sections.split(",") if x]
     bad = [x for x in args.sections if x not in SECTIONS]

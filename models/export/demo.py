@@ -29,6 +29,22 @@ class DigitsCNN(torch.nn.Module):
         return self.fc(h.flatten(1))
 
 
+class DigitsMLP(torch.nn.Module):
+    """A multi-layer perceptron for the digits: the 64 pixels, one hidden layer (``hidden`` units, ReLU), 10 logits
+    (only ``nn.Linear`` layers, so that every EK-FAC implementation covers all of its parameters)."""
+
+    def __init__(self, hidden: int = 32) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, hidden)
+        self.fc2 = torch.nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+ARCHITECTURES = {"cnn": DigitsCNN, "mlp": DigitsMLP}
+
+
 def digits_arrays(seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{split: (inputs [N, 1, 8, 8] in [0, 1], labels [N])}``, a seeded split of the 1,797 digits."""
     from sklearn.datasets import load_digits
@@ -60,10 +76,11 @@ def training_mean(seed: int = 0) -> float:
     return float(digits_arrays(seed)["train"][0].mean())
 
 
-def digits_program(directory: Path, seed: int = 0) -> Path:
-    """An untrained :class:`DigitsCNN` (seeded) exported with a dynamic batch into ``directory/model.pt2``."""
+def digits_program(directory: Path, seed: int = 0, architecture: str = "cnn") -> Path:
+    """An untrained :class:`DigitsCNN` (or ``architecture="mlp"``: :class:`DigitsMLP`), seeded, exported with a
+    dynamic batch into ``directory/model.pt2``."""
     torch.manual_seed(seed)
-    model = DigitsCNN().eval()
+    model = ARCHITECTURES[architecture]().eval()
     program = torch.export.export(model, (torch.zeros(2, 1, 8, 8),),
                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1 << 20)},))
     directory.mkdir(parents=True, exist_ok=True)
