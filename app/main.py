@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import security
 from app.routers import artifacts, estimates, health, imports, jobs, models, status, submit
+from app.routers import compare as compare_router
 from app.routers import metrics as metrics_router
 from app.ui import router as ui
 from core.contract.errors import FieldError
@@ -265,6 +266,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(status.router)
     app.include_router(artifacts.router)
+    app.include_router(compare_router.router)
     app.include_router(imports.router)
     app.include_router(ui.router)
 
