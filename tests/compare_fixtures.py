@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rq.job import Job
@@ -96,3 +99,39 @@ def training_result(losses: list[float], mrr: list[float]) -> dict[str, Any]:
                     enumerate(zip(losses, mrr, strict=True))],
         "steps": [{"step": i * 10, "epoch": i + 1.0, "loss": loss} for i, loss in enumerate(losses)],
     }).model_dump(mode="json", by_alias=True)
+
+
+@contextmanager
+def serve(home: Path) -> Iterator[tuple[Any, str, dict[str, str]]]:
+    """The real app over HTTP (no workers) on a private Redis, with API keys ``KEYS`` and succeeded jobs of
+    alice's: ``att_a``/``att_b`` (``attribution_pair``), ``tracin_a``/``tracin_b`` (``tracin_pair``),
+    ``train_a``/``train_b`` (two ConvE runs), ``queued`` (a TracIn job still queued) and bob's ``bob_tracin``.
+    Yields (settings, base URL, job ids by name)."""
+    import httpx
+    import redis as redis_lib
+
+    from core.redis_server import EmbeddedRedis
+    from core.settings import Settings
+    from tests.http_server import HttpServer
+
+    server = EmbeddedRedis(home / "redis", appendonly=False).start()
+    try:
+        settings = Settings(EXPLAINQ_HOME=str(home), REDIS_URL=server.url, EXPLAINQ_API_KEYS=KEYS)
+        with HttpServer(settings) as http_server, httpx.Client(base_url=http_server.url) as http:
+            r = redis_lib.Redis.from_url(server.url)
+            att_a, att_b, jsonl = attribution_pair()
+            tr_a, tr_b = tracin_pair()
+            jobs = {
+                "att_a": succeeded(http, r, att_a, "attributions", artifacts={"samples.jsonl": jsonl},
+                                   settings=settings),
+                "att_b": succeeded(http, r, att_b, "attributions"),
+                "tracin_a": succeeded(http, r, tr_a, "tracin"), "tracin_b": succeeded(http, r, tr_b, "tracin"),
+                "train_a": succeeded(http, r, training_result([0.9, 0.5], [0.3, 0.5]), "train_conve", steps=1),
+                "train_b": succeeded(http, r, training_result([0.8, 0.4, 0.3], [0.35, 0.6, 0.65]), "train_conve",
+                                     steps=2),
+                "queued": succeeded(http, r, None, "tracin"),
+                "bob_tracin": succeeded(http, r, tr_b, "tracin", key=BOB),
+            }
+            yield settings, http_server.url, jobs
+    finally:
+        server.stop()
