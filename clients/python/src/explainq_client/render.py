@@ -603,9 +603,11 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
     rows = []
     if result.get("metric") == "mislabel":
         for est, r in estimators.items():
-            rows.append([name(est), num(r.get("auc"), 3), num(r.get("found_at_10"), 3), num(r.get("found_at_20"), 3),
-                         num(r.get("seconds"), 3)])
-        return ["estimator", "AUC", "found@10%", "found@20%", "seconds"], rows
+            ci = r.get("auc_interval") or {}
+            interval = "" if ci.get("low") is None else f"[{num(ci.get('low'), 3)}, {num(ci.get('high'), 3)}]"
+            rows.append([name(est), num(r.get("auc"), 3), interval, num(r.get("found_at_10"), 3),
+                         num(r.get("found_at_20"), 3), num(r.get("seconds"), 3)])
+        return ["estimator", "AUC", "95% interval", "found@10%", "found@20%", "seconds"], rows
     for est, r in estimators.items():
         lds = r.get("lds") or {}
         ratio = r.get("ratio_to_tracin") or {}
@@ -677,7 +679,9 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
     head = (f"<div><b>LDS</b> on <code>{dataset}</code>: {_num(result.get('m'))} subset models at alpha "
             f"{_num(result.get('alpha'))}, {_num(result.get('n_test'))} test triples")
     ceiling = _ceiling_line(result, _num)
-    return head + _interval_chart(bars) + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + "</div>"
+    warnings = "".join(f"<li>{escape(str(w))}</li>" for w in result.get("warnings") or [])
+    return (head + (f"<ul style='color:#8a4b00'>{warnings}</ul>" if warnings else "") + _interval_chart(bars)
+            + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + "</div>")
 
 
 def evaluation_text(result: Mapping[str, Any]) -> str:
@@ -689,7 +693,8 @@ def evaluation_text(result: Mapping[str, Any]) -> str:
         title = (f"LDS on {result.get('dataset', '')}: {result.get('m')} subset models at alpha "
                  f"{result.get('alpha')}, {result.get('n_test')} test triples")
     ceiling = "" if result.get("metric") == "mislabel" else _ceiling_line(result, _tnum)
-    return title + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
+    warnings = "".join(f"\n  {w}" for w in result.get("warnings") or [])
+    return title + warnings + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
 
 
 # ------------------------------------------------------------------------------------------------ a job
