@@ -23,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import security
 from app.routers import artifacts, estimates, health, imports, jobs, models, status, submit
+from app.routers import compare as compare_router
 from app.routers import metrics as metrics_router
+from app.ui import compare as ui_compare
 from app.ui import router as ui
 from core.contract.errors import FieldError
 from core.contract.kind import load_kinds
@@ -265,7 +267,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(status.router)
     app.include_router(artifacts.router)
+    app.include_router(compare_router.router)
     app.include_router(imports.router)
+    app.include_router(ui_compare.router)
     app.include_router(ui.router)
 
     @app.get("/", include_in_schema=False)

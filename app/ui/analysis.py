@@ -242,6 +242,27 @@ def no_opponents_note(result: dict[str, Any], entry: dict[str, Any]) -> str | No
     return f"No opponents: {every} raised the model's belief in this triple (no negative influence). {tried}"
 
 
+def breakdown_table(result: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
+    """A test triple's listed scores broken down (each pair's ``breakdown``): the column names (each checkpoint by
+    its name, each layer group) and one row per listed pair with its role, rank, triple, influence and parts; None
+    when no listed pair has a breakdown (estimators other than exact TracIn, results of earlier versions)."""
+    checkpoints = [str(c.get("name")) for c in result.get("checkpoints") or [] if isinstance(c, dict)]
+    rows, groups = [], []
+    for key, role in (("proponents", "proponent"), ("opponents", "opponent")):
+        for rank, p in enumerate(entry.get(key) or [], 1):
+            b = p.get("breakdown") if isinstance(p, dict) else None
+            if not isinstance(b, dict):
+                continue
+            layers = b.get("layers") or {}
+            groups += [g for g in layers if g not in groups]
+            rows.append({"role": role, "rank": rank, "train_triple": p.get("train_triple"),
+                         "influence": p.get("influence"), "checkpoints": list(b.get("checkpoints") or []),
+                         "layers": layers})
+    if not rows:
+        return None
+    return {"checkpoints": checkpoints, "groups": groups, "rows": rows}
+
+
 RANKING_SHOWN = 200  # self-influence rows drawn on the page (self_influence.jsonl has the whole ranking)
 
 
@@ -256,11 +277,15 @@ def tracin_context(result: dict[str, Any]) -> dict[str, Any]:
         test = list(r.get("test_triple") or [])
         lists = {}
         scale = influence_scale(r)
+        reverse = [test[2], test[1], test[0]] if len(test) == 3 else None
         for key in ("proponents", "opponents", "pairs"):
-            rows = [{**p, "is_test_triple": p.get("is_test_triple") or list(p.get("train_triple") or []) == test}
+            rows = [{**p, "is_test_triple": p.get("is_test_triple") or list(p.get("train_triple") or []) == test,
+                     "is_reverse": p.get("is_reverse") or (list(p.get("train_triple") or []) == reverse
+                                                           and reverse != test)}
                     for p in r.get(key) or [] if isinstance(p, dict)]
             lists[key + "_"] = zero_bars(rows, "influence", scale)
-        out.append({**r, **lists, "scale_": scale, "no_opponents_": no_opponents_note(result, r)})
+        out.append({**r, **lists, "scale_": scale, "no_opponents_": no_opponents_note(result, r),
+                    "breakdown_": breakdown_table(result, r)})
     ranking = [r for r in result.get("ranking") or [] if isinstance(r, dict)]
     ranking_listed = listed(result, "ranking", ranking)
     shown = ranking[:RANKING_SHOWN]

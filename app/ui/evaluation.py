@@ -61,7 +61,8 @@ def recall_curves(estimators: dict[str, Any]) -> dict[str, Any]:
 def evaluation_view(result: dict[str, Any]) -> dict[str, Any]:
     estimators = result.get("estimators") if isinstance(result.get("estimators"), dict) else {}
     if result.get("metric") == "mislabel":
-        rows = [{"name": n, **{k: (r or {}).get(k) for k in ("auc", "found_at_10", "found_at_20", "seconds")}}
+        rows = [{"name": n, **{k: (r or {}).get(k) for k in ("auc", "auc_interval", "found_at_10", "found_at_20",
+                                                            "seconds")}}
                 for n, r in estimators.items()]
         return {"metric": "mislabel", "rows": rows, "curves": recall_curves(estimators)}
     return {"metric": "lds", "bars": lds_bars(estimators)}

@@ -242,14 +242,18 @@ def predictions(bundle: KGBundle, test_ids: torch.Tensor, batch_size: int = 256)
 
 def add_predictions(entries: list[dict], preds: Sequence[dict]) -> None:
     """Set each test triple's ``prediction`` and ``in_train`` (in place), and mark a listed training triple that
-    is the test triple itself (``is_test_triple``)."""
+    is the test triple itself (``is_test_triple``) or its reverse, (tail, relation, head) (``is_reverse``)."""
     for e, p in zip(entries, preds, strict=True):
         e["prediction"] = p
         e["in_train"] = "train" in p["splits"]
+        head, rel, tail = list(e["test_triple"])
         for key in ("proponents", "opponents", "pairs"):
             for row in e.get(key) or []:
-                if list(row["train_triple"]) == list(e["test_triple"]):
+                triple = list(row["train_triple"])
+                if triple == [head, rel, tail]:
                     row["is_test_triple"] = True
+                elif triple == [tail, rel, head]:
+                    row["is_reverse"] = True
 
 
 GLOBAL_TOP = 100        # pairs in the global lists when top_k is null
@@ -385,6 +389,8 @@ def score_test(p: Plan, bundle: KGBundle, top_k: int | None, start: int = 0, end
             for key, positive in (("proponents", True), ("opponents", False)):
                 entry[key] = [_pair_entry(int(cols[c]), v, sf, train_name) for c, v, sf in top.listed(i, positive)]
         entries.append(entry)
+    if top_k is not None:
+        add_breakdown(p, entries)
     if top_k is None and dense is not None and list_all:  # train self-influence of the listed triples
         listed = sorted({e["train_index"] for t in entries for key in ("proponents", "opponents")
                          for e in t.get(key, [])})
@@ -396,6 +402,24 @@ def score_test(p: Plan, bundle: KGBundle, top_k: int | None, start: int = 0, end
                     for e in t.get(key, []):
                         e["train_self_influence"] = by[e["train_index"]]
     return entries
+
+
+def add_breakdown(p: Plan, entries: list[dict]) -> None:
+    """Give each listed pair of ``entries`` (score_test's, with ``train_index``) its ``breakdown``: the score per
+    checkpoint (in the order of the result's ``checkpoints``) and per layer group (``ConvETracIn.breakdown``), each
+    summing to the pair's influence. In place."""
+    rows, cols, refs = [], [], []
+    for i, entry in enumerate(entries):
+        for key in ("proponents", "opponents"):
+            for row in entry.get(key) or []:
+                rows.append(i)
+                cols.append(row["train_index"])
+                refs.append(row)
+    if not refs:
+        return
+    per_ck, per_group, labels = p.engine.breakdown(p.test_ids[torch.tensor(rows)], p.train[torch.tensor(cols)])
+    for row, ck, groups in zip(refs, per_ck.tolist(), per_group.tolist(), strict=True):
+        row["breakdown"] = {"checkpoints": ck, "layers": dict(zip(labels, groups, strict=True))}
 
 
 def _pair_entry(j: int, value: float, self_inf: float | None, train_name: Callable[[int], list[str]]) -> dict:

@@ -51,6 +51,7 @@ engine's doing).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,10 +69,30 @@ from models.kg.shapes import OUTPUT_TABLE
 LAST_LAYERS = ("fc.weight", "fc.bias", OUTPUT_TABLE)
 # Parameters whose gradient needs the backward pass through the convolution block.
 DEEP = ("ent.weight", "rel.weight", "bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias")
+# Parameters whose per-query gradients are materialised (``QueryFactors.small``), not factored.
+SMALL = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias", "bn2.weight", "bn2.bias")
 # Parameters whose gradient needs the backward pass through BN2 only.
 MID = ("fc.weight", "fc.bias", "bn2.weight", "bn2.bias")
 LOSSES = ("train", "score_bce")
 METHODS = ("ghost", "vmap")
+# The layer groups a listed score is broken down by (``ConvETracIn.breakdown``): each parameter in one group, so the
+# groups' kernels add up to the whole kernel (every term of ``ghost_kernel`` belongs to one parameter).
+LAYER_GROUPS = (
+    ("entity table", ("ent.weight", OUTPUT_TABLE)),
+    ("relation table", ("rel.weight",)),
+    ("convolution and batch norm", SMALL),
+    ("fully connected", ("fc.weight", "fc.bias")),
+    ("entity bias", ("ent_bias",)),
+)
+
+
+def layer_groups(names: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """``LAYER_GROUPS`` restricted to ``names`` (empty groups left out), in that order; a name of no group is a
+    group of its own."""
+    out = [(label, tuple(n for n in members if n in names)) for label, members in LAYER_GROUPS]
+    known = {n for _, members in LAYER_GROUPS for n in members}
+    out += [(n, (n,)) for n in names if n not in known]
+    return [(label, members) for label, members in out if members]
 
 
 
@@ -444,6 +465,44 @@ class ConvEGradients(ModuleGradients):
         nq = fb.h.shape[0] // m
         return ghost_kernel(ft, fb, self.names).reshape(n, nq, m).sum(1)
 
+    def group_dots(self, test: torch.Tensor, train: torch.Tensor, groups: Sequence[Sequence[str]],
+                   weights: ConvE | None = None) -> torch.Tensor:
+        """``[n, G]``: ⟨∇ℓ(test_i), ∇ℓ(train_i)⟩ restricted to each group of parameters (disjoint subsets of the
+        layers), row by row, at ``weights`` (a snapshot; default the working copy ``load`` filled), by this
+        model's method, precision and projection (what its scores are made of). One gradient pass per side: the
+        groups share the factors (ghost) or split the materialised gradients' columns (vmap)."""
+        model = self._work if weights is None else weights
+        test, train = test.to(self.device), train.to(self.device)
+        names = [n for group in groups for n in group]
+        if self.method == "vmap":
+            prod = (per_example_grads(model, test, names, self.loss, self.precision)
+                    * per_example_grads(model, train, names, self.loss, self.precision))
+            sizes = [sum(self._work.get_parameter(n.split(":")[0]).numel() for n in group) for group in groups]
+            return torch.stack([part.sum(1) for part in prod.split(sizes, dim=1)], 1)
+        n = len(test)
+        qa, nq = self._queries(test)
+        qb, _ = self._queries(train)
+        fa = ghost_factors(model, qa, names, self.loss, self.precision, self._projection)
+        fb = ghost_factors(model, qb, names, self.loss, self.precision, self._projection)
+        small = set(SMALL) & set(names)
+        out = torch.zeros(n, len(groups), device=fa.g.device)
+        for i in range(nq):
+            la = fa.take(slice(i * n, (i + 1) * n))
+            for j in range(nq):
+                rb = fb.take(slice(j * n, (j + 1) * n))
+                for g, group in enumerate(groups):
+                    members = set(group)
+                    if members & small:
+                        if members != small:  # the materialised block holds every small parameter named
+                            raise ValueError(f"group {sorted(members)} must hold all of {sorted(small)} (the "
+                                             "materialised parameters are one block)")
+                        out[:, g] += (la.small * rb.small).sum(-1)
+                    else:
+                        big_a = dataclasses.replace(la, small=None)
+                        big_b = dataclasses.replace(rb, small=None)
+                        out[:, g] += ghost_kernel(big_a, big_b, group, rowwise=True)
+        return out
+
     def self_dots(self, fa: Any, n: int) -> torch.Tensor:
         """Triple-level self dot products ``[n]``."""
         if self.method == "vmap":
@@ -490,6 +549,27 @@ class ConvETracIn(TracIn):
                 out[:, i:i + len(b)] += self.weights[c] * self.gradients.output_dots(
                     ft, self.gradients.features(b), n, len(b))
         return out.cpu()
+
+    @torch.no_grad()
+    def breakdown(self, test: torch.Tensor, train: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """Where the scores of the pairs (``test[i]``, ``train[i]``) come from: ``(per_checkpoint [n, C],
+        per_group [n, G], group labels)`` with per_checkpoint[i, c] = η_c ⟨∇ℓ_c(test_i), ∇ℓ_c(train_i)⟩ and
+        per_group[i, g] = Σ_c η_c ⟨∇ℓ_c, ∇ℓ_c'⟩ over the parameters of layer group g (``layer_groups``); each
+        sums, over its columns, to the pair's score. Computed in blocks of ``batch_size`` pairs."""
+        groups = layer_groups(self.names)
+        n = len(test)
+        per_ck = torch.zeros(n, len(self.checkpoints), dtype=torch.float64)
+        per_group = torch.zeros(n, len(groups), dtype=torch.float64)
+        members = [m for _, m in groups]
+        for c, eta in enumerate(self.weights):
+            self._use(c)
+            for i in range(0, n, self.batch_size):
+                ta, tb = test[i:i + self.batch_size], train[i:i + self.batch_size]
+                k = eta * self.gradients.group_dots(ta, tb, members, self._current).double().cpu()
+                per_ck[i:i + len(ta), c] += k.sum(1)
+                per_group[i:i + len(ta)] += k
+        return per_ck, per_group, [label for label, _ in groups]
 
     @property
     def precision(self) -> str:

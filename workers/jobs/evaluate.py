@@ -381,7 +381,13 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
     import numpy as np
     import torch
 
-    from models.kg.evaluation import LDS_DESIGN, lds_report, test_selection
+    from models.kg.evaluation import (
+        LDS_DESIGN,
+        UNDERPOWERED_RATIO_WIDTH,
+        lds_report,
+        test_selection,
+        underpowered,
+    )
 
     m, seed, names_asked = request.m, request.seed, list(request.estimators)
     masks, outputs, seeds = load_ground_truth(ctx.settings, ident["lds"], m)
@@ -435,6 +441,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateAttributionRequest, ds: Any, i
                        "checkpoints": [{"name": c.name, "epoch": c.epoch, "lr": c.lr} for c in bundle.checkpoints]},
         "estimators": report,
         "shards": shards,
+        "underpowered_width": UNDERPOWERED_RATIO_WIDTH, "warnings": underpowered(report),
     }
     return LdsResult.model_validate(_clean(result))
 
@@ -487,7 +494,8 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
 
     self_scores: dict[str, Any] = {}
     try:
-        report = mislabel_report(bundle, idx, list(request.estimators), progress=progress, scores=self_scores)
+        report = mislabel_report(bundle, idx, list(request.estimators), progress=progress, scores=self_scores,
+                                 seed=request.seed)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
     originals = ds.decode(ds.train[torch.from_numpy(idx)])

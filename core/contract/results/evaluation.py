@@ -175,6 +175,11 @@ class LdsResult(EvaluationResult):
     full_model: FullModel
     estimators: dict[LdsEstimatorName, LdsEstimator]  # type: ignore[valid-type]
     shards: Shards | None = None  # None: it ran whole (its ground truth was stored)
+    underpowered_width: float | None = Field(
+        None, description="the widest interval of an estimator's ratio to TracIn that is not underpowered "
+        "(models.kg.evaluation.UNDERPOWERED_RATIO_WIDTH); None in results written before it existed")
+    warnings: list[str] = Field(default_factory=list, description="an 'underpowered' warning per estimator whose "
+                                "ratio interval to TracIn is wider than underpowered_width")
 
 
 # ------------------------------------------------------------------------------------------------ mislabel
@@ -187,7 +192,12 @@ class RecallCurve(ResultModel):
 
 
 class MislabelEstimator(EstimatorTiming):
+    """One estimator's mislabel detection: ROC AUC of its self-influence ranking (``auc_interval``: a stratified
+    percentile bootstrap over the training triples, ``n`` of them; None in results written before it existed),
+    the corrupted triples found in the top 10 % and 20 %, and the recall curve."""
+
     auc: float
+    auc_interval: Interval | None = None
     found_at_10: float
     found_at_20: float
     recall_curve: RecallCurve

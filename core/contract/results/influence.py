@@ -20,13 +20,29 @@ class Prediction(ResultModel):
     splits: list[str]
 
 
+class ScoreBreakdown(ResultModel):
+    """Where a listed influence comes from (exact TracIn, ``top_k`` set): ``checkpoints``, each checkpoint's term
+    η_c ⟨∇ℓ_c(z), ∇ℓ_c(z')⟩ in the order of the result's ``checkpoints``; ``layers``, per layer group (entity
+    table, relation table, convolution and batch norm, fully connected, entity bias: those the request's
+    ``layers`` hold) the gradient dot product over its parameters, summed over the checkpoints. Each adds up to
+    ``influence`` (to float rounding)."""
+
+    checkpoints: list[float]
+    layers: dict[str, float]
+
+
 class InfluencePair(ResultModel):
-    """A training triple's influence on one test triple (and its own self-influence under the same estimator)."""
+    """A training triple's influence on one test triple (and its own self-influence under the same estimator).
+    ``is_test_triple``: the training triple is the test triple itself (an exact duplicate of it in the training
+    data); ``is_reverse``: it is the test triple's reverse (tail, relation, head), which a model that learnt the
+    relation's symmetry draws on; either explains a high score without saying much about other facts."""
 
     train_triple: Triple
     influence: float | None
     train_self_influence: float | None = None
-    is_test_triple: bool = False  # the listed training triple is the test triple itself
+    is_test_triple: bool = False
+    is_reverse: bool = False
+    breakdown: ScoreBreakdown | None = None
 
 
 class TestEntry(ResultModel):

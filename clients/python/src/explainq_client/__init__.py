@@ -13,6 +13,7 @@ from explainq_client._http import JobEvent, RetryPolicy
 from explainq_client._kinds import NOT_GIVEN, NotGiven
 from explainq_client.aio import AsyncClient, AsyncJob
 from explainq_client.client import Client, Job
+from explainq_client.comparison import ComparisonResult
 from explainq_client.errors import (
     APIConnectionError,
     APIError,
@@ -48,7 +49,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "NOT_GIVEN", "APIConnectionError", "APIError", "AblationResult", "Artifact", "AsyncClient", "AsyncJob",
-    "AttributionResult", "AuthenticationError", "ClassifierInfluenceResult", "Client", "ConflictError", "DatasetInfo", "EvaluationResult",
+    "AttributionResult", "AuthenticationError", "ClassifierInfluenceResult", "Client", "ComparisonResult", "ConflictError", "DatasetInfo", "EvaluationResult",
     "ExplainqError",
     "FieldError", "Job", "JobCanceledError", "JobError", "JobEvent", "JobFailedError", "JobPage", "ModelInfo",
     "ModelList", "NotFoundError", "NotGiven", "PayloadTooLargeError", "PermissionDeniedError", "RateLimitError",

@@ -24,6 +24,7 @@ from explainq_client._http import (
     new_idempotency_key,
 )
 from explainq_client._kinds import KindMethods, kind_name, route_for
+from explainq_client.comparison import ComparisonResult
 from explainq_client.errors import ServiceUnavailableError
 from explainq_client.jobs import (
     CANCEL_ONLY,
@@ -126,6 +127,14 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
         without one); counts are None when the dataset's size is not registered."""
         name = kind_name(kind, await self._kind_table())
         return (await self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
+
+    async def compare(self, a: Any, b: Any) -> ComparisonResult:
+        """``GET /compare``: two succeeded jobs of one kind side by side (job ids, unique prefixes of them, or
+        jobs): attributions per sample and per word, TracIn's lists (overlap, rank correlation, what entered and
+        left), training runs' histories; deltas are b − a. Another owner's job raises :class:`NotFoundError`, one
+        not succeeded :class:`ConflictError`, two kinds that differ :class:`ValidationError`."""
+        ids = [getattr(j, "id", j) for j in (a, b)]
+        return ComparisonResult((await self._send("GET", "/compare", params={"a": ids[0], "b": ids[1]})).json())
 
     async def delete_job(self, job_id: str) -> dict[str, Any]:
         """``DELETE /jobs/{id}`` of a finished job: its record, result and files are deleted; returns ``{"id",

@@ -463,6 +463,38 @@ def no_opponents(result: Mapping[str, Any], entry: Mapping[str, Any]) -> str | N
     return f"no opponents: every candidate raised the model's belief in this triple; to see what works against it, {hint}"
 
 
+ITSELF, REVERSED = " [the test triple itself]", " [the test triple reversed]"
+
+
+def _flag(entry: Mapping[str, Any], pair: Mapping[str, Any]) -> str:
+    """" [the test triple itself]" / " [the test triple reversed]" for a listed training triple that is one."""
+    test = list(entry.get("test_triple") or [])
+    triple = list(pair.get("train_triple") or [])
+    if pair.get("is_test_triple") or (triple and triple == test):
+        return ITSELF
+    if pair.get("is_reverse") or (len(test) == 3 and triple == test[::-1] and triple != test):
+        return REVERSED
+    return ""
+
+
+def breakdown_rows(result: Mapping[str, Any], entry: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """A test triple's listed scores broken down (each pair's ``breakdown``; the job page's table): headers
+    (listed, training triple, influence, each checkpoint, each layer group) and one row per pair that has one."""
+    checkpoints = [f"checkpoint {c.get('name')}" for c in result.get("checkpoints") or [] if isinstance(c, Mapping)]
+    groups: list[str] = []
+    pairs = []
+    for key, role in (("proponents", "proponent"), ("opponents", "opponent")):
+        for rank, p in enumerate(entry.get(key) or [], 1):
+            b = p.get("breakdown") if isinstance(p, Mapping) else None
+            if isinstance(b, Mapping):
+                groups += [g for g in b.get("layers") or {} if g not in groups]
+                pairs.append((f"{role} {rank}", p, b))
+    rows = [[label, _text_triple(p.get("train_triple")), _influence(p.get("influence")),
+             *(_influence(v) for v in b.get("checkpoints") or []),
+             *(_influence((b.get("layers") or {}).get(g)) for g in groups)] for label, p, b in pairs]
+    return ["listed", "training triple", "influence", *checkpoints, *groups], rows
+
+
 def _influence(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
@@ -498,13 +530,19 @@ def tracin_html(result: Mapping[str, Any]) -> str:
         scale = max((abs(_influence(r.get("influence")) or 0.0) for _, rows in groups for r in rows), default=0.0)
         for name, rows in groups:
             parts.append(_table(["training triple", "influence", "train self-influence"],
-                                ([_triple(r.get("train_triple")), _ibar(r.get("influence"), scale),
-                                  _num(r.get("train_self_influence"))] for r in rows[:MAX_ROWS_SHOWN]),
+                                ([_triple(r.get("train_triple")) + escape(_flag(entry, r)),
+                                  _ibar(r.get("influence"), scale), _num(r.get("train_self_influence"))]
+                                 for r in rows[:MAX_ROWS_SHOWN]),
                                 caption=name))
             parts.append(_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name))
         note = no_opponents(result, entry)
         if note:
             parts.append(f"<p style='color:#8a4b00'>{escape(note)}</p>")
+        head, body = breakdown_rows(result, entry)
+        if body:
+            parts.append(_table(head, ([escape(str(c)) if i < 2 else _num(c) for i, c in enumerate(row)]
+                                       for row in body[:MAX_ROWS_SHOWN]),
+                                caption="where each score comes from (parts add up to the influence)"))
     parts.append(_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
                        result, "results"))
     if len(entries) > 1:
@@ -565,9 +603,11 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
     rows = []
     if result.get("metric") == "mislabel":
         for est, r in estimators.items():
-            rows.append([name(est), num(r.get("auc"), 3), num(r.get("found_at_10"), 3), num(r.get("found_at_20"), 3),
-                         num(r.get("seconds"), 3)])
-        return ["estimator", "AUC", "found@10%", "found@20%", "seconds"], rows
+            ci = r.get("auc_interval") or {}
+            interval = "" if ci.get("low") is None else f"[{num(ci.get('low'), 3)}, {num(ci.get('high'), 3)}]"
+            rows.append([name(est), num(r.get("auc"), 3), interval, num(r.get("found_at_10"), 3),
+                         num(r.get("found_at_20"), 3), num(r.get("seconds"), 3)])
+        return ["estimator", "AUC", "95% interval", "found@10%", "found@20%", "seconds"], rows
     for est, r in estimators.items():
         lds = r.get("lds") or {}
         ratio = r.get("ratio_to_tracin") or {}
@@ -639,7 +679,9 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
     head = (f"<div><b>LDS</b> on <code>{dataset}</code>: {_num(result.get('m'))} subset models at alpha "
             f"{_num(result.get('alpha'))}, {_num(result.get('n_test'))} test triples")
     ceiling = _ceiling_line(result, _num)
-    return head + _interval_chart(bars) + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + "</div>"
+    warnings = "".join(f"<li>{escape(str(w))}</li>" for w in result.get("warnings") or [])
+    return (head + (f"<ul style='color:#8a4b00'>{warnings}</ul>" if warnings else "") + _interval_chart(bars)
+            + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + "</div>")
 
 
 def evaluation_text(result: Mapping[str, Any]) -> str:
@@ -651,7 +693,8 @@ def evaluation_text(result: Mapping[str, Any]) -> str:
         title = (f"LDS on {result.get('dataset', '')}: {result.get('m')} subset models at alpha "
                  f"{result.get('alpha')}, {result.get('n_test')} test triples")
     ceiling = "" if result.get("metric") == "mislabel" else _ceiling_line(result, _tnum)
-    return title + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
+    warnings = "".join(f"\n  {w}" for w in result.get("warnings") or [])
+    return title + warnings + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
 
 
 # ------------------------------------------------------------------------------------------------ a job
@@ -772,12 +815,18 @@ def tracin_text(result: Mapping[str, Any]) -> str:
             rows = list(entry.get(name) or [])
             out += [f"  top {name}",
                     text_table(["  rank", "training triple", "influence", "train self-influence"],
-                               ([f"  {i + 1}", _text_triple(r.get("train_triple")),
+                               ([f"  {i + 1}", _text_triple(r.get("train_triple")) + _flag(entry, r),
                                  _tsigned(r.get("influence")), _tnum(r.get("train_self_influence"))]
                                 for i, r in enumerate(rows[:MAX_ROWS_SHOWN]))),
                     *_text_more(min(len(rows), MAX_ROWS_SHOWN), len(rows), name)]
         note = no_opponents(result, entry)
         out += [f"  {note}"] if note else []
+        head, body = breakdown_rows(result, entry)
+        if body:
+            out += ["  where each score comes from (parts add up to the influence)",
+                    text_table(["  " + head[0], *head[1:]],
+                               ([f"  {row[0]}", row[1], *(_tsigned(v) for v in row[2:])]
+                                for row in body[:MAX_ROWS_SHOWN]))]
     more = _text_more(min(len(entries), MAX_SAMPLES_SHOWN), listed_total(result, "results"), "test triples",
                       result, "results")
     out += ["", *more] if more else []

@@ -43,7 +43,9 @@ def _triple(prefix: str, triple: Any) -> dict[str, Any]:
 
 
 TRACIN_COLUMNS = ["test_head", "test_relation", "test_tail", "role", "rank", "train_head", "train_relation",
-                  "train_tail", "influence", "train_self_influence", "is_test_triple"]
+                  "train_tail", "influence", "train_self_influence", "is_test_triple", "is_reverse"]
+BREAKDOWN_COLUMNS = ["test_head", "test_relation", "test_tail", "role", "rank", "train_head", "train_relation",
+                     "train_tail", "influence", "part", "name", "value"]
 SELF_INFLUENCE_COLUMNS = ["rank", "train_head", "train_relation", "train_tail", "self_influence"]
 
 
@@ -187,11 +189,40 @@ class TracInResult(Result):
                     out.append({**test, "role": role, "rank": i, **_triple("train", pair.get("train_triple")),
                                 "influence": pair.get("influence"),
                                 "train_self_influence": pair.get("train_self_influence"),
-                                "is_test_triple": bool(pair.get("is_test_triple"))})
+                                "is_test_triple": bool(pair.get("is_test_triple")),
+                                "is_reverse": render._flag(entry, pair) == render.REVERSED})
         return out
 
-    def to_pandas(self) -> Any:
-        """:meth:`rows` as a ``pandas.DataFrame`` with its documented columns (pandas must be installed)."""
+    def breakdown(self) -> list[dict[str, Any]]:
+        """Where each listed score comes from (exact TracIn with ``top_k``): one row per listed pair and part,
+        ``test_head``... ``role``, ``rank``, ``train_head``..., ``influence``, ``part`` (``checkpoint`` or
+        ``layers``), ``name`` (the checkpoint's or the layer group's) and ``value``; each pair's parts of one kind
+        add up to its influence."""
+        names = [str(c.get("name")) for c in self.get("checkpoints") or [] if isinstance(c, Mapping)]
+        out: list[dict[str, Any]] = []
+        for entry in self.get("results") or []:
+            if not isinstance(entry, Mapping):
+                continue
+            test = _triple("test", entry.get("test_triple"))
+            for role, key in (("proponent", "proponents"), ("opponent", "opponents")):
+                for i, pair in enumerate(entry.get(key) or [], 1):
+                    b = pair.get("breakdown") if isinstance(pair, Mapping) else None
+                    if not isinstance(b, Mapping):
+                        continue
+                    base = {**test, "role": role, "rank": i, **_triple("train", pair.get("train_triple")),
+                            "influence": pair.get("influence")}
+                    out += [{**base, "part": "checkpoint", "name": n, "value": v}
+                            for n, v in zip(names, b.get("checkpoints") or [], strict=False)]
+                    out += [{**base, "part": "layers", "name": g, "value": v} for g, v in (b.get("layers") or {}).items()]
+        return out
+
+    def to_pandas(self, of: str = "rows") -> Any:
+        """:meth:`rows` (or, ``of="breakdown"``, :meth:`breakdown`) as a ``pandas.DataFrame`` with its documented
+        columns (pandas must be installed)."""
+        if of == "breakdown":
+            return _data_frame(self.breakdown(), BREAKDOWN_COLUMNS)
+        if of != "rows":
+            raise ValueError("of must be 'rows' or 'breakdown'")
         columns = SELF_INFLUENCE_COLUMNS if self.get("mode") == "self" else TRACIN_COLUMNS
         return _data_frame(self.rows(), columns)
 
