@@ -373,11 +373,12 @@ def flat_row(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _flat_request(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flat_params(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """A request as dotted keys (``model.n_layer``); lists kept whole."""
     out: dict[str, Any] = {}
     for key, value in (obj or {}).items():
         if isinstance(value, dict):
-            out.update(_flat_request(value, f"{prefix}{key}."))
+            out.update(flat_params(value, f"{prefix}{key}."))
         else:
             out[prefix + key] = value
     return out
@@ -395,7 +396,7 @@ def compare_training(result_a: dict[str, Any], result_b: dict[str, Any], request
             or _num(last_b.get(k)) is not None]
     metrics = [MetricDelta(key=k, a=_num(last_a.get(k)), b=_num(last_b.get(k)),
                            delta=_sub(_num(last_b.get(k)), _num(last_a.get(k)))) for k in keys]
-    fa, fb = _flat_request(request_a), _flat_request(request_b)
+    fa, fb = flat_params(request_a), flat_params(request_b)
     changed = [FieldDelta(field=f, a=fa.get(f), b=fb.get(f)) for f in dict.fromkeys([*fa, *fb])
                if f not in UNCOMPARED_FIELDS and fa.get(f) != fb.get(f)]
     steps = [[s for s in r.get("steps") or [] if isinstance(s, dict)] for r in (result_a, result_b)]

@@ -6,6 +6,8 @@ import math
 from datetime import UTC, datetime
 from typing import Any
 
+from core.compare import flat_params
+
 TERMINAL = ("succeeded", "failed", "canceled")
 STATUSES = ("queued", "running", "succeeded", "failed", "canceled")
 # ColorBrewer-style diverging ends that stay distinct under the common colour-vision deficiencies.
@@ -213,17 +215,6 @@ def overlay(runs: list[dict[str, Any]], charts: list[dict[str, Any]]) -> list[di
                                    "dash": key.lower().startswith("val"), "run": run["id"], "key": key,
                                    "values": values})
         out.append({"id": chart.get("id"), "title": chart.get("title"), "x": xs, "series": series})
-    return out
-
-
-def flat_params(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """A request as dotted keys (``model.n_layer``); lists kept whole."""
-    out: dict[str, Any] = {}
-    for key, value in (obj or {}).items():
-        if isinstance(value, dict):
-            out.update(flat_params(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
     return out
 
 
