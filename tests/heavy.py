@@ -10,6 +10,7 @@ from __future__ import annotations
 HEAVY = (
     # browser: tests/test_ui_browser_status.py, test_ui_browser_analysis.py and test_ui_browser_forms.py stay
     "tests/test_ui_browser.py::*",
+    "tests/test_compare_browser.py::*",  # GET /compare itself is tested in make test (tests/test_compare*.py)
     "tests/adversarial/test_dashboard.py::test_dashboard_pages_raise_no_csp_violation_in_a_browser",
     "tests/test_ui_browser_forms.py::test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms",
     "tests/test_ui_browser_status.py::test_the_strip_says_no_worker_runs_on_every_page_without_overflow[[]1280]",
