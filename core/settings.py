@@ -25,6 +25,10 @@
 | ``EXPLAINQ_WORKER_CLASS`` | the class this worker belongs to (``explainq worker --class``) | empty |
 | ``EXPLAINQ_WORKER_RESOURCES`` | what this worker has, as JSON ``{gpu, gpu_memory_gib, gpu_name}``, instead of what it detects | empty: detected |
 | ``EXPLAINQ_BACKLOG_UNKNOWN_COST_S`` | seconds a queued job or shard of a kind with no finished run counts in the backlog's estimated cost | 60 |
+| ``EXPLAINQ_PARSER_MEMORY_BYTES`` | address space of the child process that reads a user file's content for the API (``core/bounded.py``); more is ``413`` | 2 GiB |
+| ``EXPLAINQ_PARSER_CPU_S`` | CPU seconds that child may use; more is ``422`` | 60 |
+| ``EXPLAINQ_PARSER_TIMEOUT_S`` | wall-clock seconds that child may run; more is ``422`` | 120 |
+| ``EXPLAINQ_PARSER_LINE_BYTES`` | the longest line it reads of a text file (triples, TSV, CSV, JSON lines); longer is ``422`` | 16 MiB |
 | ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
 | ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
 | ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks the API and every worker call at start to register extra kinds (``core.contract.kind.load_kinds``) | empty |
@@ -155,6 +159,12 @@ class Settings(BaseSettings):
 
         parse_classes(raw)  # a ValueError naming EXPLAINQ_WORKER_CLASSES and the entry
         return raw
+
+    # The bounded parser (core/bounded.py): the child process that reads user files' content for the API.
+    parser_memory_bytes: int = Field(2 << 30, ge=64 << 20, validation_alias=_alias("EXPLAINQ_PARSER_MEMORY_BYTES"))
+    parser_cpu_s: int = Field(60, ge=1, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_CPU_S"))
+    parser_timeout_s: float = Field(120.0, gt=0, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_TIMEOUT_S"))
+    parser_line_bytes: int = Field(16 << 20, ge=1024, validation_alias=_alias("EXPLAINQ_PARSER_LINE_BYTES"))
 
     # Worker fault tolerance, logging and kind plugins.
     redis_retry_s: float = Field(120.0, ge=0, validation_alias=_alias("EXPLAINQ_REDIS_RETRY_S"))
