@@ -26,6 +26,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ PARSERS: dict[str, str] = {
 }
 ROOT = Path(__file__).resolve().parent.parent
 _MEMORY_EXIT = 3
+_STDERR_BYTES = 1 << 20
 _TRANSPORTED = ("FieldError", "FieldNotFound", "FieldConflict", "FieldTooLarge", "FieldReserved")
 
 
@@ -76,10 +78,12 @@ def run_bounded(settings: Settings, name: str, args: dict[str, Any], *, loc: tup
                           "settings": settings.model_dump(mode="json", exclude={"api_keys_raw"})}).encode()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+    # the child's messages go to a file it may grow to _STDERR_BYTES (RLIMIT_FSIZE), never into this process's memory
+    err_file = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "core.bounded"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, cwd=str(ROOT), close_fds=True, start_new_session=True)
+                            stderr=err_file, env=env, cwd=str(ROOT), close_fds=True, start_new_session=True)
     try:
-        out, err = proc.communicate(payload, timeout=settings.parser_timeout_s)
+        out, _ = proc.communicate(payload, timeout=settings.parser_timeout_s)
     except subprocess.TimeoutExpired:
         _kill(proc)
         raise errors.FieldError(loc, f"{shown}: reading it took longer than {settings.parser_timeout_s:g} s "
@@ -87,6 +91,10 @@ def run_bounded(settings: Settings, name: str, args: dict[str, Any], *, loc: tup
     except BaseException:
         _kill(proc)
         raise
+    finally:
+        err_file.seek(0)
+        err = err_file.read(_STDERR_BYTES)
+        err_file.close()
     rc = proc.returncode
     if rc in (-signal.SIGXCPU, -signal.SIGKILL):
         raise errors.FieldError(loc, f"{shown}: reading it needed more than {settings.parser_cpu_s} s of CPU time "
@@ -149,6 +157,9 @@ def _child() -> int:
     cpu = int(limits["cpu_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (_STDERR_BYTES, _STDERR_BYTES))  # it writes no file but its messages
+    answer_fd = os.dup(1)
+    os.dup2(2, 1)  # whatever a library prints goes with the messages; the answer alone goes to the API
     name = request["name"]
     try:
         if name not in PARSERS:
@@ -175,8 +186,8 @@ def _child() -> int:
             text = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:4000]})
         except MemoryError:
             return _MEMORY_EXIT
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    with os.fdopen(answer_fd, "w") as answer_out:
+        answer_out.write(text)
     return 0
 
 
