@@ -8,7 +8,9 @@ the allow-list :data:`PARSERS` (by name; the functions live in :mod:`core.parser
 - an address-space limit (``RLIMIT_AS``, ``EXPLAINQ_PARSER_MEMORY_BYTES``): past it the parse fails as ``413``;
 - a CPU-time limit (``RLIMIT_CPU``, ``EXPLAINQ_PARSER_CPU_S``): past it the kernel stops the child, ``422``;
 - a wall-clock timeout (``EXPLAINQ_PARSER_TIMEOUT_S``): the child's process group is killed, ``422``;
-- a line-length cap on every text file it streams (``EXPLAINQ_PARSER_LINE_BYTES``, :data:`core.userfiles.LINE_CAP`).
+- a line-length cap on every text file it streams (``EXPLAINQ_PARSER_LINE_BYTES``, :data:`core.userfiles.LINE_CAP`);
+- at most ``EXPLAINQ_PARSER_CONCURRENCY`` children of one API process at once (their memory limits add up); a parse
+  that finds none free within the timeout is ``503 busy`` with ``Retry-After``.
 
 Arguments go to the child as JSON on stdin, the result comes back as JSON on stdout. A :class:`FieldError` the
 child raises is raised again in the API as it was (same class, field, message); a limit is a FieldError on the
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +79,32 @@ def run_bounded(settings: Settings, name: str, args: dict[str, Any], *, loc: tup
     payload = json.dumps({"name": name, "args": args, "limits": _limits(settings),
                           "data_roots": [str(r) for r in settings.data_roots],
                           "settings": settings.model_dump(mode="json", exclude={"api_keys_raw"})}).encode()
+    slots = _slots(settings.parser_concurrency)
+    if not slots.acquire(timeout=settings.parser_timeout_s):
+        raise errors.FieldBusy(loc, f"{shown}: every file reader of this server is busy "
+                               f"({settings.parser_concurrency} at once, EXPLAINQ_PARSER_CONCURRENCY); retry later",
+                               value=value, retry_after_s=5)
+    try:
+        return _run(settings, name, payload, loc=loc, value=value, shown=shown)
+    finally:
+        slots.release()
+
+
+_SLOTS: dict[int, threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slots(n: int) -> threading.BoundedSemaphore:
+    """The semaphore that keeps at most ``n`` children of this process alive at once (their memory limits add up)."""
+    with _SLOTS_LOCK:
+        if n not in _SLOTS:
+            _SLOTS[n] = threading.BoundedSemaphore(n)
+        return _SLOTS[n]
+
+
+def _run(settings: Settings, name: str, payload: bytes, *, loc: tuple, value: Any, shown: str) -> Any:
+    from core.contract import errors
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
     # the child's messages go to a file it may grow to _STDERR_BYTES (RLIMIT_FSIZE), never into this process's memory

@@ -29,6 +29,7 @@
 | ``EXPLAINQ_PARSER_CPU_S`` | CPU seconds that child may use; more is ``422`` | 60 |
 | ``EXPLAINQ_PARSER_TIMEOUT_S`` | wall-clock seconds that child may run; more is ``422`` | 120 |
 | ``EXPLAINQ_PARSER_LINE_BYTES`` | the longest line it reads of a text file (triples, TSV, CSV, JSON lines); longer is ``422`` | 16 MiB |
+| ``EXPLAINQ_PARSER_CONCURRENCY`` | those children one API process runs at once (at most this many times the memory above); a parse that waits longer than the timeout for one is ``503`` | 4 |
 | ``EXPLAINQ_RATE_LIMIT_PER_S`` | requests a second one API key may make, on average (a token bucket in Redis, ``core/ratelimit.py``); more is ``429`` with ``Retry-After``; 0: no limit | 50 |
 | ``EXPLAINQ_RATE_LIMIT_BURST`` | requests one API key may make at once (the bucket's size) | 500 |
 | ``EXPLAINQ_LOGIN_RATE_PER_MIN`` | dashboard sign-in attempts a minute from one client address, on average; more is ``429``; 0: no limit | 30 |
@@ -169,6 +170,7 @@ class Settings(BaseSettings):
     parser_cpu_s: int = Field(60, ge=1, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_CPU_S"))
     parser_timeout_s: float = Field(120.0, gt=0, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_TIMEOUT_S"))
     parser_line_bytes: int = Field(16 << 20, ge=1024, validation_alias=_alias("EXPLAINQ_PARSER_LINE_BYTES"))
+    parser_concurrency: int = Field(4, ge=1, le=256, validation_alias=_alias("EXPLAINQ_PARSER_CONCURRENCY"))
 
     # Rate limits (core/ratelimit.py): per API key, and dashboard sign-ins per client address.
     rate_limit_per_s: float = Field(50.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_PER_S"))

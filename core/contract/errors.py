@@ -77,3 +77,9 @@ class FieldUnavailable(FieldError):
         self.retry_after_s = retry_after_s
 
 
+
+
+class FieldBusy(FieldUnavailable):
+    """A field naming a file the server cannot read now: every bounded parser is busy (503, ``Retry-After``)."""
+
+    code = "busy"

@@ -191,3 +191,56 @@ def test_only_allow_listed_parsers_run(env) -> None:
 
     with pytest.raises(KeyError, match="not a bounded parser"):
         run_bounded(env["settings"], "os:system", {}, loc=("body",))
+
+
+def test_children_at_once_are_bounded_and_a_full_house_is_503(env, monkeypatch) -> None:
+    """EXPLAINQ_PARSER_CONCURRENCY children at most (their memory limits add up); none free in time: 503 busy."""
+    import subprocess
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from core import bounded
+    from core.contract.errors import FieldBusy
+
+    d = env["data"] / "small-kg"
+    d.mkdir()
+    (d / "train.txt").write_text("a\tr\tb\n")
+    alive, peak, lock = [0], [0], threading.Lock()
+    real = subprocess.Popen
+
+    class Counted(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            with lock:
+                alive[0] += 1
+                peak[0] = max(peak[0], alive[0])
+
+        def wait(self, *a, **k):
+            code = super().wait(*a, **k)
+            with lock:
+                if not getattr(self, "_counted_out", False):
+                    self._counted_out = True
+                    alive[0] -= 1
+            return code
+
+    monkeypatch.setattr(bounded.subprocess, "Popen", Counted)
+    monkeypatch.setattr(env["settings"], "parser_concurrency", 2)
+
+    def one(_: int) -> int:
+        found = bounded.run_bounded(env["settings"], "dataset.detect", {"path": str(d)}, loc=("body", "path"))
+        return found["found"]["counts"]["train_triples"]
+
+    with ThreadPoolExecutor(6) as ex:
+        assert list(ex.map(one, range(12))) == [1] * 12
+    assert peak[0] == 2
+
+    slots = bounded._slots(2)
+    assert slots.acquire() and slots.acquire()  # every slot taken
+    try:
+        monkeypatch.setattr(env["settings"], "parser_timeout_s", 0.2)
+        r = env["client"].post("/datasets", json={"name": "small-kg", "path": "small-kg"}, headers=ALICE)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
+        assert r.json()["detail"]["code"] == FieldBusy.code
+    finally:
+        slots.release()
+        slots.release()
