@@ -25,9 +25,8 @@ import csv
 import io
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from core.settings import Settings
 from core.userfiles import UserFileError, UserFiles, check_tree
 from models.files import LOCAL, FileAccess, open_text
 from models.kg.tsv import TriplesFormatError, read_triples
@@ -35,6 +34,9 @@ from models.textdata import FORMATS as TEXT_FORMATS
 from models.textdata import TextDataError
 from models.textdata import split_files as text_split_files
 from models.textdata import summarize as summarize_text
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 SPLITS = ("train", "valid", "test")
 PAIR_REQUIRED = ("user_id", "history_titles", "candidate_id", "candidate_title")

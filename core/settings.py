@@ -25,6 +25,15 @@
 | ``EXPLAINQ_WORKER_CLASS`` | the class this worker belongs to (``explainq worker --class``) | empty |
 | ``EXPLAINQ_WORKER_RESOURCES`` | what this worker has, as JSON ``{gpu, gpu_memory_gib, gpu_name}``, instead of what it detects | empty: detected |
 | ``EXPLAINQ_BACKLOG_UNKNOWN_COST_S`` | seconds a queued job or shard of a kind with no finished run counts in the backlog's estimated cost | 60 |
+| ``EXPLAINQ_PARSER_MEMORY_BYTES`` | address space of the child process that reads a user file's content for the API (``core/bounded.py``); more is ``413`` | 2 GiB |
+| ``EXPLAINQ_PARSER_CPU_S`` | CPU seconds that child may use; more is ``422`` | 60 |
+| ``EXPLAINQ_PARSER_TIMEOUT_S`` | wall-clock seconds that child may run; more is ``422`` | 120 |
+| ``EXPLAINQ_PARSER_LINE_BYTES`` | the longest line it reads of a text file (triples, TSV, CSV, JSON lines); longer is ``422`` | 16 MiB |
+| ``EXPLAINQ_PARSER_CONCURRENCY`` | those children one API process runs at once (at most this many times the memory above); a parse that waits longer than the timeout for one is ``503`` | 4 |
+| ``EXPLAINQ_RATE_LIMIT_PER_S`` | requests a second one API key may make, on average (a token bucket in Redis, ``core/ratelimit.py``); more is ``429`` with ``Retry-After``; 0: no limit | 50 |
+| ``EXPLAINQ_RATE_LIMIT_BURST`` | requests one API key may make at once (the bucket's size) | 500 |
+| ``EXPLAINQ_LOGIN_RATE_PER_MIN`` | dashboard sign-in attempts a minute from one client address, on average; more is ``429``; 0: no limit | 30 |
+| ``EXPLAINQ_LOGIN_BURST`` | sign-in attempts one client address may make at once | 100 |
 | ``EXPLAINQ_REDIS_RETRY_S`` | how long a worker keeps retrying Redis writes (progress, results) while Redis is down | 120 |
 | ``EXPLAINQ_LOG_FORMAT`` | ``json`` (one object per line) or ``text`` | ``json`` |
 | ``EXPLAINQ_KIND_PLUGINS`` | comma-separated ``module:function`` hooks the API and every worker call at start to register extra kinds (``core.contract.kind.load_kinds``) | empty |
@@ -155,6 +164,33 @@ class Settings(BaseSettings):
 
         parse_classes(raw)  # a ValueError naming EXPLAINQ_WORKER_CLASSES and the entry
         return raw
+
+    # The bounded parser (core/bounded.py): the child process that reads user files' content for the API.
+    parser_memory_bytes: int = Field(2 << 30, ge=64 << 20, validation_alias=_alias("EXPLAINQ_PARSER_MEMORY_BYTES"))
+    parser_cpu_s: int = Field(60, ge=1, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_CPU_S"))
+    parser_timeout_s: float = Field(120.0, gt=0, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_TIMEOUT_S"))
+    parser_line_bytes: int = Field(16 << 20, ge=1024, validation_alias=_alias("EXPLAINQ_PARSER_LINE_BYTES"))
+    parser_concurrency: int = Field(4, ge=1, le=256, validation_alias=_alias("EXPLAINQ_PARSER_CONCURRENCY"))
+
+    # Rate limits (core/ratelimit.py): per API key, and dashboard sign-ins per client address.
+    rate_limit_per_s: float = Field(50.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_PER_S"))
+    rate_limit_burst: int = Field(500, ge=1, le=10**7, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_BURST"))
+    login_rate_per_min: float = Field(30.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_LOGIN_RATE_PER_MIN"))
+    login_burst: int = Field(100, ge=1, le=10**6, validation_alias=_alias("EXPLAINQ_LOGIN_BURST"))
+
+    @property
+    def key_rate_limit(self):  # noqa: ANN201 - core.ratelimit.Limit (imported here to keep settings light)
+        from core.ratelimit import Limit
+
+        return Limit("key", self.rate_limit_per_s, self.rate_limit_burst,
+                     "EXPLAINQ_RATE_LIMIT_PER_S, EXPLAINQ_RATE_LIMIT_BURST")
+
+    @property
+    def login_rate_limit(self):  # noqa: ANN201 - core.ratelimit.Limit
+        from core.ratelimit import Limit
+
+        return Limit("login", self.login_rate_per_min / 60.0, self.login_burst,
+                     "EXPLAINQ_LOGIN_RATE_PER_MIN, EXPLAINQ_LOGIN_BURST")
 
     # Worker fault tolerance, logging and kind plugins.
     redis_retry_s: float = Field(120.0, ge=0, validation_alias=_alias("EXPLAINQ_REDIS_RETRY_S"))

@@ -22,11 +22,13 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from core.limits import MAX_PATH_LENGTH
-from core.settings import Settings
 from models.files import LOCAL, LocalFiles
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -46,6 +48,10 @@ SIZE_CAPS: dict[str, int] = {
     "embeddings": 8 * GiB,       # GloVe text vectors (glove.840B.300d.txt is 5.6 GB)
 }
 DEFAULT_CAP = 1 * GiB
+# The formats read line by line: a line longer than LINE_CAP bytes fails as UserFileError where a cap is set (the
+# bounded parser of core.bounded sets EXPLAINQ_PARSER_LINE_BYTES; None: no cap, as on workers).
+TEXT_FORMATS = frozenset({"triples", "test_triples", "mind", "csv", "labels_csv", "embeddings", "text"})
+LINE_CAP: int | None = None
 READ_BUDGET_S = 600.0            # one file, start to end of reading
 MAX_PATH_CHARS = MAX_PATH_LENGTH  # a path a request names (core.limits)
 
@@ -142,9 +148,27 @@ def resolve_data_path(settings: Settings, raw: str, must_exist: bool = True) -> 
 class _BoundedRaw(io.RawIOBase):
     """A file descriptor read at most ``cap`` bytes and until ``deadline``; past either, UserFileError."""
 
-    def __init__(self, fd: int, cap: int, deadline: float, shown: str):
+    def __init__(self, fd: int, cap: int, deadline: float, shown: str, line_cap: int | None = None):
         self._fd, self._cap, self._deadline, self._shown = fd, cap, deadline, shown
         self._read = 0
+        self._line_cap, self._line = line_cap, 0  # bytes since the last newline
+
+    def _check_lines(self, data: bytes) -> None:
+        cap = self._line_cap
+        if self._line + len(data) <= cap:  # no line in here can be over the cap
+            last = data.rfind(b"\n")
+            self._line = self._line + len(data) if last < 0 else len(data) - last - 1
+            return
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if self._line + end - start > cap:
+                break
+            self._line, start = 0, end + 1
+        else:
+            self._line += len(data) - start
+            if self._line <= cap:
+                return
+        raise UserFileError(f"{self._shown}: a line is longer than {cap} bytes (EXPLAINQ_PARSER_LINE_BYTES)")
 
     def readable(self) -> bool:
         return True
@@ -162,6 +186,8 @@ class _BoundedRaw(io.RawIOBase):
         self._read += len(data)
         if self._read > self._cap:
             raise UserFileError(f"{self._shown}: more than {self._cap} bytes")
+        if self._line_cap is not None:
+            self._check_lines(data)
         buffer[: len(data)] = data
         return len(data)
 
@@ -183,10 +209,11 @@ class _BoundedRaw(io.RawIOBase):
 class UserFiles:
     """Opens user files for readers (the ``files`` argument of ``models`` readers; see :mod:`models.files`)."""
 
-    def __init__(self, settings: Settings, budget_s: float = READ_BUDGET_S):
+    def __init__(self, settings: Settings, budget_s: float = READ_BUDGET_S, line_cap: int | None = None):
         self.settings = settings
         self.roots = _roots(settings)
         self.budget_s = budget_s
+        self.line_cap = line_cap if line_cap is not None else LINE_CAP
 
     def display(self, path: Path) -> str:
         return display(self.settings, path)
@@ -209,7 +236,8 @@ class UserFiles:
             os.close(fd)
             raise
         cap = SIZE_CAPS.get(fmt, DEFAULT_CAP)
-        return io.BufferedReader(_BoundedRaw(fd, cap, time.monotonic() + self.budget_s, shown), 1 << 16)
+        line_cap = self.line_cap if fmt in TEXT_FORMATS else None
+        return io.BufferedReader(_BoundedRaw(fd, cap, time.monotonic() + self.budget_s, shown, line_cap), 1 << 16)
 
     def _check_opened(self, fd: int, shown: str, fmt: str) -> None:
         """The descriptor is a regular file under its cap, and (where /proc tells) the file really opened lies inside

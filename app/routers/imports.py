@@ -1,6 +1,7 @@
 """``POST /datasets``: register a directory under the data roots as a named dataset of the caller.
 
-The format is detected and validated (:mod:`core.dataset_formats`) before anything is registered; the response carries the
+The format is detected and validated (:mod:`core.dataset_formats`, in the bounded parser of :mod:`core.bounded`)
+before anything is registered; the response carries the
 counts. The directory is referenced in place (it lives on the data roots every host mounts). Model imports are a
 job kind (``POST /models/import``, :mod:`core.kinds.import_model`): loading weights needs torch.
 """
@@ -15,11 +16,11 @@ from pydantic import Field
 
 from app.deps import caller
 from core import dataset_refs, limits, registry
+from core.bounded import run_bounded
 from core.contract.checks import refuse_reserved, require_name_free
 from core.contract.errors import FieldConflict, FieldError
 from core.contract.fields import RequestModel
-from core.dataset_formats import FormatError, detect
-from core.userfiles import PathError, UserFiles, resolve_data_path
+from core.userfiles import PathError, display, resolve_data_path
 
 router = APIRouter(tags=["datasets"])
 
@@ -49,13 +50,15 @@ def register_dataset(body: DatasetRequest, request: Request, owner: str = Depend
     if registry.get_dataset(settings, body.name) is not None and not body.overwrite:
         raise FieldConflict(("body", "name"), f"you already have a dataset named {body.name!r}; pass "
                             "overwrite=true to replace it", value=body.name)
-    try:
-        found = detect(path, UserFiles(settings))
-    except FormatError as exc:
-        raise FieldError(("body", "path"), str(exc), value=body.path) from None
-    except OSError as exc:  # a file of the dataset the API cannot read
-        raise FieldError(("body", "path"), f"{body.path!r}: a file cannot be read ({exc.strerror or 'I/O error'})",
-                         value=body.path) from None
+    # read in the bounded parser (core.bounded): this process never holds the dataset's content
+    answer = run_bounded(settings, "dataset.detect", {"path": str(path)}, loc=("body", "path"), value=body.path,
+                         shown=display(settings, path))
+    if "format_error" in answer:
+        raise FieldError(("body", "path"), answer["format_error"], value=body.path)
+    if "os_error" in answer:  # a file of the dataset the API cannot read
+        raise FieldError(("body", "path"), f"{body.path!r}: a file cannot be read ({answer['os_error']})",
+                         value=body.path)
+    found = answer["found"]
     meta: dict[str, Any] = {"format": found["format"], "counts": found["counts"]}
     if body.description:
         meta["description"] = body.description

@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from app.deps import caller
 from core import demo_status, system_status
+from core import usage as usage_lib
 
 router = APIRouter(tags=["health"])
 
@@ -48,3 +49,27 @@ def _status(redis: Any, owner: str) -> dict[str, Any]:
             "`demo.active` is whether it runs now; `demo.eta_s` its estimate of the time left.")
 async def status(request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
     return await run_in_threadpool(_status, request.app.state.redis, owner)
+
+
+USAGE_EXAMPLE = {
+    "owner": "alice",
+    "stored": {"models": {"count": 2, "bytes": 5242880},
+               "datasets": {"count": 1, "in_store": 0, "in_place": 1, "bytes": 0},
+               "artifacts": {"jobs": 12, "jobs_counted": 12, "complete": True, "bytes": 1048576},
+               "bytes": 6291456},
+    "in_flight": {"jobs": 2, "queued": 1, "running": 1, "shards_out": 4, "queued_estimated_seconds": 42.0,
+                  "unestimated": 0, "max_active_jobs": 100,
+                  "items": [{"id": "3f0c...", "kind": "tracin", "state": "running"},
+                            {"id": "9a1b...", "kind": "train_conve", "state": "queued"}]},
+}
+
+
+@router.get("/usage", summary="Your own usage: the bytes the service stores for you (models, datasets copied into "
+            "the store, your newest jobs' artifacts) and your work in flight",
+            description="Only the caller's own records. `stored.artifacts.complete` is false when only the newest "
+            f"{usage_lib.MAX_ARTIFACT_JOBS} jobs' artifacts were sized; a dataset referenced in place under the data "
+            "roots is counted in `in_place`, not sized. `in_flight.queued_estimated_seconds`: each queued job at its "
+            "kind's mean run time so far.",
+            responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}}})
+async def usage(request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
+    return await run_in_threadpool(usage_lib.usage, request.app.state.settings, request.app.state.redis, owner)

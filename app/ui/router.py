@@ -28,6 +28,7 @@ from app.ui import analysis, forms, session, views
 from app.ui.api import UNVALIDATED, Api, ApiError
 from app.ui.evaluation import evaluation_view
 from app.ui.session import Session
+from core import ratelimit
 from core.ownership import owns
 
 HERE = Path(__file__).resolve().parent
@@ -181,6 +182,15 @@ async def login(request: Request) -> Response:
         return RedirectResponse(nxt, status_code=303)
     if not _same_origin(request):
         raise FormRejected("the sign-in form was posted from another site")
+    limit = request.app.state.settings.login_rate_limit
+    if limit.enabled:  # attempts per client address (behind a proxy: the proxy's address)
+        address = request.client.host if request.client else "unknown"
+        taken = await ratelimit.atake(request.app.state.aredis, limit, address)
+        if not taken.allowed:
+            response = _page(request, "login.html", {"next": nxt, "error": "too many sign-in attempts from your "
+                             f"address; try again in {taken.retry_after_header} s"}, status=429)
+            response.headers["Retry-After"] = taken.retry_after_header
+            return response
     sessions = session.sessions(request)
     key = sessions.key_for(str(form.get("api_key") or "").strip())
     if key is None:

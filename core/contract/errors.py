@@ -57,6 +57,13 @@ class FieldReserved(FieldConflict):
     code = "reserved_name"
 
 
+class FieldTooLarge(FieldError):
+    """A field naming a file too large to read within the service's bounds (a parse past its memory limit): 413."""
+
+    status_code = 413
+    code = "too_large"
+
+
 class FieldUnavailable(FieldError):
     """A field naming something that is being prepared (a demo model not registered yet): 503 with
     ``Retry-After``, the seconds until it should be ready."""
@@ -70,3 +77,9 @@ class FieldUnavailable(FieldError):
         self.retry_after_s = retry_after_s
 
 
+
+
+class FieldBusy(FieldUnavailable):
+    """A field naming a file the server cannot read now: every bounded parser is busy (503, ``Retry-After``)."""
+
+    code = "busy"

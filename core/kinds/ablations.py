@@ -12,12 +12,13 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from core import dataset_refs, limits
+from core.bounded import run_bounded
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
 from core.contract.results.ablation import AblationResult
 from core.settings import Settings
-from models.lora.keys import REPRESENTATION_NAMES, DatasetFormatError, summarize_dataset
+from models.lora.keys import REPRESENTATION_NAMES
 
 DATASET_KIND = "lora"
 
@@ -99,21 +100,22 @@ def resolve_dataset(settings: Settings, name: str, owner: str) -> Path:
 
 def validate(req: AblationRequest, settings: Settings, owner: str = "system") -> None:
     path = resolve_dataset(settings, req.dataset, owner)
-    try:
-        summary = summarize_dataset(path)
-    except DatasetFormatError as exc:
-        raise FieldError(("body", "dataset"), str(exc), req.dataset) from None
-    except OSError as exc:
-        raise FieldError(("body", "dataset"), f"cannot read the dataset: {exc}", req.dataset) from None
-    if summary.classes and len(summary.classes) < 2:
+    summary = run_bounded(settings, "dataset.lora_summary", {"path": str(path)}, loc=("body", "dataset"),
+                          value=req.dataset, shown=req.dataset)
+    if "format_error" in summary:
+        raise FieldError(("body", "dataset"), summary["format_error"], req.dataset)
+    if "os_error" in summary:
+        raise FieldError(("body", "dataset"), f"cannot read the dataset: {summary['os_error']}", req.dataset)
+    classes, num_layers = summary["classes"], summary["num_layers"]
+    if classes and len(classes) < 2:
         raise FieldError(("body", "dataset"),
-                         f"the dataset has {len(summary.classes)} class(es); a probe needs at least 2", req.dataset)
-    if not summary.layers:
+                         f"the dataset has {len(classes)} class(es); a probe needs at least 2", req.dataset)
+    if not summary["layers"]:
         raise FieldError(("body", "dataset"), "no LoRA down/up factor pairs found in the dataset", req.dataset)
     for i, ls in enumerate(req.layer_sets):
-        if summary.num_layers.get(ls, 0) == 0:
+        if num_layers.get(ls, 0) == 0:
             raise FieldError(("body", "layer_sets", i),
-                             f"layer set {ls!r} matches no layer of the dataset (layers per set: {summary.num_layers})",
+                             f"layer set {ls!r} matches no layer of the dataset (layers per set: {num_layers})",
                              ls)
 
 

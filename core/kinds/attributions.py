@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
 from core import limits, registry
+from core.bounded import run_bounded
 from core.contract.checks import require_model
 from core.contract.errors import FieldError
 from core.contract.fields import (
@@ -27,7 +28,6 @@ from core.contract.fields import (
     shard_size_field,
 )
 from core.contract.kind import FanOut, JobKind, register
-from core.dataset_formats import news_labelled
 from core.fanout import too_many_shards
 from core.filestore import StoreError
 from core.settings import Settings
@@ -497,13 +497,23 @@ def _check_samples(samples: list[SampleIn]) -> None:
                              value=len(s.history_bodies))
 
 
+def _labelled(settings: Settings, entry: dict[str, Any], dataset: DatasetIn) -> bool | None:
+    """Whether the dataset's split has real/fake labels: from its recorded counts, else from a CSV header read in
+    the bounded parser (:func:`core.dataset_formats.news_labelled`)."""
+    counts = ((entry.get("meta") or {}).get("counts") or {}).get(dataset.split)
+    if isinstance(counts, dict) and "labelled" in counts:
+        return bool(counts["labelled"])
+    return run_bounded(settings, "dataset.news_labelled", {"entry": entry, "split": dataset.split},
+                       loc=("body", "dataset", "name"), value=dataset.name, shown=dataset.name)
+
+
 def _check_dataset(dataset: DatasetIn, settings: Settings) -> None:
     """A registered news dataset, with real/fake labels in its split when a balanced draw is asked for."""
     entry = registry.get_dataset(settings, dataset.name)
     if entry is None or entry.get("kind") != DATASET_KIND:
         raise FieldError(("body", "dataset", "name"), f"unknown news dataset {dataset.name!r}",
                          value=dataset.name)
-    if dataset.balanced and news_labelled(settings, entry, dataset.split) is False:
+    if dataset.balanced and _labelled(settings, entry, dataset) is False:
         raise FieldError(("body", "dataset", "balanced"), f"dataset {dataset.name!r} has no real/fake "
                          f"labels in its {dataset.split} split (no labels.tsv or candidate_is_fake), so "
                          "it cannot be balanced", value=True)

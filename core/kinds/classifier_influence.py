@@ -125,19 +125,22 @@ def output_of(req: ClassifierInfluenceRequest) -> str:
 
 def kfac_problem(settings: Settings, entry: dict[str, Any]) -> str | None:
     """Why EK-FAC cannot run on the exported classifier ``entry`` (``models.export.kfac``), or None. Reads the
-    program's graph (no torch), once per model version."""
+    program's graph (no torch) in the bounded parser, once per model version."""
     location = str(entry.get("location") or entry.get("path") or "")
     if location not in _KFAC_PROBLEMS:
-        from models.export.files import ProgramError, inspect_program
-        from models.export.kfac import layers_problem
+        from core.bounded import run_bounded
 
         try:
-            info = inspect_program(registry.local_path(settings, entry) / PROGRAM_FILE)
-        except (ProgramError, OSError):
+            path = registry.local_path(settings, entry) / PROGRAM_FILE
+        except OSError:
+            return None
+        answer = run_bounded(settings, "export.kfac_problem", {"path": str(path)}, loc=("body", "model"),
+                             value=entry.get("name"), shown=PROGRAM_FILE)
+        if "problem" not in answer:
             return None  # unreadable here: the worker decides (and says why)
         if len(_KFAC_PROBLEMS) > 256:
             _KFAC_PROBLEMS.clear()
-        _KFAC_PROBLEMS[location] = layers_problem(info)
+        _KFAC_PROBLEMS[location] = answer["problem"]
     return _KFAC_PROBLEMS[location]
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from core import limits
+from core.bounded import run_bounded
 from core.contract.checks import refuse_reserved, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest, RequestModel, refuse_invalid_text, refuse_non_finite
@@ -42,6 +43,7 @@ from core.userfiles import (
     UserFiles,
     check_path_lengths,
     check_tree,
+    display,
     resolve_data_path,
     shown,
 )
@@ -374,11 +376,12 @@ def _validate_huggingface(req: ImportModelRequest, settings: Settings, owner: st
     _refuse_fields(req, HF_FIELDS, "Hugging Face imports: the checkpoint's own files are read (config.json, the "
                    "safetensors weights, tokenizer.json)")
     directory = checked_dir(settings, req.path)
-    info = inspect_hf(settings, directory, req.path)
-    need = info.parameters * HF_FLOAT_BYTES
+    parameters = run_bounded(settings, "import.hf_parameters", {"directory": str(directory), "raw": req.path},
+                             loc=("body", "path"), value=req.path, shown=display(settings, directory))
+    need = parameters * HF_FLOAT_BYTES
     budget = memory_budget(settings, need)
     if budget and need > budget:
-        raise FieldError(("body", "path"), f"the checkpoint's {info.parameters:,} parameters would need about "
+        raise FieldError(("body", "path"), f"the checkpoint's {parameters:,} parameters would need about "
                          f"{gib(need)} of worker memory, more than the {gib(budget)} a worker offers "
                          "(EXPLAINQ_WORKER_MEMORY_BYTES)", value=req.path)
     require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)
@@ -439,16 +442,25 @@ def _validate_export(req: ImportModelRequest, settings: Settings, owner: str) ->
     _refuse_fields(req, EXPORT_FIELDS, "exported programs: the archive and its spec say everything (weights: the "
                    ".pt2 file, config: the spec)")
     directory = checked_dir(settings, req.path)
-    info, _ = inspect_export(settings, directory, req)
-    budget = memory_budget(settings, info.nbytes)
-    if budget and info.nbytes > budget:
-        raise FieldError(("body", "weights"), f"the program's weights would need about {gib(info.nbytes)} of "
+    name = req.weights or PROGRAM_DEFAULT
+    nbytes = run_bounded(settings, "import.export_nbytes", {"directory": str(directory), "request": _dumped(req)},
+                         loc=("body", "weights"), value=name, shown=display(settings, directory / name))
+    budget = memory_budget(settings, nbytes)
+    if budget and nbytes > budget:
+        raise FieldError(("body", "weights"), f"the program's weights would need about {gib(nbytes)} of "
                          f"worker memory, more than the {gib(budget)} a worker offers (EXPLAINQ_WORKER_MEMORY_BYTES)",
                          value=req.weights or PROGRAM_DEFAULT)
     require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)
 
 
+def _dumped(req: ImportModelRequest) -> dict[str, Any]:
+    """The request as the bounded parser's child rebuilds it (:mod:`core.parsers`)."""
+    return req.model_dump(mode="json", exclude_unset=True)
+
+
 def validate(req: ImportModelRequest, settings: Settings, owner: str = "system") -> None:
+    """The import's checks; every read of the model directory's content (configs, weight headers, archives) runs
+    in the bounded parser (:mod:`core.bounded`), the rest here."""
     refuse_reserved(req.name, owner, "name")
     if req.kind == "huggingface":
         _validate_huggingface(req, settings, owner)
@@ -476,7 +488,8 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
                              "(TracIn sums over checkpoints)", value=[])
         for i, ck in enumerate(req.checkpoints):
             _inside(settings, directory, ck.file, ("checkpoints", i, "file"))
-        _conve_header_check(req, directory, UserFiles(settings))
+        run_bounded(settings, "import.conve_headers", {"request": _dumped(req), "directory": str(directory)},
+                    loc=("body", "weights"), value=req.weights, shown=display(settings, directory))
     else:
         for field, value in conve_only.items():
             if value is not None:
@@ -485,7 +498,8 @@ def validate(req: ImportModelRequest, settings: Settings, owner: str = "system")
             raise FieldError(("body", "config"), "give the model's config or put config.json in the directory",
                              value=None)
         if req.kind in ("nrms", "naml"):
-            _check_pretrained(req, directory, UserFiles(settings))
+            run_bounded(settings, "import.news_pretrained", {"request": _dumped(req), "directory": str(directory)},
+                        loc=("body", "path"), value=req.path, shown=display(settings, directory))
     if req.vocab is not None and req.kind not in ("nrms", "naml"):
         raise FieldError(("body", "vocab"), "vocab is for NRMS/NAML word models", value=req.vocab)
     require_new_name(settings, req.name, owner, REGISTRY_KIND[req.kind], req.overwrite)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints, field_validator
 
 from core import estimators, limits, registry
+from core.bounded import run_bounded
 from core.contract.checks import require_model
 from core.contract.errors import FieldError
 from core.contract.fields import (
@@ -29,9 +30,8 @@ from core.contract.kind import FanOut, JobKind, register
 from core.fanout import too_many_shards
 from core.filestore import StoreError
 from core.settings import Settings
-from core.userfiles import PathError, UserFileError, UserFiles, resolve_data_path
+from core.userfiles import PathError, display, resolve_data_path
 from models.kg.shapes import LAYER_NAMES
-from models.kg.tsv import TriplesFormatError, read_triples
 
 MAX_TEST_TRIPLES = limits.MAX_TEST_TRIPLES
 MAX_SINGLE_PAIRS = limits.MAX_SINGLE_PAIRS  # mode 'single' returns every pair
@@ -173,15 +173,15 @@ def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
     if req.test_triples is not None:
         raise FieldError(loc, "give test_triples or test_triples_path, not both", value=req.test_triples_path)
     try:
-        rows = read_triples(resolve_data_path(settings, req.test_triples_path), UserFiles(settings),
-                            fmt="test_triples", max_rows=MAX_TEST_TRIPLES)
-    except (PathError, UserFileError, TriplesFormatError) as exc:
+        path = resolve_data_path(settings, req.test_triples_path)
+    except PathError as exc:
         raise FieldError(loc, str(exc), value=req.test_triples_path) from None
-    except UnicodeDecodeError:
-        raise FieldError(loc, "the file is not UTF-8 text", value=req.test_triples_path) from None
-    except OSError as exc:  # no permission...
-        raise FieldError(loc, f"cannot read {req.test_triples_path!r}: {exc.strerror or 'I/O error'}",
-                         value=req.test_triples_path) from None
+    answer = run_bounded(settings, "triples.read", {"path": str(path), "value": req.test_triples_path,
+                                                    "max_rows": MAX_TEST_TRIPLES},
+                         loc=loc, value=req.test_triples_path, shown=display(settings, path))
+    if "error" in answer:
+        raise FieldError(loc, answer["error"], value=req.test_triples_path)
+    rows = answer["rows"]
     if not rows:
         raise FieldError(loc, "the file holds no triples", value=req.test_triples_path)
     req.test_triples = [list(r) for r in rows]

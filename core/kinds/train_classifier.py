@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from core import dataset_refs, limits, registry
+from core.bounded import run_bounded
 from core.contract.charts import STEPS_CHART
 from core.contract.checks import refuse_reserved, require_model, require_new_name
 from core.contract.errors import FieldError
@@ -27,13 +28,11 @@ from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
 from core.contract.results.classifier_influence import ClassifierCheckpoint
 from core.contract.results.training import TrainingResult
-from core.dataset_formats import FormatError, tensor_splits
 from core.memory import gib
 from core.placement import memory_budget
 from core.settings import Settings
-from core.userfiles import UserFiles
-from models.textdata import TextDataError, label_indices
-from models.textdata import summarize as summarize_text
+from core.userfiles import display
+from models.textdata import label_indices
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MODEL_KIND = "exported_classifier"
@@ -120,13 +119,12 @@ def dataset_counts(settings: Settings, dataset: str, owner: str, model_kind: str
         path = registry.absolute_path(settings, ref.entry)
     else:
         path = ref.path
-    try:
-        if dataset_kind == DATASET_KIND:
-            counts = tensor_splits(path, UserFiles(settings))
-        else:
-            counts = summarize_text(path, UserFiles(settings))
-    except (FormatError, TextDataError) as exc:
-        raise FieldError(("body", "dataset"), str(exc), value=dataset) from None
+    answer = run_bounded(settings, "dataset.classifier_counts",
+                         {"path": str(path), "tensors": dataset_kind == DATASET_KIND}, loc=("body", "dataset"),
+                         value=dataset, shown=display(settings, path))
+    if "error" in answer:
+        raise FieldError(("body", "dataset"), answer["error"], value=dataset)
+    counts = answer["counts"]
     if "train" not in counts:
         raise FieldError(("body", "dataset"), "the dataset has no train.safetensors", value=dataset)
     return counts

@@ -10,16 +10,16 @@ from typing import Any
 from pydantic import Field
 
 from core import dataset_refs, limits, memory, registry
+from core.bounded import run_bounded
 from core.contract.charts import STEPS_CHART
 from core.contract.checks import refuse_reserved, require_new_name
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest
 from core.contract.kind import JobKind, register
 from core.contract.results.training import TrainConvEResult
-from core.dataset_formats import FormatError, detect
 from core.estimates import TrainingSize
 from core.settings import Settings
-from core.userfiles import UserFiles
+from core.userfiles import display
 from models.kg.shapes import check_image
 
 NATIONS = "nations"
@@ -111,9 +111,9 @@ _DIRECTORY_COUNTS: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
 
 
 def directory_counts(settings: Settings, path: Path, value: str, field: str = "dataset") -> dict[str, Any]:
-    """The counts of the triples directory ``path`` as ``POST /datasets`` records them (``detect`` through the
-    user-file opener: the tree checked, size caps, bounded reads); kept for the directory as long as its files'
-    sizes and times stay. FieldError on ``field`` when it is not a readable triples directory."""
+    """The counts of the triples directory ``path`` as ``POST /datasets`` records them (``detect`` in the bounded
+    parser, through the user-file opener: the tree checked, size caps, bounded reads); kept for the directory as
+    long as its files' sizes and times stay. FieldError on ``field`` when it is not a readable triples directory."""
     try:
         stamp = (str(path), *((f, st.st_size, st.st_mtime_ns) for f in TRIPLES_FILES
                               if (st := _stat(path / f)) is not None))
@@ -122,10 +122,12 @@ def directory_counts(settings: Settings, path: Path, value: str, field: str = "d
                          value=value) from None
     counts = _DIRECTORY_COUNTS.get(stamp)
     if counts is None:
-        try:
-            found = detect(path, UserFiles(settings))
-        except FormatError as exc:
-            raise FieldError(("body", *field.split(".")), str(exc), value=value) from None
+        answer = run_bounded(settings, "dataset.detect", {"path": str(path)}, loc=("body", *field.split(".")),
+                             value=value, shown=display(settings, path))
+        if "format_error" in answer or "os_error" in answer:
+            message = answer.get("format_error") or f"{value!r} cannot be read ({answer['os_error']})"
+            raise FieldError(("body", *field.split(".")), message, value=value)
+        found = answer["found"]
         if found["format"] != "triples":
             raise FieldError(("body", *field.split(".")), f"{value!r} is not a triples directory", value=value)
         counts = _DIRECTORY_COUNTS[stamp] = found["counts"]

@@ -1,0 +1,86 @@
+"""A tenant's own usage (``GET /usage``): the bytes the service stores for them and their work in flight.
+
+- **stored**: the tenant's registered models (their store versions), registered datasets the service copied into
+  the store (a dataset referenced in place under the data roots is counted, not sized: those bytes are the
+  tenant's own files), and the artifacts of their newest :data:`MAX_ARTIFACT_JOBS` jobs (``complete`` says whether
+  that was all of them);
+- **in_flight**: the jobs of the active-jobs quota that are queued or running (a fanned-out job counts until its
+  reduce step ends), the shards they have out on ``bulk``, and the estimated seconds of the queued ones (each at
+  its kind's mean run time so far, ``EXPLAINQ_BACKLOG_UNKNOWN_COST_S`` for a kind that never ended, as the
+  backlog's cost does: :mod:`core.backlog`).
+
+Only the caller's own records are read; nothing names a server path. No torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core import artifacts, backlog, fanout, keys, registry
+from core.keys import JOB_PREFIX, METRICS_DURATION
+from core.settings import Settings
+
+MAX_ARTIFACT_JOBS = 200  # jobs whose artifacts one call sizes (each is one listing of the store)
+QUEUED = ("queued", "deferred", "scheduled")
+
+
+def _location_bytes(store: Any, location: str) -> int:
+    return sum(f["size"] for f in store.list_files(location))
+
+
+def stored(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
+    store = registry.store(settings)
+    models = {n: e for n, e in registry.list_models(settings).items() if e.get("owner") == owner}
+    datasets = {n: e for n, e in registry.list_datasets(settings).items() if e.get("owner") == owner}
+    model_bytes = sum(_location_bytes(store, e["location"]) for e in models.values() if e.get("location"))
+    in_store = [e for e in datasets.values() if e.get("location")]
+    dataset_bytes = sum(_location_bytes(store, e["location"]) for e in in_store)
+    total_jobs = int(redis.zcard(keys.owner_jobs(owner)))
+    newest = [j.decode() for j in redis.zrevrange(keys.owner_jobs(owner), 0, MAX_ARTIFACT_JOBS - 1)]
+    artifact_bytes = sum(f["size"] for j in newest for f in artifacts.list_files(settings, j))
+    return {
+        "models": {"count": len(models), "bytes": model_bytes},
+        "datasets": {"count": len(datasets), "in_store": len(in_store), "in_place": len(datasets) - len(in_store),
+                     "bytes": dataset_bytes},
+        "artifacts": {"jobs": total_jobs, "jobs_counted": len(newest), "complete": len(newest) == total_jobs,
+                      "bytes": artifact_bytes},
+        "bytes": model_bytes + dataset_bytes + artifact_bytes,
+    }
+
+
+def in_flight(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
+    members = sorted(m.decode() for m in redis.smembers(keys.owner_active(owner)))
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(METRICS_DURATION)
+        pipe.scard(keys.fanout_inflight(owner))
+        for job_id in members:
+            pipe.hmget(JOB_PREFIX + job_id, ["status", "description"])
+            pipe.hget(JOB_PREFIX + fanout.reduce_id(job_id), "status")
+        durations, shards_out, *answers = pipe.execute()
+    mean = backlog.mean_durations(durations)
+    jobs: list[dict[str, Any]] = []
+    seconds, unestimated = 0.0, 0
+    for job_id, (status, description), reduce_status in zip(members, answers[::2], answers[1::2], strict=True):
+        status = status.decode() if status else None
+        reduce_status = reduce_status.decode() if reduce_status else None
+        text = description.decode() if description else ""
+        kind = text[: -len(" job")] if text.endswith(" job") else None
+        if status in QUEUED:
+            state = "queued"
+            cost = mean.get(kind or "")
+            if cost is None:
+                cost, unestimated = settings.backlog_unknown_cost_s, unestimated + 1
+            seconds += cost
+        elif status == "started" or reduce_status in (*QUEUED, "started"):
+            state = "running"
+        else:
+            continue  # ended: the quota's set is pruned at the next submission
+        jobs.append({"id": job_id, "kind": kind, "state": state})
+    return {"jobs": len(jobs), "queued": sum(j["state"] == "queued" for j in jobs),
+            "running": sum(j["state"] == "running" for j in jobs), "shards_out": int(shards_out),
+            "queued_estimated_seconds": round(seconds, 3), "unestimated": unestimated,
+            "max_active_jobs": settings.max_active_jobs, "items": jobs}
+
+
+def usage(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
+    return {"owner": owner, "stored": stored(settings, redis, owner), "in_flight": in_flight(settings, redis, owner)}
