@@ -104,7 +104,7 @@ def one(name: str, texts: int, proj_dim: int, repeats: int, device: str) -> dict
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()
         report = featurize(store, source, loss="margin", proj_dim=proj_dim, device=device, batch_size=batch)
-        store_weights(store, source, report["checkpoints"][-1]["key"], device)
+        store_weights(store, source, report, device)
         featurize_s = time.perf_counter() - t0
         peak_featurize = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0 = time.perf_counter()

@@ -295,15 +295,21 @@ def _ours(name: str, rep: Replicate, cfg: dict[str, Any], self_scores: bool = Fa
     return scores(rep.clf, ckpts, rep.test_rows, rep.train_rows, **opts).double().numpy()
 
 
-def trak_q_mean(rep: Replicate, cfg: dict[str, Any]) -> np.ndarray:
-    """explainq's TRAK kernel average over the checkpoints times Q averaged over the same checkpoints (each at its
-    own weights: traker's and dattri's convention) instead of Q at the trained model (the service's): a
-    diagnostic row, from the estimator table's own functions."""
-    from models.explain.classifier_estimators import _trak_sum, trak_weights
+def trak_former(rep: Replicate, cfg: dict[str, Any]) -> np.ndarray:
+    """The convention explainq's ``trak`` followed before (no longer offered): one projection (the seed itself) for
+    every checkpoint, the kernels averaged over the checkpoints, times Q at the trained model (the last checkpoint)
+    alone. A diagnostic row, from the estimator table's own building blocks."""
+    from models.explain.classifier_estimators import _projector, trak_weights
+    from models.explain.trak import gram_of, trak_query
 
     ckpts = list(rep.clf.checkpoints)
-    total = _trak_sum(rep.clf, ckpts, rep.test_rows, rep.train_rows, cfg["proj_dim"], 0, cfg["damping"], None, 64)
-    q = sum(trak_weights(rep.clf, rep.train_rows, c) for c in ckpts) / len(ckpts)
+    proj = _projector(rep.clf, "trak", cfg["proj_dim"], 0, None, 64)
+    total = torch.zeros(len(rep.test_rows), len(rep.train_rows), dtype=torch.float64)
+    for ck in ckpts:
+        proj.load(ck)
+        phi = proj.features(rep.train_rows)
+        total += trak_query(gram_of(phi), cfg["damping"], proj.features(rep.test_rows).double()) @ phi.double().t()
+    q = trak_weights(rep.clf, rep.train_rows, ckpts[-1])
     return (total / len(ckpts) * q[None, :]).double().numpy()
 
 
@@ -335,8 +341,8 @@ def entries(fx: DattriFunctions, ensemble: int) -> list[Entry]:
         Entry("dattri EK-FAC IF", "ekfac", "dattri", [{"damping": 0.0}] + [{"damping": d} for d in EKFAC_DAMPING],
               lambda r, c: dattri_ekfac(fx, r, c), lambda r, c: dattri_ekfac_self(fx, r, c)),
     ]
-    out.append(Entry("(diagnostic) explainq trak, Q averaged over checkpoints", "trak_q_mean", "explainq", [],
-                     trak_q_mean, None, tuned_as="explainq trak"))
+    out.append(Entry("(diagnostic) former explainq trak: one projection, Q at the last checkpoint", "trak_former",
+                     "explainq", [], trak_former, None, tuned_as="explainq trak"))
     if ensemble:
         out.append(Entry(f"explainq trak_ensemble ({ensemble + 1} models)", "trak_ensemble", "explainq", [],
                          lambda r, c: _ours("trak_ensemble", r, c), None, tuned_as="explainq trak"))
@@ -413,7 +419,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "-" if e.name == REFERENCE else f"{_fmt(ratio['ratio'], 2)} {_iv(ratio, 2)}",
                          f"{seconds[e.name]:.1f}"])
         diffs = []
-        for fam, theirs_fam in [*((f, f) for f in FAMILIES), ("trak_q_mean", "trak")]:
+        for fam, theirs_fam in [*((f, f) for f in FAMILIES), ("trak_former", "trak")]:
             ours = next(e for e in table if e.family == fam and e.library == "explainq")
             theirs = next(e for e in table if e.family == theirs_fam and e.library == "dattri")
             d = ef.difference_interval(list(per_test[ours.name]), list(per_test[theirs.name]), args.seed)

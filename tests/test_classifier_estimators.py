@@ -127,15 +127,27 @@ def test_ghost_tracin_equals_the_materialised_path_on_texts(tmp_path, model_type
     assert set(auto.factorised) < set(ghost.factorised)
 
 
-def _dense_trak(clf, test, train_rows, proj_dim, damping, seed):
-    """float64 reference: explicit margin gradients by autograd, the explicit projection matrix, a dense solve."""
+def _projection_seed(seed, checkpoint, model=0):
+    """The per-checkpoint projection seed as the estimator documents it (restated here, not imported)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"trak|{seed}|model {model}|checkpoint {checkpoint}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def _dense_trak(clf, test, train_rows, proj_dim, damping, seed, model=0, only_last=False):
+    """float64 reference of TRAK (Park et al. 2023, Algorithm 1, the checkpoints as its models): per checkpoint c
+    explicit margin gradients by autograd, an explicit projection matrix of its own seed, a dense solve; returns
+    the kernel averaged over the checkpoints and Q = 1 - p(label) averaged over the checkpoints, each at its own
+    weights (``only_last``: the last checkpoint alone, at its position among the model's checkpoints)."""
     from models.explain.gradients import classification_margin
     from models.explain.trak import projection_matrix
 
-    total, n_ck = 0, 0
+    total, q, n_ck = 0, 0, 0
     shapes = {n: tuple(p.shape) for n, p in clf.module.named_parameters()}
-    proj = projection_matrix(shapes, proj_dim, seed)
-    for ck in clf.checkpoints:
+    numbered = list(enumerate(clf.checkpoints))
+    for c, ck in numbered[-1:] if only_last else numbered:
+        proj = projection_matrix(shapes, proj_dim, _projection_seed(seed, c, model))
         module = clf.at(ck).double()
         for p in module.parameters():
             p.requires_grad_(True)
@@ -150,18 +162,24 @@ def _dense_trak(clf, test, train_rows, proj_dim, damping, seed):
         gram = phi.t() @ phi
         lam = damping * float(torch.trace(gram)) / proj_dim
         total = total + phi_t @ torch.linalg.solve(gram + lam * torch.eye(proj_dim, dtype=torch.float64), phi.t())
+        with torch.no_grad():
+            probs = torch.softmax(module(clf.inputs(train_rows)[0].double()), 1)
+        q = q + 1 - probs[torch.arange(len(train_rows)), clf.labels(train_rows)]
         n_ck += 1
-    final = clf.at(clf.checkpoints[-1]).double()
-    probs = torch.softmax(final(clf.inputs(train_rows)[0].double()), 1)
-    q = 1 - probs[torch.arange(len(train_rows)), clf.labels(train_rows)]
-    return total / n_ck, q
+    return total / n_ck, q / n_ck
 
 
 def test_trak_and_its_ensemble_equal_a_dense_float64_reference(digits):
-    from models.explain.classifier_estimators import trak_ensemble_scores, trak_scores, trak_self_scores
+    from models.explain.classifier_estimators import (
+        trak_ensemble_scores,
+        trak_ensemble_self_scores,
+        trak_scores,
+        trak_self_scores,
+    )
     from models.export.influence import ProgramModule, classifier, read_checkpoints
 
     clf, test, train_rows, tmp = digits
+    assert len(clf.checkpoints) >= 2
     kw = {"proj_dim": 32, "damping": 0.05, "seed": 2}
     s0, q0 = _dense_trak(clf, test, train_rows, 32, 0.05, 2)
     got = trak_scores(clf, "all", test, train_rows, **kw)
@@ -170,15 +188,26 @@ def test_trak_and_its_ensemble_equal_a_dense_float64_reference(digits):
     self_want = torch.diagonal(_dense_trak(clf, train_rows, train_rows, 32, 0.05, 2)[0]) * q0
     torch.testing.assert_close(trak_self_scores(clf, "all", train_rows, **kw), self_want, rtol=1e-3,
                                atol=1e-4 * float(self_want.abs().max()))
-    # a second model of the same recipe, another seed: the ensemble averages the kernels and the Q weights
+    # "last" alone: the last checkpoint keeps its own projection (its position among the model's checkpoints)
+    last = trak_scores(clf, "last", test, train_rows, **kw)
+    s_last, q_last = _dense_trak(clf, test, train_rows, 32, 0.05, 2, only_last=True)
+    torch.testing.assert_close(last, s_last * q_last[None], rtol=1e-3, atol=1e-4 * float(last.abs().max()))
+    # a second model of the same recipe, another seed (model 1: its own projections): the ensemble averages the
+    # kernels and the Q weights over every (model, checkpoint)
     out1, _ = _train(tmp, 1)
     module1 = ProgramModule(load(out1))
     member = classifier(module1, read_checkpoints(out1, module1).states)
-    s1, q1 = _dense_trak(member, test, train_rows, 32, 0.05, 2)
+    assert len(member.checkpoints) == len(clf.checkpoints)
+    s1, q1 = _dense_trak(member, test, train_rows, 32, 0.05, 2, model=1)
     ens = trak_ensemble_scores(clf, "all", test, train_rows, members=[member], **kw)
     want = (s0 + s1) / 2 * ((q0 + q1) / 2)[None]
     torch.testing.assert_close(ens, want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
     assert not torch.allclose(ens, got, rtol=1e-2)
+    d1, _ = _dense_trak(member, train_rows, train_rows, 32, 0.05, 2, model=1)
+    ens_self = (torch.diagonal(_dense_trak(clf, train_rows, train_rows, 32, 0.05, 2)[0]) + torch.diagonal(d1)) / 2 \
+        * (q0 + q1) / 2
+    torch.testing.assert_close(trak_ensemble_self_scores(clf, "all", train_rows, members=[member], **kw), ens_self,
+                               rtol=1e-3, atol=1e-4 * float(ens_self.abs().max()))
 
 
 def test_projected_tracin_approaches_tracin(digits):

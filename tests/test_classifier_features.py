@@ -58,7 +58,7 @@ def test_featurize_once_append_rows_and_query_equal_the_dense_estimators(digits,
     head = ClassifierFeatures(clf, train_rows[:40])
     first = featurize(store, head, loss="margin", proj_dim=K, seed=3)
     assert first["rows_computed"] == 2 * 40
-    store_weights(store, head, first["checkpoints"][-1]["key"])
+    store_weights(store, head, first)
     assert featurize(store, head, loss="margin", proj_dim=K, seed=3)["rows_computed"] == 0
     whole = ClassifierFeatures(clf, train_rows)
     with pytest.raises(NotFeaturized):
@@ -68,7 +68,7 @@ def test_featurize_once_append_rows_and_query_equal_the_dense_estimators(digits,
     index = FeatureIndex(store, whole, loss="margin", proj_dim=K, seed=3)
     with pytest.raises(NotFeaturized, match="TRAK weights"):  # Q of the whole training set is not stored yet
         stored_top_k(store, index, test, "trak", 5, 0.05)
-    store_weights(store, whole, appended["checkpoints"][-1]["key"])
+    store_weights(store, whole, appended)
     dense = table.trak_scores(clf, "all", test, train_rows, proj_dim=K, seed=3, damping=0.05).float()
     monkeypatch.setattr(features, "TILE_ROWS", 16)  # several tiles: the streaming merge is exercised
     top = stored_top_k(store, index, test, "trak", 5, 0.05)
@@ -78,6 +78,53 @@ def test_featurize_once_append_rows_and_query_equal_the_dense_estimators(digits,
     self_dense = table.trak_self_scores(clf, "all", train_rows, proj_dim=K, seed=3, damping=0.05).float()
     torch.testing.assert_close(stored_self_scores(store, index, "trak", 0.05), self_dense, rtol=1e-4,
                                atol=1e-5 * float(self_dense.abs().max()))
+
+
+def test_trak_features_have_a_projection_per_checkpoint_in_their_key(digits):
+    """TRAK's stored features: each checkpoint its own projection seed, in its feature key, so features stored
+    with one shared projection (the former layout's key: the same settings without it) are not read as these, and
+    each checkpoint's stored Q is its own."""
+    from models.explain.classifier_features import ClassifierFeatures, load_weights, store_weights
+    from models.explain.features import FeatureIndex, NotFeaturized, featurize, settings_for, weights_digest
+    from models.explain.trak import checkpoint_seed
+
+    clf, _test, train_rows, tmp = digits
+    store = _store(tmp, "keys")
+
+    class Shared(ClassifierFeatures):  # the former layout: one projection for every checkpoint
+        def projection_seed(self, loss, seed, ckpt):
+            return None
+
+    old = featurize(store, Shared(clf, train_rows), loss="margin", proj_dim=K, seed=5)
+    source = ClassifierFeatures(clf, train_rows)
+    with pytest.raises(NotFeaturized):
+        FeatureIndex(store, source, loss="margin", proj_dim=K, seed=5)
+    new = featurize(store, source, loss="margin", proj_dim=K, seed=5)
+    assert new["rows_computed"] == len(clf.checkpoints) * len(train_rows)
+    fs = settings_for(source, "all", "margin", K, 5)
+    keys = [c["key"] for c in new["checkpoints"]]
+    assert keys == [fs.key(source.config, weights_digest(ck), checkpoint_seed(5, i))
+                    for i, ck in enumerate(clf.checkpoints)]
+    assert not set(keys) & {c["key"] for c in old["checkpoints"]}
+    store_weights(store, source, new)
+    index = FeatureIndex(store, source, loss="margin", proj_dim=K, seed=5)
+    v0, v1 = index.views[0].rows(0, 4), index.views[1].rows(0, 4)
+    proj = source.projector(fs.layers, "margin", K, checkpoint_seed(5, 1), "cpu", torch.float32, 64)
+    proj.load(clf.checkpoints[1])
+    torch.testing.assert_close(v1, proj.features(train_rows[:4]))
+    proj.reseed(checkpoint_seed(5, 0))
+    proj.load(clf.checkpoints[0])
+    torch.testing.assert_close(v0, proj.features(train_rows[:4]))
+    from models.explain.classifier_estimators import trak_weights
+
+    want_q = sum(trak_weights(clf, train_rows, ck) for ck in clf.checkpoints) / len(clf.checkpoints)
+    torch.testing.assert_close(load_weights(store, index), want_q, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(want_q, trak_weights(clf, train_rows), atol=1e-3)
+    # projected TracIn's features keep one projection (and their key) for every checkpoint
+    tr = featurize(store, source, loss="train", proj_dim=K, seed=5)
+    fs_train = settings_for(source, "all", "train", K, 5)
+    assert [c["key"] for c in tr["checkpoints"]] == [fs_train.key(source.config, weights_digest(ck))
+                                                     for ck in clf.checkpoints]
 
 
 def test_stored_projected_tracin_equals_the_dense_one(digits):

@@ -206,15 +206,18 @@ def test_the_sdk_reads_the_result_as_rows_and_draws_it(svc):
 
 
 def _dense_trak(source, train, test_x, test_y, proj_dim: int, damping: float, seed: int):
-    """The float64 reference: every per-example margin gradient by autograd, the explicit projection matrix, the
-    damped Gauss-Newton inverse solved densely, averaged over the checkpoints, columns times 1 - p(label)."""
+    """The float64 reference (TRAK's Algorithm 1, the checkpoints as its models): per checkpoint c every per-example
+    margin gradient by autograd, the explicit projection matrix of c's own seed (the documented derivation, restated
+    here), the damped Gauss-Newton inverse solved densely; the kernels averaged over the checkpoints, columns times
+    1 - p(label) averaged over the checkpoints, each at its own weights."""
+    import hashlib
+
     from models.explain.gradients import classification_margin
     from models.explain.trak import projection_matrix
     from models.export.influence import ProgramModule, read_checkpoints
 
     module = ProgramModule(load(source)).double()
     shapes = {n: tuple(p.shape) for n, p in module.named_parameters()}
-    proj = projection_matrix(shapes, proj_dim, seed)
 
     def grads(x, y):
         out = []
@@ -223,17 +226,20 @@ def _dense_trak(source, train, test_x, test_y, proj_dim: int, damping: float, se
             out.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(value, list(module.parameters()))]))
         return torch.stack(out)
 
-    total = 0
+    total, q = 0, 0
     states = read_checkpoints(source, ProgramModule(load(source))).states
-    for ck in states:
+    for c, ck in enumerate(states):
+        digest = hashlib.sha256(f"trak|{seed}|model 0|checkpoint {c}".encode()).digest()
+        proj = projection_matrix(shapes, proj_dim, int.from_bytes(digest[:8], "little") & (2**63 - 1))
         module.load_state_dict({k: v.double() for k, v in ck.state.items()})
         phi, phi_t = grads(train.inputs, train.labels) @ proj, grads(test_x, test_y) @ proj
         gram = phi.t() @ phi
         lam = damping * float(torch.trace(gram)) / proj_dim
         total = total + phi_t @ torch.linalg.solve(gram + lam * torch.eye(proj_dim, dtype=torch.float64), phi.t())
-    final = ProgramModule(load(source)).double()
-    probs = torch.softmax(final(train.inputs.double()), 1)
-    return total / len(states) * (1 - probs[torch.arange(len(train.labels)), train.labels])[None]
+        with torch.no_grad():
+            probs = torch.softmax(module(train.inputs.double()), 1)
+        q = q + 1 - probs[torch.arange(len(train.labels)), train.labels]
+    return total / len(states) * (q / len(states))[None]
 
 
 def test_trak_equals_a_dense_float64_reference(svc):

@@ -6,8 +6,9 @@ here.
 The features (``models.explain.features``, the classifiers' side in ``models.explain.classifier_features``) are
 kept in the file store under ``features/``, content-addressed by the checkpoint's weights, the architecture and
 the settings; a repeated request computes nothing, and appended training examples or a new checkpoint compute only
-what is new. ``loss`` ``margin`` stores TRAK's features (and each training example's Q = 1 - p of its label, so
-that a query runs no forward pass over the training set); ``train`` stores projected TracIn's. The features are
+what is new. ``loss`` ``margin`` stores TRAK's features (each checkpoint with its own projection, and each training
+example's Q = 1 - p of its label at every checkpoint, so that a query runs no forward pass over the training set);
+``train`` stores projected TracIn's. The features are
 removed with the model version they belong to (``core.retention``). Only the model's owner may featurize it.
 """
 

@@ -78,8 +78,9 @@ class ClassifierInfluenceRequest(JobRequest):
     estimator: EstimatorName = Field("tracin", title="Influence method",  # type: ignore[valid-type]
         description="tracin: exact TracIn-CP (Σ lr · gradient dot products); tracin_projected: the same with the "
                     "gradients projected to proj_dim; trak: TRAK (projected gradients of the classification margin, "
-                    "the Gauss-Newton inverse, each training example weighted by 1 - p of its label, averaged over "
-                    "the checkpoints); trak_ensemble: TRAK averaged over this model and the models of ensemble; "
+                    "an independent projection per checkpoint, the Gauss-Newton inverse, averaged over the "
+                    "checkpoints, each training example weighted by 1 - p of its label averaged over the same "
+                    "checkpoints); trak_ensemble: TRAK averaged over this model and the models of ensemble; "
                     "ekfac: influence functions with EK-FAC curvature through Kronfluence, at the trained model, "
                     "over its linear and convolution layers")
     output: Literal["loss", "margin"] | None = Field(None, title="Test output traced", json_schema_extra=ADVANCED,
@@ -106,8 +107,9 @@ class ClassifierInfluenceRequest(JobRequest):
         description="ekfac: the damping added to the EK-FAC eigenvalues (Kronfluence's damping_factor); by default "
                     "Kronfluence's heuristic, 0.1 x each layer's mean eigenvalue")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Random seed", json_schema_extra=ADVANCED,
-        description="trak, trak_ensemble, tracin_projected: seed of the random projection; ekfac: seed of the "
-                    "labels sampled for the Fisher")
+        description="trak, trak_ensemble, tracin_projected: seed of the random projection (trak, trak_ensemble: "
+                    "each checkpoint's own projection is derived from it and the checkpoint's position); ekfac: "
+                    "seed of the labels sampled for the Fisher")
     checkpoints: Literal["all", "last"] = Field("all", title="Checkpoints summed", json_schema_extra=ADVANCED,
         description="Sum over every kept checkpoint (TracIn-CP, TRAK), or the last one only; ekfac always runs at "
                     "the trained model (the last checkpoint)")

@@ -261,62 +261,104 @@ def tracin_projected_self_scores(clf: Classifier, checkpoints: Any, train: torch
 
 def trak_weights(clf: Classifier, train: torch.Tensor, ckpt: CheckpointLike | None = None,
                  device: Any = None) -> torch.Tensor:
-    """TRAK's Q: each training row's 1 - p(its label) under the trained model (``ckpt``: default the last)."""
+    """TRAK's Q at one checkpoint: each training row's 1 - p(its label) under the weights of ``ckpt`` (default the
+    last)."""
     module = clf.at(ckpt if ckpt is not None else clf.checkpoints[-1], device)
     probs = torch.softmax(clf.logits(module, train).double(), 1)
     return 1.0 - probs[torch.arange(len(train)), clf.labels(train).cpu()]
 
 
-def _trak_sum(clf: Classifier, checkpoints: Sequence[CheckpointLike], test: torch.Tensor, train: torch.Tensor,
-              proj_dim: int, seed: int, damping: float, device: Any, batch_size: int) -> torch.Tensor:
-    """Σ over ``checkpoints`` of φ_c(test)(Φ_cᵀΦ_c + λ_c I)⁻¹Φ_cᵀ (float64), margin features on both sides."""
-    from models.explain.trak import check_damping, gram_of, trak_query
+def checkpoint_index(clf: Classifier, ckpt: CheckpointLike, position: int = 0) -> int:
+    """The position of ``ckpt`` among the classifier's checkpoints (the same object, else the same name), what its
+    TRAK projection seed derives from (:func:`models.explain.trak.checkpoint_seed`); ``position`` (its place in the
+    list it was given in) for a checkpoint that is not one of them."""
+    own = list(clf.checkpoints)
+    for i, c in enumerate(own):
+        if c is ckpt:
+            return i
+    name = getattr(ckpt, "name", None)
+    if name is not None:
+        for i, c in enumerate(own):
+            if getattr(c, "name", None) == name:
+                return i
+    return position
+
+
+def _trak_sum(clf: Classifier, checkpoints: Sequence[CheckpointLike], test: torch.Tensor | None,
+              train: torch.Tensor, proj_dim: int, seed: int, damping: float, device: Any, batch_size: int,
+              model: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(Σ_c K_c, Σ_c Q_c)`` over ``checkpoints`` (float64, CPU), margin features on both sides: ``K_c`` the
+    kernel φ_c(test)(Φ_cᵀΦ_c + λ_c I)⁻¹Φ_cᵀ ``[m, n]`` with checkpoint c's own projection (seed
+    :func:`models.explain.trak.checkpoint_seed` of ``seed``, ``model`` and its :func:`checkpoint_index`), or with
+    ``test`` None each training row's φ_c(z)ᵀ(Φ_cᵀΦ_c + λ_c I)⁻¹φ_c(z) ``[n]``; ``Q_c`` the training rows' 1 - p at
+    checkpoint c (:func:`trak_weights`) ``[n]``."""
+    from models.explain.trak import check_damping, checkpoint_seed, gram_of, trak_query
 
     check_damping(damping)
-    proj = _projector(clf, "trak", proj_dim, seed, device, batch_size)
-    out = torch.zeros(len(test), len(train), dtype=torch.float64)
-    for ck in checkpoints:
+    proj = None
+    shape = (len(train),) if test is None else (len(test), len(train))
+    kernel = torch.zeros(shape, dtype=torch.float64)
+    q = torch.zeros(len(train), dtype=torch.float64)
+    for pos, ck in enumerate(checkpoints):
+        s = checkpoint_seed(seed, checkpoint_index(clf, ck, pos), model)
+        if proj is None:
+            proj = _projector(clf, "trak", proj_dim, s, device, batch_size)
+        proj.reseed(s)
         proj.load(ck)
         phi = proj.features(train)
-        out += (trak_query(gram_of(phi), damping, proj.features(test).double()) @ phi.double().t()).cpu()
-    return out
+        if test is None:
+            kernel += (trak_query(gram_of(phi), damping, phi.double()) * phi.double()).sum(1).cpu()
+        else:
+            kernel += (trak_query(gram_of(phi), damping, proj.features(test).double()) @ phi.double().t()).cpu()
+        q += trak_weights(clf, train, ck, device=device)
+    return kernel, q
 
 
 def trak_scores(clf: Classifier, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
                 proj_dim: int = TRAK_PROJ_DIM, seed: int = 0, damping: float = TRAK_DAMPING, device: Any = None,
                 batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
-    """TRAK on one model: projected margin gradients, the damped Gauss-Newton inverse per checkpoint, averaged
-    over the checkpoints, each training column times Q (:func:`trak_weights`)."""
+    """TRAK on one model (Park et al. 2023, Algorithm 1, the checkpoints in the role of its models): projected
+    margin gradients with an independent projection per checkpoint, the damped Gauss-Newton inverse per checkpoint,
+    the kernels averaged over the checkpoints, each training column times its Q (:func:`trak_weights`) averaged over
+    the same checkpoints."""
     return trak_ensemble_scores(clf, checkpoints, test, train, members=(), proj_dim=proj_dim, seed=seed,
                                 damping=damping, device=device, batch_size=batch_size)
+
+
+def _ensemble(clf: Classifier, checkpoints: Any, test: torch.Tensor | None, train: torch.Tensor,
+              members: Sequence[Classifier], proj_dim: int, seed: int, damping: float, device: Any,
+              batch_size: int) -> torch.Tensor:
+    models = [clf, *members]
+    kernel: torch.Tensor | float = 0.0
+    q: torch.Tensor | float = 0.0
+    count = 0
+    for i, m in enumerate(models):
+        ckpts = resolve(m, checkpoints if (i == 0 or isinstance(checkpoints, str) or checkpoints is None)
+                        else "last")
+        k_sum, q_sum = _trak_sum(m, ckpts, test, train, proj_dim, seed, damping, device, batch_size, model=i)
+        kernel, q, count = kernel + k_sum, q + q_sum, count + len(ckpts)
+    q_mean = q / count
+    return kernel / count * (q_mean if test is None else q_mean[None, :])
 
 
 def trak_ensemble_scores(clf: Classifier, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
                          members: Sequence[Classifier] = (), proj_dim: int = TRAK_PROJ_DIM, seed: int = 0,
                          damping: float = TRAK_DAMPING, device: Any = None,
                          batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
-    """TRAK's model ensemble (Park et al. 2023, eq. 17): for the model ``clf`` and every one of ``members``
-    (models of the same recipe trained with other seeds), each with its own checkpoints, the average of
-    φ(test)(ΦᵀΦ + λI)⁻¹Φᵀ over every (model, checkpoint), times the average over the models of each training
-    row's Q at the model's trained weights. ``checkpoints`` selects the checkpoints of every model alike
-    (``"all"`` or ``"last"``; a list applies to ``clf`` only, the members then use their last)."""
-    models = [clf, *members]
-    total = torch.zeros(len(test), len(train), dtype=torch.float64)
-    q = torch.zeros(len(train), dtype=torch.float64)
-    count = 0
-    for i, m in enumerate(models):
-        ckpts = resolve(m, checkpoints if (i == 0 or isinstance(checkpoints, str) or checkpoints is None)
-                        else "last")
-        total += _trak_sum(m, ckpts, test, train, proj_dim, seed, damping, device, batch_size)
-        count += len(ckpts)
-        q += trak_weights(m, train, device=device)
-    return total / count * (q / len(models))[None, :]
+    """TRAK's model ensemble (Park et al. 2023, eq. 17 and Algorithm 1): for the model ``clf`` (model 0) and every
+    one of ``members`` (models 1, 2, ... of the same recipe trained with other seeds), each with its own checkpoints
+    and an independent projection per (model, checkpoint), the average of φ(test)(ΦᵀΦ + λI)⁻¹Φᵀ over every (model,
+    checkpoint), times the average over the same (model, checkpoint) pairs of each training row's Q at those
+    weights. ``checkpoints`` selects the checkpoints of every model alike (``"all"`` or ``"last"``; a list applies
+    to ``clf`` only, the members then use their last)."""
+    return _ensemble(clf, checkpoints, test, train, members, proj_dim, seed, damping, device, batch_size)
 
 
 def trak_self_scores(clf: Classifier, checkpoints: Any, train: torch.Tensor, *, proj_dim: int = TRAK_PROJ_DIM,
                      seed: int = 0, damping: float = TRAK_DAMPING, device: Any = None,
                      batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
-    """Each training row's TRAK score on itself: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over the checkpoints, times Q."""
+    """Each training row's TRAK score on itself: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over the checkpoints (each with its
+    own projection), times its Q averaged over them (:func:`trak_scores` on the diagonal)."""
     return trak_ensemble_self_scores(clf, checkpoints, train, members=(), proj_dim=proj_dim, seed=seed,
                                      damping=damping, device=device, batch_size=batch_size)
 
@@ -325,26 +367,9 @@ def trak_ensemble_self_scores(clf: Classifier, checkpoints: Any, train: torch.Te
                               members: Sequence[Classifier] = (), proj_dim: int = TRAK_PROJ_DIM, seed: int = 0,
                               damping: float = TRAK_DAMPING, device: Any = None,
                               batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
-    """The ensemble's self-influence: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over every (model, checkpoint), times the
-    models' mean Q (as :func:`trak_ensemble_scores` on the diagonal)."""
-    from models.explain.trak import check_damping, gram_of, trak_query
-
-    check_damping(damping)
-    models = [clf, *members]
-    out = torch.zeros(len(train), dtype=torch.float64)
-    q = torch.zeros(len(train), dtype=torch.float64)
-    count = 0
-    for i, m in enumerate(models):
-        ckpts = resolve(m, checkpoints if (i == 0 or isinstance(checkpoints, str) or checkpoints is None)
-                        else "last")
-        proj = _projector(m, "trak", proj_dim, seed, device, batch_size)
-        for ck in ckpts:
-            proj.load(ck)
-            phi = proj.features(train).double()
-            out += (trak_query(gram_of(phi), damping, phi) * phi).sum(1).cpu()
-        count += len(ckpts)
-        q += trak_weights(m, train, device=device)
-    return out / count * (q / len(models))
+    """The ensemble's self-influence: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over every (model, checkpoint), times Q
+    averaged over the same pairs (:func:`trak_ensemble_scores` on the diagonal)."""
+    return _ensemble(clf, checkpoints, None, train, members, proj_dim, seed, damping, device, batch_size)
 
 
 # ------------------------------------------------------------------------------------------ EK-FAC

@@ -7,14 +7,21 @@ the architecture besides the weights, part of every feature key) and a :class:`m
 of one of two losses: ``margin`` (the classification margin: TRAK's features, on both sides of its score) or
 ``train`` (the cross-entropy: projected TracIn's).
 
-TRAK on a classifier weights each training column by Q (1 - p of the row's label under the trained model, TRAK's
-out-to-loss term). Q is a forward pass over every training row, so the featurize job stores it too
-(:func:`store_weights`, ``features/<feature key of the last checkpoint>/q/<digest of the training rows>.npy``),
-and a query reads it (:func:`load_weights`) instead of running the model over the training set; a query of new
-rows the store has no Q for is :class:`models.explain.features.NotFeaturized`.
+TRAK's features (``margin``) are projected with an independent projection per checkpoint, as the direct estimator
+(:func:`models.explain.classifier_estimators.trak_scores`) draws them: :meth:`ClassifierFeatures.projection_seed`,
+which puts each checkpoint's projection seed into its feature key (so features of one shared projection, stored
+before, are never read as these).
+
+TRAK on a classifier weights each training column by Q (1 - p of the row's label, TRAK's out-to-loss term)
+averaged over the checkpoints, each at its own weights. Q is a forward pass over every training row, so the
+featurize job stores it per checkpoint (:func:`store_weights`, ``features/<the checkpoint's feature key>/q/<digest
+of the training rows>.npy``), and a query averages the stored ones (:func:`load_weights`) instead of running the
+model over the training set; a query of new rows the store has no Q for is
+:class:`models.explain.features.NotFeaturized`.
 
 Scoring (:func:`stored_top_k`, :func:`stored_self_scores`): the store's tiles ``Σ_c Q_c Φ_cᵀ`` with each tile's
-columns times the stored Q (TRAK), merged into the running top-k (:func:`models.explain.features.streaming_top_k`).
+columns times the mean stored Q (TRAK), merged into the running top-k
+(:func:`models.explain.features.streaming_top_k`).
 """
 
 from __future__ import annotations
@@ -80,63 +87,75 @@ class ClassifierFeatures(FeatureSource):
         return FuncProjector(self.clf.module, fn, layers=list(layers), proj_dim=proj_dim, seed=seed, device=device,
                              dtype=dtype, batch_size=batch_size)
 
+    def projection_seed(self, loss: str, seed: int, ckpt: CheckpointLike) -> int | None:
+        """TRAK's features (``margin``): checkpoint ``ckpt``'s own projection, as the direct estimator draws it
+        (:func:`models.explain.trak.checkpoint_seed` of ``seed`` and its position among the classifier's
+        checkpoints); projected TracIn's (``train``): ``seed`` for every checkpoint."""
+        if loss != "margin":
+            return None
+        from models.explain.classifier_estimators import checkpoint_index
+        from models.explain.trak import checkpoint_seed
+
+        return checkpoint_seed(seed, checkpoint_index(self.clf, ckpt))
+
 
 def _weights_key(index_key: str, train: torch.Tensor) -> str:
     return f"{PREFIX}/{index_key}/q/{examples_digest(train)}.npy"
 
 
-def trak_q(clf: Classifier, train: torch.Tensor, device: Any = None) -> torch.Tensor:
-    """Q of every training row at the trained model (the last checkpoint), float32."""
+def trak_q(clf: Classifier, train: torch.Tensor, ckpt: CheckpointLike, device: Any = None) -> torch.Tensor:
+    """Q of every training row at checkpoint ``ckpt``'s weights, float32."""
     from models.explain.classifier_estimators import trak_weights
 
-    return trak_weights(clf, train, device=device).float()
+    return trak_weights(clf, train, ckpt, device=device).float()
 
 
-def store_weights(store: Any, source: ClassifierFeatures, key: str, device: Any = None) -> None:
-    """Compute and keep Q of the source's training rows under the last checkpoint's feature ``key`` (once per set
-    of rows: a stored one is kept)."""
-    path = _weights_key(key, source.examples)
-    if store.exists(path):
-        return
-    buf = io.BytesIO()
-    np.save(buf, trak_q(source.clf, source.examples, device).numpy())
-    store.put_bytes(buf.getvalue(), path)
+def store_weights(store: Any, source: ClassifierFeatures, stored: dict[str, Any], device: Any = None) -> None:
+    """Compute and keep Q of the source's training rows at each checkpoint :func:`models.explain.features.featurize`
+    reported (``stored``, its result), under that checkpoint's feature key (once per set of rows: a stored one is
+    kept)."""
+    for c in stored["checkpoints"]:
+        path = _weights_key(c["key"], source.examples)
+        if store.exists(path):
+            continue
+        buf = io.BytesIO()
+        np.save(buf, trak_q(source.clf, source.examples, source.checkpoint(c["checkpoint"]), device).numpy())
+        store.put_bytes(buf.getvalue(), path)
 
 
-def load_weights(store: Any, key: str, train: torch.Tensor) -> torch.Tensor:
-    """The stored Q of ``train`` (:class:`NotFeaturized` when the store has none for these rows)."""
-    path = _weights_key(key, train)
-    if not store.exists(path):
-        raise NotFeaturized("the training examples' TRAK weights (1 - p of their labels) are not stored for these "
-                            "rows; run featurize with loss 'margin' first")
-    return torch.from_numpy(np.load(io.BytesIO(store.read_bytes(path))))
-
-
-def last_key(index: FeatureIndex) -> str:
-    """The feature key of the index's last checkpoint (where Q is kept)."""
-    return index.keys[-1]
+def load_weights(store: Any, index: FeatureIndex) -> torch.Tensor:
+    """Q of the index's training rows averaged over its checkpoints (float64; each checkpoint's Q as stored under
+    its feature key; :class:`NotFeaturized` when the store lacks one)."""
+    total = torch.zeros(len(index.train), dtype=torch.float64)
+    for ck, key in zip(index.ckpts, index.keys, strict=True):
+        path = _weights_key(key, index.train)
+        if not store.exists(path):
+            raise NotFeaturized(f"checkpoint {ck.name!r}: the training examples' TRAK weights (1 - p of their "
+                                "labels) are not stored for these rows; run featurize with loss 'margin' first")
+        total += torch.from_numpy(np.load(io.BytesIO(store.read_bytes(path)))).double()
+    return total / len(index.keys)
 
 
 def stored_top_k(store: Any, index: FeatureIndex, test: torch.Tensor, estimator: str, k: int,
                  damping: float = 0.01) -> TopK:
     """Each test row's top-``k`` proponents and opponents from the stored features: TRAK (columns times the stored
-    Q) or projected TracIn, one tiled pass."""
+    Q averaged over the checkpoints) or projected TracIn, one tiled pass."""
     if estimator not in ESTIMATOR_LOSS:
         raise ValueError(f"estimator must be one of {tuple(ESTIMATOR_LOSS)}, got {estimator!r}")
     qs = index.queries(test, estimator, damping)
     if estimator != "trak":
         return index.top_k(qs, k)
-    q = load_weights(store, last_key(index), index.train)
+    q = load_weights(store, index).float()
     tiles = ((r0, s * q[r0:r0 + s.shape[1]][None, :]) for r0, s in index.tiles(qs))
     return streaming_top_k(tiles, len(test), k)
 
 
 def stored_self_scores(store: Any, index: FeatureIndex, estimator: str, damping: float = 0.01) -> torch.Tensor:
-    """Every training row's self-influence from the stored features (TRAK: times Q)."""
+    """Every training row's self-influence from the stored features (TRAK: times the mean Q)."""
     n = len(index.train)
     tile = 4096
     scores = torch.cat([index._self([v.rows(i, min(n, i + tile)) for v in index.views], estimator, damping, None)
                         for i in range(0, n, tile)]) if n else torch.zeros(0)
     if estimator == "trak":
-        scores = scores * load_weights(store, last_key(index), index.train)
+        scores = scores * load_weights(store, index).float()
     return scores

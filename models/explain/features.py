@@ -15,8 +15,9 @@ Layout (keys under ``features/``, content-addressed; the store is any object wit
 
 The feature key is a SHA-256 of everything that changes a feature: the checkpoint's weights (every tensor of its
 state dict, so the model version enters through what it holds, and two versions with identical weights share
-features), the model's configuration, the resolved layers, the loss, the projection dimension and seed, the
-dtype and the store format. The segment digest is a SHA-256 of the segment's examples (integer examples, such as
+features), the model's configuration, the resolved layers, the loss, the projection dimension and seed (and,
+for a source that draws a projection per checkpoint, that checkpoint's own seed:
+:meth:`FeatureSource.projection_seed`), the dtype and the store format. The segment digest is a SHA-256 of the segment's examples (integer examples, such as
 ConvE's ``[n, 3]`` triple ids, as int64; in order).
 
 Which rows are new. For a training set ``T`` (``[n, ...]``, in order) and one feature key, the stored
@@ -143,6 +144,12 @@ class FeatureSource(ABC):
                   device: torch.device | str | None, dtype: torch.dtype, batch_size: int) -> Projector:
         """A projector of the model for these settings (``device`` None: the model's)."""
 
+    def projection_seed(self, loss: str, seed: int, ckpt: CheckpointLike) -> int | None:
+        """The seed of checkpoint ``ckpt``'s projection when it is not ``seed`` itself (None: every checkpoint is
+        projected with ``seed``). A source that draws a projection per checkpoint returns it here; it is part of
+        that checkpoint's feature key."""
+        return None
+
 
 class NotFeaturized(LookupError):
     """The store does not hold features of every training example for a checkpoint and these settings."""
@@ -194,12 +201,15 @@ class FeatureSettings:
     proj_dim: int
     seed: int
 
-    def key(self, model_config: Any, ckpt_digest: str) -> str:
+    def key(self, model_config: Any, ckpt_digest: str, projection_seed: int | None = None) -> str:
+        """The feature key; ``projection_seed``: the checkpoint's own projection seed, where the source draws one
+        per checkpoint (:meth:`FeatureSource.projection_seed`; absent from the key otherwise)."""
         cfg = model_config.to_dict() if hasattr(model_config, "to_dict") else dict(model_config)
-        blob = json.dumps({"format": FORMAT, "config": cfg, "weights": ckpt_digest, "layers": list(self.layers),
-                           "loss": self.loss, "proj_dim": self.proj_dim, "seed": self.seed, "dtype": "float32"},
-                          sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        content = {"format": FORMAT, "config": cfg, "weights": ckpt_digest, "layers": list(self.layers),
+                   "loss": self.loss, "proj_dim": self.proj_dim, "seed": self.seed, "dtype": "float32"}
+        if projection_seed is not None:
+            content["projection_seed"] = int(projection_seed)
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def settings_for(source: FeatureSource, layers: str | Sequence[str], loss: str, proj_dim: int,
@@ -262,16 +272,18 @@ def featurize(store: Any, source: FeatureSource, checkpoints: Any = "all", *,
     proj = source.projector(fs.layers, loss, proj_dim, seed, device, torch.float32, batch_size)
     plans = []
     for ck in ckpts:
-        key = fs.key(source.config, weights_digest(ck))
+        own = source.projection_seed(loss, seed, ck)
+        key = fs.key(source.config, weights_digest(ck), own)
         segs, off = chain(store, key, train)
-        plans.append((ck, key, segs, off))
-    todo = sum(len(train) - off for *_, off in plans)
+        plans.append((ck, key, segs, off, own))
+    todo = sum(len(train) - off for *_, off, _own in plans)
     done = 0
     report = []
     t0 = time.perf_counter()
-    for ck, key, _segs, off in plans:
+    for ck, key, _segs, off, own in plans:
         computed = len(train) - off
         if computed:
+            _reseed(proj, seed if own is None else own)
             proj.load(ck)
         seg = segment_rows(proj_dim)
         for s0 in range(off, len(train), seg):
@@ -288,6 +300,11 @@ def featurize(store: Any, source: FeatureSource, checkpoints: Any = "all", *,
     return {"format": FORMAT, "layers": list(fs.layers), "loss": loss, "proj_dim": int(proj_dim), "seed": int(seed),
             "n_train": len(train), "checkpoints": report, "rows_computed": todo,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _reseed(proj: Projector, seed: int) -> None:
+    if int(getattr(proj, "seed", seed)) != int(seed):
+        proj.reseed(seed)  # type: ignore[attr-defined]
 
 
 def _put_segment(store: Any, key: str, rows: torch.Tensor, phi: torch.Tensor, fs: FeatureSettings) -> None:
@@ -424,8 +441,11 @@ class FeatureIndex:
         self.proj = source.projector(self.settings.layers, loss, proj_dim, seed, "cpu", torch.float32, batch_size)
         self.views: list[_Rows] = []
         self.keys: list[str] = []
+        self.seeds: list[int] = []
         for ck in self.ckpts:
-            key = self.settings.key(source.config, weights_digest(ck))
+            own = source.projection_seed(loss, seed, ck)
+            self.seeds.append(int(seed) if own is None else own)
+            key = self.settings.key(source.config, weights_digest(ck), own)
             segs, off = chain(store, key, self.train)
             if off < len(self.train):
                 raise NotFeaturized(f"checkpoint {ck.name!r}: {len(self.train) - off} of {len(self.train)} training "
@@ -435,7 +455,8 @@ class FeatureIndex:
 
     def test_features(self, test: torch.Tensor) -> list[torch.Tensor]:
         out = []
-        for ck in self.ckpts:
+        for ck, s in zip(self.ckpts, self.seeds, strict=True):
+            _reseed(self.proj, s)
             self.proj.load(ck)
             out.append(self.proj.features(test))
         return out

@@ -100,6 +100,16 @@ def _seed_of(seed: int, name: str, side: str, chunk: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+def checkpoint_seed(seed: int, checkpoint: int, model: int = 0) -> int:
+    """The projection seed of checkpoint number ``checkpoint`` (its position in its model's checkpoints) of model
+    number ``model`` (0: the model queried; 1, 2, ...: an ensemble's further members), derived from a request's
+    ``seed``: the first 63 bits of SHA-256 of ``"trak|<seed>|model <model>|checkpoint <checkpoint>"``. TRAK draws an
+    independent projection per checkpoint (Park et al. 2023, Algorithm 1), so the sketch errors of the checkpoints
+    average out instead of adding up."""
+    digest = hashlib.sha256(f"trak|{int(seed)}|model {int(model)}|checkpoint {int(checkpoint)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
 def projection_factor(seed: int, name: str, side: str, rows: int, cols: int,
                       dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> torch.Tensor:
     """The ``[rows, cols]`` N(0, 1) factor ``side`` ("L" or "R") of parameter ``name``'s projection block, built
@@ -216,6 +226,12 @@ class KroneckerProjector(Projector):
         """Make checkpoint ``ckpt``'s weights current."""
         self._work.load_state_dict(ckpt.state_dict("cpu"))
         self._work.to(device=self.device, dtype=self.dtype).eval()
+
+    def reseed(self, seed: int) -> None:
+        """Project with the factors of ``seed`` from now on (those of the former seed are dropped)."""
+        if int(seed) != int(self.seed):
+            self.seed = int(seed)
+            self._factors = {}
 
     def factor(self, name: str, side: str) -> torch.Tensor:
         """The ``"L"`` (``[m, k₁]``) or ``"R"`` (``[n, k₂]``) factor of parameter ``name``'s block."""

@@ -55,7 +55,7 @@ def run(request: ClassifierFeaturizeRequest, ctx: JobContext) -> ClassifierFeatu
         raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None
     keys = [c["key"] for c in stored["checkpoints"]]
     if r.loss == "margin":
-        store_weights(store, source, keys[-1], ctx.device)
+        store_weights(store, source, stored, ctx.device)
     record_model(store, keys, entry.get("location"))
     seconds = time.perf_counter() - t0
     result = ClassifierFeaturizeResult.model_validate({
