@@ -344,7 +344,8 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
                                                  "estimators": ["random"]})
     assert again["trainings"] == 0 and again["corrupted"] == res["corrupted"]
     page = _dashboard_page(svc, job["id"])
-    assert "Mislabel detection" in page and "<polyline" in page
+    assert "Mislabel detection" in page and "<polyline" in page and "Suspected training triples" in page
+    assert len(res["estimators"]["tracin_last"]["suspects"]) == res["suspects_listed"] == 50
 
     # a stored model whose corruption record disagrees with the request is never used
     from core.filestore import get_store
@@ -359,6 +360,50 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
     failed = svc.wait(r.json()["id"], timeout_s=300, headers=ALICE)
     assert failed["status"] == "failed" and failed["error"]["code"] == "cache_mismatch", failed
     assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
+
+
+def test_a_mislabel_job_lists_each_estimators_suspects_and_writes_the_whole_ranking(tmp_path):
+    """Run in process (no service): each estimator's top ``suspects_listed`` training triples by self-influence
+    are the ranking of its ``self_scores.npz`` (an independent sort), flagged corrupted exactly where the tail
+    was replaced, with the original tail of ``corrupted.tsv``; ``suspects.csv`` holds every triple of every
+    ranking; the job's last progress report is "1 / 1 estimators"."""
+    from core.kinds.evaluate import EvaluateMislabelRequest
+    from core.settings import Settings
+    from workers.context import JobContext
+    from workers.jobs.evaluate import MAX_LISTED_SUSPECTS, SUSPECT_COLUMNS, run_mislabel
+
+    class Recording(JobContext):
+        reports: list = []
+
+        def progress(self, done, total, unit, message=None, metrics=None):
+            if unit == "estimators":
+                self.reports.append((done, total))
+            super().progress(done, total, unit, message, metrics)
+
+    ctx = Recording(Settings(EXPLAINQ_HOME=str(tmp_path)), device="cpu")
+    res = run_mislabel(EvaluateMislabelRequest(recipe=TINY, estimators=["random"], fraction=0.1, seed=3), ctx)
+    assert ctx.reports[-1] == (1, 1)
+    assert res.suspects_listed == MAX_LISTED_SUSPECTS == 50 and {a.name for a in res.artifacts} >= {"suspects.csv"}
+    scores = np.load(ctx.artifact_path("self_scores.npz"))["random"]
+    rows = list(csv.DictReader(io.StringIO(ctx.artifact_path("corrupted.tsv").read_text()), delimiter="\t"))
+    corrupted = {int(r["train_index"]): r for r in rows}
+    want = [i for _, i in sorted((-float(v), i) for i, v in enumerate(scores))]
+    listed = res.estimators["random"].suspects
+    assert [s.rank for s in listed] == list(range(1, 51)) and [s.train_index for s in listed] == want[:50]
+    assert [s.self_influence for s in listed] == [float(scores[i]) for i in want[:50]]
+    table = list(csv.DictReader(io.StringIO(ctx.artifact_path("suspects.csv").read_text())))
+    assert list(table[0]) == SUSPECT_COLUMNS and len(table) == res.n_train == len(scores)
+    assert [int(r["train_index"]) for r in table] == want and {r["estimator"] for r in table} == {"random"}
+    for s, r in zip(listed, table, strict=False):  # the inline list is the file's head
+        assert [r["head"], r["relation"], r["tail"]] == s.triple and float(r["self_influence"]) == s.self_influence
+    flagged = {int(r["train_index"]): r for r in table if r["corrupted"] == "True"}
+    assert set(flagged) == set(corrupted) and len(flagged) == res.n_corrupted == 159
+    for i, r in flagged.items():
+        assert r["original_tail"] == corrupted[i]["original_tail"] and r["tail"] == corrupted[i]["corrupted_tail"]
+    assert all(r["original_tail"] == "" for r in table if r["corrupted"] == "False")
+    for s in listed:
+        assert s.corrupted == (s.train_index in corrupted)
+        assert s.original_tail == (corrupted[s.train_index]["original_tail"] if s.corrupted else None)
 
 
 def _result_schema(svc, job_id):
@@ -452,8 +497,8 @@ def test_result_models_are_strict_and_the_recipe_echoes_the_request_recipe():
                 "estimators": {"random": {"auc": 0.5, "found_at_10": 0.1, "found_at_20": 0.2, "seconds": 0.1,
                                           "recall_curve": {"inspected": [0, 1], "found": [0, 1]}}}}
     assert MislabelResult.model_validate(mislabel).model_dump(mode="json") == {
-        **mislabel, "artifacts": [], "provenance": None,
-        "estimators": {"random": {**mislabel["estimators"]["random"], "auc_interval": None}}}
+        **mislabel, "artifacts": [], "provenance": None, "suspects_listed": None,  # a result from before both
+        "estimators": {"random": {**mislabel["estimators"]["random"], "auc_interval": None, "suspects": []}}}
     for bad in ({**mislabel, "extra": 1}, {**mislabel, "metric": "lds"},
                 {**mislabel, "estimators": {"trak_ensemble": mislabel["estimators"]["random"]}},
                 {**mislabel, "estimators": {"random": {**mislabel["estimators"]["random"], "lds": 1}}}):
@@ -635,6 +680,34 @@ def test_dashboard_draws_the_mislabel_recall_curve_and_table():
 
     pts = recall_curves(MISLABEL_RESULT["estimators"])["series"][0]["points"].split()
     assert len(pts) == 3 and pts[0] == f"{PAD:.1f},{260 - PAD:.1f}"  # (0 inspected, 0 found) at the origin
+
+
+def test_the_mislabel_page_lists_each_estimators_suspects_as_text():
+    import re
+
+    from app.ui.evaluation import evaluation_view
+    from app.ui.router import templates
+
+    suspects = [{"rank": 1, "train_index": 7, "triple": ["<b>usa</b>", "embassy", "uk"], "self_influence": 0.0123,
+                 "corrupted": True, "original_tail": "china"},
+                {"rank": 2, "train_index": 3, "triple": ["cuba", "aid", "usa"], "self_influence": -0.5,
+                 "corrupted": False, "original_tail": None}]
+    est = MISLABEL_RESULT["estimators"]["tracin"]
+    result = {**MISLABEL_RESULT, "fraction": 0.1, "seed": 0, "suspects_listed": 2,
+              "estimators": {"tracin": {**est, "suspects": suspects}, "random": {**est, "suspects": suspects[1:]}}}
+    page = templates.env.get_template("_evaluation.html").render(
+        result=result, evaluation=evaluation_view(result), job={"id": "j/1"}, downloadable=True)
+    assert "Suspected training triples" in page and "<b>usa</b>" not in page
+    assert 'href="/jobs/j/1/artifacts/suspects.csv"' in page or 'href="/jobs/j%2F1/artifacts/suspects.csv"' in page
+    tables = re.findall(r'<summary>([^<]+)</summary>.*?<tbody>(.*?)</tbody>', page, re.S)
+    assert [t[0] for t in tables] == ["tracin: 1 of its top 2 were corrupted", "random: 0 of its top 1 were corrupted"]
+    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", tables[0][1])]
+    assert cells == [["1", "&lt;b&gt;usa&lt;/b&gt;", "embassy", "uk", "0.0123", "yes (was china)"],
+                     ["2", "cuba", "aid", "usa", "-0.5", "no"]]
+    # a result written before suspects existed draws no list
+    old = {**MISLABEL_RESULT, "fraction": 0.1, "seed": 0}
+    assert "Suspected" not in templates.env.get_template("_evaluation.html").render(
+        result=old, evaluation=evaluation_view(old))
 
 
 def test_the_dashboard_form_submits_an_evaluation(client):
