@@ -726,3 +726,105 @@ def test_the_dashboard_form_submits_an_evaluation(client):
     assert body["estimators"] == ["tracin_last", "random"] and body["fraction"] == 0.2 and body["seed"] == 3
     assert body["recipe"]["epochs"] == 1 and body["recipe"]["embedding_dim"] == 20
     assert body["recipe"]["checkpoint_every"] == 2  # more than epochs: the last epoch's checkpoint is kept
+
+
+# ------------------------------------------------------------------------------------------- estimates
+def _estimate(client, kind, body):
+    r = client.post(f"/kinds/{kind}/estimate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_an_lds_estimate_counts_the_trainings_the_request_asks_for(client):
+    from core.estimates import CONVE_SECONDS_PER_EXAMPLE_PARAMETER
+
+    base = {"estimators": ["tracin", "random"], "recipe": {"epochs": 4}, "n_test": 50}
+    small, large = (_estimate(client, "evaluate_attribution", {**base, "m": m}) for m in (8, 16))
+    # nations: 1,592 training triples, subsets of ceil(0.5 x 1,592) = 796, each twice with reciprocal relations
+    assert [(g["what"], g["count"], g["per_epoch"]) for g in small["models"]] == [
+        ("subset model", 8, 2 * 796), ("full-data model", 1, 2 * 1592)]
+    assert (small["trainings"], large["trainings"]) == (9, 17)
+    assert small["examples"] == 4 * (8 * 1592 + 3184) and large["examples"] == 4 * (16 * 1592 + 3184)
+    # twice the subset models: twice their examples, and the time follows the examples (one model, one k)
+    assert large["models"][0]["examples"] == 2 * small["models"][0]["examples"]
+    assert large["seconds"] / small["seconds"] == pytest.approx(large["examples"] / small["examples"])
+    assert small["basis"] == "model" and small["rate"] is None
+    assert small["seconds"] == pytest.approx(CONVE_SECONDS_PER_EXAMPLE_PARAMETER * small["examples"]
+                                             * small["parameters"])
+    assert large["disk"]["ground_truth"] == 2 * small["disk"]["ground_truth"] > 0
+    assert large["disk"]["models"] == small["disk"]["models"] > 0
+    # replicates double the subset models; an ensemble estimator adds its members
+    both = _estimate(client, "evaluate_attribution", {**base, "m": 8, "replicates": True,
+                                                      "estimators": ["tracin", "trak_ensemble"], "ensemble": 3})
+    assert [(g["what"], g["count"]) for g in both["models"]] == [
+        ("subset model", 8), ("subset replicate", 8), ("full-data model", 1), ("ensemble member", 3)]
+    assert both["trainings"] == 20 and both["disk"]["models"] == 4 * small["disk"]["models"]
+    # a larger recipe: more parameters, more time per example
+    wide = _estimate(client, "evaluate_attribution", {**base, "m": 8, "recipe": {"epochs": 4, "num_filters": 64}})
+    assert wide["parameters"] > small["parameters"] and wide["seconds"] > small["seconds"]
+
+
+def test_a_mislabel_estimate_is_one_training_and_its_rankings(client):
+    one = _estimate(client, "evaluate_mislabel", {"estimators": ["random"], "recipe": {"epochs": 3}})
+    two = _estimate(client, "evaluate_mislabel", {"estimators": ["random", "tracin"], "recipe": {"epochs": 3}})
+    assert [(g["what"], g["count"], g["per_epoch"]) for g in one["models"]] == [("corrupted-graph model", 1, 3184)]
+    assert one["trainings"] == 1 and one["examples"] == 3 * 3184 and one["steps"] == 3 * 25
+    assert two["disk"]["artifacts"] == 2 * one["disk"]["artifacts"] and two["seconds"] == one["seconds"]
+
+
+@pytest.mark.parametrize("kind, body, loc", [
+    ("evaluate_attribution", {"m": 2}, ["body", "m"]),
+    ("evaluate_attribution", {"alpha": 1.5}, ["body", "alpha"]),
+    ("evaluate_attribution", {"m": 200, "recipe": {"epochs": 200}}, ["body", "m"]),  # the training budget
+    ("evaluate_attribution", {"estimators": ["tracin", "tracin"]}, ["body", "estimators", 1]),
+    ("evaluate_mislabel", {"fraction": 0.9}, ["body", "fraction"]),
+    ("evaluate_mislabel", {"estimators": ["trak_ensemble"]}, ["body", "estimators", 0]),
+    ("evaluate_mislabel", {"dataset": "no-such-graph"}, ["body", "dataset"]),
+])
+def test_a_bad_evaluation_estimate_is_422_naming_the_field(client, kind, body, loc):
+    r = client.post(f"/kinds/{kind}/estimate", json=body)
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]][0] == loc
+
+
+def test_an_evaluation_estimate_takes_its_speed_from_the_callers_last_conve_training(tmp_path):
+    import redis
+
+    from core.keys import JOB_PREFIX
+
+    with api_client(tmp_path) as c:
+        run = {"name": "speed", "epochs": 2, "embedding_dim": 100, "num_filters": 32}  # the recipe's sizes
+        job = c.post("/train/conve", json=run).json()
+        trained = _estimate(c, "train_conve", run)
+        redis.Redis.from_url(c.app.state.settings.redis_url).hset(JOB_PREFIX + job["id"], mapping={
+            "status": "finished", "started_at": "2026-01-01T00:00:00.000000Z",
+            "ended_at": "2026-01-01T00:01:00.000000Z"})
+        got = _estimate(c, "evaluate_mislabel", {"estimators": ["random"], "recipe": {"epochs": 3}})
+        assert got["basis"] == "measured" and got["rate"]["job_id"] == job["id"]
+        # k = 60 s over that run's examples x parameters, here the recipe's (dim 100, 32 filters, nations)
+        assert got["rate"]["parameters"] == got["parameters"] and got["rate"]["examples"] == trained["examples"]
+        assert got["seconds_per_example_parameter"] == pytest.approx(60 / (trained["examples"] * got["parameters"]))
+        assert got["seconds"] == pytest.approx(60 * 3 / 2)  # 3 epochs of what took 60 s for 2
+        # a wider recipe takes longer in proportion to its parameters
+        wide = _estimate(c, "evaluate_mislabel", {"estimators": ["random"], "recipe": {"epochs": 3,
+                                                                                      "num_filters": 64}})
+        assert wide["seconds"] == pytest.approx(got["seconds"] * wide["parameters"] / got["parameters"])
+
+
+def test_the_evaluation_forms_show_their_estimate(client):
+    page = client.get("/ui/new/evaluate_attribution").text
+    assert 'hx-post="/ui/new/evaluate_attribution/estimate"' in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    form = {"csrf_token": token, "dataset": "nations", "estimators": ["tracin", "random"], "m": "8",
+            "recipe.epochs": "4", "recipe.reciprocal": "on"}  # a checked box, as a browser sends it
+    shown = client.post("/ui/new/evaluate_attribution/estimate", data=form, headers={"Origin": "http://testserver"})
+    assert shown.status_code == 200, shown.text
+    text = re.sub(r"\s+", " ", shown.text)
+    assert "at most 9 ConvE trainings (8 subset models of 1,592 triples × 4 epochs, 1 full-data model of 3,184 " \
+           "triples × 4 epochs)" in text
+    assert "by the stated model" in text and 'id="estimate-disk"' in text and "An estimate, not a promise" in text
+    bad = client.post("/ui/new/evaluate_attribution/estimate", data={**form, "m": "2"},
+                      headers={"Origin": "http://testserver"})
+    assert "Fill in the fields above" in bad.text
+    page = client.get("/ui/new/evaluate_mislabel").text
+    assert 'hx-post="/ui/new/evaluate_mislabel/estimate"' in page

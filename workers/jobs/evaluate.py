@@ -56,7 +56,7 @@ from core.contract.kind import ReduceRequest, ShardRequest
 from core.contract.results.base import Shards
 from core.contract.results.evaluation import LdsResult, MislabelResult
 from core.filestore import StoreError, get_store
-from core.kinds.evaluate import EvaluateAttributionRequest, EvaluateMislabelRequest, Recipe
+from core.kinds.evaluate import MAX_SCORE_CELLS, EvaluateAttributionRequest, EvaluateMislabelRequest, Recipe
 from models.tables import TableWriter
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
@@ -70,7 +70,6 @@ FULL = -1  # the code of the full-data model in _models; ensemble member j is -2
 PLAN_META = "evaluation_plan"  # the parent's meta field that records the data version its plan was made for
 OUTPUT = ("margin of the true tail on the tail query (h, r, ?): s_t - logsumexp_{e != t} s_e (TRAK's multi-class "
           "margin), model in eval mode")
-MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
 MAX_LISTED_CORRUPTED = 10_000  # corrupted triples listed in the result (all of them in corrupted.tsv)
 MAX_LISTED_SUSPECTS = 50  # training triples of each estimator's ranking listed in the result (all: suspects.csv)
 SUSPECT_COLUMNS = ["estimator", "rank", "train_index", "head", "relation", "tail", "self_influence", "corrupted",
