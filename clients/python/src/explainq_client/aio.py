@@ -33,6 +33,7 @@ from explainq_client.jobs import (
     JobBase,
     JobPage,
     ModelList,
+    ProgressBar,
     WaitClock,
     dataset_body,
     list_params,
@@ -178,15 +179,26 @@ class AsyncJob(JobBase):
         self._update((await self._client._send("GET", self.path)).json())
         return self
 
-    async def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> AsyncJob:
+    async def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
+             progress: bool | None = None) -> AsyncJob:
         """Block until the job ends; returns the job when it succeeded.
+
+        ``progress`` shows the job's progress as it waits, a ``tqdm.auto`` bar (a widget in a notebook, text
+        on a terminal): None (the default) in a notebook where tqdm is installed, True always (tqdm must be
+        installed), False never.
 
         Raises :class:`JobFailedError` / :class:`JobCanceledError` (with the job's ``code``) when it failed or
         was canceled, :class:`WaitTimeoutError` when ``timeout`` seconds passed first."""
         clock = WaitClock(self, timeout, poll_interval)
-        while not self.done:
-            await asyncio.sleep(clock.next_sleep())
-            await self.refresh()
+        bar = ProgressBar(self, progress)
+        try:
+            bar.update()
+            while not self.done:
+                await asyncio.sleep(clock.next_sleep())
+                await self.refresh()
+                bar.update()
+        finally:
+            bar.close()
         self._check_outcome()
         return self
 

@@ -32,6 +32,7 @@ from explainq_client.jobs import (
     JobBase,
     JobPage,
     ModelList,
+    ProgressBar,
     WaitClock,
     dataset_body,
     list_params,
@@ -176,15 +177,26 @@ class Job(JobBase):
         self._update(self._client._send("GET", self.path).json())
         return self
 
-    def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
+    def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
+             progress: bool | None = None) -> Job:
         """Block until the job ends; returns the job when it succeeded.
+
+        ``progress`` shows the job's progress as it waits, a ``tqdm.auto`` bar (a widget in a notebook, text
+        on a terminal): None (the default) in a notebook where tqdm is installed, True always (tqdm must be
+        installed), False never.
 
         Raises :class:`JobFailedError` / :class:`JobCanceledError` (with the job's ``code``) when it failed or
         was canceled, :class:`WaitTimeoutError` when ``timeout`` seconds passed first."""
         clock = WaitClock(self, timeout, poll_interval)
-        while not self.done:
-            time.sleep(clock.next_sleep())
-            self.refresh()
+        bar = ProgressBar(self, progress)
+        try:
+            bar.update()
+            while not self.done:
+                time.sleep(clock.next_sleep())
+                self.refresh()
+                bar.update()
+        finally:
+            bar.close()
         self._check_outcome()
         return self
 
