@@ -701,9 +701,9 @@ def test_the_mislabel_page_lists_each_estimators_suspects_as_text():
     assert 'href="/jobs/j/1/artifacts/suspects.csv"' in page or 'href="/jobs/j%2F1/artifacts/suspects.csv"' in page
     tables = re.findall(r'<summary>([^<]+)</summary>.*?<tbody>(.*?)</tbody>', page, re.S)
     assert [t[0] for t in tables] == ["tracin: 1 of its top 2 were corrupted", "random: 0 of its top 1 were corrupted"]
-    cells = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", tables[0][1])]
-    assert cells == [["1", "&lt;b&gt;usa&lt;/b&gt;", "embassy", "uk", "0.0123", "yes (was china)"],
-                     ["2", "cuba", "aid", "usa", "-0.5", "no"]]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", tables[0][1])]
+    assert cells == [["1", "&lt;b&gt;usa&lt;/b&gt; · embassy · uk", "0.0123", "yes (was china)"],
+                     ["2", "cuba · aid · usa", "-0.5", "no"]]
     # a result written before suspects existed draws no list
     old = {**MISLABEL_RESULT, "fraction": 0.1, "seed": 0}
     assert "Suspected" not in templates.env.get_template("_evaluation.html").render(
