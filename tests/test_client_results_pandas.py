@@ -109,6 +109,15 @@ def test_a_mislabel_evaluation_lists_its_suspects_one_row_per_estimator_and_trip
     assert "suspects" not in result.to_pandas().columns  # the per-estimator table leaves the list out
     lds = EvaluationResult(example(LdsResult), "evaluate_attribution")
     assert lds.suspects() == [] and list(lds.to_pandas(of="suspects").columns) == SUSPECT_COLUMNS
+    # the notebook and terminal views show the top of each list, names escaped in HTML
+    data["estimators"][name]["suspects"][0]["triple"] = ["<b>a</b>", "r", "=x"]
+    shown = EvaluationResult(data, "evaluate_mislabel")
+    assert "&lt;b&gt;a&lt;/b&gt; · r · =x" in shown._repr_html_() and "<b>a</b>" not in shown._repr_html_()
+    lines = shown.text().splitlines()
+    at = lines.index(f"{name}: its top suspects")
+    assert lines[at + 1].split() == ["rank", "training", "triple", "self-influence", "corrupted"]
+    assert lines[at + 2].split() == ["1", "<b>a</b>", "·", "r", "·", "=x", "0.25", "yes", "(was", "b)"]
+    assert "its top suspects" not in lds.text() and "its top suspects" not in lds._repr_html_()
     with pytest.raises(ValueError, match="suspects"):
         result.to_pandas(of="ranking")
 

@@ -125,7 +125,10 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
     async def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
         estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
-        without one); counts are None when the dataset's size is not registered."""
+        without one); counts are None when the dataset's size is not registered. An evaluation
+        (``evaluate_attribution``, ``evaluate_mislabel``) also gives ``trainings`` and ``models``, ``seconds`` by
+        the stated model ``k x examples x parameters`` (``basis``: ``measured`` on your latest train_conve run,
+        or ``model``) and ``disk_bytes``."""
         name = kind_name(kind, await self._kind_table())
         return (await self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
