@@ -373,7 +373,9 @@ def test_a_mislabel_job_lists_each_estimators_suspects_and_writes_the_whole_rank
     from workers.jobs.evaluate import MAX_LISTED_SUSPECTS, SUSPECT_COLUMNS, run_mislabel
 
     class Recording(JobContext):
-        reports: list = []
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.reports: list[tuple] = []
 
         def progress(self, done, total, unit, message=None, metrics=None):
             if unit == "estimators":
