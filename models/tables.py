@@ -1,5 +1,5 @@
 """The one writer of every CSV and TSV export (``influence.csv``, ``candidates.tsv``, ``words.csv``,
-``lds_per_test.csv``, ``corrupted.tsv``, ``metrics.csv``): no cell opens as a formula in a spreadsheet.
+``lds_per_test.csv``, ``corrupted.tsv``, ``suspects.csv``, ``metrics.csv``): no cell opens as a formula in a spreadsheet.
 
 A cell is typed by where it comes from, not by how it looks. A number the service computed (``int``, ``float`` or a
 numpy scalar) is written as that number, ``-0.5`` included. Any string is text, and text may come from a user (an

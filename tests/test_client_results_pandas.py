@@ -86,6 +86,42 @@ def test_a_mislabel_evaluation_is_one_row_per_estimator():
     assert "recall_curve_inspected" not in frame.columns and len(frame) == len(data["estimators"])
 
 
+def test_a_mislabel_evaluation_lists_its_suspects_one_row_per_estimator_and_triple():
+    import pandas as pd
+    from explainq_client.results import SUSPECT_COLUMNS
+
+    data = example(MislabelResult)
+    name = next(iter(data["estimators"]))
+    two = [{"rank": 1, "train_index": 7, "triple": ["a", "r", "=x"], "self_influence": 0.25, "corrupted": True,
+            "original_tail": "b"},
+           {"rank": 2, "train_index": 3, "triple": ["c", "r", "d"], "self_influence": -0.5, "corrupted": False,
+            "original_tail": None}]
+    data["estimators"][name]["suspects"] = two
+    result = EvaluationResult(data, "evaluate_mislabel")
+    assert result.suspects() == [{"estimator": name, "rank": 1, "train_index": 7, "head": "a", "relation": "r",
+                                  "tail": "=x", "self_influence": 0.25, "corrupted": True, "original_tail": "b"},
+                                 {"estimator": name, "rank": 2, "train_index": 3, "head": "c", "relation": "r",
+                                  "tail": "d", "self_influence": -0.5, "corrupted": False, "original_tail": None}]
+    assert result.suspects("another") == []
+    frame = result.to_pandas(of="suspects")
+    assert list(frame.columns) == SUSPECT_COLUMNS and list(frame.train_index) == [7, 3]
+    assert list(frame.corrupted) == [True, False] and pd.isna(frame.original_tail[1])
+    assert "suspects" not in result.to_pandas().columns  # the per-estimator table leaves the list out
+    lds = EvaluationResult(example(LdsResult), "evaluate_attribution")
+    assert lds.suspects() == [] and list(lds.to_pandas(of="suspects").columns) == SUSPECT_COLUMNS
+    # the notebook and terminal views show the top of each list, names escaped in HTML
+    data["estimators"][name]["suspects"][0]["triple"] = ["<b>a</b>", "r", "=x"]
+    shown = EvaluationResult(data, "evaluate_mislabel")
+    assert "&lt;b&gt;a&lt;/b&gt; · r · =x" in shown._repr_html_() and "<b>a</b>" not in shown._repr_html_()
+    lines = shown.text().splitlines()
+    at = lines.index(f"{name}: its top suspects")
+    assert lines[at + 1].split() == ["rank", "training", "triple", "self-influence", "corrupted"]
+    assert lines[at + 2].split() == ["1", "<b>a</b>", "·", "r", "·", "=x", "0.25", "yes", "(was", "b)"]
+    assert "its top suspects" not in lds.text() and "its top suspects" not in lds._repr_html_()
+    with pytest.raises(ValueError, match="suspects"):
+        result.to_pandas(of="ranking")
+
+
 def test_an_ablation_is_one_row_per_cell():
     data = example(AblationModel)
     frame = AblationResult(data, "ablations").to_pandas()

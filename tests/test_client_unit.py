@@ -584,3 +584,94 @@ def test_cli_entries_prints_json_lines_and_result_table_notes_an_unvalidated_res
     assert cli.run(["result", "j1", "--table"]) == cli.EXIT_OK
     printed = capsys.readouterr()
     assert json.loads(printed.out) == old and "earlier version" in printed.err
+
+
+def _progress_views() -> list[httpx.Response]:
+    """A job's views as it runs: queued, two training reports, a phase of another unit, succeeded."""
+    def view(status, progress):
+        return httpx.Response(200, json={**JOB, "kind": "evaluate_mislabel", "status": status, "progress": progress})
+
+    return [view("queued", None),
+            view("running", {"done": 1, "total": 4, "unit": "batches", "message": "epoch 1"}),
+            view("running", {"done": 3, "total": 4, "unit": "batches", "message": None}),
+            view("running", {"done": 1, "total": 2, "unit": "estimators", "message": "estimator tracin"}),
+            view("succeeded", {"done": 2, "total": 2, "unit": "estimators", "message": "estimators done"})]
+
+
+def test_wait_shows_progress_with_tqdm_auto_when_asked(monkeypatch):
+    import tqdm.auto
+
+    drawn: list[tuple] = []
+
+    class Bar:  # records what wait() draws, as tqdm.auto.tqdm would show it
+        def __init__(self, total=None, unit="it", desc=None):
+            self.total, self.unit, self.desc, self.n, self.postfix = total, unit, desc, 0, ""
+            drawn.append(("open", unit, total, desc))
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+        def refresh(self):
+            drawn.append(("draw", self.unit, self.n, self.total, self.postfix))
+
+        def close(self):
+            drawn.append(("close", self.unit))
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    transport, _ = scripted(*_progress_views())
+    with Client("http://x", transport=transport) as c:
+        job = c.jobs.get("j1")
+        assert job.wait(poll_interval=0.01, progress=True) is job
+    assert drawn == [
+        ("open", "batches", 4, "evaluate_mislabel j1"), ("draw", "batches", 1, 4, "running: epoch 1"),
+        ("draw", "batches", 3, 4, "running"), ("close", "batches"),
+        ("open", "estimators", 2, "evaluate_mislabel j1"), ("draw", "estimators", 1, 2, "running: estimator tracin"),
+        ("draw", "estimators", 2, 2, "succeeded: estimators done"), ("close", "estimators")]
+    # off by default outside a notebook, and when asked not to
+    for asked in (None, False):
+        drawn.clear()
+        transport, _ = scripted(*_progress_views())
+        with Client("http://x", transport=transport) as c:
+            c.jobs.get("j1").wait(poll_interval=0.01, progress=asked)
+        assert drawn == []
+
+
+def test_wait_draws_a_real_tqdm_bar_and_the_async_client_too(capsys):
+    transport, _ = scripted(*_progress_views())
+    with Client("http://x", transport=transport) as c:
+        c.jobs.get("j1").wait(poll_interval=0.01, progress=True)
+    err = capsys.readouterr().err
+    assert "3/4" in err and "2/2" in err and "estimators done" in err
+
+    async def go():
+        transport, _ = scripted(*_progress_views())
+        async with AsyncClient("http://x", transport=transport) as ac:
+            job = await ac.jobs.get("j1")
+            await job.wait(poll_interval=0.01, progress=True)
+
+    asyncio.run(go())
+    assert "2/2" in capsys.readouterr().err
+
+
+def test_wait_is_on_by_default_in_a_notebook(monkeypatch):
+    import types
+
+    from explainq_client import jobs
+
+    class ZMQInteractiveShell:  # IPython's kernel shell, by name
+        pass
+
+    class TerminalInteractiveShell:  # IPython in a terminal: no widget, so off by default
+        pass
+
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    assert jobs.in_notebook() is False
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=TerminalInteractiveShell))
+    assert jobs.in_notebook() is False and jobs.ProgressBar(jobs.JobBase(JOB), None)._tqdm is None
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=ZMQInteractiveShell))
+    assert jobs.in_notebook() is True
+    assert jobs.ProgressBar(jobs.JobBase(JOB), None)._tqdm is not None
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # tqdm not installed: off in a notebook, an error if asked
+    assert jobs.ProgressBar(jobs.JobBase(JOB), None)._tqdm is None
+    with pytest.raises(ImportError, match="pip install tqdm"):
+        jobs.ProgressBar(jobs.JobBase(JOB), True)

@@ -344,7 +344,8 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
                                                  "estimators": ["random"]})
     assert again["trainings"] == 0 and again["corrupted"] == res["corrupted"]
     page = _dashboard_page(svc, job["id"])
-    assert "Mislabel detection" in page and "<polyline" in page
+    assert "Mislabel detection" in page and "<polyline" in page and "Suspected training triples" in page
+    assert len(res["estimators"]["tracin_last"]["suspects"]) == res["suspects_listed"] == 50
 
     # a stored model whose corruption record disagrees with the request is never used
     from core.filestore import get_store
@@ -359,6 +360,52 @@ def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit
     failed = svc.wait(r.json()["id"], timeout_s=300, headers=ALICE)
     assert failed["status"] == "failed" and failed["error"]["code"] == "cache_mismatch", failed
     assert svc.client.get(f"/jobs/{job['id']}/result", headers=BOB).status_code == 404
+
+
+def test_a_mislabel_job_lists_each_estimators_suspects_and_writes_the_whole_ranking(tmp_path):
+    """Run in process (no service): each estimator's top ``suspects_listed`` training triples by self-influence
+    are the ranking of its ``self_scores.npz`` (an independent sort), flagged corrupted exactly where the tail
+    was replaced, with the original tail of ``corrupted.tsv``; ``suspects.csv`` holds every triple of every
+    ranking; the job's last progress report is "1 / 1 estimators"."""
+    from core.kinds.evaluate import EvaluateMislabelRequest
+    from core.settings import Settings
+    from workers.context import JobContext
+    from workers.jobs.evaluate import MAX_LISTED_SUSPECTS, SUSPECT_COLUMNS, run_mislabel
+
+    class Recording(JobContext):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.reports: list[tuple] = []
+
+        def progress(self, done, total, unit, message=None, metrics=None):
+            if unit == "estimators":
+                self.reports.append((done, total))
+            super().progress(done, total, unit, message, metrics)
+
+    ctx = Recording(Settings(EXPLAINQ_HOME=str(tmp_path)), device="cpu")
+    res = run_mislabel(EvaluateMislabelRequest(recipe=TINY, estimators=["random"], fraction=0.1, seed=3), ctx)
+    assert ctx.reports[-1] == (1, 1)
+    assert res.suspects_listed == MAX_LISTED_SUSPECTS == 50 and {a.name for a in res.artifacts} >= {"suspects.csv"}
+    scores = np.load(ctx.artifact_path("self_scores.npz"))["random"]
+    rows = list(csv.DictReader(io.StringIO(ctx.artifact_path("corrupted.tsv").read_text()), delimiter="\t"))
+    corrupted = {int(r["train_index"]): r for r in rows}
+    want = [i for _, i in sorted((-float(v), i) for i, v in enumerate(scores))]
+    listed = res.estimators["random"].suspects
+    assert [s.rank for s in listed] == list(range(1, 51)) and [s.train_index for s in listed] == want[:50]
+    assert [s.self_influence for s in listed] == [float(scores[i]) for i in want[:50]]
+    table = list(csv.DictReader(io.StringIO(ctx.artifact_path("suspects.csv").read_text())))
+    assert list(table[0]) == SUSPECT_COLUMNS and len(table) == res.n_train == len(scores)
+    assert [int(r["train_index"]) for r in table] == want and {r["estimator"] for r in table} == {"random"}
+    for s, r in zip(listed, table, strict=False):  # the inline list is the file's head
+        assert [r["head"], r["relation"], r["tail"]] == s.triple and float(r["self_influence"]) == s.self_influence
+    flagged = {int(r["train_index"]): r for r in table if r["corrupted"] == "True"}
+    assert set(flagged) == set(corrupted) and len(flagged) == res.n_corrupted == 159
+    for i, r in flagged.items():
+        assert r["original_tail"] == corrupted[i]["original_tail"] and r["tail"] == corrupted[i]["corrupted_tail"]
+    assert all(r["original_tail"] == "" for r in table if r["corrupted"] == "False")
+    for s in listed:
+        assert s.corrupted == (s.train_index in corrupted)
+        assert s.original_tail == (corrupted[s.train_index]["original_tail"] if s.corrupted else None)
 
 
 def _result_schema(svc, job_id):
@@ -452,8 +499,8 @@ def test_result_models_are_strict_and_the_recipe_echoes_the_request_recipe():
                 "estimators": {"random": {"auc": 0.5, "found_at_10": 0.1, "found_at_20": 0.2, "seconds": 0.1,
                                           "recall_curve": {"inspected": [0, 1], "found": [0, 1]}}}}
     assert MislabelResult.model_validate(mislabel).model_dump(mode="json") == {
-        **mislabel, "artifacts": [], "provenance": None,
-        "estimators": {"random": {**mislabel["estimators"]["random"], "auc_interval": None}}}
+        **mislabel, "artifacts": [], "provenance": None, "suspects_listed": None,  # a result from before both
+        "estimators": {"random": {**mislabel["estimators"]["random"], "auc_interval": None, "suspects": []}}}
     for bad in ({**mislabel, "extra": 1}, {**mislabel, "metric": "lds"},
                 {**mislabel, "estimators": {"trak_ensemble": mislabel["estimators"]["random"]}},
                 {**mislabel, "estimators": {"random": {**mislabel["estimators"]["random"], "lds": 1}}}):
@@ -637,6 +684,34 @@ def test_dashboard_draws_the_mislabel_recall_curve_and_table():
     assert len(pts) == 3 and pts[0] == f"{PAD:.1f},{260 - PAD:.1f}"  # (0 inspected, 0 found) at the origin
 
 
+def test_the_mislabel_page_lists_each_estimators_suspects_as_text():
+    import re
+
+    from app.ui.evaluation import evaluation_view
+    from app.ui.router import templates
+
+    suspects = [{"rank": 1, "train_index": 7, "triple": ["<b>usa</b>", "embassy", "uk"], "self_influence": 0.0123,
+                 "corrupted": True, "original_tail": "china"},
+                {"rank": 2, "train_index": 3, "triple": ["cuba", "aid", "usa"], "self_influence": -0.5,
+                 "corrupted": False, "original_tail": None}]
+    est = MISLABEL_RESULT["estimators"]["tracin"]
+    result = {**MISLABEL_RESULT, "fraction": 0.1, "seed": 0, "suspects_listed": 2,
+              "estimators": {"tracin": {**est, "suspects": suspects}, "random": {**est, "suspects": suspects[1:]}}}
+    page = templates.env.get_template("_evaluation.html").render(
+        result=result, evaluation=evaluation_view(result), job={"id": "j/1"}, downloadable=True)
+    assert "Suspected training triples" in page and "<b>usa</b>" not in page
+    assert 'href="/jobs/j/1/artifacts/suspects.csv"' in page or 'href="/jobs/j%2F1/artifacts/suspects.csv"' in page
+    tables = re.findall(r'<summary>([^<]+)</summary>.*?<tbody>(.*?)</tbody>', page, re.S)
+    assert [t[0] for t in tables] == ["tracin: 1 of its top 2 were corrupted", "random: 0 of its top 1 were corrupted"]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", tables[0][1])]
+    assert cells == [["1", "&lt;b&gt;usa&lt;/b&gt; · embassy · uk", "0.0123", "yes (was china)"],
+                     ["2", "cuba · aid · usa", "-0.5", "no"]]
+    # a result written before suspects existed draws no list
+    old = {**MISLABEL_RESULT, "fraction": 0.1, "seed": 0}
+    assert "Suspected" not in templates.env.get_template("_evaluation.html").render(
+        result=old, evaluation=evaluation_view(old))
+
+
 def test_the_dashboard_form_submits_an_evaluation(client):
     import re
 
@@ -653,3 +728,105 @@ def test_the_dashboard_form_submits_an_evaluation(client):
     assert body["estimators"] == ["tracin_last", "random"] and body["fraction"] == 0.2 and body["seed"] == 3
     assert body["recipe"]["epochs"] == 1 and body["recipe"]["embedding_dim"] == 20
     assert body["recipe"]["checkpoint_every"] == 2  # more than epochs: the last epoch's checkpoint is kept
+
+
+# ------------------------------------------------------------------------------------------- estimates
+def _estimate(client, kind, body):
+    r = client.post(f"/kinds/{kind}/estimate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_an_lds_estimate_counts_the_trainings_the_request_asks_for(client):
+    from core.estimates import CONVE_SECONDS_PER_EXAMPLE_PARAMETER
+
+    base = {"estimators": ["tracin", "random"], "recipe": {"epochs": 4}, "n_test": 50}
+    small, large = (_estimate(client, "evaluate_attribution", {**base, "m": m}) for m in (8, 16))
+    # nations: 1,592 training triples, subsets of ceil(0.5 x 1,592) = 796, each twice with reciprocal relations
+    assert [(g["what"], g["count"], g["per_epoch"]) for g in small["models"]] == [
+        ("subset model", 8, 2 * 796), ("full-data model", 1, 2 * 1592)]
+    assert (small["trainings"], large["trainings"]) == (9, 17)
+    assert small["examples"] == 4 * (8 * 1592 + 3184) and large["examples"] == 4 * (16 * 1592 + 3184)
+    # twice the subset models: twice their examples, and the time follows the examples (one model, one k)
+    assert large["models"][0]["examples"] == 2 * small["models"][0]["examples"]
+    assert large["seconds"] / small["seconds"] == pytest.approx(large["examples"] / small["examples"])
+    assert small["basis"] == "model" and small["rate"] is None
+    assert small["seconds"] == pytest.approx(CONVE_SECONDS_PER_EXAMPLE_PARAMETER * small["examples"]
+                                             * small["parameters"])
+    assert large["disk"]["ground_truth"] == 2 * small["disk"]["ground_truth"] > 0
+    assert large["disk"]["models"] == small["disk"]["models"] > 0
+    # replicates double the subset models; an ensemble estimator adds its members
+    both = _estimate(client, "evaluate_attribution", {**base, "m": 8, "replicates": True,
+                                                      "estimators": ["tracin", "trak_ensemble"], "ensemble": 3})
+    assert [(g["what"], g["count"]) for g in both["models"]] == [
+        ("subset model", 8), ("subset replicate", 8), ("full-data model", 1), ("ensemble member", 3)]
+    assert both["trainings"] == 20 and both["disk"]["models"] == 4 * small["disk"]["models"]
+    # a larger recipe: more parameters, more time per example
+    wide = _estimate(client, "evaluate_attribution", {**base, "m": 8, "recipe": {"epochs": 4, "num_filters": 64}})
+    assert wide["parameters"] > small["parameters"] and wide["seconds"] > small["seconds"]
+
+
+def test_a_mislabel_estimate_is_one_training_and_its_rankings(client):
+    one = _estimate(client, "evaluate_mislabel", {"estimators": ["random"], "recipe": {"epochs": 3}})
+    two = _estimate(client, "evaluate_mislabel", {"estimators": ["random", "tracin"], "recipe": {"epochs": 3}})
+    assert [(g["what"], g["count"], g["per_epoch"]) for g in one["models"]] == [("corrupted-graph model", 1, 3184)]
+    assert one["trainings"] == 1 and one["examples"] == 3 * 3184 and one["steps"] == 3 * 25
+    assert two["disk"]["artifacts"] == 2 * one["disk"]["artifacts"] and two["seconds"] == one["seconds"]
+
+
+@pytest.mark.parametrize("kind, body, loc", [
+    ("evaluate_attribution", {"m": 2}, ["body", "m"]),
+    ("evaluate_attribution", {"alpha": 1.5}, ["body", "alpha"]),
+    ("evaluate_attribution", {"m": 200, "recipe": {"epochs": 200}}, ["body", "m"]),  # the training budget
+    ("evaluate_attribution", {"estimators": ["tracin", "tracin"]}, ["body", "estimators", 1]),
+    ("evaluate_mislabel", {"fraction": 0.9}, ["body", "fraction"]),
+    ("evaluate_mislabel", {"estimators": ["trak_ensemble"]}, ["body", "estimators", 0]),
+    ("evaluate_mislabel", {"dataset": "no-such-graph"}, ["body", "dataset"]),
+])
+def test_a_bad_evaluation_estimate_is_422_naming_the_field(client, kind, body, loc):
+    r = client.post(f"/kinds/{kind}/estimate", json=body)
+    assert r.status_code == 422, r.text
+    assert [d["loc"] for d in r.json()["detail"]][0] == loc
+
+
+def test_an_evaluation_estimate_takes_its_speed_from_the_callers_last_conve_training(tmp_path):
+    import redis
+
+    from core.keys import JOB_PREFIX
+
+    with api_client(tmp_path) as c:
+        run = {"name": "speed", "epochs": 2, "embedding_dim": 100, "num_filters": 32}  # the recipe's sizes
+        job = c.post("/train/conve", json=run).json()
+        trained = _estimate(c, "train_conve", run)
+        redis.Redis.from_url(c.app.state.settings.redis_url).hset(JOB_PREFIX + job["id"], mapping={
+            "status": "finished", "started_at": "2026-01-01T00:00:00.000000Z",
+            "ended_at": "2026-01-01T00:01:00.000000Z"})
+        got = _estimate(c, "evaluate_mislabel", {"estimators": ["random"], "recipe": {"epochs": 3}})
+        assert got["basis"] == "measured" and got["rate"]["job_id"] == job["id"]
+        # k = 60 s over that run's examples x parameters, here the recipe's (dim 100, 32 filters, nations)
+        assert got["rate"]["parameters"] == got["parameters"] and got["rate"]["examples"] == trained["examples"]
+        assert got["seconds_per_example_parameter"] == pytest.approx(60 / (trained["examples"] * got["parameters"]))
+        assert got["seconds"] == pytest.approx(60 * 3 / 2)  # 3 epochs of what took 60 s for 2
+        # a wider recipe takes longer in proportion to its parameters
+        wide = _estimate(c, "evaluate_mislabel", {"estimators": ["random"], "recipe": {"epochs": 3,
+                                                                                      "num_filters": 64}})
+        assert wide["seconds"] == pytest.approx(got["seconds"] * wide["parameters"] / got["parameters"])
+
+
+def test_the_evaluation_forms_show_their_estimate(client):
+    page = client.get("/ui/new/evaluate_attribution").text
+    assert 'hx-post="/ui/new/evaluate_attribution/estimate"' in page
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    form = {"csrf_token": token, "dataset": "nations", "estimators": ["tracin", "random"], "m": "8",
+            "recipe.epochs": "4", "recipe.reciprocal": "on"}  # a checked box, as a browser sends it
+    shown = client.post("/ui/new/evaluate_attribution/estimate", data=form, headers={"Origin": "http://testserver"})
+    assert shown.status_code == 200, shown.text
+    text = re.sub(r"\s+", " ", shown.text)
+    assert "at most 9 ConvE trainings (8 subset models of 1,592 triples × 4 epochs, 1 full-data model of 3,184 " \
+           "triples × 4 epochs)" in text
+    assert "by the stated model" in text and 'id="estimate-disk"' in text and "An estimate, not a promise" in text
+    bad = client.post("/ui/new/evaluate_attribution/estimate", data={**form, "m": "2"},
+                      headers={"Origin": "http://testserver"})
+    assert "Fill in the fields above" in bad.text
+    page = client.get("/ui/new/evaluate_mislabel").text
+    assert 'hx-post="/ui/new/evaluate_mislabel/estimate"' in page

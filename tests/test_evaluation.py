@@ -171,7 +171,8 @@ def test_tracin_estimator_is_tracin_and_random_is_seeded(tmp_path):
     r1 = evaluation.run_estimator("random", bundle, test, train).values
     assert (r1 == evaluation.run_estimator("random", bundle, test, train).values).all()
     report = evaluation.mislabel_report(bundle, np.array([1, 5, 9]), ["random"])
-    assert set(report["random"]) == {"auc", "found_at_10", "found_at_20", "recall_curve", "seconds"}
+    assert set(report["random"]) == {"auc", "auc_interval", "found_at_10", "found_at_20", "recall_curve",
+                                     "seconds"}
 
 
 def test_the_ground_truth_address_changes_with_everything_it_depends_on():
@@ -536,6 +537,37 @@ def test_lds_report_gives_each_estimator_relative_to_tracin(tmp_path):
     assert ratio["ratio"] == pytest.approx(a[ok].mean() / b[ok].mean())
     assert "ratio_to_tracin" not in report["tracin"]
     assert "ratio_to_tracin" not in evaluation.lds_report(full, masks, outputs, test, ["random"], seed=0)["random"]
+
+
+def test_the_estimator_counter_reads_n_of_n_once_every_estimator_is_done(tmp_path):
+    """A succeeded evaluation's last progress report is "2 / 2 estimators", not the "1 / 2" reported as the last
+    estimator started (the job page shows the last report)."""
+    full = _tiny_bundle(tmp_path, 0)
+    test, train = full.dataset.test[:4], full.dataset.train[:30]
+    full.dataset = evaluation.with_train(full.dataset, train, keep_eval=True)
+    seen: list[tuple[int, int]] = []
+
+    def progress(done, total, message):
+        seen.append((done, total))
+
+    evaluation.mislabel_report(full, np.array([1, 5, 9]), ["tracin_last", "random"], progress=progress)
+    assert seen == [(0, 2), (1, 2), (2, 2)]
+    seen.clear()
+    masks = np.stack([evaluation.subset_mask(30, 0.5, s) for s in range(6)])
+    outputs = np.random.default_rng(1).normal(size=(6, 4))
+    evaluation.lds_report(full, masks, outputs, test, ["tracin_last", "random"], seed=0, progress=progress)
+    assert seen == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_suspect_order_is_the_ranking_the_recall_curve_inspects():
+    scores = np.array([0.5, 2.0, 0.5, -1.0, 2.0, 0.1])
+    order = evaluation.suspect_order(scores)
+    # largest first, ties in training order (an independent sort of (-score, index))
+    assert order.tolist() == [i for _, i in sorted((-v, i) for i, v in enumerate(scores))] == [1, 4, 0, 2, 5, 3]
+    labels = np.zeros(6, bool)
+    labels[[4, 2]] = True
+    assert evaluation.found_at(labels, scores, 0.34) == 0.5  # the top 3 (1, 4, 0) hold one of the two
+    assert evaluation.recall_curve(labels, scores, points=6)["found"][4] == 1.0  # the top 4 hold both
 
 
 def test_noise_ceiling_is_the_replicates_spearman_and_bounds_a_prediction_from_the_subset():

@@ -139,6 +139,20 @@ def test_lds_per_test_and_corrupted_neutralise_triples(tmp_path: Path) -> None:
     _assert_neutralised(rows, [ENTITIES[0], RELATIONS[0], ENTITIES[1], "-x", "@y"], {"train_index"})
 
 
+def test_suspects_csv_neutralises_names_and_keeps_scores(tmp_path: Path) -> None:
+    import numpy as np
+
+    from workers.jobs.evaluate import SUSPECT_COLUMNS, write_suspects
+
+    triples = [[ENTITIES[0], RELATIONS[0], ENTITIES[1]], [ENTITIES[2], "likes", "@y"]]
+    write_suspects(tmp_path / "suspects.csv", {"tracin": np.array([-0.5, 0.25])}, triples, {1: "-x"})
+    rows = _cells((tmp_path / "suspects.csv").read_text(encoding="utf-8"), ",")
+    assert rows[0] == SUSPECT_COLUMNS
+    _assert_neutralised(rows, [ENTITIES[0], RELATIONS[0], ENTITIES[1], ENTITIES[2], "@y", "-x"],
+                        {"rank", "train_index", "self_influence"})
+    assert [r[1:3] + r[6:] for r in rows[1:]] == [["1", "1", "0.25", "True", "'-x"], ["2", "0", "-0.5", "False", ""]]
+
+
 def test_metrics_csv_keeps_numbers(tmp_path: Path) -> None:
     from models.vision.train import CSV_COLUMNS, _write_csv
 

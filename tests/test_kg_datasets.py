@@ -17,7 +17,7 @@ import torch
 
 from core import registry
 from core.contract.errors import FieldError
-from core.kinds.train_conve import SHIPPED_COUNTS, dataset_counts, resolve_dataset
+from core.kinds.train_conve import SHIPPED_COUNTS, SHIPPED_SPLITS, dataset_counts, resolve_dataset
 from models.kg.shipped import SHIPPED, ShippedDataError, shipped_dir, verify_shipped
 from models.kg.triples import TriplesFormatError, load_kinships, load_shipped, load_triples_dir, load_umls
 
@@ -38,6 +38,7 @@ def test_split_sizes_and_vocabularies_are_the_published_ones(name: str) -> None:
     assert graph.splits == {"train": train, "valid": valid, "test": test}
     assert (graph.entities, graph.relations) == (entities, relations)
     assert SHIPPED_COUNTS[name] == {"entities": entities, "relations": relations}  # the API's table (no torch)
+    assert SHIPPED_SPLITS[name] == {"train_triples": train, "test_triples": test}  # the estimates' table
     # every split is id-encoded in one vocabulary; no triple repeats within a split
     for split in ds.splits.values():
         assert int(split[:, [0, 2]].max()) < entities and int(split[:, 1].max()) < relations

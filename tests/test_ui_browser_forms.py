@@ -182,6 +182,19 @@ def test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms(page, ser
         _no_sideways_scroll(page)
 
 
+def test_an_evaluation_form_shows_its_trainings_time_and_disk_as_it_changes(page) -> None:
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto("/ui/new/evaluate_attribution")
+    box = page.locator("#estimate")
+    # the defaults: 64 subset models, the full-data model and trak_ensemble's 4 members
+    expect(box).to_contain_text("at most 69 ConvE trainings (64 subset models of 1,592 triples × 10 epochs")
+    expect(box).to_contain_text("by the stated model")
+    page.fill("#f-m", "8")
+    expect(box).to_contain_text("at most 13 ConvE trainings (8 subset models")
+    expect(box.locator("#estimate-disk")).to_have_text(re.compile(r"^[0-9.]+ MiB$"))
+    _no_sideways_scroll(page)
+
+
 def test_a_training_form_shows_its_cost_estimate_as_it_changes(page) -> None:
     page.goto("/ui/new/train_bdh")
     box = page.locator("#estimate")

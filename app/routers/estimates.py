@@ -29,7 +29,7 @@ def _rate(request: Request, kind: JobKind, owner: str) -> estimates.MeasuredRate
             earlier = kind.request.model_validate(payload)
         except ValidationError:
             continue
-        rate = estimates.measured_rate(view["id"], view, kind.estimate(earlier, settings))
+        rate = estimates.measured_rate(view["id"], view, kind.estimate(earlier, settings, owner))
         if rate is not None:
             return rate
     return None
@@ -38,15 +38,22 @@ def _rate(request: Request, kind: JobKind, owner: str) -> estimates.MeasuredRate
 def build_router(kinds: dict[str, JobKind]) -> APIRouter:
     router = APIRouter(tags=["kinds"])
     estimated = {k.name: k for k in kinds.values() if k.estimate is not None and not k.internal}
+    # the kind whose runs measure each estimated kind's rate (an evaluation's: train_conve's, the training it does)
+    rate_kinds = {name: kinds.get(k.estimate_rate_from or name) for name, k in estimated.items()}
 
     @router.post(
         "/kinds/{name}/estimate",
-        summary="Estimate a training run: examples, optimizer steps and, from your latest run, the time",
+        summary="Estimate a training run or an evaluation: its trainings, examples, steps, time (and an "
+        "evaluation's disk)",
         description="The body is the request you would submit (validated as it would be, 422 naming the field). "
-        "The answer is an estimate: `examples = epochs x training examples per epoch`, `steps = epochs x "
-        "ceil(per epoch / batch size)`, and `seconds = examples / rate`, the rate (examples per second) "
-        "measured on your latest succeeded run of this kind (`rate`, null without one). Counts are null when "
-        "the dataset's size is not registered.",
+        "The answer is an estimate. A training kind: `examples = epochs x training examples per epoch`, `steps = "
+        "epochs x ceil(per epoch / batch size)`, and `seconds = examples / rate`, the rate (examples per second) "
+        "measured on your latest succeeded run of this kind (`rate`, null without one). An evaluation "
+        "(`evaluate_attribution`, `evaluate_mislabel`): `trainings` and `models` (the ConvE models it trains, "
+        "at most: stored ones are reused), their `examples` and `steps`, `seconds = k x examples x parameters` "
+        "(`basis` `measured`: k from your latest succeeded train_conve run; `model`: a constant measured on the "
+        "reference machine; the training only, not the estimators) and `disk_bytes` by `disk`. Counts are null "
+        "when the dataset's size is not registered.",
         responses={404: {}, 422: {}},
     )
     def estimate(request: Request, name: str = Path(..., max_length=64),
@@ -63,7 +70,11 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
             raise HTTPException(status_code=422, detail=[
                 {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
                 for e in json.loads(exc.json(include_url=False, include_input=False))]) from None
-        size = kind.estimate(req, request.app.state.settings)
-        return estimates.estimate(size, _rate(request, kind, owner) if size is not None else None)
+        size = kind.estimate(req, request.app.state.settings, owner)
+        rate_kind = rate_kinds[name]
+        rate = _rate(request, rate_kind, owner) if size is not None and rate_kind is not None else None
+        if isinstance(size, estimates.EvaluationSize):
+            return estimates.evaluation_estimate(size, rate)
+        return estimates.estimate(size, rate)
 
     return router

@@ -58,11 +58,23 @@ def recall_curves(estimators: dict[str, Any]) -> dict[str, Any]:
             "y1": CURVE_H - PAD, "ten_x": round(PAD + 0.1 * inner_w, 1), "twenty_x": round(PAD + 0.2 * inner_w, 1)}
 
 
+def suspect_tables(estimators: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per estimator that lists suspects (results written before they existed list none), its listed training
+    triples, best first, and how many of them were corrupted."""
+    out = []
+    for name, r in estimators.items():
+        listed = [s for s in (r or {}).get("suspects") or [] if isinstance(s, dict)]
+        if listed:
+            out.append({"name": name, "suspects": listed, "n_corrupted": sum(bool(s.get("corrupted")) for s in listed)})
+    return out
+
+
 def evaluation_view(result: dict[str, Any]) -> dict[str, Any]:
     estimators = result.get("estimators") if isinstance(result.get("estimators"), dict) else {}
     if result.get("metric") == "mislabel":
         rows = [{"name": n, **{k: (r or {}).get(k) for k in ("auc", "auc_interval", "found_at_10", "found_at_20",
                                                             "seconds")}}
                 for n, r in estimators.items()]
-        return {"metric": "mislabel", "rows": rows, "curves": recall_curves(estimators)}
+        return {"metric": "mislabel", "rows": rows, "curves": recall_curves(estimators),
+                "suspects": suspect_tables(estimators)}
     return {"metric": "lds", "bars": lds_bars(estimators)}

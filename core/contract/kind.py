@@ -87,8 +87,10 @@ class JobKind:
     live_rows: str = "latest"
     # the jobs list's model and input columns of a payload; default: job_columns (the fields kinds name alike)
     columns: Callable[[dict[str, Any]], dict[str, str]] | None = None
-    # a training kind's size of a run (core/estimates.py): (request, settings) -> TrainingSize | None
-    estimate: Callable[[Any, Settings], Any] | None = None
+    # the size of a run (core/estimates.py): (request, settings, owner) -> TrainingSize | EvaluationSize | None
+    estimate: Callable[[Any, Settings, str], Any] | None = None
+    # the kind whose caller's runs measure the estimate's rate (None: this kind's own runs)
+    estimate_rate_from: str | None = None
 
     def __post_init__(self) -> None:
         if not self.internal:  # every public kind's request has a label and tags

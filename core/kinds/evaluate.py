@@ -15,20 +15,22 @@ ConvE recipe and a triples dataset (no torch here; the maths is ``models/kg/eval
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from core import estimators, limits, memory
+from core import estimates, estimators, limits, memory
 from core.contract.errors import FieldError
 from core.contract.fields import ADVANCED, JobRequest, RequestModel, shard_retries_field
 from core.contract.kind import FanOut, JobKind, register
 from core.contract.results.evaluation import LdsResult, MislabelResult
-from core.kinds.train_conve import NATIONS, dataset_counts, resolve_dataset
+from core.kinds.train_conve import NATIONS, dataset_counts, resolve_dataset, split_counts
 from core.settings import Settings
 from models.kg.shapes import check_image
 
+MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
 DEFAULT_ESTIMATORS = list(estimators.names(evaluated=True))
 DEFAULT_MISLABEL_ESTIMATORS = list(estimators.names(evaluated=True, ensemble=False))
 # the estimators an evaluation measures (core.estimators: one registry, one meaning per name), listed in the
@@ -194,6 +196,80 @@ def validate_mislabel(req: EvaluateMislabelRequest, settings: Settings, owner: s
     _check_common(req, settings, owner)
 
 
+# ------------------------------------------------------------------------------------------------ estimates
+REUSE = ("at most: a model an earlier evaluation of the same recipe and data stored (whoever ran it) is reused, "
+         "not trained")
+
+
+def _checkpoints(recipe: Recipe) -> int:
+    """The checkpoints a kept model directory holds: every ``checkpoint_every`` epochs and the last."""
+    return len(set(range(recipe.checkpoint_every, recipe.epochs + 1, recipe.checkpoint_every)) | {recipe.epochs})
+
+
+def _sizes(req: _EvaluateRequest, settings: Settings, owner: str) -> tuple[dict[str, Any], int, Any] | None:
+    """The dataset's counts, the recipe's parameter count and a sizer of a model trained on ``n`` triples; None
+    when the dataset's triples are not counted (registered without counts)."""
+    counts = split_counts(settings, req.dataset, owner)
+    if counts["train_triples"] is None:
+        return None
+    r = req.recipe
+    params = memory.conve_training(int(counts["entities"] or 0), int(counts["relations"] or 0), r.embedding_dim,
+                                   r.embedding_height, r.num_filters, r.batch_size, r.reciprocal).parameters
+
+    def size(n: int) -> estimates.TrainingSize:
+        return estimates.TrainingSize("triples", n * (2 if r.reciprocal else 1), r.epochs, r.batch_size, params)
+    return counts, params, size
+
+
+def _model_dir_bytes(req: _EvaluateRequest, params: int) -> int:
+    """A kept model directory's weights: its final weights and each checkpoint (the copy of the triples it holds
+    is left out)."""
+    return (1 + _checkpoints(req.recipe)) * params * estimates.FLOAT_BYTES
+
+
+def attribution_size(req: EvaluateAttributionRequest, settings: Settings,
+                     owner: str = "system") -> estimates.EvaluationSize | None:
+    """What an LDS evaluation trains and writes, before it is submitted (``POST /kinds/evaluate_attribution/
+    estimate``): ``m`` subset models on ``ceil(alpha x n_train)`` triples (``m`` more with ``replicates``), the
+    full-data model, the ensemble members."""
+    validate_attribution(req, settings, owner)
+    sized = _sizes(req, settings, owner)
+    if sized is None:
+        return None
+    counts, params, size = sized
+    n = int(counts["train_triples"])
+    n_test_split = int(counts["test_triples"] or 0)
+    n_test = min(req.n_test, n_test_split)
+    subset = min(n, max(1, math.ceil(req.alpha * n)))
+    groups = [estimates.ModelGroup("subset model", req.m, size(subset))]
+    if req.replicates:
+        groups.append(estimates.ModelGroup("subset replicate", req.m, size(subset)))
+    groups.append(estimates.ModelGroup("full-data model", 1, size(n)))
+    if req.members():
+        groups.append(estimates.ModelGroup("ensemble member", req.members(), size(n)))
+    subsets = req.m * (2 if req.replicates else 1)
+    scores = len(req.estimators) * n_test * n * 8 if n_test * n <= MAX_SCORE_CELLS else 0
+    disk = {"models": (1 + req.members()) * _model_dir_bytes(req, params),
+            "ground_truth": subsets * (n + n_test_split * 8),
+            "artifacts": req.m * n + subsets * n_test * 8 + scores}
+    return estimates.EvaluationSize(tuple(groups), params, disk, REUSE)
+
+
+def mislabel_size(req: EvaluateMislabelRequest, settings: Settings,
+                  owner: str = "system") -> estimates.EvaluationSize | None:
+    """What a mislabel evaluation trains and writes: one model of the corrupted graph; each estimator's
+    self-scores and its ranking (``suspects.csv``)."""
+    validate_mislabel(req, settings, owner)
+    sized = _sizes(req, settings, owner)
+    if sized is None:
+        return None
+    counts, params, size = sized
+    n, e = int(counts["train_triples"]), len(req.estimators)
+    disk = {"models": _model_dir_bytes(req, params), "artifacts": e * n * (8 + estimates.SUSPECT_ROW_BYTES)}
+    return estimates.EvaluationSize((estimates.ModelGroup("corrupted-graph model", 1, size(n)),), params,
+                                    disk, REUSE)
+
+
 PICKERS = {"dataset": ("datasets", "triples")}
 
 register(JobKind(
@@ -215,6 +291,8 @@ register(JobKind(
     sdk_method="evaluate_attribution",
     pickers=PICKERS,
     validate=validate_attribution,
+    estimate=attribution_size,
+    estimate_rate_from="train_conve",
 ))
 
 register(JobKind(
@@ -233,4 +311,6 @@ register(JobKind(
     sdk_method="evaluate_mislabel",
     pickers=PICKERS,
     validate=validate_mislabel,
+    estimate=mislabel_size,
+    estimate_rate_from="train_conve",
 ))

@@ -215,7 +215,7 @@ def check_resume_from(settings: Settings, job_id: str, owner: str) -> None:
 TRAIN_IMAGES = {"digits": 1797 - round(0.2 * 1797), "cifar10": 50_000, "cifar100": 50_000}
 
 
-def training_size(req: TrainBDHRequest, settings: Settings) -> TrainingSize:
+def training_size(req: TrainBDHRequest, settings: Settings, owner: str = "system") -> TrainingSize:
     """Images per epoch: the training images less the validation share (as models/vision/data.py splits them),
     at most ``max_train_samples``."""
     total = TRAIN_IMAGES[req.dataset]

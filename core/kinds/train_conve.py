@@ -26,6 +26,10 @@ NATIONS = "nations"
 # The graphs shipped in models/kg/data (models.kg.shipped); tests/test_kg_datasets.py checks these sizes.
 SHIPPED_COUNTS = {"nations": {"entities": 14, "relations": 55}, "umls": {"entities": 135, "relations": 46},
                   "kinships": {"entities": 104, "relations": 25}}
+# the shipped graphs' train and test triples (tests/test_kg_datasets.py checks them against the files)
+SHIPPED_SPLITS = {"nations": {"train_triples": 1592, "test_triples": 201},
+                  "umls": {"train_triples": 5216, "test_triples": 661},
+                  "kinships": {"train_triples": 8544, "test_triples": 1074}}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
@@ -96,15 +100,28 @@ def dataset_counts(settings: Settings, name: str, owner: str = registry.SYSTEM,
     dataset's counts (from ``POST /datasets`` and demo preparation; zeros when it has none); a directory's, counted
     as ``POST /datasets`` counts them (:func:`directory_counts`), so that ``./bigkg`` is admitted exactly as
     ``bigkg`` registered."""
-    if name in SHIPPED_COUNTS and registry.get_dataset(settings, name) is None:
-        counts: dict[str, Any] = SHIPPED_COUNTS[name]
-    else:
-        ref = dataset_refs.resolve(settings, name, owner, "triples", field)
-        if ref.entry is not None:
-            counts = ref.entry.get("meta", {}).get("counts") or {}
-        else:
-            counts = directory_counts(settings, ref.path, name, field)
+    counts = _counts(settings, name, owner, field)
     return {k: int(counts.get(k) or 0) for k in ("entities", "relations")}
+
+
+def split_counts(settings: Settings, name: str, owner: str = registry.SYSTEM,
+                 field: str = "dataset") -> dict[str, int | None]:
+    """:func:`dataset_counts` with the triples of the train and test splits (None: not recorded, a dataset
+    registered without counts)."""
+    counts = _counts(settings, name, owner, field)
+    out: dict[str, int | None] = {k: int(counts.get(k) or 0) for k in ("entities", "relations")}
+    for k in ("train_triples", "test_triples"):
+        out[k] = counts[k] if isinstance(counts.get(k), int) else None
+    return out
+
+
+def _counts(settings: Settings, name: str, owner: str, field: str) -> dict[str, Any]:
+    if name in SHIPPED_COUNTS and registry.get_dataset(settings, name) is None:
+        return {**SHIPPED_COUNTS[name], **SHIPPED_SPLITS[name]}
+    ref = dataset_refs.resolve(settings, name, owner, "triples", field)
+    if ref.entry is not None:
+        return ref.entry.get("meta", {}).get("counts") or {}
+    return directory_counts(settings, ref.path, name, field)
 
 
 _DIRECTORY_COUNTS: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
@@ -173,17 +190,21 @@ def validate(req: TrainConvERequest, settings: Settings, owner: str = "system") 
 NATIONS_TRAIN_TRIPLES = 1592  # models/kg/data/nations/train.txt
 
 
-def training_size(req: TrainConvERequest, settings: Settings) -> TrainingSize | None:
+def training_size(req: TrainConvERequest, settings: Settings, owner: str = "system") -> TrainingSize | None:
     """Triples per epoch: the dataset's training triples (its registered counts, or the shipped nations), twice
     with reciprocal relations; None when the count is not known without reading the files."""
     entry = registry.get_dataset(settings, req.dataset)
     counts = (entry or {}).get("meta", {}).get("counts") or {}
     triples = counts.get("train_triples")
     if not isinstance(triples, int) and req.dataset == NATIONS and entry is None:
-        triples = NATIONS_TRAIN_TRIPLES
+        triples, counts = NATIONS_TRAIN_TRIPLES, SHIPPED_COUNTS[NATIONS]
     if not isinstance(triples, int):
         return None
-    return TrainingSize("triples", triples * (2 if req.reciprocal else 1), req.epochs, req.batch_size)
+    entities, relations = counts.get("entities"), counts.get("relations")
+    params = (memory.conve_training(entities, relations, req.embedding_dim, req.embedding_height, req.num_filters,
+                                    req.batch_size, req.reciprocal).parameters
+              if isinstance(entities, int) and isinstance(relations, int) and entities > 0 else None)
+    return TrainingSize("triples", triples * (2 if req.reciprocal else 1), req.epochs, req.batch_size, params)
 
 
 register(JobKind(

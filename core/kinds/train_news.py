@@ -170,7 +170,7 @@ def validate(req: TrainNewsRequest, settings: Settings, owner: str = "system") -
         data_file(settings, req.glove_path, "glove_path", "embeddings")
     require_new_name(settings, req.name, owner, "news", req.overwrite or req.resume)
 
-def training_size(req: TrainNewsRequest, settings: Settings) -> TrainingSize | None:
+def training_size(req: TrainNewsRequest, settings: Settings, owner: str = "system") -> TrainingSize | None:
     """Impressions per epoch: the training split's behaviour rows (or CSV rows) in the registered dataset's
     counts; None when the dataset is not registered with them."""
     entry = registry.get_dataset(settings, req.dataset)

@@ -491,6 +491,8 @@ def lds_report(bundle: KGBundle, masks: np.ndarray, outputs: np.ndarray, test: t
             if name != REFERENCE:
                 out[name]["ratio_to_" + REFERENCE] = ratio_interval(out[name]["per_test"],
                                                                     out[REFERENCE]["per_test"], seed)
+    if progress is not None:  # every estimator done: the job's counter reads n / n, not n - 1 / n
+        progress(len(estimators), len(estimators), "estimators done")
     return out
 
 
@@ -557,11 +559,17 @@ def auc_interval(labels: np.ndarray, scores: np.ndarray, seed: int, confidence: 
     return out
 
 
+def suspect_order(scores: np.ndarray) -> np.ndarray:
+    """The training triples' indices by self-influence, largest first, ties in training order: the order in which
+    the recall curve and found@ inspect them, and the job lists its suspects."""
+    return np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+
+
 def recall_curve(labels: np.ndarray, scores: np.ndarray, points: int = RECALL_POINTS) -> dict[str, list[float]]:
     """Fraction of the corrupted triples found after inspecting the top ``q`` of all triples by score (largest
     first, ties in training order), at ``q = 0, 1/points, ..., 1``."""
     labels = np.asarray(labels, dtype=bool)
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    order = suspect_order(scores)
     found = np.concatenate([[0], np.cumsum(labels[order])])
     n, n_pos = len(labels), max(1, int(labels.sum()))
     fractions = [i / points for i in range(points + 1)]
@@ -572,7 +580,7 @@ def recall_curve(labels: np.ndarray, scores: np.ndarray, points: int = RECALL_PO
 def found_at(labels: np.ndarray, scores: np.ndarray, fraction: float) -> float:
     """Fraction of corrupted triples among the top ``ceil(fraction * n)`` by score."""
     labels = np.asarray(labels, dtype=bool)
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    order = suspect_order(scores)
     k = math.ceil(fraction * len(labels) - 1e-9)
     return float(labels[order[:k]].sum() / max(1, labels.sum()))
 
@@ -597,6 +605,8 @@ def mislabel_report(bundle: KGBundle, corrupted: np.ndarray, estimators: Sequenc
                      "found_at_10": found_at(labels, run.values, 0.10),
                      "found_at_20": found_at(labels, run.values, 0.20),
                      "recall_curve": recall_curve(labels, run.values), "seconds": round(run.seconds, 4)}
+    if progress is not None:  # every estimator done: the job's counter reads n / n, not n - 1 / n
+        progress(len(estimators), len(estimators), "estimators done")
     return out
 
 

@@ -56,7 +56,7 @@ from core.contract.kind import ReduceRequest, ShardRequest
 from core.contract.results.base import Shards
 from core.contract.results.evaluation import LdsResult, MislabelResult
 from core.filestore import StoreError, get_store
-from core.kinds.evaluate import EvaluateAttributionRequest, EvaluateMislabelRequest, Recipe
+from core.kinds.evaluate import MAX_SCORE_CELLS, EvaluateAttributionRequest, EvaluateMislabelRequest, Recipe
 from models.tables import TableWriter
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
@@ -70,8 +70,10 @@ FULL = -1  # the code of the full-data model in _models; ensemble member j is -2
 PLAN_META = "evaluation_plan"  # the parent's meta field that records the data version its plan was made for
 OUTPUT = ("margin of the true tail on the tail query (h, r, ?): s_t - logsumexp_{e != t} s_e (TRAK's multi-class "
           "margin), model in eval mode")
-MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
 MAX_LISTED_CORRUPTED = 10_000  # corrupted triples listed in the result (all of them in corrupted.tsv)
+MAX_LISTED_SUSPECTS = 50  # training triples of each estimator's ranking listed in the result (all: suspects.csv)
+SUSPECT_COLUMNS = ["estimator", "rank", "train_index", "head", "relation", "tail", "self_influence", "corrupted",
+                   "original_tail"]
 
 
 # ------------------------------------------------------------------------------------------------ shared
@@ -462,6 +464,32 @@ def write_corrupted(path: Path | str, indices: list[int], originals: list, corru
         out.rows([i, o[0], o[1], o[2], c[2]] for i, o, c in zip(indices, originals, corrupted, strict=True))
 
 
+def suspects(scores: Any, triples: list[list[str]], original_tails: dict[int, str],
+             limit: int | None = None) -> list[dict[str, Any]]:
+    """The training triples by ``scores`` (self-influence, ``suspect_order``: largest first, ties in training
+    order), the first ``limit`` (None: all): rank, index, the triple as trained, its score, whether it was
+    corrupted and, if so, its original tail (``original_tails``: corrupted index -> that tail)."""
+    from models.kg.evaluation import suspect_order
+
+    order = suspect_order(scores)
+    if limit is not None:
+        order = order[:limit]
+    return [{"rank": rank, "train_index": int(i), "triple": list(triples[i]), "self_influence": float(scores[i]),
+             "corrupted": int(i) in original_tails, "original_tail": original_tails.get(int(i))}
+            for rank, i in enumerate(order.tolist(), 1)]
+
+
+def write_suspects(path: Path | str, scores: dict[str, Any], triples: list[list[str]],
+                   original_tails: dict[int, str]) -> None:
+    """``suspects.csv``: every estimator's whole ranking of the training triples (:func:`suspects`), one row per
+    (estimator, training triple), best first; columns :data:`SUSPECT_COLUMNS`."""
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        out = TableWriter(fh, SUSPECT_COLUMNS)
+        for name, values in scores.items():
+            out.rows([name, s["rank"], s["train_index"], *s["triple"], s["self_influence"], s["corrupted"],
+                      s["original_tail"]] for s in suspects(values, triples, original_tails))
+
+
 # ------------------------------------------------------------------------------------------------ mislabels
 def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelResult:
     import numpy as np
@@ -504,6 +532,11 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
     listed = [{"train_index": i, "original": o, "corrupted": c}
               for i, o, c in list(zip(idx.tolist(), originals, corrupted, strict=True))[:MAX_LISTED_CORRUPTED]]
     np.savez(ctx.artifact_path("self_scores.npz"), **self_scores)  # the scores behind each ranking
+    trained = bundle.dataset.decode(corrupted_train)  # every training triple as the model saw it
+    original_tails = {i: o[2] for i, o in zip(idx.tolist(), originals, strict=True)}
+    write_suspects(ctx.artifact_path("suspects.csv"), self_scores, trained, original_tails)
+    for name, values in self_scores.items():
+        report[name]["suspects"] = suspects(values, trained, original_tails, MAX_LISTED_SUSPECTS)
     write_jsonl(ctx.artifact_path("recall_curves.jsonl"),
                 ({"estimator": n, **r["recall_curve"]} for n, r in report.items()))
     result = MislabelResult.model_validate(_clean({
@@ -511,7 +544,7 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
         "fraction": request.fraction, "seed": request.seed, "n_train": len(ds.train),
         "n_corrupted": int(len(idx)), "corrupted": listed, "corrupted_listed": len(listed),
         "trainings": trainings, "model": {"key": key.rsplit("/", 1)[-1]}, "model_metrics": _split_metrics(bundle),
-        "estimators": report,
+        "suspects_listed": min(MAX_LISTED_SUSPECTS, len(ds.train)), "estimators": report,
     }))
     ctx.artifact_path("result.json").write_text(_result_file(result))
     return result.model_copy(update={"artifacts": _artifacts(ctx.artifacts())})

@@ -191,16 +191,32 @@ class RecallCurve(ResultModel):
     found: list[float]
 
 
+class Suspect(ResultModel):
+    """A training triple of an estimator's self-influence ranking (highest first, ties in training order: the
+    order its recall curve inspects them in): ``triple`` as the model was trained on it (a corrupted triple with
+    its replaced tail), and, when it was one of the corrupted ones, the tail it had before."""
+
+    rank: int  # 1: the highest self-influence
+    train_index: int
+    triple: Triple
+    self_influence: float
+    corrupted: bool
+    original_tail: str | None = None  # None: not corrupted
+
+
 class MislabelEstimator(EstimatorTiming):
     """One estimator's mislabel detection: ROC AUC of its self-influence ranking (``auc_interval``: a stratified
     percentile bootstrap over the training triples, ``n`` of them; None in results written before it existed),
-    the corrupted triples found in the top 10 % and 20 %, and the recall curve."""
+    the corrupted triples found in the top 10 % and 20 %, the recall curve, and the top of its ranking
+    (``suspects``: the first ``suspects_listed`` of the result; the whole ranking is ``suspects.csv``; empty in
+    results written before it existed)."""
 
     auc: float
     auc_interval: Interval | None = None
     found_at_10: float
     found_at_20: float
     recall_curve: RecallCurve
+    suspects: list[Suspect] = Field(default_factory=list)
 
 
 class CorruptedTriple(ResultModel):
@@ -216,7 +232,9 @@ class ModelRef(ResultModel):
 class MislabelResult(EvaluationResult):
     """Mislabel detection (``POST /evaluate/mislabel``): a ``fraction`` of the training triples' tails corrupted,
     one model trained, the training triples ranked by each estimator's self-influence. ``corrupted`` lists the
-    first ``corrupted_listed`` of the ``n_corrupted`` triples (all of them: ``corrupted.tsv``)."""
+    first ``corrupted_listed`` of the ``n_corrupted`` triples (all of them: ``corrupted.tsv``); each estimator's
+    ``suspects`` the top ``suspects_listed`` of its ranking (every training triple of every ranking:
+    ``suspects.csv``)."""
 
     metric: Literal["mislabel"]
     fraction: float
@@ -225,4 +243,6 @@ class MislabelResult(EvaluationResult):
     corrupted_listed: int
     model: ModelRef
     model_metrics: SplitMetrics
+    suspects_listed: int | None = Field(None, description="how many training triples each estimator's suspects "
+                                        "list (the top of its ranking); None in results written before it existed")
     estimators: dict[MislabelEstimatorName, MislabelEstimator]  # type: ignore[valid-type]

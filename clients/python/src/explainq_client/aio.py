@@ -33,6 +33,7 @@ from explainq_client.jobs import (
     JobBase,
     JobPage,
     ModelList,
+    ProgressBar,
     WaitClock,
     dataset_body,
     list_params,
@@ -124,7 +125,10 @@ class AsyncClient(KindMethods[Awaitable["AsyncJob"]]):
     async def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
         estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
-        without one); counts are None when the dataset's size is not registered."""
+        without one); counts are None when the dataset's size is not registered. An evaluation
+        (``evaluate_attribution``, ``evaluate_mislabel``) also gives ``trainings`` and ``models``, ``seconds`` by
+        the stated model ``k x examples x parameters`` (``basis``: ``measured`` on your latest train_conve run,
+        or ``model``) and ``disk_bytes``."""
         name = kind_name(kind, await self._kind_table())
         return (await self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
@@ -178,15 +182,26 @@ class AsyncJob(JobBase):
         self._update((await self._client._send("GET", self.path)).json())
         return self
 
-    async def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> AsyncJob:
+    async def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
+             progress: bool | None = None) -> AsyncJob:
         """Block until the job ends; returns the job when it succeeded.
+
+        ``progress`` shows the job's progress as it waits, a ``tqdm.auto`` bar (a widget in a notebook, text
+        on a terminal): None (the default) in a notebook where tqdm is installed, True always (tqdm must be
+        installed), False never.
 
         Raises :class:`JobFailedError` / :class:`JobCanceledError` (with the job's ``code``) when it failed or
         was canceled, :class:`WaitTimeoutError` when ``timeout`` seconds passed first."""
         clock = WaitClock(self, timeout, poll_interval)
-        while not self.done:
-            await asyncio.sleep(clock.next_sleep())
-            await self.refresh()
+        bar = ProgressBar(self, progress)
+        try:
+            bar.update()
+            while not self.done:
+                await asyncio.sleep(clock.next_sleep())
+                await self.refresh()
+                bar.update()
+        finally:
+            bar.close()
         self._check_outcome()
         return self
 

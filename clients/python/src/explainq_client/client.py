@@ -32,6 +32,7 @@ from explainq_client.jobs import (
     JobBase,
     JobPage,
     ModelList,
+    ProgressBar,
     WaitClock,
     dataset_body,
     list_params,
@@ -122,7 +123,10 @@ class Client(KindMethods["Job"]):
     def estimate(self, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """``POST /kinds/{name}/estimate``: what a training run of ``kind`` with request ``body`` would cost, an
         estimate: ``examples``, ``steps`` and, from your latest succeeded run of the kind, ``seconds`` (None
-        without one); counts are None when the dataset's size is not registered."""
+        without one); counts are None when the dataset's size is not registered. An evaluation
+        (``evaluate_attribution``, ``evaluate_mislabel``) also gives ``trainings`` and ``models``, ``seconds`` by
+        the stated model ``k x examples x parameters`` (``basis``: ``measured`` on your latest train_conve run,
+        or ``model``) and ``disk_bytes``."""
         name = kind_name(kind, self._kind_table())
         return (self._send("POST", f"/kinds/{quote(name)}/estimate", json=dict(body))).json()
 
@@ -176,15 +180,26 @@ class Job(JobBase):
         self._update(self._client._send("GET", self.path).json())
         return self
 
-    def wait(self, timeout: float | None = None, poll_interval: float = 1.0) -> Job:
+    def wait(self, timeout: float | None = None, poll_interval: float = 1.0,
+             progress: bool | None = None) -> Job:
         """Block until the job ends; returns the job when it succeeded.
+
+        ``progress`` shows the job's progress as it waits, a ``tqdm.auto`` bar (a widget in a notebook, text
+        on a terminal): None (the default) in a notebook where tqdm is installed, True always (tqdm must be
+        installed), False never.
 
         Raises :class:`JobFailedError` / :class:`JobCanceledError` (with the job's ``code``) when it failed or
         was canceled, :class:`WaitTimeoutError` when ``timeout`` seconds passed first."""
         clock = WaitClock(self, timeout, poll_interval)
-        while not self.done:
-            time.sleep(clock.next_sleep())
-            self.refresh()
+        bar = ProgressBar(self, progress)
+        try:
+            bar.update()
+            while not self.done:
+                time.sleep(clock.next_sleep())
+                self.refresh()
+                bar.update()
+        finally:
+            bar.close()
         self._check_outcome()
         return self
 

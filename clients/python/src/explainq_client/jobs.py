@@ -4,6 +4,7 @@ I/O, shared by :class:`explainq_client.Job` and :class:`explainq_client.AsyncJob
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -312,6 +313,59 @@ class JobBase:
         if result_html is None:
             return render.job_html(self._view)
         return render.job_html(self._view, curves=False) + result_html()
+
+
+def in_notebook() -> bool:
+    """Running in a Jupyter kernel (IPython's ZMQ shell), looked up without importing IPython."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class ProgressBar:
+    """What ``wait(progress=...)`` shows: a ``tqdm.auto`` bar (a widget in a notebook, text on a terminal) of the
+    job's ``progress`` (done of total, its unit and message), redrawn at each poll from the first report on, a new
+    bar when the unit changes (another phase), closed when the job ends.
+    ``enabled`` None: on in a notebook where tqdm is installed, off elsewhere; True: on (tqdm must be installed:
+    ``pip install tqdm``); False: off."""
+
+    def __init__(self, job: JobBase, enabled: bool | None):
+        self.job = job
+        self.bar: Any = None
+        self._tqdm: Any = None
+        if enabled is False or (enabled is None and not in_notebook()):
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            if enabled:
+                raise ImportError("wait(progress=True) draws its bar with tqdm: pip install tqdm") from None
+            return
+        self._tqdm = tqdm
+
+    def update(self) -> None:
+        """Redraw from the job's current view."""
+        p = self.job.progress
+        if self._tqdm is None or not isinstance(p, dict):  # nothing drawn before the job's first report
+            return
+        done, total, unit = p.get("done"), p.get("total"), str(p.get("unit") or "it")
+        total = total if isinstance(total, int | float) and total > 0 else None
+        if self.bar is not None and self.bar.unit != unit:  # another phase (batches, then estimators)
+            self.bar.close()
+            self.bar = None
+        if self.bar is None:
+            self.bar = self._tqdm(total=total, unit=unit, desc=f"{self.job.kind or 'job'} {str(self.job.id)[:8]}")
+        self.bar.total = total
+        if isinstance(done, int | float):
+            self.bar.n = done
+        postfix = self.job.status if p.get("message") is None else f"{self.job.status}: {p['message']}"
+        self.bar.set_postfix_str(str(postfix), refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 class WaitClock:

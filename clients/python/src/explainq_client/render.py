@@ -619,6 +619,20 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
     return ["estimator", "LDS", "95% interval", "test triples", "undefined", "seconds", "x TracIn"], rows
 
 
+SUSPECTS_SHOWN = 10  # of each estimator's suspects, in the notebook and terminal views (all: result.suspects())
+
+
+def _suspect_table(r: Mapping[str, Any], num: Any, name: Any) -> tuple[list[str], list[list[str]]]:
+    """The first :data:`SUSPECTS_SHOWN` suspects of one estimator: rank, the triple, its self-influence and
+    whether it was corrupted (and from which tail)."""
+    rows = []
+    for s in list(r.get("suspects") or [])[:SUSPECTS_SHOWN]:
+        triple = " · ".join(str(x) for x in s.get("triple") or [])
+        corrupted = f"yes (was {s.get('original_tail')})" if s.get("corrupted") else "no"
+        rows.append([num(s.get("rank")), name(triple), num(s.get("self_influence"), 6), name(corrupted)])
+    return ["rank", "training triple", "self-influence", "corrupted"], rows
+
+
 def _ceiling_line(result: Mapping[str, Any], num: Any) -> str:
     """The ground truth's noise ceiling, when the evaluation measured it (``replicates``)."""
     nc = result.get("noise_ceiling") or {}
@@ -671,8 +685,10 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
                   for est, r in estimators.items()}
         head = (f"<div><b>Mislabel detection</b> on <code>{dataset}</code>: {_num(result.get('n_corrupted'))} of "
                 f"{_num(result.get('n_train'))} training triples corrupted")
+        suspects = "".join(f"<p><b>{escape(str(est))}</b>: its top suspects</p>" + _table(*_suspect_table(
+            r, _num, escape)) for est, r in estimators.items() if r.get("suspects"))
         return head + _table(headers, rows) + _chart("corrupted triples found", curves,
-                                                    xlabel="fraction inspected") + "</div>"
+                                                    xlabel="fraction inspected") + suspects + "</div>"
     bars = [(str(est), float((r.get("lds") or {}).get("mean")), float((r.get("lds") or {}).get("low")),
              float((r.get("lds") or {}).get("high"))) for est, r in estimators.items()
             if (r.get("lds") or {}).get("mean") is not None]
@@ -694,7 +710,11 @@ def evaluation_text(result: Mapping[str, Any]) -> str:
                  f"{result.get('alpha')}, {result.get('n_test')} test triples")
     ceiling = "" if result.get("metric") == "mislabel" else _ceiling_line(result, _tnum)
     warnings = "".join(f"\n  {w}" for w in result.get("warnings") or [])
-    return title + warnings + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
+    suspects = "".join(f"\n\n{est}: its top suspects\n" + text_table(*_suspect_table(r, _tnum, str))
+                       for est, r in (result.get("estimators") or {}).items()
+                       if result.get("metric") == "mislabel" and r.get("suspects"))
+    return (title + warnings + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
+            + suspects)
 
 
 # ------------------------------------------------------------------------------------------------ a job

@@ -283,6 +283,10 @@ class AblationResult(Result):
         return render.ablation_text(self)
 
 
+SUSPECT_COLUMNS = ["estimator", "rank", "train_index", "head", "relation", "tail", "self_influence", "corrupted",
+                   "original_tail"]
+
+
 class EvaluationResult(Result):
     """Renderer ``evaluation`` (``evaluate_attribution``, ``evaluate_mislabel``): each estimator's LDS with its
     interval, or its mislabel-detection AUC, found@10%/20% and recall curve."""
@@ -300,8 +304,32 @@ class EvaluationResult(Result):
         return [{"estimator": name, **_scalars(values)} for name, values in self.estimators.items()
                 if isinstance(values, Mapping)]
 
-    def to_pandas(self) -> Any:
-        """:meth:`rows` as a ``pandas.DataFrame`` (pandas must be installed)."""
+    def suspects(self, estimator: str | None = None) -> list[dict[str, Any]]:
+        """Mislabel detection: the training triples each estimator suspects most, the top
+        ``result["suspects_listed"]`` of its self-influence ranking (all of them: the ``suspects.csv`` artifact),
+        one row per (estimator, triple), columns :data:`SUSPECT_COLUMNS`: ``rank`` 1 the highest
+        ``self_influence``, the triple as trained (``head``, ``relation``, ``tail``), ``corrupted`` and, for a
+        corrupted one, its ``original_tail``. ``estimator`` keeps one estimator's; empty for an LDS evaluation."""
+        out: list[dict[str, Any]] = []
+        for name, values in self.estimators.items():
+            if estimator is not None and name != estimator or not isinstance(values, Mapping):
+                continue
+            for s in values.get("suspects") or []:
+                if isinstance(s, Mapping):
+                    head, relation, tail = (list(s.get("triple") or []) + [None] * 3)[:3]
+                    out.append({"estimator": name, "rank": s.get("rank"), "train_index": s.get("train_index"),
+                                "head": head, "relation": relation, "tail": tail,
+                                "self_influence": s.get("self_influence"), "corrupted": s.get("corrupted"),
+                                "original_tail": s.get("original_tail")})
+        return out
+
+    def to_pandas(self, of: str = "estimators") -> Any:
+        """:meth:`rows` (one row per estimator) or, ``of="suspects"``, :meth:`suspects` as a ``pandas.DataFrame``
+        (pandas must be installed)."""
+        if of == "suspects":
+            return _data_frame(self.suspects(), SUSPECT_COLUMNS)
+        if of != "estimators":
+            raise ValueError("of must be 'estimators' or 'suspects'")
         return _data_frame(self.rows())
 
     def _repr_html_(self) -> str:
