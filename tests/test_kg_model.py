@@ -145,9 +145,14 @@ def test_report_modes_topk_and_csv(trained, tmp_path):
     res3, _ = tracin_report(b, tests, mode="test", top_k=3, layers="all")
     for full, cut in zip(res["results"], res3["results"], strict=True):
         head = full["proponents"][:3]
-        # both calls score in the same streaming pass (the same batches): the same triples, the same influences
-        assert [{k: v for k, v in p.items() if k != "train_self_influence"} for p in cut["proponents"]] == [
-            {k: v for k, v in p.items() if k != "train_self_influence"} for p in head]
+        # both calls score in the same streaming pass (the same batches): the same triples, the same influences;
+        # only a bounded list (top_k) carries each score's breakdown, whose parts sum to the score
+        recomputed = ("train_self_influence", "breakdown")
+        assert [{k: v for k, v in p.items() if k not in recomputed} for p in cut["proponents"]] == [
+            {k: v for k, v in p.items() if k not in recomputed} for p in head]
+        for p in cut["proponents"]:
+            assert sum(p["breakdown"]["checkpoints"]) == pytest.approx(p["influence"], rel=1e-5, abs=1e-9)
+            assert sum(p["breakdown"]["layers"].values()) == pytest.approx(p["influence"], rel=1e-5, abs=1e-9)
         assert cut["n_candidates"] == n_train
         # the full listing recomputes the train self-influence of the listed triples alone (TracIn.self_influence,
         # in other batches than the streaming pass the top-k takes it from), so fp32 summation order may move it by
