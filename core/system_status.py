@@ -2,8 +2,10 @@
 
 One pipelined read gathers RQ's worker registry (``rq:workers``, each worker's hash), explainq's liveness key of
 each worker (the job it runs), the models each worker publishes (``explainq:worker-models:<worker>``: loaded
-models, resident memory) and every queue's length; a second one reads the running jobs' owners. Nothing here
-names a server path: a worker is its name (``host.pid``), its queues, state and the models it holds.
+models, resident memory) and every queue's length; a second one reads the running jobs' owners and the loaded models'
+owners. Nothing here names a server path: a worker is its name (``host.pid``), its queues, state and the models it
+holds. A caller sees only its own: another tenant's running job is ``{"id": null, ...}``, another tenant's loaded
+models are counted (``other_models``), not named.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Any
 from rq.worker import BaseWorker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from core import keys
+from core import keys, registry
 from core.contract.kind import QUEUES
-from core.ownership import owns
+from core.ownership import owns, sees_model_details
 
 WORKER_PREFIX = BaseWorker.redis_worker_namespace_prefix  # rq:worker:<name>: RQ's worker hash
 MAX_WORKERS = 500  # a page never lists more (a registry that large is a misconfiguration, not a team)
@@ -66,6 +68,7 @@ def snapshot(redis: Any, caller: str | None) -> dict[str, Any]:
             "offer": info.get("offer"),  # its worker class and what it has (core/placement.py)
         })
     _show_jobs(redis, workers, caller)
+    _show_models(redis, workers, caller)
     lengths = list(answers[3 * len(names):])
     # worker classes' own queues (<queue>@<class>) that live workers serve, after the kinds' queues
     extra = sorted({q for w in workers for q in w["queues"]} - set(QUEUES))
@@ -96,6 +99,23 @@ def _show_jobs(redis: Any, workers: list[dict[str, Any]], caller: str | None) ->
     for w in workers:
         if w["current_job"] is not None:
             w["current_job"] = owned.get(w["name"], {"id": None, "kind": None, "yours": False})
+
+
+def _show_models(redis: Any, workers: list[dict[str, Any]], caller: str | None) -> None:
+    """Keep in each worker's ``models`` those the caller may see in full (its own and the service's, by
+    :func:`core.ownership.sees_model_details`); the others, and names no longer registered, are counted in
+    ``other_models``."""
+    names = sorted({m["name"] for w in workers for m in w["models"] if isinstance(m.get("name"), str)})
+    records = redis.hmget(keys.registry("models"), names) if names else []
+    visible = set()
+    for name, raw in zip(names, records, strict=True):
+        entry = _published(raw)
+        if entry and sees_model_details({"owner": entry.get("owner") or registry.SYSTEM}, caller):
+            visible.add(name)
+    for w in workers:
+        shown = [m for m in w["models"] if m.get("name") in visible]
+        w["other_models"] = len(w["models"]) - len(shown)
+        w["models"] = shown
 
 
 # How many workers listening on a queue are alive: registered with RQ (KEYS[1], ``rq:workers:<queue>``), their

@@ -147,6 +147,8 @@ def test_a_model_being_prepared_is_listed_preparing_and_a_request_naming_it_is_5
         assert preparing["nrms-word-demo"]["preparation"]["state"] == "pending"
         assert {d["name"] for d in listed["datasets"] if d["status"] == "preparing"} == {"nations"}
         assert _sdk_preparing(listed) == set(preparing)
+        one = api.get("/models/nrms-word-demo")
+        assert one.status_code == 200 and one.json()["preparation"]["state"] == "pending", one.text
         status = api.get("/status").json()["demo"]
         assert status["active"] and [s["state"] for s in status["steps"]] == ["ready", "preparing", "pending"]
         page = api.get("/ui/models").text
@@ -155,6 +157,8 @@ def test_a_model_being_prepared_is_listed_preparing_and_a_request_naming_it_is_5
     r = api.post("/tracin", json=TRACIN)
     assert r.status_code == 422 and "unknown model 'conve-nations-demo'" in r.text, r.text
     assert all(m["status"] == "ready" for m in api.get("/models").json()["models"])
+    r = api.get("/models/nrms-word-demo")
+    assert r.status_code == 404 and r.json()["detail"]["loc"] == ["path", "name"], r.text
     assert [s["state"] for s in api.get("/status").json()["demo"]["steps"]] == ["ready", "interrupted", "interrupted"]
     with _demo(redis, "preparing"):  # a dataset still to come, as well
         r = api.post("/ablations", json={"dataset": "lora-demo"})
@@ -232,6 +236,109 @@ def test_workers_lists_a_live_worker_with_its_loaded_model_and_no_server_path(sv
     assert "No worker is running" not in strip and "counter" in strip
     svc.client.cookies.clear()
     svc.client.delete(f"/jobs/{job_id}", headers=alice)
+
+
+# ------------------------------------------------------------------------------------- another tenant's model
+ALICE = {"Authorization": "Bearer status-key-alice-012345"}
+BOB = {"Authorization": "Bearer status-key-bob-012345"}
+PRIVATE = "alice-private-kg"
+PRIVATE_JOB = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # the job id her training would record
+PRIVATE_PATH = "alice-data/secret-graph-7731"
+PRIVATE_PARAMS = ("embedding_dim_secret", "hidden_dropout_secret")
+PRIVATE_SOURCE = "alice-data/import-source-5521"
+
+
+def _alice_model(svc) -> None:
+    """Alice's model as a training or import job registers it (its meta: job id, dataset, configuration, source)."""
+    from core import registry
+
+    if registry.get_model(svc.settings, PRIVATE) is not None:
+        return
+    path = svc.home / "models" / PRIVATE
+    path.mkdir(parents=True, exist_ok=True)
+    registry.register_model(
+        svc.settings, PRIVATE, kind="test", loader="tests.jobkinds:load_counter_model", path=path, owner="alice",
+        parameters=4321,
+        meta={"job_id": PRIVATE_JOB, "dataset": PRIVATE_PATH, "source": PRIVATE_SOURCE,
+              "training": {PRIVATE_PARAMS[0]: 200, PRIVATE_PARAMS[1]: 0.3},
+              "checkpoints": [{"file": "checkpoints/epoch_0001.safetensors", "epoch": 1, "lr": 0.01}],
+              "test_mrr": 0.4321, "metrics": {"test": {"mrr": 0.4321, "hits@1": 0.3}}})
+
+
+def _hidden_in(text: str) -> list[str]:
+    return [s for s in (PRIVATE_JOB, PRIVATE_PATH, PRIVATE_SOURCE, *PRIVATE_PARAMS) if s in text]
+
+
+def test_another_tenants_model_shows_its_name_kind_owner_version_and_metrics_only(svc) -> None:
+    _alice_model(svc)
+    r = svc.client.get("/models", headers=BOB)
+    assert r.status_code == 200
+    assert _hidden_in(r.text) == [], r.text
+    seen = {m["name"]: m for m in r.json()["models"]}[PRIVATE]
+    assert seen["details"] == "summary" and seen["owner"] == "alice" and seen["kind"] == "test"
+    assert seen["version"] and seen["created_at"]
+    assert seen["meta"] == {"test_mrr": 0.4321, "metrics": {"test": {"mrr": 0.4321, "hits@1": 0.3}}}
+    assert "parameters" not in seen and "loaded_on" not in seen
+    one = svc.client.get(f"/models/{PRIVATE}", headers=BOB)
+    assert one.status_code == 200 and one.json() == seen and _hidden_in(one.text) == []
+    # the service's own model is shown in full to everyone
+    counter = {m["name"]: m for m in r.json()["models"]}["counter"]
+    assert counter["details"] == "full" and "loaded_on" in counter
+    # its owner sees all of it
+    mine = svc.client.get(f"/models/{PRIVATE}", headers=ALICE).json()
+    assert mine["details"] == "full" and mine["parameters"] == 4321 and mine["version"] == seen["version"]
+    assert mine["meta"]["job_id"] == PRIVATE_JOB and mine["meta"]["dataset"] == PRIVATE_PATH
+    assert set(mine["meta"]["training"]) == set(PRIVATE_PARAMS) and mine["meta"]["source"] == PRIVATE_SOURCE
+    listed = svc.client.get("/models", headers=ALICE)
+    assert len(_hidden_in(listed.text)) == 5
+    assert svc.client.get("/models/no-such-model", headers=BOB).status_code == 404
+    # the dashboard's models page: bob sees the model and its metric, alice the link to her job
+    svc.client.cookies.clear()
+    svc.client.post("/ui/login", data={"api_key": "status-key-bob-012345", "next": "/ui/models"})
+    page = svc.client.get("/ui/models")
+    assert page.status_code == 200 and f'id="model-{PRIVATE}"' in page.text and "0.4321" in page.text
+    assert _hidden_in(page.text) == []
+    svc.client.cookies.clear()
+    svc.client.post("/ui/login", data={"api_key": "status-key-alice-012345", "next": "/ui/models"})
+    page = svc.client.get("/ui/models")
+    assert f'href="/ui/jobs/{PRIVATE_JOB}"' in page.text and PRIVATE_PATH in page.text
+    svc.client.cookies.clear()
+
+
+def test_workers_and_status_name_only_the_callers_own_models_and_jobs(svc) -> None:
+    import time
+
+    _alice_model(svc)
+    # alice's job loads her model and runs until canceled at the end, whatever the machine's load
+    r = svc.client.post("/test/sleep", json={"steps": 10_000, "step_s": 0.1, "model": PRIVATE}, headers=ALICE)
+    job_id = r.json()["id"]
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until the worker publishes that it holds her model
+            worker = svc.client.get("/workers", headers=ALICE).json()["workers"][0]
+            if PRIVATE in [m["name"] for m in worker["models"]] and worker["current_job"]["id"] == job_id:
+                break
+            assert time.monotonic() < deadline, worker
+            time.sleep(0.2)
+        for route in ("/workers", "/status"):
+            r = svc.client.get(route, headers=BOB)
+            assert r.status_code == 200 and PRIVATE not in r.text and job_id not in r.text, r.text
+            [seen] = r.json()["workers"]
+            assert [m["name"] for m in seen["models"]] == ["counter"] and seen["other_models"] == 1
+            assert seen["current_job"] == {"id": None, "kind": None, "yours": False}
+            assert seen["state"] == "busy"
+        assert worker["other_models"] == 0 and "counter" in [m["name"] for m in worker["models"]]
+        mine = svc.client.get("/status", headers=ALICE).text
+        assert PRIVATE in mine and job_id in mine
+        svc.client.cookies.clear()
+        svc.client.post("/ui/login", data={"api_key": "status-key-bob-012345", "next": "/ui/workers"})
+        for page in ("/ui/workers", "/ui/status"):
+            text = svc.client.get(page).text
+            assert PRIVATE not in text and job_id not in text and "counter" in text
+        assert "1 of other owners" in svc.client.get("/ui/workers").text
+    finally:
+        svc.client.cookies.clear()
+        svc.client.delete(f"/jobs/{job_id}", headers=ALICE)
 
 
 @pytest.mark.slow

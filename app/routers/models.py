@@ -1,4 +1,5 @@
-"""The registered models and datasets: who owns them and where they are loaded; deleting your own."""
+"""The registered models and datasets: who owns them and where they are loaded; deleting your own. Another
+tenant's model shows its summary only (:func:`core.ownership.sees_model_details`)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,23 @@ from app.deps import caller
 from core import demo_status, keys, limits, registry
 from core.contract.errors import FieldError
 from core.kinds.tracin import model_vocab
+from core.ownership import sees_model_details, summary_meta
 
 router = APIRouter(tags=["models"])
 
 
 
-@router.get("/models", summary="Registered models: name, kind, parameters, and the workers that hold them",
-            description="Each model and dataset has a `status`: `ready` when registered, `preparing` while the demo "
-            "preparation has yet to register it (a request naming it is then a 503 with `Retry-After`).")
-def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, Any]:
-    settings = request.app.state.settings
-    redis = request.app.state.redis
+MODELS_DESCRIPTION = (
+    "Each model and dataset has a `status`: `ready` when registered, `preparing` while the demo preparation has yet "
+    "to register it (a request naming it is then a 503 with `Retry-After`). A model is shown in full "
+    "(`details: \"full\"`: parameters, preload, the workers that hold it and its whole `meta`, with the `job_id` "
+    "that produced it) to its owner, and to everyone for the service's own demo models; another tenant's model "
+    "shows only its name, kind, owner, version, `created_at` and the metrics of its `meta` (`details: \"summary\"`)."
+)
+
+
+def _loaded(redis: Any) -> dict[str, list[dict[str, Any]]]:
+    """Each model name's copies on live workers (a worker whose key expired with its heartbeat is dropped)."""
     loaded: dict[str, list[dict[str, Any]]] = {}
     workers = sorted(w.decode() for w in redis.smembers(keys.WORKER_MODELS))
     if workers:
@@ -37,23 +44,28 @@ def list_models(request: Request, _owner: str = Depends(caller)) -> dict[str, An
                     {"worker": worker, "device": model.get("device"), "loaded_at": model.get("loaded_at"),
                      "loads": model.get("loads")}
                 )
-    out = []
-    for name, entry in sorted(registry.list_models(settings).items()):
-        where = loaded.get(name, [])
-        out.append(
-            {
-                "name": name,
-                "status": "ready",
-                "kind": entry.get("kind"),
-                "owner": entry.get("owner"),
-                "preload": bool(entry.get("preload")),
-                "parameters": entry.get("parameters"),
-                "created_at": entry.get("created_at"),
-                "devices": sorted({w["device"] for w in where if w.get("device")}),
-                "loaded_on": where,
-                "meta": entry.get("meta", {}),
-            }
-        )
+    return loaded
+
+
+def _model_view(name: str, entry: dict[str, Any], where: list[dict[str, Any]], caller: str) -> dict[str, Any]:
+    """One model as ``caller`` may see it (:func:`core.ownership.sees_model_details`)."""
+    view: dict[str, Any] = {"name": name, "status": "ready", "kind": entry.get("kind"), "owner": entry.get("owner"),
+                            "version": registry.version_of(entry), "created_at": entry.get("created_at")}
+    if not sees_model_details(entry, caller):
+        return {**view, "details": "summary", "meta": summary_meta(entry.get("meta"))}
+    return {**view, "details": "full", "preload": bool(entry.get("preload")), "parameters": entry.get("parameters"),
+            "devices": sorted({w["device"] for w in where if w.get("device")}), "loaded_on": where,
+            "meta": entry.get("meta", {})}
+
+
+@router.get("/models", summary="Registered models: name, kind, owner and metrics; parameters and the workers that "
+            "hold them for your own", description=MODELS_DESCRIPTION)
+def list_models(request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
+    settings = request.app.state.settings
+    redis = request.app.state.redis
+    loaded = _loaded(redis)
+    out = [_model_view(name, entry, loaded.get(name, []), owner)
+           for name, entry in sorted(registry.list_models(settings).items())]
     datasets = [
         {"name": name, "status": "ready", "kind": entry.get("kind"), "owner": entry.get("owner"),
          "created_at": entry.get("created_at"), "meta": entry.get("meta", {})}
@@ -73,6 +85,21 @@ def _preparing(demo: dict[str, Any], section: str, registered: set[str]) -> list
 
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+@router.get("/models/{name}", summary="One registered model, shown as in `GET /models`",
+            description=MODELS_DESCRIPTION, responses={404: {}})
+def get_model(request: Request, name: str = Path(..., pattern=NAME), owner: str = Depends(caller)) -> dict[str, Any]:
+    settings = request.app.state.settings
+    entry = registry.get_model(settings, name)
+    if entry is not None:
+        return _model_view(name, entry, _loaded(request.app.state.redis).get(name, []), owner)
+    coming = _preparing(demo_status.read(request.app.state.redis), "models", set())
+    for m in coming:
+        if m["name"] == name:
+            return m
+    raise HTTPException(status_code=404, detail={"code": "not_found", "message": f"no model {name!r}",
+                                                 "loc": ["path", "name"]})
 
 
 def _delete(request: Request, section: str, name: str, owner: str) -> JSONResponse:

@@ -1,7 +1,8 @@
 """System status: the workers and queues (``GET /workers``), and with them the demo preparation (``GET /status``).
 
 Nothing here names a server path or a secret: a worker is its name (``host.pid``), its queues, state, loaded models
-and resident memory; a running job is shown by id only to its owner.
+and resident memory; a running job is shown by id only to its owner, a loaded model by name only to its owner (and
+to everyone for the service's own demo models): another tenant's are counted in ``other_models``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ router = APIRouter(tags=["health"])
 WORKERS_EXAMPLE = {
     "workers": [{"name": "host-1.4242", "queues": ["explain", "bulk"], "state": "busy",
                  "current_job": {"id": "3f0c...", "kind": "tracin", "yours": True},
-                 "models": [{"name": "conve-nations-demo", "device": "cpu", "loads": 1, "bytes": 1200000}],
+                 "models": [{"name": "conve-nations-demo", "device": "cpu", "loads": 1, "bytes": 1200000}], "other_models": 1,
                  "rss_bytes": 812000000, "device": "cpu", "last_heartbeat": "2026-01-01T12:00:01.000000Z",
                  "started_at": "2026-01-01T11:00:00.000000Z",
                  "offer": {"class": "cpu", "gpu": False, "gpu_name": None, "gpu_memory_bytes": None,
@@ -32,7 +33,9 @@ WORKERS_EXAMPLE = {
 
 
 @router.get("/workers", summary="Live workers (queues, state, current job, loaded models, memory) and every "
-            "queue's queued count", responses={200: {"content": {"application/json": {"example": WORKERS_EXAMPLE}}}})
+            "queue's queued count", description="Only your own running job is identified (another's is `{\"id\": null, "
+            "\"kind\": null, \"yours\": false}`); a worker's loaded models are named when they are yours or the "
+            "service's demo models, another tenant's are counted in `other_models`.", responses={200: {"content": {"application/json": {"example": WORKERS_EXAMPLE}}}})
 async def workers(request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
     return await run_in_threadpool(system_status.snapshot, request.app.state.redis, owner)
 
