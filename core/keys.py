@@ -42,6 +42,7 @@ ALIVE_PREFIX = "explainq:alive:"
 DEMO_PLAN = "explainq:demo:plan"
 DEMO_ALIVE = "explainq:demo:alive"
 BACKLOG_SECONDS = "explainq:backlog:seconds"
+RATELIMIT_PREFIX = "explainq:ratelimit:"  # <scope>:<who>: one token bucket (core.ratelimit)
 
 
 def owner_jobs(owner: str) -> str:

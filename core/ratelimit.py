@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-PREFIX = "explainq:ratelimit:"
+from core.keys import RATELIMIT_PREFIX as PREFIX
 
 # KEYS[1]: the bucket. ARGV: rate (tokens/s), burst, cost, now (seconds; empty: Redis's clock).
 # Returns {allowed (0/1), seconds until `cost` tokens are there (string), tokens left (string)}.
