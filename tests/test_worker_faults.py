@@ -162,7 +162,8 @@ def test_threads_and_nice_apply_to_the_worker_process(tmp_path):
         body = svc.wait(_submit(svc, "/test/threads"))
         assert body["status"] == "succeeded", body
         result = svc.client.get(f"/jobs/{body['id']}/result").json()
-        assert result == {"torch_threads": 1, "nice": 5, "omp": "1", "mkl": "1"}
+        # --nice adds to the niceness the worker started with (this process's, when the suite itself runs niced)
+        assert result == {"torch_threads": 1, "nice": min(19, os.nice(0) + 5), "omp": "1", "mkl": "1"}
 
 
 def test_jobs_enqueued_before_an_upgrade_still_run_and_ignore_their_function_path(tmp_path):
