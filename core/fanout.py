@@ -24,6 +24,17 @@ sees of the parent is derived at read time from its shards and its reduce step: 
 running, succeeded, failed, canceled}`` (pending shards are queued), progress summed over the shards with an ETA,
 and the reduce step's result as the parent's result. ``explainq:children:<parent>`` indexes the shards for ``GET
 /jobs?parent=``. Canceling the parent (:func:`tear_down`) cancels every shard and the reduce step.
+
+**Counters, not a scan.** The view costs O(1) in the number of shards: the parent's counters
+(``explainq:fanout:counts:<parent>``: running, succeeded, failed, canceled, items done, the first start) are moved
+by one Lua function (``sync``) that reads a shard's job hash and counts a transition only from the state it last
+counted the shard in (``explainq:fanout:state:<parent>``), so a report made twice, a retry, or a requeue after a
+lost worker never counts twice. It runs inside the scripts that change a shard's state here (the end, the
+tear-down) and right after RQ's own changes (a worker starts a shard, a failure is retried, the reaper requeues);
+maintenance's sweep runs it on every in-flight shard, so a start a dead worker did not report is counted there.
+The view (:data:`VIEW`, one call) reads the counters and the running shards' progress (at most the window);
+:func:`overlay` with ``scan=True`` is the reference that reads every shard, and a fan-out planned before the
+counters existed is viewed that way.
 """
 
 from __future__ import annotations
@@ -78,7 +89,7 @@ def shard_count(n_items: int, shard_size: int) -> int:
 
 def too_many_shards(n_items: int, shard_size: int, cap: int, unit: str) -> str | None:
     """Why ``shard_size`` is refused for ``n_items`` (more shards than ``cap``, ``EXPLAINQ_MAX_SHARDS``), or None.
-    Each shard is a job, and a parent's view and cancel read every one of them."""
+    Each shard is a job, and a parent's cancel reads every one of them."""
     n = shard_count(n_items, shard_size)
     if n <= cap:
         return None
@@ -179,13 +190,49 @@ def _eta_s(status: str, first_start: float | None, done: float, total: float) ->
     return eta
 
 
-def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """The parent's public view from its shards and reduce step (one pipelined read of their status fields)."""
-    fan = meta.get("fanout") or {}
-    n = int(fan.get("shards", 0))
+def _scan(redis: Any, parent_id: str, fan: dict[str, Any], n: int) -> tuple[dict[str, int], float, float | None,
+                                                                           list[Any]]:
+    """The reference summary: (counts, items done, first start, the reduce step's row) from every shard's row."""
     rows = _read_rows(redis, parent_id, n)
     counts, done, first_start = _tally_shards(rows[:n], fan, n)
-    r_status, r_meta_raw, _, r_ended = rows[n]
+    return counts, done, first_start, rows[n]
+
+
+def _index(sid: str) -> int | None:
+    tail = sid.rsplit("-s", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _counted(redis: Any, parent_id: str, fan: dict[str, Any], n: int) -> tuple[dict[str, int], float,
+                                                                              float | None, list[Any]] | None:
+    """The same summary from the parent's counters and its running shards (one call, O(window)); None for a
+    fan-out without counters (planned before them, or expired)."""
+    answer = _call(redis, VIEW, [parent_id])
+    if not answer:
+        return None
+    flat, running, rows, reduce_row = answer
+    c = {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+    counts = {"total": n, "queued": 0}
+    for state in ("running", "succeeded", "failed", "canceled"):
+        counts[state] = int(c.get(state, 0))
+    counts["queued"] = n - counts["running"] - counts["succeeded"] - counts["failed"] - counts["canceled"]
+    done = float(int(c.get("done", 0)))
+    for sid, (_status, meta_raw) in zip(running, rows, strict=True):
+        i = _index(sid.decode())
+        if i is not None and i < n:
+            done += _shard_done("running", _meta_of(meta_raw), _shard_size(fan, i))
+    return counts, done, parse_ts(c.get("first_start")), list(reduce_row)
+
+
+def overlay(redis: Any, parent_id: str, view: dict[str, Any], meta: dict[str, Any],
+            scan: bool = False) -> dict[str, Any]:
+    """The parent's public view from its counters and reduce step (one call, whatever the number of shards);
+    ``scan`` (or a fan-out without counters) derives it from every shard's status fields instead (the
+    reference)."""
+    fan = meta.get("fanout") or {}
+    n = int(fan.get("shards", 0))
+    summary = None if scan else _counted(redis, parent_id, fan, n)
+    counts, done, first_start, (r_status, r_meta_raw, _, r_ended) = summary or _scan(redis, parent_id, fan, n)
     r_state = _state_of(r_status)
     r_meta = _meta_of(r_meta_raw)
     total = float(fan.get("items") or 0)
@@ -209,15 +256,16 @@ def is_parent(meta: dict[str, Any]) -> bool:
     return bool(meta.get("fanout"))
 
 
-def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes]) -> dict[str, Any]:
-    """``view`` with the fan-out overlay when the job is a parent (one more pipelined read); unchanged otherwise."""
+def apply(redis: Any, job_id: str, view: dict[str, Any], raw: dict[bytes, bytes],
+          scan: bool = False) -> dict[str, Any]:
+    """``view`` with the fan-out overlay when the job is a parent (one more call); unchanged otherwise."""
 
     meta = _meta_of(raw.get(b"meta"))
     if not is_parent(meta) or view["status"] in ("queued", "failed"):
         return view  # still planning, or the planning itself failed: the parent's own status is the truth
     if redis.exists(keys.cancel(job_id)):
         meta = {**meta, "canceled": True}
-    return overlay(redis, job_id, view, meta)
+    return overlay(redis, job_id, view, meta, scan=scan)
 
 
 def children(redis: Any, parent: str) -> list[str]:
@@ -260,6 +308,65 @@ local QUEUES = '@QUEUES@'
 local WORKERS = '@WORKERS@'
 local DEFERRED = '@DEFERRED@'
 local PLANNING = '@PLANNING@'
+local COUNTS = '@COUNTS@'
+local STATE = '@STATE@'
+local RUNNING = '@RUNNING@'
+
+-- The parent's counters follow one shard: its job hash's status (a failure that was a cancel counts as canceled)
+-- against the state they last counted it in; a transition is counted once, however often it is reported.
+local STATES = {queued = 'queued', deferred = 'queued', scheduled = 'queued', started = 'running',
+                finished = 'succeeded', failed = 'failed', stopped = 'canceled', canceled = 'canceled'}
+local function was_canceled(meta)
+  if not meta then return false end
+  local ok, m = pcall(cjson.decode, meta)
+  if ok and type(m) == 'table' then
+    local c = m['canceled']
+    return c ~= nil and c ~= false and c ~= cjson.null and c ~= 0 and c ~= ''
+  end
+  return string.find(meta, '"canceled": *true') ~= nil
+end
+local function sync(parent, sid)
+  local counts = COUNTS .. parent
+  local plan = redis.call('HMGET', counts, 'total', 'items')
+  local index = tonumber(string.match(sid, '%-s(%d+)$'))
+  if not plan[1] or not index then return 0 end  -- no counters (planned before them), or not a shard
+  local job = redis.call('HMGET', JOB .. sid, 'status', 'meta', 'started_at')
+  local state = STATES[job[1] or ''] or 'queued'
+  if state == 'failed' and was_canceled(job[2]) then state = 'canceled' end
+  if job[3] and job[3] ~= '' then
+    local first = redis.call('HGET', counts, 'first_start')
+    if not first or job[3] < first then redis.call('HSET', counts, 'first_start', job[3]) end
+  end
+  local prev = redis.call('HGET', STATE .. parent, sid) or 'queued'
+  if prev == state then return 0 end
+  local total, items = tonumber(plan[1]), tonumber(plan[2])
+  local size = 0
+  if total > 0 and index < total then  -- core.fanout.plan's ranges: the first (items % total) have one more
+    local base = math.floor(items / total)
+    size = base
+    if index < items - base * total then size = size + 1 end
+  end
+  if prev ~= 'queued' then redis.call('HINCRBY', counts, prev, -1) end
+  if state == 'queued' then
+    redis.call('HDEL', STATE .. parent, sid)
+  else
+    redis.call('HINCRBY', counts, state, 1)
+    redis.call('HSET', STATE .. parent, sid, state)
+  end
+  if prev == 'succeeded' then redis.call('HINCRBY', counts, 'done', -size) end
+  if state == 'succeeded' then redis.call('HINCRBY', counts, 'done', size) end
+  if state == 'running' then
+    redis.call('SADD', RUNNING .. parent, sid)
+  elseif prev == 'running' then
+    redis.call('SREM', RUNNING .. parent, sid)
+  end
+  local ttl = redis.call('PTTL', counts)  -- the per-shard keys live as long as the counters
+  if ttl > 0 then
+    redis.call('PEXPIRE', STATE .. parent, ttl)
+    redis.call('PEXPIRE', RUNNING .. parent, ttl)
+  end
+  return 1
+end
 
 -- The queue a parent's children wait in: bulk, or a worker class's own (<queue>@<class>, core/placement.py).
 local function queue_of(parent)
@@ -347,6 +454,7 @@ def _lua(body: str) -> str:
         "OWNERS": keys.FANOUT_OWNERS, "CANCEL": keys.cancel(""), "BULK": QUEUE_PREFIX + BULK,
         "QUEUES": Queue.redis_queues_keys, "WORKERS": WORKERS_BY_QUEUE_KEY % BULK,
         "DEFERRED": "rq:deferred:", "PLANNING": PLANNING, "REDUCE": reduce_id(""),
+        "COUNTS": keys.fanout_counts(""), "STATE": keys.fanout_state(""), "RUNNING": keys.fanout_running(""),
     }
     text = _LUA + body
     for name, value in names.items():
@@ -362,11 +470,29 @@ return release(ARGV[1], window_of(ARGV[2]), ARGV[3])
 # A shard ended (succeeded, failed for good, canceled; idempotent). ARGV: shard, parent, owner, window, now.
 # Answers {1 when the reduce step was released, else 0, then the shards released}.
 END = _lua("""
+sync(ARGV[2], ARGV[1])
 redis.call('SREM', INFLIGHT .. ARGV[3], ARGV[1])
 redis.call('SREM', OPEN .. ARGV[2], ARGV[1])
 local answer = {maybe_reduce(ARGV[2], ARGV[5])}
 for _, sid in ipairs(release(ARGV[3], window_of(ARGV[4]), ARGV[5])) do answer[#answer + 1] = sid end
 return answer
+""")
+
+# Count one shard's state change in its parent's counters (idempotent). ARGV: parent, shard. Answers 1 when counted.
+SYNC = _lua("""
+return sync(ARGV[1], ARGV[2])
+""")
+
+# A parent's summary in one call: {counters (HGETALL), running shards, their {status, meta}, the reduce step's
+# {status, meta, started_at, ended_at}}, or nil without counters. ARGV: parent.
+VIEW = _lua("""
+local counts = redis.call('HGETALL', COUNTS .. ARGV[1])
+if #counts == 0 then return false end
+local running = redis.call('SMEMBERS', RUNNING .. ARGV[1])
+local rows = {}
+for i, sid in ipairs(running) do rows[i] = redis.call('HMGET', JOB .. sid, 'status', 'meta') end
+return {counts, running, rows, redis.call('HMGET', JOB .. ARGV[1] .. '@REDUCE@', 'status', 'meta', 'started_at',
+                                          'ended_at')}
 """)
 
 # The parent planned every shard. ARGV: parent, owner, window, now. Answers like END.
@@ -400,6 +526,7 @@ local function cancel_waiting(id)
   redis.call('HSET', job, 'status', 'canceled', 'ended_at', now)
   redis.call('ZADD', registry, score, id)
   redis.call('EXPIRE', job, ttl)
+  sync(parent, id)
   canceled[#canceled + 1] = id
   return true
 end
@@ -466,6 +593,20 @@ def shard_ended(redis: Any, shard: str, parent: str, owner: str, window: int | N
     return bool(answer[0])
 
 
+def shard_sync(redis: Any, shard: str, parent: str | None = None) -> bool:
+    """Count shard ``shard``'s current state in its parent's counters (idempotent; nothing for a fan-out without
+    counters). Returns whether a transition was counted."""
+    return bool(_call(redis, SYNC, [parent or parent_of(shard), shard]))
+
+
+def init_counters(pipe: Any, parent: str, n_shards: int, n_items: int, ttl_s: int) -> None:
+    """The parent's counters, created with its plan (left as they are when the parent plans again); the shards'
+    state keys take their TTL as they are written."""
+    pipe.hsetnx(keys.fanout_counts(parent), "total", n_shards)
+    pipe.hsetnx(keys.fanout_counts(parent), "items", n_items)
+    pipe.expire(keys.fanout_counts(parent), ttl_s)
+
+
 def arm(redis: Any, parent: str, owner: str, window: int) -> bool:
     """The parent has planned all its shards: from now on its last shard's end releases the reduce step (released
     here when every shard ended already). Returns whether the reduce step was released."""
@@ -529,5 +670,7 @@ def sweep(redis: Any, settings: Any) -> dict[str, int]:
                 if status is None or status in _TERMINAL_RQ:
                     shard_ended(redis, sid, parent_of(sid), owner, None)
                     ended += 1
+                else:  # a start (or requeue) its worker did not live to count
+                    shard_sync(redis, sid)
         release(redis, owner, settings.shard_window)
     return {"torn_down": torn, "ended": ended}

@@ -669,8 +669,9 @@ def fanned_out(raw: dict[bytes, bytes]) -> bool:
 def read_view(redis: Redis, job_id: str, raw: dict[bytes, bytes], base_url: str = "", position: int | None = None,
               meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The one job read: the public view of a job's fields, and for a fanned-out parent its status, shards and
-    progress derived from its children (``core/fanout.py``: one more pipelined read, only for a parent). The API
-    calls it off its event loop for a parent (``fanned_out``) and inline otherwise; listings call it per row."""
+    progress from the counters its children keep (``core/fanout.py``: one more script call, only for a parent,
+    whatever its number of shards). The API calls it off its event loop for a parent (``fanned_out``) and inline
+    otherwise; listings call it per row."""
     view = job_view(job_id, raw, base_url, position=position, meta=meta)
     return fanout.apply(redis, job_id, view, raw) if fanned_out(raw) else view
 

@@ -97,6 +97,24 @@ def fanout_inflight(owner: str) -> str:
     return f"explainq:fanout:inflight:{owner}"
 
 
+def fanout_counts(parent: str) -> str:
+    """Hash: a fanned-out job's shard counters (``total``, ``items``, ``running``, ``succeeded``, ``failed``,
+    ``canceled``, items ``done`` by succeeded shards, ``first_start``), moved as shards change state: its view
+    reads this instead of every shard (core/fanout.py)."""
+    return f"explainq:fanout:counts:{parent}"
+
+
+def fanout_state(parent: str) -> str:
+    """Hash: shard id -> the state its parent's counters last counted it in (absent: queued)."""
+    return f"explainq:fanout:state:{parent}"
+
+
+def fanout_running(parent: str) -> str:
+    """Set: a fanned-out job's shards its counters count as running (their progress is read; at most the
+    window)."""
+    return f"explainq:fanout:running:{parent}"
+
+
 def fanout_queue(parent: str) -> str:
     """String: the queue a fanned-out job's children wait in when it is a worker class's own
     (``bulk@<class>``, core/placement.py); absent: ``bulk``."""
@@ -158,6 +176,10 @@ KEYS: dict[str, str] = {
     "explainq:fanout:parents:<owner>": "the owner's fanned-out jobs with pending shards, by last release "
                                        "(round robin)",
     "explainq:fanout:inflight:<owner>": "the owner's shards out on `bulk` (queued or running): at most the window",
+    "explainq:fanout:counts:<parent>": "a fanned-out job's shard counters, moved as its shards change state "
+                                       "(its view reads them, not every shard)",
+    "explainq:fanout:state:<parent>": "shard id -> the state the parent's counters last counted it in",
+    "explainq:fanout:running:<parent>": "the shards a fanned-out job's counters count as running",
     "explainq:fanout:queue:<parent>": "the worker class's queue a fanned-out job's children wait in, when not "
                                       "`bulk` (`bulk@<class>`)",
     "explainq:backlog:pending:<queue>": "the shards of every fan-out waiting for the queue outside RQ's list "

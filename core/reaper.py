@@ -94,6 +94,11 @@ def reap_job(redis: Redis, job_id: str, heartbeat_ttl_s: float, uptime_s: float 
                 pipe.hset(key, "meta", JSONSerializer.dumps(job.meta))
                 job.retry(queue, pipe)
                 pipe.execute()
+                if fanout.is_shard(job.meta):  # queued again in its parent's counters
+                    try:
+                        fanout.shard_sync(redis, job_id, job.meta["parent"])
+                    except Exception:  # maintenance's sweep counts it later
+                        log.exception("could not count shard %s as queued again", job_id)
                 log.warning("job %s requeued (%s retries left): its worker %s is gone", job_id, job.retries_left,
                             job.worker_name)
                 return True

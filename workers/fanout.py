@@ -151,7 +151,9 @@ def fan_out(ctx: JobContext, kind: str, request: BaseModel, n_items: int, shard_
             RUNNER, args=(reduce_kind, {"parent": parent, "shards": len(ranges), "request": carried,
                                         "from_parent": from_parent}), job_id=rid,
             meta={"kind": reduce_kind, "owner": owner, "parent": parent, **placed}, **common)
-        _unless_canceled(conn, parent, lambda pipe: _begin(pipe, parent, owner, reduce_job))
+        kept_s = max(settings.result_ttl_s, settings.failure_ttl_s) + 3600
+        _unless_canceled(conn, parent, lambda pipe: _begin(pipe, parent, owner, reduce_job, len(ranges), n_items,
+                                                           kept_s))
         for first in range(0, len(ranges), PLAN_BATCH):
             batch = [(i, ranges[i]) for i in range(first, min(first + PLAN_BATCH, len(ranges)))]
             with conn.pipeline(transaction=False) as pipe:
@@ -211,10 +213,11 @@ def _unless_canceled(conn: Any, parent: str, writes: Callable[[Any], None]) -> N
                 continue
 
 
-def _begin(pipe: Any, parent: str, owner: str, reduce_job: Job) -> None:
-    """The reduce step (deferred), the planning marker, the fan-out live for its owner."""
+def _begin(pipe: Any, parent: str, owner: str, reduce_job: Job, n_shards: int, n_items: int, kept_s: int) -> None:
+    """The reduce step (deferred), the parent's counters, the planning marker, the fan-out live for its owner."""
     if not Job.exists(reduce_job.id, connection=reduce_job.connection):
         reduce_job.save(pipeline=pipe)
+    fanout.init_counters(pipe, parent, n_shards, n_items, kept_s)
     pipe.sadd(keys.fanout_open(parent), fanout.PLANNING)
     pipe.hset(keys.FANOUT_LIVE, parent, owner)
     pipe.sadd(keys.FANOUT_OWNERS, owner)

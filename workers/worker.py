@@ -173,6 +173,9 @@ class ExplainqWorker(SimpleWorker):
             job._func_name, job._instance, job._args, job._kwargs = "<unreadable>", None, (), {}
         self._persist(lambda: self.prepare_job_execution(job, len(self.queues) == 1), "start the job")
         job.started_at = now()
+        if fanout.is_shard(job.meta):  # its parent's counters count it as running (else maintenance's sweep does)
+            self._quietly(lambda: fanout.shard_sync(self.connection, job.id, job.meta["parent"]),
+                          "count the shard as running")
         try:
             if func_name != runner.RUNNER:
                 raise ForeignJob(f"job function {func_name!r} is not {runner.RUNNER}")
@@ -337,6 +340,7 @@ class ExplainqWorker(SimpleWorker):
         try:
             status = self.connection.hget(job.key, "status")
             if status is not None and status.decode() not in _FINAL:
+                fanout.shard_sync(self.connection, job.id, job.meta["parent"])  # retried: queued again
                 return
             fanout.shard_ended(self.connection, job.id, job.meta["parent"], job.meta.get("owner") or "",
                                self.settings.shard_window if self.settings else 0)
