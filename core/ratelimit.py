@@ -11,11 +11,16 @@ nothing. No torch, no FastAPI.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from core.keys import RATELIMIT_PREFIX as PREFIX
+
+log = logging.getLogger("explainq.ratelimit")
 
 # KEYS[1]: the bucket. ARGV: rate (tokens/s), burst, cost, now (seconds; empty: Redis's clock).
 # Returns {allowed (0/1), seconds until `cost` tokens are there (string), tokens left (string)}.
@@ -88,10 +93,20 @@ def _parse(raw: Any) -> Taken:
     return Taken(bool(int(allowed)), float(wait), float(tokens))
 
 
+# A Redis that refuses the bucket's write (out of memory, a read-only replica, unreachable) lets the request
+# through: the request's own writes then fail as they would without a limit (503 redis_unavailable), and its
+# reads keep working, so an outage of the limiter never takes down more than the outage itself does.
+OPEN = Taken(True, 0.0, float("nan"))
+
+
 async def atake(aredis: Any, limit: Limit, who: str, now: float | None = None, cost: int = 1) -> Taken:
-    """Take ``cost`` tokens from ``who``'s bucket of ``limit`` (asyncio Redis client)."""
-    raw = await aredis.eval(TAKE, 1, bucket_key(limit.scope, who), limit.rate, limit.burst, cost,
-                            "" if now is None else repr(now))
+    """Take ``cost`` tokens from ``who``'s bucket of ``limit`` (asyncio Redis client); fails open (``OPEN``)."""
+    try:
+        raw = await aredis.eval(TAKE, 1, bucket_key(limit.scope, who), limit.rate, limit.burst, cost,
+                                "" if now is None else repr(now))
+    except RedisError as exc:
+        log.warning("rate limit not applied: redis error (%s)", type(exc).__name__)
+        return OPEN
     return _parse(raw)
 
 
