@@ -26,8 +26,11 @@ venv: $(VENV)/.installed
 run: venv
 	$(BIN)/explainq up --host $(HOST) --port $(PORT)
 
+# the suite in TEST_WORKERS processes, a test module to each (every module starts its own Redis and workers on
+# free ports); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 test: venv
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # fault injection and long end-to-end runs (Redis outages, killed workers, training through the service); CI runs them
 test-slow: venv
