@@ -32,6 +32,7 @@ from core.contract.kind import load_kinds
 from core.filestore import StoreUnavailable
 from core.jobstore import JobStore
 from core.metrics import record_store_unavailable
+from core.results import StoredResultError
 from core.settings import Settings
 
 log = logging.getLogger("explainq.api")
@@ -244,6 +245,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.warning("store unavailable: %s", exc)
         return JSONResponse(status_code=503, headers={"Retry-After": "5"},
                             content={"detail": {"code": "store_unavailable", "message": f"{exc}; retry shortly"}})
+
+    @app.exception_handler(StoredResultError)
+    async def stored_result(_: Request, exc: StoredResultError) -> JSONResponse:
+        # a result pointer whose file was removed or changed outside explainq: the record stays, say what is wrong
+        log.warning("stored result of job %s: %s", exc.job_id, exc.code)
+        return JSONResponse(status_code=404 if exc.code == "result_missing" else 409,
+                            content={"detail": {"code": exc.code, "message": exc.message}})
 
     @app.exception_handler(Exception)
     async def internal(_: Request, exc: Exception) -> JSONResponse:

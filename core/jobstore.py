@@ -35,7 +35,7 @@ from rq.registry import CanceledJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from core import fanout, keys
+from core import fanout, keys, results
 from core.contract.kind import QUEUES, JobKind
 from core.jobview import (
     _RQ_ACTIVE,
@@ -527,6 +527,7 @@ class JobStore:
         for jid in ids:
             removed += len(list_files(self.settings, jid))
             store.delete(artifacts_key(jid))
+            results.delete(self.settings, jid)
         jobs = []
         for jid in ids:
             try:
@@ -564,7 +565,8 @@ class JobStore:
             job_id = fanout.reduce_id(job_id)
         job = Job.fetch(job_id, connection=self.redis, serializer=FiniteJSONSerializer)
         schema = (job.meta or {}).get("result_schema")
-        return job.return_value(refresh=True), schema if isinstance(schema, str) else None
+        value = results.resolve(self.settings, job_id, job.return_value(refresh=True))
+        return value, schema if isinstance(schema, str) else None
 
 
 # ---- job-id prefixes

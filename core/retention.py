@@ -1,6 +1,6 @@
 """``explainq gc``: delete files nobody can reach any more (no torch).
 
-- the artifacts of jobs whose record has expired from Redis (results follow ``EXPLAINQ_RESULT_TTL_S`` /
+- the artifacts and stored results of jobs whose record has expired from Redis (results follow ``EXPLAINQ_RESULT_TTL_S`` /
   ``EXPLAINQ_FAILURE_TTL_S``), and their owner records; never those of a job its owner keeps (``explainq:kept``,
   ``POST /jobs/{id}/keep``), nor of a kept fan-out's shards and reduce step;
 - model and dataset versions that were replaced or deleted more than ``grace_s`` ago (a worker may still be loading
@@ -22,7 +22,7 @@ from calendar import timegm
 from pathlib import Path
 from typing import Any
 
-from core import keys, registry
+from core import keys, registry, results
 from core.artifacts import artifacts_key
 from core.filestore import get_store
 from core.keys import JOB_PREFIX
@@ -44,7 +44,7 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
     now = time.time() if now is None else now
     r = registry.connection(settings)
     store = get_store(settings)
-    removed: dict[str, Any] = {"artifacts": _remove_expired_artifacts(r, store)}
+    removed: dict[str, Any] = {"artifacts": _remove_expired_artifacts(settings, r, store)}
     referenced = _referenced_locations(settings)
     removed["versions"] = _remove_released_versions(r, store, referenced, grace_s, now)
     removed["versions"] += _remove_unregistered_versions(settings, store, referenced, grace_s, now)
@@ -56,19 +56,23 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
     return removed
 
 
-def _remove_expired_artifacts(r: Any, store: Any) -> list[str]:
-    """Step 1: the artifacts (and owner records) of jobs that no longer exist; returns their job ids."""
+def _remove_expired_artifacts(settings: Settings, r: Any, store: Any) -> list[str]:
+    """Step 1: the artifacts, stored results (core/results.py) and owner records of jobs that no longer exist;
+    returns their job ids."""
     removed = []
     job_dirs = store.list_dirs("artifacts")
+    stored_results = set(results.stored_ids(settings))
     owners = {k.decode() for k in r.hkeys(keys.ARTIFACT_OWNERS)}
     kept = {k.decode() for k in r.hkeys(keys.KEPT)}
-    for job_id in sorted(set(job_dirs) | owners):
+    for job_id in sorted(set(job_dirs) | owners | stored_results):
         if job_id in kept or job_id.split("-", 1)[0] in kept:
             continue  # its owner keeps it (a kept fan-out's shards and reduce step with it)
         if r.exists(JOB_PREFIX + job_id):
             continue
         if job_id in job_dirs:
             store.delete(artifacts_key(job_id))
+        if job_id in stored_results:
+            results.delete(settings, job_id)
         r.hdel(keys.ARTIFACT_OWNERS, job_id)
         removed.append(job_id)
     return removed

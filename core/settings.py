@@ -13,6 +13,7 @@
 | ``EXPLAINQ_MAX_SHARDS`` | shards one fanned-out job may have; a ``shard_size`` that would make more is ``422`` (``auto`` grows to fit) | 1000 |
 | ``EXPLAINQ_RESULT_TTL_S`` | how long succeeded jobs and results stay in Redis | 7 days |
 | ``EXPLAINQ_FAILURE_TTL_S`` | how long failed and canceled jobs stay in Redis | 7 days |
+| ``EXPLAINQ_RESULT_INLINE_BYTES`` | a result larger than this (as JSON) is written to the store (``results/<job id>.json``) and Redis keeps a pointer; ``0``: every result | 65536 |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
 | ``EXPLAINQ_STORE_CACHE`` | ``auto``: read a file-system store in place, copy others into the host's cache; ``always``: copy every store | ``auto`` |
@@ -76,6 +77,8 @@ class Settings(BaseSettings):
     max_shards: int = Field(1000, ge=1, validation_alias=_alias("EXPLAINQ_MAX_SHARDS"))
     result_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_RESULT_TTL_S"))
     failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
+    # a larger result (as JSON) goes to the store, Redis keeping a pointer (core/results.py); 0: every result
+    result_inline_bytes: int = Field(64 * 1024, ge=0, validation_alias=_alias("EXPLAINQ_RESULT_INLINE_BYTES"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
     redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
     store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))

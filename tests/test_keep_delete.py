@@ -1,7 +1,8 @@
 """Results kept as long as their owner wants: ``POST /jobs/{id}/keep`` exempts a finished job's record, result and
 files from retention (``DELETE /jobs/{id}/keep`` undoes it); ``DELETE /jobs/{id}`` of a finished job deletes it
 with its files (a running one is canceled, as before; ``cancel_only`` never deletes); another key's job is a 404
-for each; the SDK and the job page's Keep button do the same."""
+for each; the SDK and the job page's Keep button do the same. This service writes every result to the store
+(``EXPLAINQ_RESULT_INLINE_BYTES=0``), Redis holding a pointer: the result shares its job's lifetime."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 import pytest
 from rq.results import Result
 
-from core import keys, retention
+from core import keys, results, retention
 from core.artifacts import artifacts_key
 from core.filestore import get_store
 from core.keys import JOB_PREFIX
@@ -28,7 +29,8 @@ def svc(tmp_path_factory):
     from tests.service import Service
 
     with Service(tmp_path_factory.mktemp("keep"), api_keys=KEYS, heartbeat_ttl_s=20,
-                 env={"EXPLAINQ_RESULT_TTL_S": str(TTL_S), "EXPLAINQ_FAILURE_TTL_S": str(TTL_S)}) as s:
+                 env={"EXPLAINQ_RESULT_TTL_S": str(TTL_S), "EXPLAINQ_FAILURE_TTL_S": str(TTL_S),
+                      "EXPLAINQ_RESULT_INLINE_BYTES": "0"}) as s:
         yield s
 
 
@@ -42,6 +44,34 @@ def _done(svc, headers=ALICE, **body) -> str:
 
 def _files(svc, job_id: str) -> bool:
     return get_store(svc.settings).exists(artifacts_key(job_id, "out.txt"))
+
+
+def _stored_result(svc, job_id: str) -> bool:
+    return get_store(svc.settings).exists(results.result_key(job_id))
+
+
+def test_a_result_lives_in_the_store_and_redis_keeps_a_pointer(svc):
+    job_id = _done(svc)
+    from rq.job import Job
+
+    from core.jobview import FiniteJSONSerializer
+
+    held = Job.fetch(job_id, connection=svc.redis(), serializer=FiniteJSONSerializer).return_value(refresh=True)
+    assert results.is_pointer(held) and held[results.POINTER]["bytes"] > 0
+    assert _stored_result(svc, job_id)
+    assert svc.client.get(f"/jobs/{job_id}/result", headers=ALICE).json()["steps"] == 1
+
+
+def test_a_missing_or_changed_result_file_is_named_not_a_500(svc):
+    job_id = _done(svc)
+    store = get_store(svc.settings)
+    store.put_bytes(b'{"steps": 2}', results.result_key(job_id))  # changed behind explainq's back
+    r = svc.client.get(f"/jobs/{job_id}/result", headers=ALICE)
+    assert r.status_code == 409 and r.json()["detail"]["code"] == "result_corrupt"
+    store.delete(results.result_key(job_id))
+    r = svc.client.get(f"/jobs/{job_id}/result", headers=ALICE)
+    assert r.status_code == 404 and r.json()["detail"]["code"] == "result_missing"
+    assert svc.client.get(f"/jobs/{job_id}", headers=ALICE).json()["status"] == "succeeded"
 
 
 def test_a_kept_job_outlives_its_ttl_and_retention_leaves_its_files(svc):
@@ -58,6 +88,7 @@ def test_a_kept_job_outlives_its_ttl_and_retention_leaves_its_files(svc):
     removed = retention.collect(svc.settings, grace_s=0)["artifacts"]
     assert other in removed and kept not in removed
     assert _files(svc, kept) and not _files(svc, other)
+    assert _stored_result(svc, kept) and not _stored_result(svc, other)
     assert svc.client.get(f"/jobs/{kept}/result", headers=ALICE).json()["steps"] == 1
     assert svc.client.get(f"/jobs/{kept}/artifacts/out.txt", headers=ALICE).status_code == 200
     assert svc.client.get(f"/jobs/{kept}", headers=ALICE).json()["kept"] is True
@@ -92,11 +123,12 @@ def test_only_a_finished_job_can_be_kept(svc):
 
 def test_deleting_a_finished_job_removes_its_record_and_files(svc):
     job_id = _done(svc)
-    assert _files(svc, job_id)
+    assert _files(svc, job_id) and _stored_result(svc, job_id)
     r = svc.client.delete(f"/jobs/{job_id}", headers=ALICE)
     assert r.status_code == 200, r.text
     assert r.json() == {"id": job_id, "deleted": True, "status": "succeeded", "files_removed": 1}
     assert not _files(svc, job_id) and not get_store(svc.settings).exists(artifacts_key(job_id))
+    assert not _stored_result(svc, job_id)
     redis = svc.redis()
     assert not redis.exists(JOB_PREFIX + job_id) and not redis.exists(Result.get_key(job_id))
     assert not redis.hexists(keys.ARTIFACT_OWNERS, job_id)

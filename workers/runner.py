@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
+from core import results
 from core.contract.kind import JobKind, ReduceRequest, ShardRequest, load_kinds
 from core.filestore import StoreUnavailable
 from core.logs import job_logging
@@ -183,6 +184,10 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
         returned = func(request, ctx)
         result = json_safe(_with_provenance(spec, returned, _result_json(spec, returned, ctx), block, ctx))
         try:
+            from workers.fanout import Planned
+
+            if not isinstance(returned, Planned):  # a fan-out's plan stays in Redis: its result is its reduce step's
+                result = results.keep(settings, ctx.job_id, result)
             ctx.publish_artifacts()
         except Exception as exc:
             store_down = True
