@@ -36,8 +36,10 @@ from explainq_client.jobs import (
     ProgressBar,
     WaitClock,
     dataset_body,
+    export_frame,
     list_params,
     parse_entry,
+    table_frame,
 )
 from explainq_client.results import Result
 
@@ -254,6 +256,17 @@ class AsyncJob(JobBase):
                 entry = parse_entry(line)
                 if entry is not None:
                     yield entry
+
+    async def table(self, name: str) -> Any:
+        """The artifact ``name`` in full as a ``pandas.DataFrame`` (see :meth:`explainq_client.Job.table`)."""
+        async with self._client._stream(self._artifact_path(name)) as response:
+            data = b"".join([chunk async for chunk in response.aiter_bytes()])
+        return table_frame(name, data)
+
+    async def export(self, name: str, dest: str | Path, format: str | None = None) -> Path:  # noqa: A002
+        """Write the artifact ``name`` to ``dest`` as Parquet, CSV or JSONL (see
+        :meth:`explainq_client.Job.export`)."""
+        return export_frame(await self.table(name), dest, format)
 
     async def cancel(self) -> AsyncJob:
         """Cancel: at once when queued, at its next step when running. A finished job raises

@@ -200,6 +200,12 @@ def cmd_entries(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(client: Client, args: argparse.Namespace) -> int:
+    """A CSV, TSV or JSONL artifact in full, written as Parquet, CSV or JSONL (pandas; pyarrow for Parquet)."""
+    print(client.jobs.get(args.id).export(args.name, args.dest, args.format))
+    return EXIT_OK
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     _print_json(client.jobs.cancel(args.id).data)
     return EXIT_OK
@@ -308,6 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the list: a key of the result's `listed` (results, ranking, samples, errors, "
                    "comparison.samples...) or any list the result holds whole")
     p.set_defaults(func=cmd_entries)
+
+    p = sub.add_parser("export", help="write a CSV, TSV or JSONL artifact in full (a ranking: influence.csv, "
+                       "self_influence.jsonl, suspects.csv...) as Parquet, CSV or JSONL (needs pandas; pyarrow for "
+                       "Parquet)")
+    p.add_argument("id")
+    p.add_argument("name", help="the artifact, as `artifacts` lists it")
+    p.add_argument("dest", help="the file to write; its suffix picks the format unless --format is given")
+    p.add_argument("--format", choices=["parquet", "csv", "jsonl"], default=None)
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")

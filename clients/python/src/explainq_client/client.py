@@ -35,8 +35,10 @@ from explainq_client.jobs import (
     ProgressBar,
     WaitClock,
     dataset_body,
+    export_frame,
     list_params,
     parse_entry,
+    table_frame,
 )
 from explainq_client.results import Result
 
@@ -253,6 +255,19 @@ class Job(JobBase):
                 entry = parse_entry(line)
                 if entry is not None:
                     yield entry
+
+    def table(self, name: str) -> Any:
+        """The artifact ``name`` in full as a ``pandas.DataFrame``: a ranking's CSV or TSV (``influence.csv``,
+        ``suspects.csv``, ``words.csv``, ``lds_per_test.csv``...) or a JSONL list (``results.jsonl``,
+        ``self_influence.jsonl``, ``samples.jsonl``), however many rows the result itself lists."""
+        with self._client._stream(self._artifact_path(name)) as response:
+            data = b"".join(response.iter_bytes())
+        return table_frame(name, data)
+
+    def export(self, name: str, dest: str | Path, format: str | None = None) -> Path:  # noqa: A002
+        """Write the artifact ``name`` (see :meth:`table`) to ``dest`` as Parquet, CSV or JSONL (``format``, or
+        ``dest``'s suffix): ``job.export("influence.csv", "influence.parquet")``. Parquet needs pyarrow."""
+        return export_frame(self.table(name), dest, format)
 
     def cancel(self) -> Job:
         """Cancel: at once when queued, at its next step when running. A finished job raises

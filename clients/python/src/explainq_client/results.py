@@ -106,6 +106,20 @@ class Result(dict[str, Any]):
         (``comparison.samples``)."""
         return render.listed_total(self, name)
 
+    def to_pandas(self) -> Any:
+        """A result without a table of its own (a featurize, an import, a registration...) as one row: its
+        scalar fields, nested records flattened with ``_`` (``provenance_device``...); lists are left out. The
+        result classes with rows override this."""
+        return _data_frame([_scalars(self)])
+
+    def to_parquet(self, dest: Any, *args: Any, **kwargs: Any) -> Any:
+        """Write :meth:`to_pandas` (its arguments, e.g. ``of="breakdown"``) to ``dest`` as Parquet (pyarrow must be
+        installed); returns ``dest`` as a ``Path``. A ranking longer than the result lists is in full in an
+        artifact: ``job.export("influence.csv", "influence.parquet")``."""
+        from explainq_client.jobs import export_frame
+
+        return export_frame(self.to_pandas(*args, **kwargs), dest, "parquet")
+
     def _repr_html_(self) -> str:
         return render.json_html(self, validated=self.validated)
 
