@@ -145,6 +145,10 @@ def test_bdh_models_get_a_readable_name_made_unique_when_taken(redis_settings, t
     assert default_model_name(ctx, digits) == "bdh-digits-01234567"
     label = TrainBDHRequest(dataset="cifar10", label="  wide run / lr 3e-3 ✓  ")
     assert default_model_name(ctx, label) == "bdh-wide-run-lr-3e-3-01234567"
+    for given in ("bdh-tiny", "BDH_tiny", "bdh-bdh-tiny", " bdh - tiny "):
+        assert default_model_name(ctx, TrainBDHRequest(dataset="digits", label=given)) == "bdh-tiny-01234567", given
+    assert default_model_name(ctx, TrainBDHRequest(dataset="digits", label="bdh")) == "bdh-bdh-01234567"
+    assert default_model_name(ctx, TrainBDHRequest(dataset="digits", label="bdhx")) == "bdh-bdhx-01234567"
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     registry.register_model(redis_settings, "bdh-digits-01234567", kind="vision_bdh", loader="x:y",

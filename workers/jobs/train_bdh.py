@@ -47,14 +47,17 @@ def _data_dir(settings: Settings, request: TrainBDHRequest, owner: str) -> Path 
 
 def default_model_name(ctx: JobContext, request: TrainBDHRequest) -> str:
     """``bdh-<label or dataset>-<first 8 characters of the job id>``: readable in lists and pickers. The label is
-    reduced to the registry's name characters (at most 40 of them). When that name is another owner's (or, for
+    reduced to the registry's name characters (at most 40 of them), without a leading ``bdh-`` of its own (a
+    label ``bdh-tiny`` names ``bdh-tiny-<id>``, not ``bdh-bdh-tiny-<id>``). When that name is another owner's (or, for
     this owner, another job's model), the job id's full 32 characters make it unique."""
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.label or "").strip("-.")[:40].strip("-.")
-    name = f"bdh-{label or request.dataset}-{ctx.job_id[:8]}"
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.label or "").strip("-.")
+    label = re.sub(r"^(bdh[-_.]+)+", "", label, flags=re.IGNORECASE)[:40].strip("-.")  # no bdh-bdh-...
+    stem = f"bdh-{label or request.dataset}"
+    name = f"{stem}-{ctx.job_id[:8]}"
     entry = registry.get_model(ctx.settings, name)
     if entry is not None and (not owns(entry, ctx.owner) or (entry.get("meta") or {}).get("job_id")
                               not in (None, ctx.job_id)):
-        name = f"bdh-{label or request.dataset}-{ctx.job_id}"
+        name = f"{stem}-{ctx.job_id}"
     return name
 
 
