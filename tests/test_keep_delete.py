@@ -200,3 +200,36 @@ def test_the_job_page_has_a_keep_button(svc):
         assert r.status_code == 303 and svc.client.get(f"/jobs/{job_id}", headers=ALICE).json()["kept"] is False
     finally:
         c.cookies.clear()
+
+
+def _log_records(svc, job_id: str) -> list[dict]:
+    """The workers' JSON log records that name ``job_id``."""
+    import json
+
+    out = []
+    for path in sorted(svc.home.glob("worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if job_id in line and line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+def test_a_cancel_is_logged_as_information_and_an_expected_failure_without_a_traceback(svc):
+    r = svc.client.post("/test/sleep", json={"steps": 200, "step_s": 0.05}, headers=ALICE)
+    canceled = r.json()["id"]
+    svc.wait(canceled, statuses=("running",), headers=ALICE)
+    assert svc.client.delete(f"/jobs/{canceled}", headers=ALICE).status_code == 202
+    assert svc.wait(canceled, headers=ALICE)["status"] == "canceled"
+    failed = _done(svc, steps=2, fail_at=0)
+
+    def ended(job_id):
+        return any(x.get("logger") != "rq.worker" or "exception" in x["message"] for x in _log_records(svc, job_id))
+
+    deadline = time.monotonic() + 10
+    while not (ended(canceled) and ended(failed)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for job_id in (canceled, failed):
+        records = _log_records(svc, job_id)
+        assert not [x for x in records if x["level"] in ("ERROR", "CRITICAL") or "Traceback" in x["message"]], records
+    assert any(x["level"] == "INFO" and "canceled" in x["message"] for x in _log_records(svc, canceled))
+    assert any(x["level"] == "WARNING" and "bad_step" in x["message"] for x in _log_records(svc, failed))

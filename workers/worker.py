@@ -43,7 +43,7 @@ from core.reaper import reap_queue
 from core.redis_server import redact_url, redis_client
 from core.settings import Settings
 from workers import runner
-from workers.context import REDIS_DOWN_ERRORS, SHUTDOWN_REQUESTED, Backoff
+from workers.context import REDIS_DOWN_ERRORS, SHUTDOWN_REQUESTED, Backoff, JobCanceled
 from workers.model_cache import ModelCache
 
 log = logging.getLogger("explainq.worker")
@@ -202,6 +202,22 @@ class ExplainqWorker(SimpleWorker):
             return False
         self._end(job, lambda: self._finalize_success(job, queue, execution, return_value), execution)
         return True
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """RQ's log line for a job that raised. A cancel is the owner's request, not an error: one INFO line. A
+        failure the runner classified (its code in the job's error: a bad request, a missing model, a timeout, an
+        internal error the runner has already logged with its traceback and incident id) is one WARNING line with
+        the code. Anything else (an interrupt, a refused job) is RQ's ERROR with the traceback."""
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(exc, JobCanceled):
+            log.info("job %s canceled on its owner's request", job.id)
+            return
+        error = (job.meta or {}).get("error")
+        if isinstance(exc, Exception) and isinstance(error, dict) and error.get("code") \
+                and not isinstance(exc, ForeignJob | NoCapableWorker):
+            log.warning("job %s failed: %s", job.id, error["code"])
+            return
+        super().handle_exception(job, *exc_info)
 
     def _end(self, job: Job, finalize: Callable[[], None], execution: Any) -> None:
         """Write the job's end with retries; a job that is no longer ``started`` (failed as lost) is left alone."""
