@@ -21,7 +21,7 @@ PENDING, PREPARING, READY, FAILED = "pending", "preparing", "ready", "failed"
 STATES = (PENDING, PREPARING, READY, FAILED)
 ALIVE_TTL_S = 30
 BEAT_S = 5.0
-MIN_RETRY_S, MAX_RETRY_S = 5, 300
+MIN_RETRY_S, MAX_RETRY_S = 5, 3600
 
 
 def _now() -> float:
@@ -134,34 +134,65 @@ def _parse(raw: bytes | str | None) -> dict[str, Any] | None:
     return plan if isinstance(plan, dict) and isinstance(plan.get("steps"), list) else None
 
 
-def _remaining(step: dict[str, Any], now: float) -> float:
-    """Seconds the estimate leaves to ``step`` (its cost minus the time it has run)."""
-    cost = float(step.get("cost_s") or 0.0)
+# The estimate. Each step has a planned cost (seconds on 2 free cores, ``DemoStep.cost_s``). The machine's pace is
+# measured as the demo goes: the seconds the ended steps took (and the running one, once past its plan) over the
+# seconds planned for them, so the estimate of the steps still to come is updated whenever a step ends, and is not
+# stuck at "about 7 minutes" on a machine twice as slow. A running step past its paced cost is given a quarter of
+# the time it has run so far to go: an overdue step never reads as done.
+MIN_PACE, MAX_PACE = 0.2, 20.0
+OVERDUE_SHARE = 0.25
+
+
+def _pace(steps: list[dict[str, Any]], now: float) -> float:
+    """Measured seconds per planned second over the ended steps and an overrunning running step; 1 before any."""
+    spent = planned = 0.0
+    for step in steps:
+        cost = float(step.get("cost_s") or 0.0)
+        started, ended = step.get("started_at"), step.get("ended_at")
+        if cost <= 0 or not started:
+            continue
+        if step["state"] in (READY, FAILED) and ended:
+            spent, planned = spent + max(float(ended) - float(started), 0.0), planned + cost
+        elif step["state"] == PREPARING and now - float(started) > cost:
+            spent, planned = spent + (now - float(started)), planned + cost
+    if planned <= 0:
+        return 1.0
+    return min(max(spent / planned, MIN_PACE), MAX_PACE)
+
+
+def _remaining(step: dict[str, Any], now: float, pace: float = 1.0) -> float:
+    """Seconds the estimate leaves to ``step``: its paced cost, less the time it has run when running."""
+    cost = float(step.get("cost_s") or 0.0) * pace
     if step["state"] == PREPARING and step.get("started_at"):
-        return max(cost - (now - float(step["started_at"])), 0.0)
+        elapsed = max(now - float(step["started_at"]), 0.0)
+        return max(cost - elapsed, OVERDUE_SHARE * elapsed)
     return cost if step["state"] == PENDING else 0.0
 
 
 def _eta(steps: list[dict[str, Any]], now: float) -> float:
-    return round(sum(_remaining(s, now) for s in steps), 1)
+    pace = _pace(steps, now)
+    return round(sum(_remaining(s, now, pace) for s in steps), 1)
 
 
 def coming(status: dict[str, Any], section: str, now: float | None = None) -> dict[str, dict[str, Any]]:
-    """``name -> {"state", "step", "retry_after_s"}`` for the ``models`` or ``datasets`` the live demo has not
-    registered yet; ``retry_after_s`` is the estimate of when that step ends (all steps before it included),
-    bounded to [5, 300] s."""
+    """``name -> {"state", "step", "kinds", "retry_after_s"}`` for the ``models`` or ``datasets`` the live demo has
+    not registered yet; ``kinds`` are the job kinds the step prepares them for; ``retry_after_s`` is the estimate
+    of when that step ends (all steps before it included, at the measured pace), bounded to
+    [``MIN_RETRY_S``, ``MAX_RETRY_S``]."""
     if not status.get("active"):
         return {}
     now = now or time.time()
+    pace = _pace(status["steps"], now)
     out: dict[str, dict[str, Any]] = {}
     waited = 0.0
     for step in status["steps"]:
-        waited += _remaining(step, now)
+        waited += _remaining(step, now, pace)
         if step["state"] not in (PENDING, PREPARING):
             continue
         retry = int(min(max(waited, MIN_RETRY_S), MAX_RETRY_S))
         for name in step.get(section, []):
-            out.setdefault(name, {"state": step["state"], "step": step["name"], "retry_after_s": retry})
+            out.setdefault(name, {"state": step["state"], "step": step["name"], "kinds": list(step.get("kinds") or []),
+                                  "retry_after_s": retry})
     return out
 
 

@@ -153,6 +153,8 @@ def test_a_model_being_prepared_is_listed_preparing_and_a_request_naming_it_is_5
         assert status["active"] and [s["state"] for s in status["steps"]] == ["ready", "preparing", "pending"]
         page = api.get("/ui/models").text
         assert "Being prepared" in page and "conve-nations-demo" in page
+        form = api.get("/ui/new/attributions").text  # the form's picker says what is coming, and when
+        assert "Still being prepared: nrms-word-demo (ready in about" in form
     # the demo process is gone: nothing is coming, the name is unknown again (not a 503 for ever)
     r = api.post("/tracin", json=TRACIN)
     assert r.status_code == 422 and "unknown model 'conve-nations-demo'" in r.text, r.text

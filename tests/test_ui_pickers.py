@@ -39,3 +39,34 @@ def test_the_models_page_opens_the_attributions_form_for_a_classifier() -> None:
                                                                    "classifier_featurize"]
     assert "attributions" in [a["kind"] for a in explain_actions(kinds, "news")]
     assert "tracin" in [a["kind"] for a in explain_actions(kinds, "conve")]
+
+
+def _model_field() -> forms.FormField:
+    return forms.FormField(name="model", label="Model", widget="text", required=True, description="The model")
+
+
+def test_a_form_says_which_model_is_still_being_prepared_and_when() -> None:
+    attributions = next(k for k in _described() if k["name"] == "attributions")
+    coming = {"models": [{"name": "nrms-word-demo", "status": "preparing", "kind": None,
+                          "preparation": {"step": "news", "state": "pending", "kinds": ["attributions"],
+                                          "retry_after_s": 400}},
+                         {"name": "conve-nations-demo", "status": "preparing", "kind": None,
+                          "preparation": {"step": "kg", "state": "preparing", "kinds": ["tracin"],
+                                          "retry_after_s": 30}}]}
+    model = _model_field()
+    forms.apply_pickers(attributions["pickers"], [model], coming, "attributions")
+    assert model.widget == "text" and model.description.startswith("The model Still being prepared: ")
+    assert "nrms-word-demo (ready in about 6 min 40 s)" in model.description
+    assert "conve-nations-demo" not in model.description  # prepared for another kind
+
+
+def test_a_form_with_no_model_to_offer_says_one_must_be_imported_or_trained() -> None:
+    attributions = next(k for k in _described() if k["name"] == "attributions")
+    model = _model_field()
+    forms.apply_pickers(attributions["pickers"], [model], {"models": [{"name": "conve-demo", "kind": "conve"}]},
+                        "attributions")
+    assert "No model of a kind this job takes (news, hf_classifier, exported_classifier) is registered yet" \
+        in model.description
+    offered = _model_field()
+    forms.apply_pickers(attributions["pickers"], [offered], MODELS, "attributions")
+    assert offered.description == "The model" and offered.widget == "select"

@@ -80,7 +80,8 @@ def list_models(request: Request, owner: str = Depends(caller)) -> dict[str, Any
 def _preparing(demo: dict[str, Any], section: str, registered: set[str]) -> list[dict[str, Any]]:
     """The demo's models or datasets that are not registered yet, as ``preparing`` entries."""
     return [{"name": name, "status": "preparing", "kind": None, "owner": None,
-             "preparation": {"step": info["step"], "state": info["state"], "retry_after_s": info["retry_after_s"]}}
+             "preparation": {"step": info["step"], "state": info["state"], "kinds": info["kinds"],
+                             "retry_after_s": info["retry_after_s"]}}
             for name, info in sorted(demo_status.coming(demo, section).items()) if name not in registered]
 
 

@@ -226,18 +226,39 @@ def registry_kinds(picker: list[Any]) -> list[str]:
     return list(picker[1]) if isinstance(picker[1], list | tuple) else [picker[1]]
 
 
-def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict[str, Any]) -> None:
+def apply_pickers(pickers: dict[str, Any], fields: list[FormField], models: dict[str, Any],
+                  job_kind: str | None = None) -> None:
     """Turn registry-name fields into selects of the registered models or datasets of the right kind
-    (``pickers``: the kind's own, dotted field -> [section, registry kind or a list of them])."""
+    (``pickers``: the kind's own, dotted field -> [section, registry kind or a list of them]). A field's hint says
+    which of them the first start is still preparing for ``job_kind`` (``GET /models``' ``preparing`` entries, with
+    the estimate of when each is ready), and, when none is registered or coming, that one must be imported or
+    trained first: never an empty list without a word why."""
+    from app.ui.views import duration
+
     for f in fields:
         if f.children:
-            apply_pickers(pickers, f.children, models)
+            apply_pickers(pickers, f.children, models, job_kind)
             continue
         picker = pickers.get(f.name)
         if not picker:
             continue
         section, reg_kinds = picker[0], registry_kinds(picker)
-        names = [m["name"] for m in models.get(section, []) if m.get("kind") in reg_kinds]
+        listed = models.get(section, [])
+        names = [m["name"] for m in listed if m.get("kind") in reg_kinds and m.get("status", "ready") != "preparing"]
+        coming = [m for m in listed if m.get("status") == "preparing"
+                  and (job_kind is None or job_kind in ((m.get("preparation") or {}).get("kinds") or []))]
+        notes = []
+        if coming:
+            notes.append("Still being prepared: " + ", ".join(
+                f"{m['name']} (ready in about {duration((m.get('preparation') or {}).get('retry_after_s'))})"
+                for m in coming) + "; the list offers it once it is registered (reload then).")
+        elif not names:
+            what = "model" if section == "models" else "dataset"
+            notes.append(f"No {what} of a kind this job takes ({', '.join(reg_kinds)}) is registered yet: "
+                         f"{'import or train one' if section == 'models' else 'register one'} first "
+                         "(the Models page).")
+        if notes:
+            f.description = " ".join([f.description, *notes]).strip()
         if f.default is not None and str(f.default) not in names:
             names.insert(0, str(f.default))
         if names:

@@ -699,7 +699,7 @@ async def _form(api: Api, kind: str) -> tuple[dict[str, Any], list[forms.FormFie
     described = spec.get("kind") or {}
     fields = forms.fields_for(described.get("widgets") or {}, spec["schema"],
                               openapi.get("components", {}).get("schemas", {}))
-    forms.apply_pickers(described.get("pickers") or {}, fields, await api.models())
+    forms.apply_pickers(described.get("pickers") or {}, fields, await api.models(), kind)
     return spec, fields
 
 
