@@ -544,6 +544,7 @@ class JobStore:
             pipe.hdel(keys.KEPT, job_id)
             pipe.zrem(keys.owner_jobs(owner), job_id)
             pipe.srem(keys.owner_active(owner), job_id)
+            pipe.delete(keys.usage_stored(owner))  # the store budget measures again
             pipe.execute()
         return removed
 

@@ -50,6 +50,11 @@ def owner_jobs(owner: str) -> str:
     return f"explainq:jobs:{owner}"
 
 
+def usage_stored(owner: str) -> str:
+    """String: the owner's stored bytes as ``GET /usage`` measured them, with a TTL (the store budget, core.budgets)."""
+    return f"explainq:usage:stored:{owner}"
+
+
 def owner_active(owner: str) -> str:
     """Set: the owner's job ids that may still be queued or running (the active-jobs quota)."""
     return f"explainq:active:{owner}"
@@ -162,6 +167,8 @@ KEYS: dict[str, str] = {
     "explainq:active:<owner>": "quota accounting: the owner's queued or running jobs",
     "explainq:idem:<owner>:<sha256>": "an `Idempotency-Key`'s job, with the job id and body hash",
     "explainq:cancel:<id>": "the cooperative cancel flag",
+    "explainq:usage:stored:<owner>": "the owner's stored bytes as `GET /usage` measured them, reused by the store "
+                                     "budget's check for `EXPLAINQ_USAGE_CACHE_S`",
     "explainq:registry:models": "model name -> JSON record with owner, kind, store location, metadata",
     "explainq:registry:datasets": "dataset name -> JSON record with owner, kind, location or path, metadata",
     STORE_ORPHANS: "replaced or deleted store versions, by release time, for retention",

@@ -13,6 +13,9 @@
 | ``EXPLAINQ_MAX_SHARDS`` | shards one fanned-out job may have; a ``shard_size`` that would make more is ``422`` (``auto`` grows to fit) | 1000 |
 | ``EXPLAINQ_RESULT_TTL_S`` | how long succeeded jobs and results stay in Redis | 7 days |
 | ``EXPLAINQ_FAILURE_TTL_S`` | how long failed and canceled jobs stay in Redis | 7 days |
+| ``EXPLAINQ_TENANT_STORE_BYTES`` | a tenant's stored bytes (``GET /usage``) at or over this refuse new jobs with ``413 store_budget_exceeded``; ``0``: no budget | 0 |
+| ``EXPLAINQ_TENANT_COMPUTE_S`` | estimated seconds of a tenant's queued and running jobs, the new one's included, over this are ``429 compute_budget_exceeded``; ``0``: no budget | 0 |
+| ``EXPLAINQ_USAGE_CACHE_S`` | how long a tenant's measured stored bytes are reused by the store budget's check | 60 |
 | ``EXPLAINQ_RESULT_INLINE_BYTES`` | a result larger than this (as JSON) is written to the store (``results/<job id>.json``) and Redis keeps a pointer; ``0``: every result | 65536 |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
@@ -79,6 +82,10 @@ class Settings(BaseSettings):
     failure_ttl_s: int = Field(7 * 24 * 3600, validation_alias=_alias("EXPLAINQ_FAILURE_TTL_S"))
     # a larger result (as JSON) goes to the store, Redis keeping a pointer (core/results.py); 0: every result
     result_inline_bytes: int = Field(64 * 1024, ge=0, validation_alias=_alias("EXPLAINQ_RESULT_INLINE_BYTES"))
+    # per-tenant budgets (core/budgets.py); 0: none
+    tenant_store_bytes: int = Field(0, ge=0, validation_alias=_alias("EXPLAINQ_TENANT_STORE_BYTES"))
+    tenant_compute_s: float = Field(0.0, ge=0, validation_alias=_alias("EXPLAINQ_TENANT_COMPUTE_S"))
+    usage_cache_s: int = Field(60, ge=0, validation_alias=_alias("EXPLAINQ_USAGE_CACHE_S"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
     redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
     store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))

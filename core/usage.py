@@ -2,7 +2,7 @@
 
 - **stored**: the tenant's registered models (their store versions), registered datasets the service copied into
   the store (a dataset referenced in place under the data roots is counted, not sized: those bytes are the
-  tenant's own files), and the artifacts of their newest :data:`MAX_ARTIFACT_JOBS` jobs (``complete`` says whether
+  tenant's own files), and the artifacts and stored results of their newest :data:`MAX_ARTIFACT_JOBS` jobs (``complete`` says whether
   that was all of them);
 - **in_flight**: the jobs of the active-jobs quota that are queued or running (a fanned-out job counts until its
   reduce step ends), the shards they have out on ``bulk``, and the estimated seconds of the queued ones (each at
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import artifacts, backlog, fanout, keys, registry
+from core import artifacts, backlog, fanout, keys, registry, results
+from core.filestore import StoreError
 from core.keys import JOB_PREFIX, METRICS_DURATION
 from core.settings import Settings
 
@@ -26,6 +27,14 @@ QUEUED = ("queued", "deferred", "scheduled")
 
 def _location_bytes(store: Any, location: str) -> int:
     return sum(f["size"] for f in store.list_files(location))
+
+
+def _result_bytes(store: Any, job_id: str) -> int:
+    """The size of the job's result in the store (core/results.py), 0 when Redis holds it."""
+    try:
+        return int(store.size(results.result_key(job_id)))
+    except (FileNotFoundError, StoreError):
+        return 0
 
 
 def stored(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
@@ -38,13 +47,14 @@ def stored(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
     total_jobs = int(redis.zcard(keys.owner_jobs(owner)))
     newest = [j.decode() for j in redis.zrevrange(keys.owner_jobs(owner), 0, MAX_ARTIFACT_JOBS - 1)]
     artifact_bytes = sum(f["size"] for j in newest for f in artifacts.list_files(settings, j))
+    result_bytes = sum(_result_bytes(store, j) for j in newest)
     return {
         "models": {"count": len(models), "bytes": model_bytes},
         "datasets": {"count": len(datasets), "in_store": len(in_store), "in_place": len(datasets) - len(in_store),
                      "bytes": dataset_bytes},
         "artifacts": {"jobs": total_jobs, "jobs_counted": len(newest), "complete": len(newest) == total_jobs,
-                      "bytes": artifact_bytes},
-        "bytes": model_bytes + dataset_bytes + artifact_bytes,
+                      "bytes": artifact_bytes, "results_bytes": result_bytes},
+        "bytes": model_bytes + dataset_bytes + artifact_bytes + result_bytes,
     }
 
 
@@ -83,4 +93,11 @@ def in_flight(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
 
 
 def usage(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
-    return {"owner": owner, "stored": stored(settings, redis, owner), "in_flight": in_flight(settings, redis, owner)}
+    from core import budgets
+
+    measured = stored(settings, redis, owner)
+    budgets.remember(settings, redis, owner, measured)  # the store budget's check reuses this figure
+    computed, _ = budgets.compute_in_flight(settings, redis, owner)
+    return {"owner": owner, "stored": measured, "in_flight": in_flight(settings, redis, owner),
+            "budgets": {"store_bytes": settings.tenant_store_bytes or None,
+                        "compute_s": settings.tenant_compute_s or None, "compute_in_flight_s": round(computed, 1)}}

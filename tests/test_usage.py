@@ -30,7 +30,8 @@ def test_usage_shows_the_callers_own_bytes_and_work_in_flight(tmp_path) -> None:
         mine = client.get("/usage", headers=ALICE).json()
         assert mine["owner"] == "alice"
         assert mine["stored"]["models"] == {"count": 1, "bytes": 1002}
-        assert mine["stored"]["artifacts"] == {"jobs": 1, "jobs_counted": 1, "complete": True, "bytes": 300}
+        assert mine["stored"]["artifacts"] == {"jobs": 1, "jobs_counted": 1, "complete": True, "bytes": 300,
+                                               "results_bytes": 0}
         assert mine["stored"]["bytes"] == 1302
         flight = mine["in_flight"]
         assert (flight["jobs"], flight["queued"], flight["running"]) == (1, 1, 0)
@@ -40,3 +41,49 @@ def test_usage_shows_the_callers_own_bytes_and_work_in_flight(tmp_path) -> None:
         theirs = client.get("/usage", headers=BOB).json()
         assert theirs["owner"] == "bob" and theirs["stored"]["bytes"] == 0 and theirs["in_flight"]["jobs"] == 0
         assert job_id not in client.get("/usage", headers=BOB).text
+        assert mine["budgets"] == {"store_bytes": None, "compute_s": None, "compute_in_flight_s": 60.0}
+
+
+def _register(settings, tmp_path, name: str, size: int, owner: str = "alice") -> None:
+    weights = tmp_path / name
+    weights.mkdir()
+    (weights / "model.pt").write_bytes(b"\0" * size)
+    (weights / "config.json").write_bytes(b"{}")
+    registry.register_model(settings, name, kind="conve", loader="x", path=weights, owner=owner)
+
+
+TRAIN = {"epochs": 1, "batch_size": 128, "embedding_dim": 200, "num_filters": 32}
+
+
+def test_a_tenant_at_its_store_budget_is_refused_new_jobs_with_the_figures_until_it_deletes(tmp_path) -> None:
+    with api_client(tmp_path / "home", EXPLAINQ_API_KEYS="alice:key-a,bob:key-b",
+                    EXPLAINQ_TENANT_STORE_BYTES="2000", EXPLAINQ_USAGE_CACHE_S="600") as client:
+        settings = client.app.state.settings
+        assert client.post("/train/conve", json={"name": "m1", **TRAIN}, headers=ALICE).status_code == 202
+        _register(settings, tmp_path, "alice-big", 2500)
+        # measured a moment ago (the first submission's check): the figure is reused until it expires...
+        assert client.post("/train/conve", json={"name": "m2", **TRAIN}, headers=ALICE).status_code == 202
+        # ...or until GET /usage (or a deletion) measures again
+        assert client.get("/usage", headers=ALICE).json()["budgets"]["store_bytes"] == 2000
+        r = client.post("/train/conve", json={"name": "m3", **TRAIN}, headers=ALICE)
+        assert r.status_code == 413, r.text
+        detail = r.json()["detail"]
+        assert detail["code"] == "store_budget_exceeded" and detail["limit"] == 2000 and detail["value"] == 2502
+        assert "EXPLAINQ_TENANT_STORE_BYTES" in detail["message"] and str(tmp_path) not in r.text
+        assert client.post("/train/conve", json={"name": "b1", **TRAIN}, headers=BOB).status_code == 202  # not bob
+        assert client.delete("/models/alice-big", headers=ALICE).status_code == 200
+        assert client.post("/train/conve", json={"name": "m3", **TRAIN}, headers=ALICE).status_code == 202
+
+
+def test_compute_in_flight_past_the_budget_is_a_429_with_retry_after(tmp_path) -> None:
+    with api_client(tmp_path / "home", EXPLAINQ_API_KEYS="alice:key-a,bob:key-b",
+                    EXPLAINQ_BACKLOG_UNKNOWN_COST_S="60", EXPLAINQ_TENANT_COMPUTE_S="150") as client:
+        for name in ("c1", "c2"):  # 60 + 60 s estimated: within 150
+            assert client.post("/train/conve", json={"name": name, **TRAIN}, headers=ALICE).status_code == 202
+        r = client.post("/train/conve", json={"name": "c3", **TRAIN}, headers=ALICE)
+        assert r.status_code == 429, r.text
+        detail = r.json()["detail"]
+        assert detail["code"] == "compute_budget_exceeded" and detail["limit"] == 150 and detail["value"] == 180
+        assert r.headers["Retry-After"] == "30" and "EXPLAINQ_TENANT_COMPUTE_S" in detail["message"]
+        assert client.get("/usage", headers=ALICE).json()["budgets"]["compute_in_flight_s"] == 120
+        assert client.post("/train/conve", json={"name": "b1", **TRAIN}, headers=BOB).status_code == 202

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
-from core import demo_status, keys, limits, registry
+from core import budgets, demo_status, keys, limits, registry
 from core.contract.errors import FieldError
 from core.kinds.tracin import model_vocab
 from core.ownership import sees_model_details, summary_meta
@@ -117,14 +117,18 @@ def _delete(request: Request, section: str, name: str, owner: str) -> JSONRespon
 @router.delete("/models/{name}", summary="Delete one of your models (another owner's model is 409)",
                responses={404: {}, 409: {}})
 def delete_model(request: Request, name: str = Path(..., pattern=NAME), owner: str = Depends(caller)) -> JSONResponse:
-    return _delete(request, "models", name, owner)
+    answer = _delete(request, "models", name, owner)
+    budgets.forget(request.app.state.redis, owner)  # the store budget measures again
+    return answer
 
 
 @router.delete("/datasets/{name}", summary="Delete one of your registered datasets (another owner's is 409)",
                responses={404: {}, 409: {}})
 def delete_dataset(request: Request, name: str = Path(..., pattern=NAME),
                    owner: str = Depends(caller)) -> JSONResponse:
-    return _delete(request, "datasets", name, owner)
+    answer = _delete(request, "datasets", name, owner)
+    budgets.forget(request.app.state.redis, owner)
+    return answer
 
 
 # At most this many names per answer: a form's autocomplete lists, not a dump of a large graph's vocabulary.

@@ -58,12 +58,14 @@ USAGE_EXAMPLE = {
     "owner": "alice",
     "stored": {"models": {"count": 2, "bytes": 5242880},
                "datasets": {"count": 1, "in_store": 0, "in_place": 1, "bytes": 0},
-               "artifacts": {"jobs": 12, "jobs_counted": 12, "complete": True, "bytes": 1048576},
+               "artifacts": {"jobs": 12, "jobs_counted": 12, "complete": True, "bytes": 1048576,
+                             "results_bytes": 0},
                "bytes": 6291456},
     "in_flight": {"jobs": 2, "queued": 1, "running": 1, "shards_out": 4, "queued_estimated_seconds": 42.0,
                   "unestimated": 0, "max_active_jobs": 100,
                   "items": [{"id": "3f0c...", "kind": "tracin", "state": "running"},
                             {"id": "9a1b...", "kind": "train_conve", "state": "queued"}]},
+    "budgets": {"store_bytes": 10737418240, "compute_s": None, "compute_in_flight_s": 342.0},
 }
 
 
@@ -72,7 +74,8 @@ USAGE_EXAMPLE = {
             description="Only the caller's own records. `stored.artifacts.complete` is false when only the newest "
             f"{usage_lib.MAX_ARTIFACT_JOBS} jobs' artifacts were sized; a dataset referenced in place under the data "
             "roots is counted in `in_place`, not sized. `in_flight.queued_estimated_seconds`: each queued job at its "
-            "kind's mean run time so far.",
+            "kind's mean run time so far. `budgets`: this service's per-tenant budgets (null: none) and the "
+            "estimated seconds of your queued and running jobs that the compute budget compares with.",
             responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}}})
 async def usage(request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
     return await run_in_threadpool(usage_lib.usage, request.app.state.settings, request.app.state.redis, owner)

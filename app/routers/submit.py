@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app.deps import caller
-from core import placement
+from core import budgets, placement, registry
 from core.contract.errors import FieldError
 from core.contract.kind import JobKind
 from core.jobstore import IdempotencyConflict, IdempotencyInProgress, QuotaExceeded
@@ -26,7 +26,10 @@ def _admit(kind: JobKind, body: Any, settings: Any, owner: str) -> placement.Pla
     with placement.admitting(settings, kind.queue, requirements) as admission:
         if kind.validate is not None:
             kind.validate(body, settings, owner)
-    return placement.place(settings, kind.queue, requirements, admission.memory_bytes)
+    placed = placement.place(settings, kind.queue, requirements, admission.memory_bytes)
+    if settings.tenant_store_bytes or settings.tenant_compute_s:
+        budgets.check(settings, registry.connection(settings), owner, kind.name)
+    return placed
 
 
 def _route_for(kind: JobKind):
@@ -43,7 +46,11 @@ def _route_for(kind: JobKind):
     ) -> JSONResponse:
         settings = request.app.state.settings
         # registry and store lookups, blocking: in a thread; then the worker class the job may go to
-        placed = await run_in_threadpool(_admit, kind, body, settings, owner)
+        try:
+            placed = await run_in_threadpool(_admit, kind, body, settings, owner)
+        except budgets.BudgetExceeded as exc:
+            headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else {}
+            return JSONResponse(status_code=exc.status, headers=headers, content={"detail": exc.detail()})
         payload: dict[str, Any] = json.loads(body.model_dump_json())
         store = request.app.state.store
         try:
@@ -80,7 +87,9 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
             summary=kind.summary or f"Submit a {kind.name} job",
             description=f"Queue: `{kind.queue}`. Returns 202 with `Location: /jobs/<id>` and the job (a retry with "
             "the same Idempotency-Key and body returns the same job: submission is one atomic step); 429 "
-            "`quota_exceeded` (with Retry-After) over `EXPLAINQ_MAX_ACTIVE_JOBS` or `EXPLAINQ_MAX_QUEUE_LENGTH`.",
+            "`quota_exceeded` (with Retry-After) over `EXPLAINQ_MAX_ACTIVE_JOBS` or `EXPLAINQ_MAX_QUEUE_LENGTH`, or "
+            "`compute_budget_exceeded` over `EXPLAINQ_TENANT_COMPUTE_S`; 413 `store_budget_exceeded` at "
+            "`EXPLAINQ_TENANT_STORE_BYTES`.",
             name=f"submit_{kind.name}",
             openapi_extra={"x-explainq-kind": kind.describe()},
         )
