@@ -6,6 +6,8 @@
 - model and dataset versions that were replaced or deleted more than ``grace_s`` ago (a worker may still be loading
   one for a job that started before the replacement), and versions that never got registered (an upload whose
   registration failed) once they are older than ``grace_s``;
+- gradient features whose model versions are all gone, and shared features and evaluation caches not used for
+  ``EXPLAINQ_CACHE_TTL_S`` (``core/lastuse.py``);
 - on this host: scratch directories of jobs that no longer exist, and cached copies of store keys that are gone
   from the store (a copy of an object still stored is kept, whether or not the registry names it).
 
@@ -22,7 +24,7 @@ from calendar import timegm
 from pathlib import Path
 from typing import Any
 
-from core import keys, registry, results
+from core import keys, lastuse, registry, results
 from core.artifacts import artifacts_key
 from core.filestore import get_store
 from core.keys import JOB_PREFIX
@@ -50,6 +52,7 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
     removed["versions"] += _remove_unregistered_versions(settings, store, referenced, grace_s, now)
     removed["scratch"] = _remove_scratch(settings, r, grace_s, now)
     removed["features"] = _remove_orphaned_features(store, referenced)
+    removed["unused"] = _remove_unused_shared(settings, store, now)
     removed["cache"] = _remove_stale_cache(settings, r, store, referenced)
     if any(removed.values()):
         log.info("gc removed %s", {k: len(v) for k, v in removed.items()})
@@ -161,7 +164,27 @@ def _remove_orphaned_features(store: Any, referenced: set[str]) -> list[str]:
         if any(loc in referenced or store.exists(loc) for loc in locations):
             continue
         store.delete(f"{FEATURES}/{key}")
+        lastuse.forget(store, f"{FEATURES}/{key}")
         removed.append(f"{FEATURES}/{key}")
+    return removed
+
+
+def _remove_unused_shared(settings: Settings, store: Any, now: float) -> list[str]:
+    """Step 3c: shared features and evaluation caches (core/lastuse.py) not used for ``EXPLAINQ_CACHE_TTL_S``;
+    an entry with no record of its use gets one now (its clock starts). Returns the keys removed."""
+    removed: list[str] = []
+    if settings.cache_ttl_s <= 0:
+        return removed
+    for family in lastuse.FAMILIES:
+        for name in store.list_dirs(family):
+            entry = f"{family}/{name}"
+            used = lastuse.last_used(store, entry)
+            if used is None:
+                lastuse.touch(store, [entry], now)
+            elif now - used > settings.cache_ttl_s:
+                store.delete(entry)
+                lastuse.forget(store, entry)
+                removed.append(entry)
     return removed
 
 

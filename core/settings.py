@@ -16,6 +16,7 @@
 | ``EXPLAINQ_TENANT_STORE_BYTES`` | a tenant's stored bytes (``GET /usage``) at or over this refuse new jobs with ``413 store_budget_exceeded``; ``0``: no budget | 0 |
 | ``EXPLAINQ_TENANT_COMPUTE_S`` | estimated seconds of a tenant's queued and running jobs, the new one's included, over this are ``429 compute_budget_exceeded``; ``0``: no budget | 0 |
 | ``EXPLAINQ_USAGE_CACHE_S`` | how long a tenant's measured stored bytes are reused by the store budget's check | 60 |
+| ``EXPLAINQ_CACHE_TTL_S`` | ``explainq gc`` deletes gradient features and evaluation caches not used for this long; ``0``: never | 30 days |
 | ``EXPLAINQ_RESULT_INLINE_BYTES`` | a result larger than this (as JSON) is written to the store (``results/<job id>.json``) and Redis keeps a pointer; ``0``: every result | 65536 |
 | ``EXPLAINQ_HEARTBEAT_TTL_S`` | a running job whose worker is silent this long is abandoned | 60 |
 | ``EXPLAINQ_STORE`` | the shared file store (models, datasets, artifacts): a directory or an fsspec URL | ``$EXPLAINQ_HOME/store`` |
@@ -86,6 +87,8 @@ class Settings(BaseSettings):
     tenant_store_bytes: int = Field(0, ge=0, validation_alias=_alias("EXPLAINQ_TENANT_STORE_BYTES"))
     tenant_compute_s: float = Field(0.0, ge=0, validation_alias=_alias("EXPLAINQ_TENANT_COMPUTE_S"))
     usage_cache_s: int = Field(60, ge=0, validation_alias=_alias("EXPLAINQ_USAGE_CACHE_S"))
+    # shared features and evaluation caches not used for this long are collected (core/lastuse.py)
+    cache_ttl_s: int = Field(30 * 24 * 3600, ge=0, validation_alias=_alias("EXPLAINQ_CACHE_TTL_S"))
     heartbeat_ttl_s: int = Field(60, validation_alias=_alias("EXPLAINQ_HEARTBEAT_TTL_S"))
     redis_timeout_s: float = Field(2.0, validation_alias=_alias("EXPLAINQ_REDIS_TIMEOUT_S"))
     store_raw: str = Field("", validation_alias=_alias("EXPLAINQ_STORE"))

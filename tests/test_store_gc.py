@@ -134,3 +134,30 @@ def test_gc_removes_gradient_features_once_their_model_version_is_gone(redis_set
     assert collect(redis_settings)["features"] == ["features/k-model"]
     assert not store.exists("features/k-model/segment-0/features.npy")
     assert store.exists("features/k-unrecorded/segment-0/features.npy")
+
+
+def test_gc_collects_shared_features_and_evaluation_caches_nobody_used_for_the_cache_ttl(redis_settings, tmp_path):
+    """Shared, content-addressed entries (features, what evaluations trained) are collected once unused for
+    EXPLAINQ_CACHE_TTL_S; an entry with no record of its use starts its clock at the first pass; a use resets it."""
+    from core import lastuse
+    from core.settings import Settings
+
+    settings = Settings(EXPLAINQ_HOME=redis_settings.home_dir, REDIS_URL=redis_settings.redis_url,
+                        EXPLAINQ_CACHE_TTL_S=100)
+    store = registry.store(settings)
+    entries = ["features/f-old", "features/f-fresh", "cache/evaluation/models/m-old", "cache/evaluation/lds/l-new"]
+    for entry in entries:
+        store.put_bytes(b"x", f"{entry}/part.bin")
+    now = 1_000_000.0
+    lastuse.touch(store, ["features/f-old", "cache/evaluation/models/m-old"], now - 500)
+    lastuse.touch(store, ["features/f-fresh"], now - 50)
+    removed = collect(settings, now=now)
+    assert sorted(removed["unused"]) == ["cache/evaluation/models/m-old", "features/f-old"]
+    assert not store.exists("features/f-old/part.bin") and store.exists("features/f-fresh/part.bin")
+    assert lastuse.last_used(store, "features/f-old") is None  # its record went with it
+    assert lastuse.last_used(store, "cache/evaluation/lds/l-new") == now  # unrecorded: the clock starts now
+    lastuse.touch(store, ["features/f-fresh"], now + 40)  # used again
+    assert collect(settings, now=now + 101)["unused"] == ["cache/evaluation/lds/l-new"]
+    assert store.exists("features/f-fresh/part.bin")
+    off = Settings(EXPLAINQ_HOME=redis_settings.home_dir, REDIS_URL=redis_settings.redis_url, EXPLAINQ_CACHE_TTL_S=0)
+    assert collect(off, now=now + 10**9)["unused"] == []

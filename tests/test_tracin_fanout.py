@@ -195,8 +195,16 @@ def test_single_mode_and_the_stored_feature_estimators_give_the_same_shape(svc):
     r = svc.client.post("/featurize", json={"model": MODEL, "proj_dim": 16, "layers": "last"})
     assert r.status_code == 202, r.text
     assert svc.wait(r.json()["id"], timeout_s=300)["status"] == "succeeded"
+    from core import lastuse
+    from core.filestore import get_store
+
+    store = get_store(svc.settings)
+    entries = [f"features/{c['key']}" for c in svc.client.get(f"/jobs/{r.json()['id']}/result").json()["checkpoints"]]
+    featurized = [lastuse.last_used(store, e) for e in entries]
+    assert entries and all(t is not None for t in featurized)  # retention's clock for the shared features
     trak_job, trak = _run(svc, {"test_triples": TESTS, "top_k": 3, "estimator": "trak", "projection_dim": 16,
                                 "layers": "last"})
+    assert all(lastuse.last_used(store, e) >= t for e, t in zip(entries, featurized, strict=True))  # read: used
     InfluenceResult.model_validate(trak)
     _, exact = _run(svc, {"test_triples": TESTS, "top_k": 3, "layers": "last"})
     assert set(trak) == set(exact) and trak["approximate"] and trak["estimator"] == "trak"

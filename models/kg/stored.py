@@ -114,19 +114,23 @@ def stored_report(store: Any, bundle: KGBundle, test_triples: Sequence[Sequence[
                   loss: str = "train", proj_dim: int = 256, seed: int = 0, damping: float = DEFAULT_DAMPING,
                   weights: Sequence[float] | None = None, lr_weight: str = "last", train: torch.Tensor | None = None,
                   tile_rows: int | None = None, progress: Callable[[int, int, str], None] | None = None,
-                  out_dir: Path | None = None) -> tuple[dict, list[dict]]:
+                  out_dir: Path | None = None,
+                  on_index: Callable[[FeatureIndex], None] | None = None) -> tuple[dict, list[dict]]:
     """A TracIn mode-``test`` report scored against the stored features of every training triple (``train``,
     default the model's): ``estimator`` ``trak`` or ``tracin_projected`` (checkpoint weights ``weights``, default
     the stored learning rates; ``lr_weight`` names how they were chosen). The same builder as the direct path
     (:class:`models.kg.influence.TestReport`) makes the report, so the result has the same fields;
     ``train_self_influence`` of a listed training triple is its own score under the same estimator. Returns the
-    result's fields and the CSV rows (empty when written under ``out_dir``). Raises
+    result's fields and the CSV rows (empty when written under ``out_dir``). ``on_index`` is called with the opened
+    feature index (the worker records the use of its keys). Raises
     :class:`models.explain.features.NotFeaturized` when the features are not all stored."""
     t0 = time.perf_counter()
     ds = bundle.dataset
     test = ds.encode(test_triples)
     index = feature_index(store, bundle, checkpoints, layers=layers, loss=loss, proj_dim=proj_dim, seed=seed,
                           train=train)
+    if on_index is not None:
+        on_index(index)
     qs = index.queries(test, estimator, damping, weights)
     tile_rows = tile_rows_for(len(test)) if tile_rows is None else tile_rows
     n_tiles = max(1, -(-len(index.train) // tile_rows))

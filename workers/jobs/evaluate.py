@@ -51,6 +51,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from core import lastuse
 from core.artifacts import artifacts_key
 from core.contract.kind import ReduceRequest, ShardRequest
 from core.contract.results.base import Shards
@@ -64,7 +65,7 @@ from workers.fanout import Planned, fan_out, shard_done, write_jsonl
 from workers.fanout import run_shard as run_shard_once
 
 KIND = "evaluate_attribution"
-ROOT = "cache/evaluation"
+ROOT = lastuse.EVALUATION_ROOT  # "cache/evaluation"
 FULL = -1  # the code of the full-data model in _models; ensemble member j is -2 - j, the replicate of subset
 # model i (same subset, another seed; ``replicates``) is m + i
 PLAN_META = "evaluation_plan"  # the parent's meta field that records the data version its plan was made for
@@ -300,7 +301,10 @@ def _lds_dataset(ctx: JobContext, request: EvaluateAttributionRequest) -> tuple[
     ds = _dataset(ctx, request.dataset)
     if len(ds.test) == 0:
         raise JobError("bad_dataset", f"dataset {request.dataset!r} has no test split to evaluate on")
-    return ds, _identity(request, ds)
+    ident = _identity(request, ds)
+    lastuse.touch(get_store(ctx.settings), [f"{ROOT}/lds/{ident['lds']}", _model_key(ident["full"]),
+                                            *(_model_key(k) for k in ident["members"])])
+    return ds, ident
 
 
 def run_attribution(request: EvaluateAttributionRequest, ctx: JobContext) -> LdsResult | Planned:
@@ -506,6 +510,7 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
     record = {"indices": idx.tolist(), "original_tails": ds.train[torch.from_numpy(idx), 2].tolist(),
               "new_tails": new_tails.tolist()}
     store = get_store(ctx.settings)
+    lastuse.touch(store, [key])
     trainings = 0
     if not store.exists(f"{key}/config.json"):
         _train_full(ctx, with_train(ds, corrupted_train, keep_eval=True), recipe, key,
