@@ -206,6 +206,14 @@ def _meets(wc: WorkerClass, needs: dict[str, Any]) -> str | None:
     return None
 
 
+_WORKER_BUDGET: list[int | None] = [None]  # set in a worker process: the memory budget of one job here
+
+
+def set_worker_budget(budget_bytes: int | None) -> None:
+    """In a worker: the budget its own checks use (its class's, else ``EXPLAINQ_WORKER_MEMORY_BYTES``)."""
+    _WORKER_BUDGET[0] = budget_bytes
+
+
 def memory_budget(settings: Any, need_bytes: int) -> int:
     """The memory a request's job may use on the workers that could take it (0: not checked), with ``need_bytes``
     recorded for :func:`place` when a request is being admitted. Without classes (or outside an admission):
@@ -214,6 +222,8 @@ def memory_budget(settings: Any, need_bytes: int) -> int:
     admission = _ADMISSION.get()
     if admission is not None:
         admission.memory_bytes = max(admission.memory_bytes, int(need_bytes))
+    if admission is None and _WORKER_BUDGET[0] is not None:
+        return _WORKER_BUDGET[0]  # a worker re-checking a job: its own budget
     classes = worker_classes(settings)
     if admission is None or not classes:
         return settings.worker_memory_bytes

@@ -154,6 +154,20 @@ def _with_provenance(spec: JobKind, returned: Any, result: Any, block: dict | No
     return {**result, "provenance": Provenance.model_validate(done).model_dump(mode="json")}
 
 
+def _recheck(spec: JobKind, request: Any, settings: Settings, ctx: JobContext) -> None:
+    """A kind with ``recheck``: its submission checks again, here, before the job allocates (see JobKind)."""
+    if not spec.recheck or spec.validate is None or isinstance(request, ShardRequest | ReduceRequest):
+        return
+    from core.contract.errors import FieldError
+
+    try:
+        spec.validate(request, settings, ctx.owner)
+    except FieldError as exc:
+        where = ".".join(str(p) for p in exc.loc if p != "body")
+        raise JobError("refused_on_worker", f"checked again on the worker before it allocated anything: "
+                       f"{where + ': ' if where and not exc.message.startswith(where) else ''}{exc.message}") from None
+
+
 def execute(*args: Any) -> Any:
     job = get_current_job()
     settings, models = _state()
@@ -177,6 +191,7 @@ def _run(job: Any, ctx: JobContext, settings: Settings, args: tuple[Any, ...]) -
         ctx.check_canceled()
         ctx.record_owner()
         request = with_parent_fields(spec, request, payload, job)
+        _recheck(spec, request, settings, ctx)
         func = import_object(spec.func)
         block = _provenance_start(settings, spec, request, ctx)
         log.info("job started")

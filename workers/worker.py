@@ -492,6 +492,7 @@ def run_worker(settings: Settings, queues: list[str] | None, burst: bool = False
     ExplainqWorker.models = models
     ExplainqWorker.settings = settings
     ExplainqWorker.offer = offer
+    placement.set_worker_budget(offer.memory_bytes)  # what a job's re-check (JobKind.recheck) compares with
     worker = ExplainqWorker(
         [Queue(q, connection=connection, serializer=JSONSerializer) for q in queues],
         connection=connection,

@@ -61,6 +61,10 @@ class JobKind:
     summary: str = ""
     # validate(request, settings, owner): registry and cross-field checks at submission; raises FieldError
     validate: Callable[[Any, Settings, str], None] | None = None
+    # the worker runs ``validate`` again before the job allocates anything: its memory estimates from the data and
+    # configuration as they are then, against this worker's own budget (a dataset replaced by a larger one, a
+    # budget smaller than the one admission compared with); a FieldError fails the job ``refused_on_worker``
+    recheck: bool = False
     tags: tuple[str, ...] = field(default_factory=tuple)
     # run only by other jobs (the shards and reduce step of a fanned-out request): no HTTP route
     internal: bool = False

@@ -291,6 +291,7 @@ register(JobKind(
     sdk_method="evaluate_attribution",
     pickers=PICKERS,
     validate=validate_attribution,
+    recheck=True,
     estimate=attribution_size,
     estimate_rate_from="train_conve",
 ))
@@ -311,6 +312,7 @@ register(JobKind(
     sdk_method="evaluate_mislabel",
     pickers=PICKERS,
     validate=validate_mislabel,
+    recheck=True,
     estimate=mislabel_size,
     estimate_rate_from="train_conve",
 ))

@@ -101,4 +101,5 @@ register(JobKind(
     pickers={"model": ("models", "conve")},
     result=FeaturizeResult,
     validate=validate,
+    recheck=True,
 ))

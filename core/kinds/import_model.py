@@ -518,4 +518,5 @@ register(JobKind(
     title="Import a model",
     result=ImportResult,
     validate=validate,
+    recheck=True,
 ))

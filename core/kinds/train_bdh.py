@@ -246,5 +246,6 @@ register(JobKind(
                                                      ["val_accuracy", "validation accuracy"]]},
     ),
     validate=validate,
+    recheck=True,
     tags=("training", "vision"),
 ))

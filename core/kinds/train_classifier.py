@@ -211,4 +211,5 @@ register(JobKind(
     pickers={"model": ("models", (MODEL_KIND, HF_KIND)), "dataset": ("datasets", (DATASET_KIND, TEXT_DATASET_KIND))},
     result=TrainClassifierResult,
     validate=validate,
+    recheck=True,
 ))

@@ -228,4 +228,5 @@ register(JobKind(
                                                                    ["valid_hits@10", "Hits@10"]]},
     ),
     validate=validate,
+    recheck=True,
 ))

@@ -201,4 +201,5 @@ register(JobKind(
             ["valid_auc", "AUC"], ["valid_mrr", "MRR"], ["valid_ndcg@10", "nDCG@10"]]},
     ),
     validate=validate,
+    recheck=True,
 ))
