@@ -1,4 +1,6 @@
-"""Rate limits: one token bucket per API key (and per client address for dashboard sign-ins), kept in Redis.
+"""Rate limits: one token bucket per tenant (the owner an API key names: a tenant's several keys and its dashboard
+sessions share it, so more keys never mean more requests), and one per client address for dashboard sign-ins, kept
+in Redis.
 
 A bucket holds up to ``burst`` tokens and gains ``rate`` tokens a second; each request takes one. Taking is one
 Lua script (:data:`TAKE`), so every API process shares the bucket and two requests never take the same token. The

@@ -185,7 +185,7 @@ class Settings(BaseSettings):
     parser_line_bytes: int = Field(16 << 20, ge=1024, validation_alias=_alias("EXPLAINQ_PARSER_LINE_BYTES"))
     parser_concurrency: int = Field(4, ge=1, le=256, validation_alias=_alias("EXPLAINQ_PARSER_CONCURRENCY"))
 
-    # Rate limits (core/ratelimit.py): per API key, and dashboard sign-ins per client address.
+    # Rate limits (core/ratelimit.py): per tenant (all its keys and sessions), and dashboard sign-ins per address.
     rate_limit_per_s: float = Field(50.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_PER_S"))
     rate_limit_burst: int = Field(500, ge=1, le=10**7, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_BURST"))
     login_rate_per_min: float = Field(30.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_LOGIN_RATE_PER_MIN"))

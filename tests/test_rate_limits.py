@@ -48,7 +48,7 @@ def test_taking_is_atomic_under_concurrent_callers(redis_settings) -> None:
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
     home = tmp_path_factory.mktemp("rate-home")
-    with api_client(home, EXPLAINQ_API_KEYS="alice:key-a,bob:key-b", EXPLAINQ_RATE_LIMIT_PER_S="1",
+    with api_client(home, EXPLAINQ_API_KEYS="alice:key-a,bob:key-b,alice:key-a2", EXPLAINQ_RATE_LIMIT_PER_S="1",
                     EXPLAINQ_RATE_LIMIT_BURST="5", EXPLAINQ_LOGIN_RATE_PER_MIN="1", EXPLAINQ_LOGIN_BURST="3") as client:
         yield client
 
@@ -69,6 +69,15 @@ def test_a_burst_past_the_limit_is_429_with_retry_after_and_another_key_is_unaff
     assert limited.get("/jobs", headers=BOB).status_code == 200
     time.sleep(detail["retry_after_s"] + 0.05)  # the refill the answer announced
     assert limited.get("/jobs", headers=ALICE).status_code == 200
+
+
+def test_a_tenants_keys_share_one_bucket(limited) -> None:
+    """A second key of the same tenant is no way around the limit; another tenant's key is."""
+    while limited.get("/jobs", headers=ALICE).status_code == 200:
+        pass
+    r = limited.get("/jobs", headers={"Authorization": "Bearer key-a2"})
+    assert r.status_code == 429 and r.json()["detail"]["code"] == "rate_limited", r.text
+    assert limited.get("/jobs", headers=BOB).status_code == 200
 
 
 def test_sign_in_attempts_are_limited_per_address(limited) -> None:
