@@ -135,7 +135,7 @@ def _projection_seed(seed, checkpoint, model=0):
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _dense_trak(clf, test, train_rows, proj_dim, damping, seed, model=0, only_last=False):
+def _dense_trak(clf, test, train_rows, proj_dim, damping, seed, model=0, only_last=False, projection="kronecker"):
     """float64 reference of TRAK (Park et al. 2023, Algorithm 1, the checkpoints as its models): per checkpoint c
     explicit margin gradients by autograd, an explicit projection matrix of its own seed, a dense solve; returns
     the kernel averaged over the checkpoints and Q = 1 - p(label) averaged over the checkpoints, each at its own
@@ -147,7 +147,7 @@ def _dense_trak(clf, test, train_rows, proj_dim, damping, seed, model=0, only_la
     shapes = {n: tuple(p.shape) for n, p in clf.module.named_parameters()}
     numbered = list(enumerate(clf.checkpoints))
     for c, ck in numbered[-1:] if only_last else numbered:
-        proj = projection_matrix(shapes, proj_dim, _projection_seed(seed, c, model))
+        proj = projection_matrix(shapes, proj_dim, _projection_seed(seed, c, model), projection=projection)
         module = clf.at(ck).double()
         for p in module.parameters():
             p.requires_grad_(True)
@@ -208,6 +208,23 @@ def test_trak_and_its_ensemble_equal_a_dense_float64_reference(digits):
         * (q0 + q1) / 2
     torch.testing.assert_close(trak_ensemble_self_scores(clf, "all", train_rows, members=[member], **kw), ens_self,
                                rtol=1e-3, atol=1e-4 * float(ens_self.abs().max()))
+
+
+def test_trak_with_a_dense_projection_equals_the_reference_with_that_projection(digits):
+    """``projection="dense"`` (the TRAK paper's and dattri's choice) goes through TRAK, its self-scores and its
+    ensemble: equal to the float64 reference built on the explicit dense matrix, and not the Kronecker result."""
+    from models.explain.classifier_estimators import trak_scores, trak_self_scores
+
+    clf, test, train_rows, _ = digits
+    kw = {"proj_dim": 32, "damping": 0.05, "seed": 2}
+    s0, q0 = _dense_trak(clf, test, train_rows, 32, 0.05, 2, projection="dense")
+    got = trak_scores(clf, "all", test, train_rows, projection="dense", **kw)
+    want = s0 * q0[None]
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
+    self_want = torch.diagonal(_dense_trak(clf, train_rows, train_rows, 32, 0.05, 2, projection="dense")[0]) * q0
+    torch.testing.assert_close(trak_self_scores(clf, "all", train_rows, projection="dense", **kw), self_want,
+                               rtol=1e-3, atol=1e-4 * float(self_want.abs().max()))
+    assert not torch.allclose(got, trak_scores(clf, "all", test, train_rows, **kw), rtol=1e-2)
 
 
 def test_projected_tracin_approaches_tracin(digits):

@@ -205,7 +205,8 @@ def test_the_sdk_reads_the_result_as_rows_and_draws_it(svc):
     assert test["proponents"][0]["label"] in result.text()
 
 
-def _dense_trak(source, train, test_x, test_y, proj_dim: int, damping: float, seed: int):
+def _dense_trak(source, train, test_x, test_y, proj_dim: int, damping: float, seed: int,
+                projection: str = "kronecker"):
     """The float64 reference (TRAK's Algorithm 1, the checkpoints as its models): per checkpoint c every per-example
     margin gradient by autograd, the explicit projection matrix of c's own seed (the documented derivation, restated
     here), the damped Gauss-Newton inverse solved densely; the kernels averaged over the checkpoints, columns times
@@ -230,7 +231,8 @@ def _dense_trak(source, train, test_x, test_y, proj_dim: int, damping: float, se
     states = read_checkpoints(source, ProgramModule(load(source))).states
     for c, ck in enumerate(states):
         digest = hashlib.sha256(f"trak|{seed}|model 0|checkpoint {c}".encode()).digest()
-        proj = projection_matrix(shapes, proj_dim, int.from_bytes(digest[:8], "little") & (2**63 - 1))
+        proj = projection_matrix(shapes, proj_dim, int.from_bytes(digest[:8], "little") & (2**63 - 1),
+                                 projection=projection)
         module.load_state_dict({k: v.double() for k, v in ck.state.items()})
         phi, phi_t = grads(train.inputs, train.labels) @ proj, grads(test_x, test_y) @ proj
         gram = phi.t() @ phi
@@ -267,6 +269,23 @@ def test_trak_equals_a_dense_float64_reference(svc):
     auc = roc_auc_score([1 if i < FLIPPED else 0 for i in range(240)], [scores[i] for i in range(240)])
     print(f"TRAK self-influence AUC of the {FLIPPED} flipped labels: {auc:.3f}")
     assert auc >= 0.7, auc
+
+
+def test_trak_with_a_dense_projection_equals_the_reference_with_that_matrix(svc):
+    from core import registry
+    from models.export.train import read_split
+
+    result = _run(svc, {"model": "cnn-noisy", "test_indices": [4], "top_k": 5, "estimator": "trak",
+                        "proj_dim": 32, "damping": 0.05, "seed": 3, "projection": "dense"})
+    assert result["projection"] == "dense" and result["proj_dim"] == 32
+    source = registry.local_path(svc.settings, registry.get_model(svc.settings, "cnn-noisy"))
+    data = svc.settings.data_roots[0] / "digits-noisy"
+    train, test = read_split(data / "train.safetensors"), read_split(data / "test.safetensors")
+    want = _dense_trak(source, train, test.inputs[[4]], test.labels[[4]], 32, 0.05, 3, projection="dense")[0]
+    order = torch.argsort(want, descending=True, stable=True)[:5].tolist()
+    got = result["tests"][0]["proponents"]
+    assert [e["index"] for e in got] == order
+    assert [e["score"] for e in got] == pytest.approx(want[order].tolist(), abs=1e-4 * float(want.abs().max()))
 
 
 def test_mode_test_takes_inputs_with_a_target_or_the_prediction(svc):
@@ -679,6 +698,8 @@ def test_featurize_once_then_stored_queries_equal_the_direct_ones(svc):
 @pytest.mark.parametrize(("body", "loc", "says"), [
     ({"estimator": "tracin", "stored": True}, ("body", "stored"), "serve trak and tracin_projected"),
     ({"estimator": "tracin_projected", "stored": True, "output": "margin"}, ("body", "output"), "of the loss"),
+    ({"estimator": "trak", "stored": True, "projection": "dense"}, ("body", "projection"), "Kronecker-projected"),
+    ({"estimator": "ekfac", "projection": "dense"}, ("body", "projection"), "is for trak"),
 ])
 def test_what_stored_queries_cannot_take_is_a_422(svc, body, loc, says):
     r = svc.client.post("/tracin/classifier", json={"model": "cnn-noisy", "test_indices": [0], **body})

@@ -101,6 +101,11 @@ class ClassifierInfluenceRequest(JobRequest):
                     "tiled pass over the stored rows, no gradient of a training example computed")
     proj_dim: int = Field(2048, ge=16, le=MAX_PROJ_DIM, title="Projection size", json_schema_extra=ADVANCED,
         description="trak, trak_ensemble, tracin_projected: dimensions of the random projection of the gradients")
+    projection: Literal["kronecker", "dense"] = Field(
+        "kronecker", title="Projection", json_schema_extra=ADVANCED,
+        description="trak, trak_ensemble, tracin_projected: 'kronecker' (per layer, a Kronecker product of two "
+                    "Gaussian factors: little memory, more variance) or 'dense' (one dense Gaussian matrix, as the "
+                    "TRAK paper and dattri project: proj_dim x parameters numbers, at most 2^28)")
     damping: float = Field(0.01, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
         description="trak, trak_ensemble: the Gauss-Newton matrix's damping, relative to its mean eigenvalue")
     ekfac_damping: float | None = Field(None, ge=0, le=1e6, title="EK-FAC damping", json_schema_extra=ADVANCED,
@@ -187,6 +192,13 @@ def _check_estimator(req: ClassifierInfluenceRequest, settings: Settings, entry:
     if req.mode == "self" and req.output is not None:
         raise FieldError(("body", "output"), "self-influence differentiates the training loss on both sides (trak: "
                          "the margin); output is for mode test", value=req.output)
+    if req.projection != "kronecker":
+        if name not in ("trak", "trak_ensemble", "tracin_projected"):
+            raise FieldError(("body", "projection"), "projection is for trak, trak_ensemble and tracin_projected",
+                             value=req.projection)
+        if req.stored:
+            raise FieldError(("body", "projection"), "stored features are Kronecker-projected; a dense projection "
+                             "is computed directly (stored: false)", value=req.projection)
     if req.stored:
         if name not in ("trak", "tracin_projected"):
             raise FieldError(("body", "stored"), "stored features serve trak and tracin_projected", value=True)

@@ -286,12 +286,14 @@ def checkpoint_index(clf: Classifier, ckpt: CheckpointLike, position: int = 0) -
 
 def _trak_sum(clf: Classifier, checkpoints: Sequence[CheckpointLike], test: torch.Tensor | None,
               train: torch.Tensor, proj_dim: int, seed: int, damping: float, device: Any, batch_size: int,
-              model: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+              model: int = 0, projection: str = "kronecker") -> tuple[torch.Tensor, torch.Tensor]:
     """``(Σ_c K_c, Σ_c Q_c)`` over ``checkpoints`` (float64, CPU), margin features on both sides: ``K_c`` the
     kernel φ_c(test)(Φ_cᵀΦ_c + λ_c I)⁻¹Φ_cᵀ ``[m, n]`` with checkpoint c's own projection (seed
     :func:`models.explain.trak.checkpoint_seed` of ``seed``, ``model`` and its :func:`checkpoint_index`), or with
     ``test`` None each training row's φ_c(z)ᵀ(Φ_cᵀΦ_c + λ_c I)⁻¹φ_c(z) ``[n]``; ``Q_c`` the training rows' 1 - p at
-    checkpoint c (:func:`trak_weights`) ``[n]``."""
+    checkpoint c (:func:`trak_weights`) ``[n]``. ``projection``: ``kronecker`` (a per-layer Kronecker product of
+    two Gaussian factors, the default) or ``dense`` (one dense Gaussian matrix, the TRAK paper's and dattri's
+    choice; lower variance, ``proj_dim`` × parameters of memory)."""
     from models.explain.trak import check_damping, checkpoint_seed, gram_of, trak_query
 
     check_damping(damping)
@@ -302,7 +304,7 @@ def _trak_sum(clf: Classifier, checkpoints: Sequence[CheckpointLike], test: torc
     for pos, ck in enumerate(checkpoints):
         s = checkpoint_seed(seed, checkpoint_index(clf, ck, pos), model)
         if proj is None:
-            proj = _projector(clf, "trak", proj_dim, s, device, batch_size)
+            proj = _projector(clf, "trak", proj_dim, s, device, batch_size, projection)
         proj.reseed(s)
         proj.load(ck)
         phi = proj.features(train)
@@ -316,18 +318,18 @@ def _trak_sum(clf: Classifier, checkpoints: Sequence[CheckpointLike], test: torc
 
 def trak_scores(clf: Classifier, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
                 proj_dim: int = TRAK_PROJ_DIM, seed: int = 0, damping: float = TRAK_DAMPING, device: Any = None,
-                batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+                batch_size: int = DEFAULT_BATCH, projection: str = "kronecker") -> torch.Tensor:
     """TRAK on one model (Park et al. 2023, Algorithm 1, the checkpoints in the role of its models): projected
     margin gradients with an independent projection per checkpoint, the damped Gauss-Newton inverse per checkpoint,
     the kernels averaged over the checkpoints, each training column times its Q (:func:`trak_weights`) averaged over
     the same checkpoints."""
     return trak_ensemble_scores(clf, checkpoints, test, train, members=(), proj_dim=proj_dim, seed=seed,
-                                damping=damping, device=device, batch_size=batch_size)
+                                damping=damping, device=device, batch_size=batch_size, projection=projection)
 
 
 def _ensemble(clf: Classifier, checkpoints: Any, test: torch.Tensor | None, train: torch.Tensor,
               members: Sequence[Classifier], proj_dim: int, seed: int, damping: float, device: Any,
-              batch_size: int) -> torch.Tensor:
+              batch_size: int, projection: str = "kronecker") -> torch.Tensor:
     models = [clf, *members]
     kernel: torch.Tensor | float = 0.0
     q: torch.Tensor | float = 0.0
@@ -335,7 +337,8 @@ def _ensemble(clf: Classifier, checkpoints: Any, test: torch.Tensor | None, trai
     for i, m in enumerate(models):
         ckpts = resolve(m, checkpoints if (i == 0 or isinstance(checkpoints, str) or checkpoints is None)
                         else "last")
-        k_sum, q_sum = _trak_sum(m, ckpts, test, train, proj_dim, seed, damping, device, batch_size, model=i)
+        k_sum, q_sum = _trak_sum(m, ckpts, test, train, proj_dim, seed, damping, device, batch_size, model=i,
+                                 projection=projection)
         kernel, q, count = kernel + k_sum, q + q_sum, count + len(ckpts)
     q_mean = q / count
     return kernel / count * (q_mean if test is None else q_mean[None, :])
@@ -344,32 +347,34 @@ def _ensemble(clf: Classifier, checkpoints: Any, test: torch.Tensor | None, trai
 def trak_ensemble_scores(clf: Classifier, checkpoints: Any, test: torch.Tensor, train: torch.Tensor, *,
                          members: Sequence[Classifier] = (), proj_dim: int = TRAK_PROJ_DIM, seed: int = 0,
                          damping: float = TRAK_DAMPING, device: Any = None,
-                         batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+                         batch_size: int = DEFAULT_BATCH, projection: str = "kronecker") -> torch.Tensor:
     """TRAK's model ensemble (Park et al. 2023, eq. 17 and Algorithm 1): for the model ``clf`` (model 0) and every
     one of ``members`` (models 1, 2, ... of the same recipe trained with other seeds), each with its own checkpoints
     and an independent projection per (model, checkpoint), the average of φ(test)(ΦᵀΦ + λI)⁻¹Φᵀ over every (model,
     checkpoint), times the average over the same (model, checkpoint) pairs of each training row's Q at those
     weights. ``checkpoints`` selects the checkpoints of every model alike (``"all"`` or ``"last"``; a list applies
     to ``clf`` only, the members then use their last)."""
-    return _ensemble(clf, checkpoints, test, train, members, proj_dim, seed, damping, device, batch_size)
+    return _ensemble(clf, checkpoints, test, train, members, proj_dim, seed, damping, device, batch_size,
+                     projection)
 
 
 def trak_self_scores(clf: Classifier, checkpoints: Any, train: torch.Tensor, *, proj_dim: int = TRAK_PROJ_DIM,
                      seed: int = 0, damping: float = TRAK_DAMPING, device: Any = None,
-                     batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+                     batch_size: int = DEFAULT_BATCH, projection: str = "kronecker") -> torch.Tensor:
     """Each training row's TRAK score on itself: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over the checkpoints (each with its
     own projection), times its Q averaged over them (:func:`trak_scores` on the diagonal)."""
     return trak_ensemble_self_scores(clf, checkpoints, train, members=(), proj_dim=proj_dim, seed=seed,
-                                     damping=damping, device=device, batch_size=batch_size)
+                                     damping=damping, device=device, batch_size=batch_size, projection=projection)
 
 
 def trak_ensemble_self_scores(clf: Classifier, checkpoints: Any, train: torch.Tensor, *,
                               members: Sequence[Classifier] = (), proj_dim: int = TRAK_PROJ_DIM, seed: int = 0,
                               damping: float = TRAK_DAMPING, device: Any = None,
-                              batch_size: int = DEFAULT_BATCH) -> torch.Tensor:
+                              batch_size: int = DEFAULT_BATCH, projection: str = "kronecker") -> torch.Tensor:
     """The ensemble's self-influence: φ(z)ᵀ(ΦᵀΦ + λI)⁻¹φ(z) averaged over every (model, checkpoint), times Q
     averaged over the same pairs (:func:`trak_ensemble_scores` on the diagonal)."""
-    return _ensemble(clf, checkpoints, None, train, members, proj_dim, seed, damping, device, batch_size)
+    return _ensemble(clf, checkpoints, None, train, members, proj_dim, seed, damping, device, batch_size,
+                     projection)
 
 
 # ------------------------------------------------------------------------------------------ EK-FAC

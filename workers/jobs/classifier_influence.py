@@ -364,8 +364,19 @@ def _projected(r: ClassifierInfluenceRequest, ctx: JobContext, p: Prepared, base
 
     if r.stored:
         return _stored(r, ctx, p, base, chunk, example, t0)
-    kw = {"proj_dim": r.proj_dim, "seed": r.seed, "device": ctx.device, "batch_size": chunk}
-    base = {**base, "proj_dim": r.proj_dim}
+    kw = {"proj_dim": r.proj_dim, "seed": r.seed, "device": ctx.device, "batch_size": chunk,
+          "projection": r.projection}
+    base = {**base, "proj_dim": r.proj_dim, "projection": r.projection}
+    try:
+        return _projected_scores(r, ctx, p, base, kw, example, t0, table)
+    except ValueError as exc:  # a dense projection too large for the model (models.explain.trak.check_projection)
+        if "projection" not in str(exc):
+            raise
+        raise JobError("invalid_request", f"projection: {exc}") from None
+
+
+def _projected_scores(r: ClassifierInfluenceRequest, ctx: JobContext, p: Prepared, base: dict[str, Any],
+                      kw: dict[str, Any], example: Any, t0: float, table: Any) -> ClassifierInfluenceResult:
     members = _members(r, ctx, p) if r.estimator == "trak_ensemble" else []
     ctx.progress(0, 1, "passes", message=f"{r.estimator} over {len(p.states)} checkpoints"
                  + (f" and {len(members)} further models" if members else ""))

@@ -67,6 +67,8 @@ class ClassifierInfluenceResult(ResultModel):
         "positive score helps the prediction); the training side is the loss, for trak the margin")
     proj_dim: int | None = Field(None, description="trak, trak_ensemble, tracin_projected: the projection's "
                                  "dimensions")
+    projection: Literal["kronecker", "dense"] | None = Field(
+        None, description="trak, trak_ensemble, tracin_projected computed directly: the random projection's kind")
     damping: float | None = Field(None, description="trak: the damping relative to the mean eigenvalue; ekfac: "
                                   "Kronfluence's damping_factor (None: its heuristic)")
     ensemble: list[str] | None = Field(None, description="trak_ensemble: the other models averaged with this one")

@@ -420,6 +420,7 @@ class KindMethods(Generic[R]):
         ensemble: Sequence[str] | None | NotGiven = NOT_GIVEN,
         stored: bool | NotGiven = NOT_GIVEN,
         proj_dim: int | NotGiven = NOT_GIVEN,
+        projection: Literal["kronecker", "dense"] | NotGiven = NOT_GIVEN,
         damping: float | NotGiven = NOT_GIVEN,
         ekfac_damping: float | None | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
@@ -447,7 +448,9 @@ class KindMethods(Generic[R]):
         and convolution layers (an exported program without such calls is refused with the reason). ``output``:
         what the test side differentiates (``"loss"`` or ``"margin"``); ``method="vmap"`` makes TracIn
         materialise every gradient instead of factorising linear layers; ``stored=True`` scores trak or
-        tracin_projected against the features ``classifier_featurize`` stored. Server defaults: ``top_k=10``,
+        tracin_projected against the features ``classifier_featurize`` stored; ``projection="dense"`` projects
+        trak, trak_ensemble and tracin_projected with one dense Gaussian matrix instead of the per-layer Kronecker
+        product (lower variance, more memory; not with ``stored``). Server defaults: ``top_k=10``,
         ``estimator="tracin"``, ``output`` loss for tracin and tracin_projected and margin otherwise,
         ``method="ghost"``, ``proj_dim=2048``, ``damping=0.01``, ``checkpoints="all"``, ``max_length=128`` tokens,
         ``batch_size`` as many training examples' gradients as fit 256 MiB.
