@@ -341,6 +341,9 @@ def entries(fx: DattriFunctions, ensemble: int) -> list[Entry]:
         Entry("dattri EK-FAC IF", "ekfac", "dattri", [{"damping": 0.0}] + [{"damping": d} for d in EKFAC_DAMPING],
               lambda r, c: dattri_ekfac(fx, r, c), lambda r, c: dattri_ekfac_self(fx, r, c)),
     ]
+    out.append(Entry("explainq trak, dense projection", "trak_dense", "explainq", [],
+                     lambda r, c: _ours("trak", r, {**c, "projection": "dense"}),
+                     lambda r, c: _ours("trak", r, {**c, "projection": "dense"}, True), tuned_as="explainq trak"))
     out.append(Entry("(diagnostic) former explainq trak: one projection, Q at the last checkpoint", "trak_former",
                      "explainq", [], trak_former, None, tuned_as="explainq trak"))
     if ensemble:
@@ -419,7 +422,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          "-" if e.name == REFERENCE else f"{_fmt(ratio['ratio'], 2)} {_iv(ratio, 2)}",
                          f"{seconds[e.name]:.1f}"])
         diffs = []
-        for fam, theirs_fam in [*((f, f) for f in FAMILIES), ("trak_former", "trak")]:
+        for fam, theirs_fam in [*((f, f) for f in FAMILIES), ("trak_dense", "trak"), ("trak_former", "trak")]:
             ours = next(e for e in table if e.family == fam and e.library == "explainq")
             theirs = next(e for e in table if e.family == theirs_fam and e.library == "dattri")
             d = ef.difference_interval(list(per_test[ours.name]), list(per_test[theirs.name]), args.seed)
