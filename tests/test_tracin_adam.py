@@ -116,6 +116,20 @@ def test_tracin_adam_equals_a_float64_autograd_loop(trained):
     assert np.ptp(ratio) > 0.1 * np.abs(ratio).mean()
 
 
+def test_the_memory_blocks_do_not_change_the_scores(trained, monkeypatch):
+    """Test triples in groups of 2 and training triples in blocks of 5 give the scores of one block each."""
+    from models.kg import tracin_adam
+
+    bundle = load(trained[0])
+    test, train = bundle.dataset.test[:3], bundle.dataset.train[:12]
+    whole = evaluation.run_estimator("tracin_adam", bundle, test, train).values
+    n_params = sum(p.numel() for p in bundle.model.parameters())
+    monkeypatch.setattr(tracin_adam, "TEST_NUMBERS", 2 * n_params)
+    monkeypatch.setattr(tracin_adam, "BLOCK_NUMBERS", 5 * n_params)
+    blocked = evaluation.run_estimator("tracin_adam", bundle, test, train).values
+    np.testing.assert_allclose(blocked, whole, rtol=1e-6, atol=1e-9)
+
+
 def _rewrite_state(bundle, eps: float) -> None:
     """Replace each checkpoint's Adam moments by zeros and its ε by ``eps`` (step and betas kept)."""
     for ck in bundle.checkpoints:

@@ -20,7 +20,8 @@ The L2 term of Adam's ``weight_decay`` (the same for every example) is left out 
 
 Γ is not linear in ``g``, so the ghost factorisation of :mod:`models.kg.tracin` does not apply: the per-triple
 gradients are materialised (``torch.func`` ``vmap(grad)``, fp32), every parameter, in blocks of at most
-``2**26`` numbers, and the test side is held as ``[n_test, P]`` for each checkpoint (P: the parameter count).
+``2**26`` numbers, and the test side is held as ``[n_test, P]`` for each checkpoint (P: the parameter count), in
+groups of at most ``2**28`` numbers (each group recomputes the training side).
 The state comes from the checkpoints' Adam files (``models.kg.checkpoint.load_adam_state``), which the evaluations'
 full-data models keep; a checkpoint without one is a ValueError naming the estimator.
 """
@@ -38,7 +39,10 @@ from models.kg.conve import ConvE, query_loss
 from models.kg.tracin import per_example_grads
 
 NAME = "tracin_adam"
-BLOCK_NUMBERS = 2 ** 26  # at most this many gradient entries materialised at once (256 MB in fp32)
+BLOCK_NUMBERS = 2 ** 26  # at most this many training-side gradient entries materialised at once (256 MB in fp32)
+# at most this many test-side gradient entries held at once (1 GiB in fp32); more test triples than fit are taken
+# in groups, each group's pass recomputing the training side
+TEST_NUMBERS = 2 ** 28
 
 
 def adam_update(g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, beta1: float, beta2: float,
@@ -119,16 +123,19 @@ def scores(bundle: KGBundle, checkpoints: Sequence[CheckpointInfo], test: torch.
     out = torch.zeros(len(test), len(train), dtype=torch.float64)
     n_params = sum(p.numel() for p in bundle.model.parameters())
     block = max(1, BLOCK_NUMBERS // max(n_params, 1))
+    test_block = max(1, TEST_NUMBERS // max(n_params, 1))  # test triples whose gradients are held at once
     for c in range(len(ck.checkpoints)):
         model, m, v, st = ck.at(c)
-        with torch.enable_grad():
-            gt = _grads(model, test, output)
-        for i in range(0, len(train), block):
-            b = train[i:i + block]
+        for j in range(0, len(test), test_block):
+            tb = test[j:j + test_block]
             with torch.enable_grad():
-                gb = _grads(model, b, "loss")
-            u = adam_update(gb, m, v, st.step, st.beta1, st.beta2, st.eps)
-            out[:, i:i + len(b)] += ck.weights[c] * (gt @ u.t()).double().cpu()
+                gt = _grads(model, tb, output)
+            for i in range(0, len(train), block):
+                b = train[i:i + block]
+                with torch.enable_grad():
+                    gb = _grads(model, b, "loss")
+                u = adam_update(gb, m, v, st.step, st.beta1, st.beta2, st.eps)
+                out[j:j + len(tb), i:i + len(b)] += ck.weights[c] * (gt @ u.t()).double().cpu()
     return out
 
 
