@@ -74,7 +74,8 @@ def _cache_dir(args: argparse.Namespace, work: Path, name: str, what: str) -> Pa
     that measuring another estimator retrains nothing; else in the run's temporary directory, under the same key
     (so each seed of ``--seeds`` trains its own full-data model there too)."""
     design = "" if what == "mislabel" else f"-v{ev.LDS_DESIGN}"  # the LDS's models follow its design's seeds
-    key = (f"{name}-{what}{design}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
+    state = "" if what == "subsets" else "-adam"  # models an estimator runs on keep Adam's state (tracin_adam)
+    key = (f"{name}-{what}{design}{state}-d{args.embedding_dim}-e{args.epochs}-s{args.seed}"
            + ("" if args.dropout is None else f"-p{args.dropout}")
            + (f"-a{args.alpha}-m{args.m}" if what == "subsets" else "")
            + (f"-f{args.fraction}" if what == "mislabel" else ""))

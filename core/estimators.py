@@ -9,6 +9,9 @@ supports beside its model (ConvE: ``models.kg.estimators``, tested to cover exac
 - ``tracin``: TracIn-CP (Pruthi et al. 2020), Σ_checkpoints η_c ⟨∇ℓ(z), ∇ℓ(z')⟩ with exact gradient dot products,
   computed from the checkpoints (every layer unless the request says otherwise).
 - ``tracin_last``: the same over the output layers only (ConvE: fc and the entity table's output role).
+- ``tracin_adam``: TracIn with Adam's update direction (LESS, Xia et al. 2024), Σ_c η_c ⟨∇f(z), Γ_c(∇ℓ(z'))⟩ with
+  Γ_c(g) = m̂/(√v̂ + ε) the step Adam would take on g alone from its state at checkpoint c (evaluations only; it
+  needs the Adam state saved with each checkpoint, which the evaluations' models keep).
 - ``tracin_projected``: TracIn-CP with each gradient projected to k dimensions (a seeded Kronecker-structured
   Gaussian projection): unbiased, approximate; a query scores against the features ``POST /featurize`` stored.
 - ``trak``: TRAK (Park et al. 2023): projected gradients, a damped Gauss–Newton inverse per checkpoint, averaged
@@ -53,6 +56,8 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     Estimator("tracin", "TracIn-CP from the checkpoints, exact gradient dot products", query=True,
               classifier_query=True, classifier_evaluated=True),
     Estimator("tracin_last", "TracIn-CP over the output layers only"),
+    Estimator("tracin_adam", "TracIn with Adam's update direction on the training side, from the optimizer "
+              "state saved with each checkpoint (evaluations only)"),
     Estimator("tracin_projected", "TracIn-CP with projected gradients (approximate), scored against the stored "
               "features", approximate=True, stored=True, query=True, evaluated=False, classifier_query=True,
               classifier_evaluated=True),

@@ -311,6 +311,30 @@ def _dashboard_page(svc, job_id):
 
 
 @pytest.mark.slow
+@pytest.mark.slow  # a whole evaluation through the service: about 30 s on a shared 2-core machine
+def test_tracin_adam_runs_end_to_end_on_the_full_data_model_s_stored_adam_state(svc):
+    """The evaluation's full-data model keeps Adam's state with each checkpoint in the store, and tracin_adam's
+    scores there are the estimator's on that model."""
+    import torch
+
+    from core.filestore import get_store
+    from models.kg import evaluation
+    from models.kg.checkpoint import load
+    from workers.jobs.evaluate import _model_key
+
+    job, res = _run(svc, "/evaluate/attribution", {"m": 3, "alpha": 0.5, "n_test": 4, "recipe": TINY, "seed": 11,
+                                                   "estimators": ["tracin_adam", "tracin"]})
+    assert res["estimators"]["tracin_adam"]["output"] == "margin"
+    assert res["estimators"]["tracin_adam"]["lds"]["n"] >= 1
+    full = load(get_store(svc.settings).local_dir(_model_key(res["ground_truth"]["full_model"])))
+    assert full.checkpoints and all(c.optimizer is not None and c.optimizer.is_file() for c in full.checkpoints)
+    gt = _npz(svc, job["id"], "ground_truth.npz")
+    test = full.dataset.test[torch.from_numpy(gt["test_index"])]
+    scores = np.load(io.BytesIO(svc.artifact(job["id"], "scores-tracin_adam.npy", headers=ALICE)))
+    want = evaluation.run_estimator("tracin_adam", full, test, full.dataset.train).values
+    np.testing.assert_allclose(scores, want, rtol=1e-6, atol=1e-9)
+
+
 def test_mislabel_end_to_end_records_the_corrupted_triples_and_its_auc_is_scikit_learns(svc):
     from models.kg.triples import load_nations
 

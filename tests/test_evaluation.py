@@ -211,7 +211,8 @@ def test_the_ground_truth_address_changes_with_everything_it_depends_on():
     seeds = evaluation.member_seeds(evaluation.full_model_seed(0, 0), 3)
     assert [r["seed"] for r in ens["member_recipes"]] == seeds
     assert ens["members"][1] == evaluation.content_key(what="full", recipe={**ens["full_recipe"], "seed": seeds[1]},
-                                                       data=ident["data_version"])
+                                                       data=ident["data_version"],
+                                                       checkpoints=evaluation.FULL_MODEL_CHECKPOINTS)
     assert identity({**base, "estimators": ["trak"], "ensemble": 3})["members"] == []
     # the models an evaluation needs, in the fixed order a shard's range points into: subsets, replicates, the
     # full-data model, the ensemble members

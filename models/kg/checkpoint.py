@@ -5,6 +5,11 @@ Layout of a model directory::
     config.json                 model config, training settings, the checkpoint list [{file, epoch, lr}]
     model.safetensors           final weights (state dict, BN running statistics included)
     checkpoints/epoch_0005.safetensors   one per saved epoch; metadata {"epoch", "lr"}
+    checkpoints/epoch_0005.adam.safetensors   (optional) the Adam state at that checkpoint: per parameter
+                                ``<name>.exp_avg`` and ``<name>.exp_avg_sq``; metadata {"step", "beta1", "beta2",
+                                "eps", "weight_decay"}. Written when training is asked for it (the evaluations'
+                                full-data models, which ``tracin_adam`` runs on); it holds twice the parameters, so
+                                a checkpoint with it takes three times the space of one without.
     data/                       the triples (names, fixed id dictionaries, labels), so the model is self-contained
     metrics.json                filtered MRR / Hits@k on valid and test
 """
@@ -26,11 +31,13 @@ FORMAT = "explainq-conve-v1"
 
 @dataclass
 class CheckpointInfo:
-    """One saved checkpoint: TracIn weights its gradient dot products by ``lr``."""
+    """One saved checkpoint: TracIn weights its gradient dot products by ``lr``; ``optimizer``: the file of the Adam
+    state at the checkpoint (None when training did not keep it)."""
 
     path: Path
     epoch: int
     lr: float
+    optimizer: Path | None = None
 
     @property
     def name(self) -> str:
@@ -45,6 +52,70 @@ def save_checkpoint(model: ConvE, path: Path, epoch: int, lr: float) -> Checkpoi
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata={"epoch": str(epoch), "lr": repr(float(lr)), "format": FORMAT})
     return CheckpointInfo(path, epoch, float(lr))
+
+
+@dataclass
+class AdamState:
+    """Adam's state at a checkpoint: the moment estimates per parameter name, the number of steps taken and the
+    hyper-parameters (``torch.optim.Adam``'s)."""
+
+    exp_avg: dict[str, torch.Tensor]
+    exp_avg_sq: dict[str, torch.Tensor]
+    step: int
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+
+
+def optimizer_path(path: Path) -> Path:
+    """Where the Adam state of the checkpoint at ``path`` is written: ``epoch_0005.adam.safetensors``."""
+    return path.with_name(path.stem + ".adam.safetensors")
+
+
+def save_adam_state(opt: torch.optim.Optimizer, model: torch.nn.Module, path: Path) -> Path:
+    """Write ``opt``'s state (a ``torch.optim.Adam`` over ``model``'s parameters, one group) beside the
+    checkpoint at ``path``; returns the file."""
+    if type(opt) is not torch.optim.Adam or len(opt.param_groups) != 1:
+        raise ValueError("only a torch.optim.Adam with one parameter group has its state saved")
+    group = opt.param_groups[0]
+    if group.get("amsgrad") or group.get("maximize"):
+        raise ValueError("Adam with amsgrad or maximize has no saved state here")
+    tensors: dict[str, torch.Tensor] = {}
+    steps = set()
+    for name, p in model.named_parameters():
+        st = opt.state.get(p)
+        if not st:
+            raise ValueError(f"Adam has no state for parameter {name!r} (no step taken yet)")
+        tensors[f"{name}.exp_avg"] = st["exp_avg"].detach().contiguous().cpu()
+        tensors[f"{name}.exp_avg_sq"] = st["exp_avg_sq"].detach().contiguous().cpu()
+        steps.add(int(st["step"]))
+    if len(steps) != 1:
+        raise ValueError(f"the parameters took different numbers of Adam steps: {sorted(steps)}")
+    out = optimizer_path(path)
+    beta1, beta2 = group["betas"]
+    save_file(tensors, str(out), metadata={"format": FORMAT + "-adam", "step": str(steps.pop()),
+                                           "beta1": repr(float(beta1)), "beta2": repr(float(beta2)),
+                                           "eps": repr(float(group["eps"])),
+                                           "weight_decay": repr(float(group["weight_decay"]))})
+    return out
+
+
+def load_adam_state(ckpt: CheckpointInfo, estimator: str, device: torch.device | str = "cpu") -> AdamState:
+    """The Adam state saved with ``ckpt``; a ValueError naming ``estimator`` (the estimator that needs it) when
+    the checkpoint has none (trained before the state was kept, or without asking for it)."""
+    if ckpt.optimizer is None or not ckpt.optimizer.is_file():
+        raise ValueError(f"estimator {estimator!r} needs the Adam state (exp_avg, exp_avg_sq, step) saved with each "
+                         f"checkpoint, and checkpoint {ckpt.name!r} has none: train the model again with the "
+                         "optimizer state kept (an evaluation's full-data model keeps it)")
+    with safe_open(str(ckpt.optimizer), framework="pt", device=str(device)) as fh:
+        meta = fh.metadata() or {}
+        avg, sq = {}, {}
+        for key in fh.keys():
+            name, _, kind = key.rpartition(".")
+            (avg if kind == "exp_avg" else sq)[name] = fh.get_tensor(key)
+    return AdamState(avg, sq, int(meta["step"]), float(meta["beta1"]), float(meta["beta2"]), float(meta["eps"]),
+                     float(meta.get("weight_decay", 0.0)))
 
 
 def read_checkpoint_info(path: Path) -> CheckpointInfo:
@@ -77,6 +148,14 @@ class KGBundle:
         raise KeyError(f"unknown checkpoint {name!r}")
 
 
+def checkpoint_entry(c: CheckpointInfo, root: Path) -> dict:
+    """A checkpoint's entry in config.json (its files relative to the model directory ``root``)."""
+    out: dict = {"file": str(c.path.relative_to(root)), "epoch": c.epoch, "lr": c.lr}
+    if c.optimizer is not None:
+        out["optimizer"] = str(c.optimizer.relative_to(root))
+    return out
+
+
 def write_model_dir(path: Path, model: ConvE, dataset: TriplesDataset, checkpoints: list[CheckpointInfo],
                     training: dict, metrics: dict) -> None:
     path.mkdir(parents=True, exist_ok=True)
@@ -88,7 +167,7 @@ def write_model_dir(path: Path, model: ConvE, dataset: TriplesDataset, checkpoin
         "model": model.config.to_dict(),
         "dataset": dataset.name,
         "training": training,
-        "checkpoints": [{"file": str(c.path.relative_to(path)), "epoch": c.epoch, "lr": c.lr} for c in checkpoints],
+        "checkpoints": [checkpoint_entry(c, path) for c in checkpoints],
     }
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     (path / "metrics.json").write_text(json.dumps(metrics, indent=2))
@@ -104,6 +183,7 @@ def load(path: Path | str, device: torch.device | str = "cpu") -> KGBundle:
     model.load_state_dict(load_file(str(path / "model.safetensors"), device="cpu"))
     model.to(device).eval()
     dataset = load_triples_dir(path / "data", cfg.get("dataset"))
-    checkpoints = [CheckpointInfo(path / c["file"], int(c["epoch"]), float(c["lr"])) for c in cfg["checkpoints"]]
+    checkpoints = [CheckpointInfo(path / c["file"], int(c["epoch"]), float(c["lr"]),
+                                  path / c["optimizer"] if c.get("optimizer") else None) for c in cfg["checkpoints"]]
     metrics = json.loads((path / "metrics.json").read_text()) if (path / "metrics.json").is_file() else {}
     return KGBundle(model, dataset, checkpoints, path, cfg.get("training", {}), metrics)

@@ -50,6 +50,9 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
               outputs=("margin", "loss")),
     Estimator("tracin_last", "models.kg.evaluation:tracin_last_scores",
               "models.kg.evaluation:tracin_last_self_scores", outputs=("margin", "loss")),
+    # the training side replaced by Adam's update from the optimizer state saved with each checkpoint (LESS)
+    Estimator("tracin_adam", "models.kg.evaluation:tracin_adam_scores",
+              "models.kg.evaluation:tracin_adam_self_scores", outputs=("margin", "loss")),
     # the margin output function projected to k=4096 (less on graphs too large for that), damped Gauss-Newton
     Estimator("trak", "models.kg.evaluation:trak_scores", "models.kg.evaluation:trak_self_scores",
               outputs=("margin",)),

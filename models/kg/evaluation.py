@@ -19,7 +19,7 @@ self-influence (largest first) and report the ROC AUC of that ranking against th
 of corrupted triples found after inspecting the top 10% and 20% (the whole recall curve is returned).
 
 Estimators are named in :mod:`models.kg.estimators`; the ones defined here are TracIn (all layers, or the last
-layers), TRAK on the full-data model's checkpoints, TRAK's model ensemble (TRAK averaged over the full-data model and
+layers), TracIn with Adam's update direction on the training side (:mod:`models.kg.tracin_adam`), TRAK on the full-data model's checkpoints, TRAK's model ensemble (TRAK averaged over the full-data model and
 further models of the same recipe trained with the seeds :func:`member_seeds` gives) and seeded noise. An LDS
 report also gives each estimator's LDS as a ratio to TracIn's, with a paired bootstrap interval
 (:func:`ratio_interval`).
@@ -173,10 +173,18 @@ def margins(model: torch.nn.Module, triples: torch.Tensor, batch_size: int = 512
     return torch.cat(out).numpy() if out else np.zeros(0)
 
 
+# The full-data models (and the mislabel evaluation's models) keep Adam's state with each checkpoint, which
+# ``tracin_adam`` reads; the store addresses of those models name it (``content_key(..., checkpoints=...)``), so a
+# model stored before it was kept is never served to an estimator that needs it.
+FULL_MODEL_CHECKPOINTS = "weights+adam-state"
+
+
 def train_model(ds: TriplesDataset, cfg: TrainConfig, out_dir: Path, device: Any = None,
                 progress: Callable[[int, int, str, dict | None], None] | None = None) -> dict:
-    """Train with :func:`models.kg.train.train_conve` into ``out_dir`` (a model directory)."""
-    return train_conve(ds, cfg, out_dir, device=device, progress=progress)
+    """Train with :func:`models.kg.train.train_conve` into ``out_dir`` (a model directory), keeping Adam's state
+    with every checkpoint (``FULL_MODEL_CHECKPOINTS``). The subset models (:func:`train_subset`) keep weights
+    only: no estimator runs on them."""
+    return train_conve(ds, cfg, out_dir, device=device, progress=progress, optimizer_state=True)
 
 
 def train_subset(ds: TriplesDataset, cfg: TrainConfig, alpha: float, seed: int, device: Any = None,
@@ -646,6 +654,24 @@ def tracin_last_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tens
 
 def tracin_last_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
     return _tracin(bundle, checkpoints, "last").self_influence(train)
+
+
+def tracin_adam_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                       output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """TracIn with Adam's update direction (:mod:`models.kg.tracin_adam`): the training side is Adam's update
+    Γ(∇ℓ) from the optimizer state saved with each checkpoint (LESS), the test side the plain gradient of
+    ``output`` (as :func:`tracin_scores`), learning-rate weighted, every parameter. A checkpoint without the Adam
+    state is a ValueError naming the estimator."""
+    from models.kg import tracin_adam
+
+    check_output(output)
+    return tracin_adam.scores(bundle, list(checkpoints), test, train, output)
+
+
+def tracin_adam_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
+    from models.kg import tracin_adam
+
+    return tracin_adam.self_scores(bundle, list(checkpoints), train)
 
 
 def _last_checkpoint(bundle: KGBundle, checkpoints: Sequence) -> Any:

@@ -20,7 +20,13 @@ from tqdm.auto import tqdm
 
 from models.common import default_device, seed_everything
 from models.curves import StepCurve
-from models.kg.checkpoint import CheckpointInfo, save_checkpoint, write_model_dir
+from models.kg.checkpoint import (
+    CheckpointInfo,
+    checkpoint_entry,
+    save_adam_state,
+    save_checkpoint,
+    write_model_dir,
+)
 from models.kg.conve import ConvE, ConvEConfig, default_height, triple_loss, triple_queries
 from models.kg.triples import TriplesDataset
 
@@ -133,11 +139,13 @@ def build_model(dataset: TriplesDataset, cfg: TrainConfig) -> ConvE:
 
 def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device: torch.device | str | None = None,
                 progress: ProgressFn | None = None, show_progress: bool = False,
-                curve: StepCurve | None = None) -> dict:
+                curve: StepCurve | None = None, optimizer_state: bool = False) -> dict:
     """Train ConvE, save checkpoints every ``checkpoint_every`` epochs (and the last), write the model directory.
 
     The running loss per step goes into ``curve`` (a new :class:`models.curves.StepCurve` when None; a caller
-    that passes one reads it live from ``progress``). Returns ``{"metrics", "checkpoints", "history", "steps",
+    that passes one reads it live from ``progress``). ``optimizer_state``: also save Adam's state with every
+    checkpoint (``models.kg.checkpoint.save_adam_state``: twice the parameters more per checkpoint; the
+    ``tracin_adam`` estimator needs it). Returns ``{"metrics", "checkpoints", "history", "steps",
     "parameters", "seconds"}``.
     """
     if cfg.epochs < 1 or cfg.batch_size < 1 or cfg.checkpoint_every < 1:
@@ -181,8 +189,10 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
         row = {"epoch": epoch, "loss": epoch_loss, "lr": lr}
         if epoch % cfg.checkpoint_every == 0 or epoch == cfg.epochs:
             model.eval()
-            checkpoints.append(save_checkpoint(model, out_dir / "checkpoints" / f"epoch_{epoch:04d}.safetensors",
-                                               epoch, lr))
+            ck = save_checkpoint(model, out_dir / "checkpoints" / f"epoch_{epoch:04d}.safetensors", epoch, lr)
+            if optimizer_state:
+                ck.optimizer = save_adam_state(opt, model, ck.path)
+            checkpoints.append(ck)
             if "valid" in dataset.splits and len(dataset.valid):
                 row["valid"] = evaluate(model, dataset, ("valid",), cfg.eval_batch_size)["valid"]
         history.append(row)
@@ -200,6 +210,5 @@ def train_conve(dataset: TriplesDataset, cfg: TrainConfig, out_dir: Path, device
     training = {**asdict(cfg), "seconds": seconds, "device": str(device)}
     write_model_dir(out_dir, model, dataset, checkpoints, training, {**metrics, "history": history})
     return {"metrics": metrics, "history": history, "steps": curve.rows(), "parameters": sum(p.numel() for p in model.parameters()),
-            "checkpoints": [{"file": str(c.path.relative_to(out_dir)), "epoch": c.epoch, "lr": c.lr}
-                            for c in checkpoints],
+            "checkpoints": [checkpoint_entry(c, out_dir) for c in checkpoints],
             "seconds": seconds}

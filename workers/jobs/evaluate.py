@@ -181,9 +181,10 @@ def _identity(request: EvaluateAttributionRequest, ds: Any) -> dict[str, Any]:
     full = _full_recipe(request)
     members = _member_recipes(request)
     return {"data_version": version,
-            "full": ev.content_key(what="full", recipe=full, data=version),
+            "full": ev.content_key(what="full", recipe=full, data=version, checkpoints=ev.FULL_MODEL_CHECKPOINTS),
             "full_recipe": full,
-            "members": [ev.content_key(what="full", recipe=r, data=version) for r in members],
+            "members": [ev.content_key(what="full", recipe=r, data=version, checkpoints=ev.FULL_MODEL_CHECKPOINTS)
+                        for r in members],
             "member_recipes": members,
             "lds": ev.content_key(what="lds", design=ev.LDS_DESIGN, recipe=recipe, data=version,
                                   alpha=request.alpha, m=request.m, seed=request.seed),
@@ -499,13 +500,20 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
     import numpy as np
     import torch
 
-    from models.kg.evaluation import content_key, corrupt_tails, data_version, mislabel_report, with_train
+    from models.kg.evaluation import (
+        FULL_MODEL_CHECKPOINTS,
+        content_key,
+        corrupt_tails,
+        data_version,
+        mislabel_report,
+        with_train,
+    )
 
     ds = _dataset(ctx, request.dataset)
     version = data_version(ds)
     recipe = _recipe(request.recipe)
     key = _model_key(content_key(what="mislabel", recipe=recipe, data=version, fraction=request.fraction,
-                                 seed=request.seed))
+                                 seed=request.seed, checkpoints=FULL_MODEL_CHECKPOINTS))
     corrupted_train, idx, new_tails = corrupt_tails(ds.train, len(ds.entities), request.fraction, request.seed)
     record = {"indices": idx.tolist(), "original_tails": ds.train[torch.from_numpy(idx), 2].tolist(),
               "new_tails": new_tails.tolist()}
