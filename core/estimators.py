@@ -50,6 +50,7 @@ class Estimator:
     ensemble: bool = False     # averages over independently trained models of one recipe (LDS only)
     classifier_query: bool = False      # POST /tracin/classifier answers with it
     classifier_evaluated: bool = False  # the classifier evaluations can measure it
+    default: bool = True       # among the evaluations' default estimators (when evaluated)
 
 
 ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
@@ -57,7 +58,8 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
               classifier_query=True, classifier_evaluated=True),
     Estimator("tracin_last", "TracIn-CP over the output layers only"),
     Estimator("tracin_adam", "TracIn with Adam's update direction on the training side, from the optimizer "
-              "state saved with each checkpoint (evaluations only)"),
+              "state saved with each checkpoint (evaluations only; 30-50x TracIn's time, so not among the "
+              "evaluations' defaults)", default=False),
     Estimator("tracin_projected", "TracIn-CP with projected gradients (approximate), scored against the stored "
               "features", approximate=True, stored=True, query=True, evaluated=False, classifier_query=True,
               classifier_evaluated=True),
@@ -82,10 +84,11 @@ ALIASES = {"exact": "tracin"}
 
 def names(*, query: bool | None = None, evaluated: bool | None = None, stored: bool | None = None,
           ensemble: bool | None = None, classifier_query: bool | None = None,
-          classifier_evaluated: bool | None = None) -> tuple[str, ...]:
+          classifier_evaluated: bool | None = None, default: bool | None = None) -> tuple[str, ...]:
     """The names of the estimators with the given capabilities (None: either), in registry order."""
     want = {"query": query, "evaluated": evaluated, "stored": stored, "ensemble": ensemble,
-            "classifier_query": classifier_query, "classifier_evaluated": classifier_evaluated}
+            "classifier_query": classifier_query, "classifier_evaluated": classifier_evaluated,
+            "default": default}
     return tuple(n for n, e in ESTIMATORS.items()
                  if all(v is None or getattr(e, k) == v for k, v in want.items()))
 

@@ -31,8 +31,8 @@ from core.settings import Settings
 from models.kg.shapes import check_image
 
 MAX_SCORE_CELLS = 4_000_000  # scores-<estimator>.npy is written when n_test x n_train is at most this
-DEFAULT_ESTIMATORS = list(estimators.names(evaluated=True))
-DEFAULT_MISLABEL_ESTIMATORS = list(estimators.names(evaluated=True, ensemble=False))
+DEFAULT_ESTIMATORS = list(estimators.names(evaluated=True, default=True))
+DEFAULT_MISLABEL_ESTIMATORS = list(estimators.names(evaluated=True, ensemble=False, default=True))
 # the estimators an evaluation measures (core.estimators: one registry, one meaning per name), listed in the
 # OpenAPI schema
 EstimatorName = estimators.choices(evaluated=True)
