@@ -15,7 +15,9 @@ and datasets: MLPs and ResNets on MNIST / CIFAR).
 
 Sections (``--sections``, all by default): ``lds``, ``mislabel``, ``featurize`` (the gradient feature store at
 272k training triples, ``benchmarks/featurize.py``), ``faithfulness`` (IG against a random ranking and
-occlusion, ``benchmarks/faithfulness.py``) and ``classifiers`` (the classifier estimators beside dattri's on
+occlusion, ``benchmarks/faithfulness.py``), ``counterfactual`` (removing each estimator's top ``--cf-k``
+proponents of a test triple against removing as many random triples, ``models/kg/counterfactual.py``; not in the
+default list: it retrains ``--cf-tests`` x (estimators + ``--cf-draws``) models) and ``classifiers`` (the classifier estimators beside dattri's on
 digits, ``benchmarks/quality_classifiers.py`` with its own defaults; ``--classifier-quick``: its tiny run). A section is a function ``(args, datasets, work_dir) -> list of
 lines`` in ``SECTIONS`` (``datasets``: name -> TriplesDataset; ``work_dir``: a temporary directory for the run).
 """
@@ -304,9 +306,60 @@ def classifiers_section(args: argparse.Namespace, datasets: dict[str, TriplesDat
     return ["", "Classifiers against dattri (benchmarks/quality_classifiers.py):", "", *lines]
 
 
+def counterfactual_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
+    """Counterfactual removal (``models/kg/counterfactual.py``): for ``--cf-tests`` test triples (the LDS's test
+    draw for ``--seed``), remove each of ``--cf-estimators``' top ``--cf-k`` proponents, retrain from the full-data
+    model's seed and compare the margin drop with removing ``--cf-k`` random triples (``--cf-draws`` draws)."""
+    from models.kg import counterfactual as cf
+
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for name, ds in datasets.items():
+        cfg = dataclasses.replace(recipe(args), seed=ev.full_model_seed(args.seed, args.seed))
+        bundle, full_s = _full_model(ds, cfg, _cache_dir(args, work, name, "full"))
+        sel = ev.test_selection(len(ds.test), args.cf_tests, args.seed)
+        test = ds.test[torch.from_numpy(sel)]
+        scores, seconds = {}, {}
+        for est in args.cf_estimators:
+            run = ev.run_estimator(est, bundle, test, ds.train)
+            scores[est], seconds[est] = run.values, run.seconds
+        t0 = time.perf_counter()
+        report = cf.counterfactual_report(ds, cfg, ev.margins(bundle.model, test), test, scores, args.cf_k,
+                                          args.seed, draws=args.cf_draws, n_seeds=args.cf_seeds,
+                                          disjoint=args.cf_disjoint, score_seconds=seconds,
+                                          work_dir=work / f"{name}-cf")
+        total_s = time.perf_counter() - t0
+        rb = report["random_baseline"]["drop"]
+        rows.append([name, f"random {args.cf_k} (baseline)", _fmt(rb["mean"]), f"[{_fmt(rb['low'])}, {_fmt(rb['high'])}]",
+                     "-", "-", "-", "-", f"{report['random_baseline']['retrain_seconds']:.0f}"])
+        for est, r in report["estimators"].items():
+            d, diff, beat = r["drop"], r["minus_random"], r["beats_random"]
+            rows.append([name, est, _fmt(d["mean"]), f"[{_fmt(d['low'])}, {_fmt(d['high'])}]", _fmt(diff["mean"]),
+                         f"[{_fmt(diff['low'])}, {_fmt(diff['high'])}]", _fmt(beat["mean"], 2),
+                         f"[{_fmt(beat['low'], 2)}, {_fmt(beat['high'], 2)}]",
+                         f"{r['score_seconds']:.1f} + {r['retrain_seconds']:.0f}"])
+        noise = report["noise"]
+        notes.append(f"# {name}: full model {full_s:.1f} s; {report['retrainings']} retrainings in {total_s:.0f} s "
+                     f"({total_s / max(report['retrainings'], 1):.1f} s each); training noise (nothing removed, "
+                     f"another seed): mean |margin change| {noise['mean_abs']:.3f}, sd {_fmt(noise['sd'])}; "
+                     f"removed per test triple (mean): "
+                     + ", ".join(f"{e} {np.mean(r['n_removed']):.1f}" for e, r in report["estimators"].items()))
+    head = ["", f"Counterfactual removal: top-{args.cf_k} proponents (highest positive margin scores) of each of "
+            f"{args.cf_tests} test triples removed, retrained from the full-data model's seed"
+            + (f" and {args.cf_seeds - 1} further seed(s)" if args.cf_seeds > 1 else "")
+            + f"; baseline: {args.cf_k} random training triples ({args.cf_draws} draws"
+            + (", disjoint from every estimator's removals" if args.cf_disjoint else ", uniform") + "); drop = full "
+            f"margin - retrained margin; recipe ConvE-{args.embedding_dim} x {args.epochs} epochs, seed {args.seed}; "
+            "95% percentile bootstrap over test triples (paired for the difference)", ""]
+    table = _table(["dataset", "estimator", "drop", "95% interval", "- random", "95% interval", "> random",
+                    "95% interval", "seconds (score + retrain)"], rows)
+    return head + table + [""] + notes
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, TriplesDataset], Path], list[str]]] = {
     "lds": lds_section, "mislabel": mislabel_section, "featurize": featurize_section,
-    "faithfulness": faithfulness_section, "classifiers": classifiers_section}
+    "faithfulness": faithfulness_section, "classifiers": classifiers_section,
+    "counterfactual": counterfactual_section}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,12 +394,27 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"comma-separated, in order, among {list(SECTIONS)}")
     ap.add_argument("--faithfulness-samples", type=int, default=24)
     ap.add_argument("--classifier-quick", action="store_true", help="the classifiers section's tiny run")
+    ap.add_argument("--cf-k", type=int, default=10, help="counterfactual: training triples removed per test triple")
+    ap.add_argument("--cf-tests", type=int, default=20, help="counterfactual: test triples")
+    ap.add_argument("--cf-draws", type=int, default=2, help="counterfactual: random-removal draws per test triple")
+    ap.add_argument("--cf-seeds", type=int, default=1, help="counterfactual: training seeds each removal is "
+                    "retrained from (the full-data model's, then further ones), drops averaged")
+    ap.add_argument("--cf-disjoint", action="store_true", help="counterfactual: draw the random removals among "
+                    "the triples no estimator removed for that test triple")
+    ap.add_argument("--cf-estimators", default="tracin,trak,graddot,random", help="counterfactual: estimators")
     args = ap.parse_args(argv)
     args.sections = [x for x in args.sections.split(",") if x]
     bad = [x for x in args.sections if x not in SECTIONS]
     if bad:
         ap.error(f"unknown section(s) {bad}; choose from {list(SECTIONS)}")
     args.estimators = [e for e in args.estimators.split(",") if e]
+    args.cf_estimators = [e for e in args.cf_estimators.split(",") if e]
+    for e in args.cf_estimators:
+        single = [n for n in estimator_registry.names() if n not in estimator_registry.ensembles()]
+        if e not in single:
+            ap.error(f"--cf-estimators: {e!r} is not a single-model estimator; choose from {single}")
+    if min(args.cf_k, args.cf_tests, args.cf_draws, args.cf_seeds) < 1:
+        ap.error("--cf-k, --cf-tests, --cf-draws and --cf-seeds must be >= 1")
     try:
         args.seeds = [int(x) for x in args.seeds.split(",") if x] if args.seeds else None
     except ValueError:
