@@ -1,7 +1,8 @@
 """Weight files brought from elsewhere: reading a state dict safely and checking it against a model.
 
 ``load_state_file`` reads ``.safetensors`` or a PyTorch pickle (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) with
-``torch.load(weights_only=True)`` only: a file that needs arbitrary code to unpickle is refused, never run. A pickle
+``torch.load(weights_only=True)`` only, in a bounded child process (:mod:`models.bounded_load`; the loader itself is
+``load_state_here``): a file that needs arbitrary code to unpickle is refused, never run. A pickle
 holding ``{"state_dict": ...}`` or ``{"model_state_dict": ...}`` (common training-script layouts) is unwrapped.
 
 ``check_state`` compares every tensor's name and shape with the model built from the config, before anything is
