@@ -173,12 +173,18 @@ def _pykeen_shape(state: dict[str, torch.Tensor], shape: dict[str, Any], source:
 
 
 def _load(path: Path, name: str, relations: int | None, reciprocal: bool | None, bounds: LoadBounds | None = None,
-          shown: str | None = None) -> tuple[dict, bool]:
-    """A state dict in this project's names; PyKEEN's are recognised and converted. Returns (state, is PyKEEN)."""
+          shown: str | None = None, loaded: dict[Path, dict] | None = None) -> tuple[dict, bool]:
+    """A state dict in this project's names; PyKEEN's are recognised and converted. Returns (state, is PyKEEN).
+    ``loaded``: the files this import already read (the weights are often the last checkpoint too), by path."""
     from models.bounded_load import LoadRefused
 
     try:
-        raw = load_state_file(path, bounds=bounds, shown=_shown(shown, name))
+        if loaded is not None and path in loaded:
+            raw = dict(loaded[path])
+        else:
+            raw = load_state_file(path, bounds=bounds, shown=_shown(shown, name))
+            if loaded is not None:
+                loaded[path] = dict(raw)
     except LoadRefused:
         raise
     except ValueError as exc:
@@ -277,7 +283,8 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any], bounds: LoadBounds 
     maps = functools.cache(lambda: checkpoint_maps(weights_path, bounds, shown))
     rel_map = _id_map(src, spec.get("relations"), RELATION_FILES, "relations", maps)
     reciprocal = spec.get("reciprocal")
-    state, pykeen = _load(weights_path, spec["weights"], len(rel_map), reciprocal, bounds, shown)
+    loaded: dict[Path, dict] = {}  # each file is read once (a bounded load starts a child)
+    state, pykeen = _load(weights_path, spec["weights"], len(rel_map), reciprocal, bounds, shown, loaded)
     whose = f"{spec['weights']} (PyKEEN ConvE)" if pykeen else spec["weights"]
     if "ent.weight" not in state or "rel.weight" not in state:
         raise ImportError_(f"{spec['weights']}: no entity/relation tables (ent.weight/emb_e.weight, "
@@ -316,7 +323,8 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any], bounds: LoadBounds 
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = []
     for i, ck in enumerate(spec["checkpoints"]):
-        ck_state, ck_pykeen = _load(src / ck["file"], ck["file"], len(rel_map), bool(reciprocal), bounds, shown)
+        ck_state, ck_pykeen = _load(src / ck["file"], ck["file"], len(rel_map), bool(reciprocal), bounds, shown,
+                                    loaded)
         check_state(model, ck_state, f"{ck['file']} (PyKEEN ConvE)" if ck_pykeen else ck["file"])
         epoch = int(ck.get("epoch") if ck.get("epoch") is not None else i + 1)
         rel = f"checkpoints/epoch_{epoch:04d}.safetensors"
