@@ -39,14 +39,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from core.settings import Settings
-
 log = logging.getLogger("explainq.bounded_load")
 
 ROOT = Path(__file__).resolve().parent.parent
 _MEMORY_EXIT = 3
 _STDERR_BYTES = 1 << 20
 STATE_FILE = "state.pt"
+# op -> "module:function" the child runs (named, not imported here: those modules call this one)
+LOADERS = {"state": "models.weight_files:load_state_here", "maps": "models.kg.importer:checkpoint_maps_here"}
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,8 @@ class LoadBounds:
     timeout_s: float = 600.0
 
     @classmethod
-    def of(cls, settings: Settings | None = None) -> LoadBounds:
-        if settings is None:
-            from core.settings import Settings
-
-            settings = Settings()
+    def of(cls, settings: Any) -> LoadBounds:
+        """The service's ``EXPLAINQ_WORKER_LOAD_*`` settings (the defaults above are theirs, for library use)."""
         return cls(settings.worker_load_memory_bytes, settings.worker_load_cpu_s, settings.worker_load_timeout_s)
 
 
@@ -94,7 +91,7 @@ def checkpoint_maps(path: str | Path, bounds: LoadBounds | None = None, shown: s
 
 
 def _run(request: dict[str, Any], bounds: LoadBounds | None, shown: str) -> Any:
-    bounds = bounds or LoadBounds.of()
+    bounds = bounds or LoadBounds()
     try:
         size = os.stat(request["path"]).st_size
     except OSError as exc:
@@ -174,22 +171,20 @@ def _child() -> int:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     answer_fd = os.dup(1)
     os.dup2(2, 1)  # whatever a library prints goes with the messages; the answer alone goes to the worker
-    import torch  # noqa: F401 - mapped before the limit is taken, so the limit is what the load itself may add
+    import importlib
 
-    from models.kg.importer import checkpoint_maps_here
-    from models.weight_files import load_state_here
+    import torch  # mapped before the limit is taken, so the limit is what the load itself may add
 
+    module, func = LOADERS[request["op"]].split(":")
+    loader = getattr(importlib.import_module(module), func)
     memory = _vm_size() + int(request["memory_bytes"])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     try:
         if request["op"] == "state":
-            state = load_state_here(request["path"], bool(request["pykeen"]))
-            torch.save(state, str(Path(request["out"]) / STATE_FILE))
+            torch.save(loader(request["path"], bool(request["pykeen"])), str(Path(request["out"]) / STATE_FILE))
             answer: dict[str, Any] = {"ok": True}
-        elif request["op"] == "maps":
-            answer = {"ok": checkpoint_maps_here(Path(request["path"]))}
         else:
-            raise KeyError(request["op"])
+            answer = {"ok": loader(Path(request["path"]))}
         text = json.dumps(answer)
     except BaseException as exc:  # noqa: BLE001 - reported to the worker
         if _out_of_memory(exc):
