@@ -185,6 +185,14 @@ class Settings(BaseSettings):
     parser_line_bytes: int = Field(16 << 20, ge=1024, validation_alias=_alias("EXPLAINQ_PARSER_LINE_BYTES"))
     parser_concurrency: int = Field(4, ge=1, le=256, validation_alias=_alias("EXPLAINQ_PARSER_CONCURRENCY"))
 
+    # The bounded checkpoint load (models/bounded_load.py): the child process that unpickles a tenant's weights
+    # for a worker. Memory is what the load may add beyond torch's own mappings and the file's size.
+    worker_load_memory_bytes: int = Field(1 << 30, ge=64 << 20,
+                                          validation_alias=_alias("EXPLAINQ_WORKER_LOAD_MEMORY_BYTES"))
+    worker_load_cpu_s: int = Field(300, ge=1, le=86_400, validation_alias=_alias("EXPLAINQ_WORKER_LOAD_CPU_S"))
+    worker_load_timeout_s: float = Field(600.0, gt=0, le=86_400,
+                                         validation_alias=_alias("EXPLAINQ_WORKER_LOAD_TIMEOUT_S"))
+
     # Rate limits (core/ratelimit.py): per tenant (all its keys and sessions), and dashboard sign-ins per address.
     rate_limit_per_s: float = Field(50.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_PER_S"))
     rate_limit_burst: int = Field(500, ge=1, le=10**7, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_BURST"))

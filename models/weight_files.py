@@ -1,7 +1,8 @@
 """Weight files brought from elsewhere: reading a state dict safely and checking it against a model.
 
 ``load_state_file`` reads ``.safetensors`` or a PyTorch pickle (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) with
-``torch.load(weights_only=True)`` only: a file that needs arbitrary code to unpickle is refused, never run. A pickle
+``torch.load(weights_only=True)`` only, in a bounded child process (:mod:`models.bounded_load`; the loader itself is
+``load_state_here``): a file that needs arbitrary code to unpickle is refused, never run. A pickle
 holding ``{"state_dict": ...}`` or ``{"model_state_dict": ...}`` (common training-script layouts) is unwrapped.
 
 ``check_state`` compares every tensor's name and shape with the model built from the config, before anything is
@@ -23,6 +24,8 @@ from models.files import LOCAL, FileAccess
 
 if TYPE_CHECKING:  # this module is imported by the API, which never imports torch
     import torch
+
+    from models.bounded_load import LoadBounds
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
@@ -269,7 +272,18 @@ def load_checkpoint_pickle(path: str | Path) -> dict:
     return obj
 
 
-def load_state_file(path: str | Path, pykeen: bool = False) -> dict[str, torch.Tensor]:
+def load_state_file(path: str | Path, pykeen: bool = False, bounds: LoadBounds | None = None,
+                    shown: str | None = None) -> dict[str, torch.Tensor]:
+    """:func:`load_state_here` run in a bounded child process (:mod:`models.bounded_load`): the file is a tenant's,
+    and unpickling it may take any amount of memory and time. ``shown``: the file as messages name it."""
+    from models.bounded_load import load_state
+
+    if Path(path).suffix not in PICKLE_SUFFIXES:  # safetensors (a JSON header and raw bytes), or refused at once
+        return load_state_here(path, pykeen)
+    return load_state(path, pykeen, bounds, shown)
+
+
+def load_state_here(path: str | Path, pykeen: bool = False) -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a safetensors file or a weights-only PyTorch pickle, or from a training-loop
     checkpoint's ``model_state_dict`` (PyKEEN's: read by :func:`load_checkpoint_pickle`). ``pykeen``: the file is
     expected to be PyKEEN's, and messages say so."""
@@ -287,9 +301,15 @@ def load_state_file(path: str | Path, pykeen: bool = False) -> dict[str, torch.T
         raise ValueError(PYKEEN_MODEL_PICKLE.format(name=path.name))
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
     except Exception as exc:  # the unpickler refuses anything but tensors and plain containers
+        if "MemoryError" in str(exc):  # the weights-only unpickler wraps it
+            raise MemoryError(str(exc)[:300]) from None
         try:
             obj = load_checkpoint_pickle(path)
+        except MemoryError:
+            raise
         except Exception:  # noqa: BLE001 - any failure is the same refusal
             raise ValueError(f"{path.name} cannot be read with weights_only=True (only tensors and plain containers "
                              f"are accepted), nor as a {whose}training checkpoint: "

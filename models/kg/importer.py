@@ -23,11 +23,12 @@ Every tensor's name and shape is checked against the config before anything is w
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import save_file
@@ -46,6 +47,9 @@ from models.kg.shapes import (
 from models.kg.train import evaluate, rank_metrics, ranks_from_scores
 from models.kg.triples import TriplesDataset, Vocab, read_triples, write_dataset_dir
 from models.weight_files import check_state, load_state_file
+
+if TYPE_CHECKING:
+    from models.bounded_load import LoadBounds
 
 ENTITY_FILES = ("node_dict", "entity_to_id", "entities.dict", "entity2id")
 RELATION_FILES = ("rel_dict", "relation_to_id", "relations.dict", "relation2id")
@@ -168,10 +172,21 @@ def _pykeen_shape(state: dict[str, torch.Tensor], shape: dict[str, Any], source:
         shape["embedding_height"] = heights[0]
 
 
-def _load(path: Path, name: str, relations: int | None, reciprocal: bool | None) -> tuple[dict, bool]:
-    """A state dict in this project's names; PyKEEN's are recognised and converted. Returns (state, is PyKEEN)."""
+def _load(path: Path, name: str, relations: int | None, reciprocal: bool | None, bounds: LoadBounds | None = None,
+          shown: str | None = None, loaded: dict[Path, dict] | None = None) -> tuple[dict, bool]:
+    """A state dict in this project's names; PyKEEN's are recognised and converted. Returns (state, is PyKEEN).
+    ``loaded``: the files this import already read (the weights are often the last checkpoint too), by path."""
+    from models.bounded_load import LoadRefused
+
     try:
-        raw = load_state_file(path)
+        if loaded is not None and path in loaded:
+            raw = dict(loaded[path])
+        else:
+            raw = load_state_file(path, bounds=bounds, shown=_shown(shown, name))
+            if loaded is not None:
+                loaded[path] = dict(raw)
+    except LoadRefused:
+        raise
     except ValueError as exc:
         raise ImportError_(str(exc)) from None
     if not is_pykeen(raw):
@@ -181,7 +196,22 @@ def _load(path: Path, name: str, relations: int | None, reciprocal: bool | None)
     return from_pykeen(raw, relations, f"{name} (PyKEEN ConvE)", reciprocal), True
 
 
-def checkpoint_maps(path: Path) -> dict[str, dict[str, int]]:
+def _shown(directory: str | None, name: str) -> str:
+    return f"{directory}/{name}" if directory and directory != "." else name
+
+
+def checkpoint_maps(path: Path, bounds: LoadBounds | None = None, shown: str | None = None
+                    ) -> dict[str, dict[str, int]]:
+    """:func:`checkpoint_maps_here` run in the bounded child (:mod:`models.bounded_load`): the file is a tenant's."""
+    from models.bounded_load import checkpoint_maps as bounded
+    from models.weight_files import PICKLE_SUFFIXES
+
+    if path.suffix not in PICKLE_SUFFIXES or not path.is_file():
+        return {}
+    return bounded(path, bounds, _shown(shown, path.name))
+
+
+def checkpoint_maps_here(path: Path) -> dict[str, dict[str, int]]:
     """``{"entities": ..., "relations": ...}`` from a PyKEEN training-loop checkpoint's ``entity_to_id_dict`` /
     ``relation_to_id_dict`` (empty when the file is not such a checkpoint)."""
     from models.weight_files import PICKLE_SUFFIXES, load_checkpoint_pickle
@@ -190,6 +220,8 @@ def checkpoint_maps(path: Path) -> dict[str, dict[str, int]]:
         return {}
     try:
         ck = load_checkpoint_pickle(path)
+    except MemoryError:
+        raise
     except Exception:  # noqa: BLE001 - not a checkpoint this reader accepts: no maps
         return {}
     out = {}
@@ -200,14 +232,16 @@ def checkpoint_maps(path: Path) -> dict[str, dict[str, int]]:
     return out
 
 
-def _id_map(src: Path, given: str | None, stems: Sequence[str], what: str, weights: Path) -> dict[str, int]:
-    """An id file, or, when there is none, the map a PyKEEN training-loop checkpoint (the weights) holds."""
+def _id_map(src: Path, given: str | None, stems: Sequence[str], what: str,
+            maps: Callable[[], dict[str, dict[str, int]]]) -> dict[str, int]:
+    """An id file, or, when there is none, the map a PyKEEN training-loop checkpoint (the weights) holds
+    (``maps``: that checkpoint's maps, read once)."""
     try:
         return read_id_file(find_file(src, given, stems, what))
     except ImportError_:
         if given:
             raise
-        found = checkpoint_maps(weights).get(what)
+        found = maps().get(what)
         if found is None:
             raise
         return found
@@ -237,22 +271,27 @@ def _encode_triples(path: Path, ds: TriplesDataset) -> torch.Tensor:
     raise ImportError_(f"{path.name}: {unknown!r} is in neither id file")
 
 
-def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """Check and convert; writes ``out`` (a :mod:`models.kg.checkpoint` directory). Returns the import report."""
+def import_conve(src: Path, out: Path, spec: dict[str, Any], bounds: LoadBounds | None = None,
+                 shown: str | None = None) -> dict[str, Any]:
+    """Check and convert; writes ``out`` (a :mod:`models.kg.checkpoint` directory). Returns the import report.
+    Every pickle is read in the bounded child (``bounds``, :mod:`models.bounded_load`); ``shown`` names ``src`` in
+    the messages of a load past a bound (relative to the data roots)."""
     src = Path(src)
     shape = dict(json.loads((src / "config.json").read_text())) if (src / "config.json").is_file() else {}
     shape = {k: v for k, v in {**shape, **(spec.get("config") or {})}.items() if k in SHAPE_FIELDS}
     weights_path = src / spec["weights"]
-    rel_map = _id_map(src, spec.get("relations"), RELATION_FILES, "relations", weights_path)
+    maps = functools.cache(lambda: checkpoint_maps(weights_path, bounds, shown))
+    rel_map = _id_map(src, spec.get("relations"), RELATION_FILES, "relations", maps)
     reciprocal = spec.get("reciprocal")
-    state, pykeen = _load(weights_path, spec["weights"], len(rel_map), reciprocal)
+    loaded: dict[Path, dict] = {}  # each file is read once (a bounded load starts a child)
+    state, pykeen = _load(weights_path, spec["weights"], len(rel_map), reciprocal, bounds, shown, loaded)
     whose = f"{spec['weights']} (PyKEEN ConvE)" if pykeen else spec["weights"]
     if "ent.weight" not in state or "rel.weight" not in state:
         raise ImportError_(f"{spec['weights']}: no entity/relation tables (ent.weight/emb_e.weight, "
                            "rel.weight/emb_rel.weight, or PyKEEN's entity_representations/relation_representations)")
     n_ent, dim = state["ent.weight"].shape
     n_rel_rows = state["rel.weight"].shape[0]
-    entities = vocab_for_rows(_id_map(src, spec.get("entities"), ENTITY_FILES, "entities", weights_path),
+    entities = vocab_for_rows(_id_map(src, spec.get("entities"), ENTITY_FILES, "entities", maps),
                               n_ent, "entities")
     if reciprocal is None:
         reciprocal = n_rel_rows == 2 * len(rel_map)
@@ -284,7 +323,8 @@ def import_conve(src: Path, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = []
     for i, ck in enumerate(spec["checkpoints"]):
-        ck_state, ck_pykeen = _load(src / ck["file"], ck["file"], len(rel_map), bool(reciprocal))
+        ck_state, ck_pykeen = _load(src / ck["file"], ck["file"], len(rel_map), bool(reciprocal), bounds, shown,
+                                    loaded)
         check_state(model, ck_state, f"{ck['file']} (PyKEEN ConvE)" if ck_pykeen else ck["file"])
         epoch = int(ck.get("epoch") if ck.get("epoch") is not None else i + 1)
         rel = f"checkpoints/epoch_{epoch:04d}.safetensors"

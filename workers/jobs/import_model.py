@@ -28,6 +28,7 @@ from core.kinds.import_model import (
     pretrained_problem,
 )
 from core.userfiles import UserFileError, UserFiles, display
+from models.bounded_load import LoadBounds
 from models.files import LOCAL, read_bytes
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
@@ -81,7 +82,8 @@ def _import_news(src: Path, out: Path, request: ImportModelRequest, settings: An
     except (ValueError, OSError, KeyError) as exc:
         raise JobError("invalid_model", f"config: {exc}") from None
     weights = _weights(src, request.weights)
-    state = strip_prefix(load_state_file(src / weights))
+    state = strip_prefix(load_state_file(src / weights, bounds=LoadBounds.of(settings),
+                                         shown=display(settings, src / weights)))
     frozen = checkpoint.frozen_bert(model)
     check_state(model, state, weights, (checkpoint.FROZEN_PREFIX,) if frozen else ())
     model.load_state_dict(state, strict=False)
@@ -110,7 +112,8 @@ def _import_bdh(src: Path, out: Path, request: ImportModelRequest, settings: Any
         raise JobError("invalid_model", f"config: {exc}") from None
     model = VisionBDH(config, Optimizations())
     weights = _weights(src, request.weights)
-    state = strip_prefix(load_state_file(src / weights))
+    state = strip_prefix(load_state_file(src / weights, bounds=LoadBounds.of(settings),
+                                         shown=display(settings, src / weights)))
     check_state(model, state, weights)
     model.load_state_dict(state)
     model.eval()
@@ -219,6 +222,7 @@ def _import_export(src: Path, out: Path, request: ImportModelRequest, settings: 
 
 
 def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
+    from models.bounded_load import LoadRefused
     from models.weight_files import StateMismatch
 
     r = request
@@ -236,7 +240,7 @@ def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
             spec = {**r.model_dump(), "weights": _weights(src, r.weights),
                     "train_triples": r.train_triples or "train.txt", "dataset_name": r.name}
             try:
-                report = import_conve(src, out, spec)
+                report = import_conve(src, out, spec, LoadBounds.of(ctx.settings), display(ctx.settings, src))
             except ImportError_ as exc:
                 raise JobError("invalid_model", str(exc)) from None
         elif r.kind in ("nrms", "naml"):
@@ -254,6 +258,8 @@ def run(request: ImportModelRequest, ctx: JobContext) -> ImportResult:
                                         "smoke": report.get("smoke"), **report.pop("meta", {})}))
     except StateMismatch as exc:
         raise JobError("shape_mismatch", str(exc)) from None
+    except LoadRefused as exc:  # a bounded load past its memory, CPU or time (models/bounded_load.py)
+        raise JobError(exc.code, str(exc)) from None
     except ValueError as exc:
         raise JobError("invalid_model", str(exc)) from None
     finally:

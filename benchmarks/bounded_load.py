@@ -1,0 +1,52 @@
+"""The time the bounded checkpoint load adds to an import job: a tenant's pickled weights read in a child
+(models/bounded_load.py: start, torch's import, the load, the flat state written and read back) against the same
+loader in the worker's process, on state dicts of a few sizes.
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bounded_load.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def _median(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes-mib", default="4,64,256")
+    args = parser.parse_args()
+    import torch
+
+    from models.bounded_load import LoadBounds
+    from models.weight_files import load_state_file, load_state_here
+
+    bounds = LoadBounds(1 << 30, 300, 600)
+    print("| state dict | tensors | in process | bounded child | added |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for mib in (int(s) for s in args.sizes_mib.split(",")):
+            n = 32
+            per = mib * (1 << 20) // 4 // n
+            path = Path(tmp) / f"w{mib}.pt"
+            torch.save({f"layer{i}.weight": torch.randn(per) for i in range(n)}, path)
+            here = _median(lambda p=path: load_state_here(p), args.repeats)
+            child = _median(lambda p=path: load_state_file(p, bounds=bounds), args.repeats)
+            print(f"| {mib} MiB fp32 | {n} | {here * 1000:.0f} ms | {child * 1000:.0f} ms | "
+                  f"{(child - here) * 1000:.0f} ms |")
+
+
+if __name__ == "__main__":
+    main()
