@@ -19,8 +19,7 @@ import json
 import math
 from typing import Any
 
-from core import backlog, keys
-from core.keys import METRICS_DURATION
+from core import keys, usage
 from core.settings import Settings
 
 MIN_RETRY_S, MAX_RETRY_S = 5, 3600
@@ -48,9 +47,7 @@ def stored_bytes(settings: Settings, redis: Any, owner: str) -> int:
             return int(json.loads(raw)["bytes"])
         except (ValueError, KeyError, TypeError):
             pass
-    from core.usage import stored
-
-    measured = stored(settings, redis, owner)
+    measured = usage.stored(settings, redis, owner)
     remember(settings, redis, owner, measured)
     return int(measured["bytes"])
 
@@ -63,18 +60,6 @@ def remember(settings: Settings, redis: Any, owner: str, measured: dict[str, Any
 def forget(redis: Any, owner: str) -> None:
     """Drop the cached figure (after a deletion: the next check measures again)."""
     redis.delete(usage_cache_key(owner))
-
-
-def compute_in_flight(settings: Settings, redis: Any, owner: str) -> tuple[float, dict[str, float]]:
-    """Estimated seconds of the tenant's queued and running jobs, and the mean run time per kind."""
-    from core.usage import in_flight
-
-    mean = backlog.mean_durations(redis.hgetall(METRICS_DURATION))
-    flight = in_flight(settings, redis, owner)
-    seconds = 0.0
-    for item in flight["items"]:
-        seconds += mean.get(item["kind"] or "", settings.backlog_unknown_cost_s)
-    return seconds, mean
 
 
 def _mib(n: float) -> str:
@@ -92,7 +77,7 @@ def check(settings: Settings, redis: Any, owner: str, kind: str) -> None:
                 "(EXPLAINQ_TENANT_STORE_BYTES; GET /usage itemises it): delete finished jobs (DELETE /jobs/{id}), "
                 "models or datasets you no longer need, then submit again", None)
     if settings.tenant_compute_s > 0:
-        seconds, mean = compute_in_flight(settings, redis, owner)
+        seconds, mean = usage.compute_in_flight(settings, redis, owner)
         own = mean.get(kind, settings.backlog_unknown_cost_s)
         total = seconds + own
         if total > settings.tenant_compute_s:

@@ -92,12 +92,18 @@ def in_flight(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
             "max_active_jobs": settings.max_active_jobs, "items": jobs}
 
 
-def usage(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
-    from core import budgets
+def compute_in_flight(settings: Settings, redis: Any, owner: str) -> tuple[float, dict[str, float]]:
+    """Estimated seconds of the tenant's queued and running jobs (each at its kind's mean run time, the unknown
+    cost for a kind that never ended), and the mean run time per kind: what the compute budget compares with."""
+    mean = backlog.mean_durations(redis.hgetall(METRICS_DURATION))
+    seconds = sum(mean.get(item["kind"] or "", settings.backlog_unknown_cost_s)
+                  for item in in_flight(settings, redis, owner)["items"])
+    return seconds, mean
 
+
+def usage(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
     measured = stored(settings, redis, owner)
-    budgets.remember(settings, redis, owner, measured)  # the store budget's check reuses this figure
-    computed, _ = budgets.compute_in_flight(settings, redis, owner)
+    computed, _ = compute_in_flight(settings, redis, owner)
     return {"owner": owner, "stored": measured, "in_flight": in_flight(settings, redis, owner),
             "budgets": {"store_bytes": settings.tenant_store_bytes or None,
                         "compute_s": settings.tenant_compute_s or None, "compute_in_flight_s": round(computed, 1)}}

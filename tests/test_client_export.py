@@ -11,8 +11,8 @@ import httpx
 import pandas as pd
 import pytest
 from explainq_client import Client
-from explainq_client.jobs import export_frame, table_frame
 from explainq_client.results import make_result
+from explainq_client.tables import export_frame, table_frame
 
 from models.tables import TableWriter
 from tests.result_examples import as_run, example

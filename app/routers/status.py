@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 
 from app.deps import caller
-from core import demo_status, system_status
+from core import budgets, demo_status, system_status
 from core import usage as usage_lib
 
 router = APIRouter(tags=["health"])
@@ -78,4 +78,8 @@ USAGE_EXAMPLE = {
             "estimated seconds of your queued and running jobs that the compute budget compares with.",
             responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}}})
 async def usage(request: Request, owner: str = Depends(caller)) -> dict[str, Any]:
-    return await run_in_threadpool(usage_lib.usage, request.app.state.settings, request.app.state.redis, owner)
+    settings, redis = request.app.state.settings, request.app.state.redis
+    answer = await run_in_threadpool(usage_lib.usage, settings, redis, owner)
+    # the store budget's check (core/budgets.py) reuses this measurement
+    await run_in_threadpool(budgets.remember, settings, redis, owner, answer["stored"])
+    return answer

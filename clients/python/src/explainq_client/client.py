@@ -35,12 +35,11 @@ from explainq_client.jobs import (
     ProgressBar,
     WaitClock,
     dataset_body,
-    export_frame,
     list_params,
     parse_entry,
-    table_frame,
 )
 from explainq_client.results import Result
+from explainq_client.tables import export_frame, table_frame
 
 __all__ = ["Client", "Datasets", "Job", "Jobs", "Models"]
 

@@ -116,7 +116,7 @@ class Result(dict[str, Any]):
         """Write :meth:`to_pandas` (its arguments, e.g. ``of="breakdown"``) to ``dest`` as Parquet (pyarrow must be
         installed); returns ``dest`` as a ``Path``. A ranking longer than the result lists is in full in an
         artifact: ``job.export("influence.csv", "influence.parquet")``."""
-        from explainq_client.jobs import export_frame
+        from explainq_client.tables import export_frame
 
         return export_frame(self.to_pandas(*args, **kwargs), dest, "parquet")
 
