@@ -73,7 +73,7 @@ DEEP = ("ent.weight", "rel.weight", "bn0.weight", "bn0.bias", "conv.weight", "co
 SMALL = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias", "bn2.weight", "bn2.bias")
 # Parameters whose gradient needs the backward pass through BN2 only.
 MID = ("fc.weight", "fc.bias", "bn2.weight", "bn2.bias")
-LOSSES = ("train", "score_bce")
+LOSSES = ("train", "score_bce", "margin")
 METHODS = ("ghost", "vmap")
 # The layer groups a listed score is broken down by (``ConvETracIn.breakdown``): each parameter in one group, so the
 # groups' kernels add up to the whole kernel (every term of ``ghost_kernel`` belongs to one parameter).
