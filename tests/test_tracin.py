@@ -407,6 +407,9 @@ def test_default_loss_gives_proponents_and_opponents(bundle):
     assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak").loss == "train"
     assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss="score_bce").loss \
         == "score_bce"
+    # the dashboard's form sends every field, an empty loss as null: the same defaults
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], loss=None).loss == "score_bce"
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss=None).loss == "train"
     ds = bundle.dataset
     test, train = ds.test[:4], ds.train[:120]
     scores, _ = ConvETracIn(bundle.model, bundle.checkpoints, loss=req.loss).influence(test, train)

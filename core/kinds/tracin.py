@@ -82,12 +82,13 @@ class TracInRequest(JobRequest):
     layers: Layers = Field(
         "all", title="Layers compared", json_schema_extra=ADVANCED,
         description="'all', 'last', or the layers whose gradients are compared")
-    loss: Loss = Field(
-        DEFAULT_LOSS, title="Gradient of", json_schema_extra=ADVANCED,
+    loss: Loss | None = Field(
+        None, title="Gradient of", json_schema_extra=ADVANCED,
         description=("Whose gradients are compared: the binary cross-entropy of the triple's own score "
-                     "('score_bce', the default: its influences take both signs, so proponents and opponents both "
-                     "show) or the training loss ('train', almost never negative on small graphs); the "
-                     "stored-feature estimators default to 'train', what POST /featurize stores by default"))
+                     "('score_bce': its influences take both signs, so proponents and opponents both show) or the "
+                     "training loss ('train', almost never negative on small graphs); empty: 'score_bce' for "
+                     "estimator 'tracin', 'train' (what POST /featurize stores by default) for the stored-feature "
+                     "estimators"))
     projection_dim: int | None = Field(
         None, ge=1, le=limits.MAX_PROJECTION_DIM, title="Random projection size", json_schema_extra=ADVANCED,
         description="Project the gradients to this many dimensions (faster, approximate); empty: exact")
@@ -128,10 +129,11 @@ class TracInRequest(JobRequest):
     _estimator_name = field_validator("estimator", mode="before")(estimators.canonical)
 
     @model_validator(mode="after")
-    def _stored_default_loss(self) -> TracInRequest:
-        """Without an explicit loss, the stored-feature estimators read features of featurize's default loss."""
-        if "loss" not in self.model_fields_set and estimators.get(self.estimator).stored:
-            self.loss = STORED_DEFAULT_LOSS
+    def _default_loss(self) -> TracInRequest:
+        """No loss given: ``DEFAULT_LOSS``, or featurize's default loss for the stored-feature estimators (the
+        features a default featurize job stored)."""
+        if self.loss is None:
+            self.loss = STORED_DEFAULT_LOSS if estimators.get(self.estimator).stored else DEFAULT_LOSS
         return self
 
 

@@ -3,7 +3,8 @@ r"""TracIn-CP for ConvE triples: ConvE's :class:`models.explain.tracin.GradientM
 The engine, its streaming pass and the checkpoint weights are model-agnostic (:mod:`models.explain.tracin`); this
 module supplies ConvE's per-triple gradients. ``ℓ`` is the per-triple training loss (``models.kg.conve.triple_loss``:
 1-N BCE with label smoothing, summed over both query directions when the model is reciprocal) or, with
-``loss="score_bce"``, BCE of the single score σ(s_t) against 1, with the model in eval mode. The gradient is
+``loss="score_bce"``, BCE of the single score σ(s_t) against 1, or ``loss="margin"``, the negated multi-class margin
+(``models.kg.conve.query_loss``), with the model in eval mode. The gradient is
 restricted to the parameters named by ``layers`` (:func:`resolve_layers`).
 
 Two exact ways to compute the dot products (:class:`ConvEGradients`):
