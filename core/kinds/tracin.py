@@ -41,8 +41,9 @@ Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[h
 Checkpoints = Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)]
 Layers = Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)]
 Loss = Literal["train", "score_bce"]
-# The default loss of estimator 'tracin': the one whose scores take both signs on the shipped graphs, so that the
-# page's proponents and opponents both exist (docs/tracin.md, "Which loss, and why"; benchmarks/tracin_loss.py).
+# The default loss of estimator 'tracin': of the two offered, the one whose scores take both signs where either's
+# do (the training loss's were never negative on the shipped graphs) and whose self-influence finds mislabelled
+# triples (docs/tracin.md, "Which loss, and why"; benchmarks/tracin_loss.py).
 # The estimators over stored features default to the loss POST /featurize stores by default.
 DEFAULT_LOSS = "score_bce"
 STORED_DEFAULT_LOSS = "train"
@@ -85,8 +86,8 @@ class TracInRequest(JobRequest):
     loss: Loss | None = Field(
         None, title="Gradient of", json_schema_extra=ADVANCED,
         description=("Whose gradients are compared: the binary cross-entropy of the triple's own score "
-                     "('score_bce': its influences take both signs, so proponents and opponents both show) or the "
-                     "training loss ('train', almost never negative on small graphs); empty: 'score_bce' for "
+                     "('score_bce': on some graphs its influences take both signs, where the training loss's were never "
+                     "negative on the shipped graphs) or the training loss ('train'); empty: 'score_bce' for "
                      "estimator 'tracin', 'train' (what POST /featurize stores by default) for the stored-feature "
                      "estimators"))
     projection_dim: int | None = Field(
