@@ -70,7 +70,7 @@ LAYER_SETS = ["all", "last", ["ent.weight"], ["rel.weight", "ent_bias"], ["conv"
 
 
 @pytest.mark.parametrize("layers", LAYER_SETS, ids=str)
-@pytest.mark.parametrize("kind", ["train", "score_bce"])
+@pytest.mark.parametrize("kind", ["train", "score_bce", "margin"])
 def test_ghost_equals_materialised_gradients(bundle, layers, kind):
     ds = bundle.dataset
     test, train = ds.test[:5], ds.train[:37]
@@ -395,3 +395,23 @@ def test_cached_test_factors_are_not_shared_across_settings(bundle, other):
     # the same settings in a new engine (another shard of the same request) still share them
     again = ConvETracIn(bundle.model, ckpts, **{"layers": "all", "batch_size": 40, **kwargs})
     assert again.factor_key() == second.factor_key() != first.factor_key()
+
+
+def test_default_loss_gives_proponents_and_opponents(bundle):
+    """The request's default loss is 'score_bce' (the stored-feature estimators keep featurize's 'train'), and on a
+    small trained ConvE it yields both signs, where the training loss gives (almost) no opponents."""
+    from core.kinds.tracin import DEFAULT_LOSS, TracInRequest
+
+    req = TracInRequest(model="m", test_triples=[["a", "b", "c"]])
+    assert req.loss == DEFAULT_LOSS == "score_bce"
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak").loss == "train"
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss="score_bce").loss \
+        == "score_bce"
+    # the dashboard's form sends every field, an empty loss as null: the same defaults
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], loss=None).loss == "score_bce"
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss=None).loss == "train"
+    ds = bundle.dataset
+    test, train = ds.test[:4], ds.train[:120]
+    scores, _ = ConvETracIn(bundle.model, bundle.checkpoints, loss=req.loss).influence(test, train)
+    assert (scores > 0).any() and (scores < 0).any()
+    assert ((scores < 0).any(1)).float().mean() >= 0.5  # most test triples have opponents to list

@@ -57,6 +57,7 @@ def test_tracin_page_tables_filter_and_csv(svc) -> None:
     assert r["proponents"], r
     tables = re.findall(r'<table class="compact influence"><caption>([^<]+)</caption>(.*?)</table>', page, re.S)
     assert [c for c, _ in tables] == ["Proponents (support the prediction)", "Opponents (work against it)"]
+    all_widths = []
     for (_, body), key in zip(tables, ("proponents", "opponents"), strict=True):
         rows = re.findall(r"<tr><td>\d+</td>(.*?)</tr>", body, re.S)
         assert len(rows) == len(r[key])
@@ -66,7 +67,9 @@ def test_tracin_page_tables_filter_and_csv(svc) -> None:
         for row, p in zip(rows, r[key], strict=True):
             assert _text(row).startswith(" ".join(p["train_triple"]))
         widths = [float(w) for w in re.findall(r'<span style="width:([\d.]+)%">', body)]
-        assert max(widths) == 100.0 and widths == sorted(widths, reverse=True)
+        assert widths == sorted(widths, reverse=True)
+        all_widths += widths
+    assert max(all_widths) == 100.0  # one scale per test triple: its largest |influence|, either sign
     download = svc.client.get(f"/ui/jobs/{job_id}/influence.csv")
     assert download.headers["content-type"].startswith("text/csv")
     assert download.content == svc.artifact(job_id, "influence.csv")  # one CSV: the card's is the artifact

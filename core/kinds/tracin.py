@@ -11,7 +11,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from core import estimators, limits, registry
 from core.bounded import run_bounded
@@ -41,6 +41,12 @@ Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[h
 Checkpoints = Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)]
 Layers = Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)]
 Loss = Literal["train", "score_bce"]
+# The default loss of estimator 'tracin': of the two offered, the one whose scores take both signs where either's
+# do (the training loss's were never negative on the shipped graphs) and whose self-influence finds mislabelled
+# triples (docs/tracin.md, "Which loss, and why"; benchmarks/tracin_loss.py).
+# The estimators over stored features default to the loss POST /featurize stores by default.
+DEFAULT_LOSS = "score_bce"
+STORED_DEFAULT_LOSS = "train"
 # the estimators a query answers with (core.estimators: one registry, one meaning per name)
 QueryEstimator = estimators.choices(query=True)
 
@@ -77,10 +83,13 @@ class TracInRequest(JobRequest):
     layers: Layers = Field(
         "all", title="Layers compared", json_schema_extra=ADVANCED,
         description="'all', 'last', or the layers whose gradients are compared")
-    loss: Loss = Field(
-        "train", title="Gradient of", json_schema_extra=ADVANCED,
-        description=("Whose gradients are compared: the training loss ('train') or the binary cross-entropy of the "
-                     "score ('score_bce')"))
+    loss: Loss | None = Field(
+        None, title="Gradient of", json_schema_extra=ADVANCED,
+        description=("Whose gradients are compared: the binary cross-entropy of the triple's own score "
+                     "('score_bce': on some graphs its influences take both signs, where the training loss's were never "
+                     "negative on the shipped graphs) or the training loss ('train'); empty: 'score_bce' for "
+                     "estimator 'tracin', 'train' (what POST /featurize stores by default) for the stored-feature "
+                     "estimators"))
     projection_dim: int | None = Field(
         None, ge=1, le=limits.MAX_PROJECTION_DIM, title="Random projection size", json_schema_extra=ADVANCED,
         description="Project the gradients to this many dimensions (faster, approximate); empty: exact")
@@ -119,6 +128,14 @@ class TracInRequest(JobRequest):
     shard_retries: int = shard_retries_field()
 
     _estimator_name = field_validator("estimator", mode="before")(estimators.canonical)
+
+    @model_validator(mode="after")
+    def _default_loss(self) -> TracInRequest:
+        """No loss given: ``DEFAULT_LOSS``, or featurize's default loss for the stored-feature estimators (the
+        features a default featurize job stored)."""
+        if self.loss is None:
+            self.loss = STORED_DEFAULT_LOSS if estimators.get(self.estimator).stored else DEFAULT_LOSS
+        return self
 
 
 def _read_names(text: str) -> frozenset[str]:

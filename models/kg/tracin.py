@@ -3,7 +3,8 @@ r"""TracIn-CP for ConvE triples: ConvE's :class:`models.explain.tracin.GradientM
 The engine, its streaming pass and the checkpoint weights are model-agnostic (:mod:`models.explain.tracin`); this
 module supplies ConvE's per-triple gradients. ``ℓ`` is the per-triple training loss (``models.kg.conve.triple_loss``:
 1-N BCE with label smoothing, summed over both query directions when the model is reciprocal) or, with
-``loss="score_bce"``, BCE of the single score σ(s_t) against 1, with the model in eval mode. The gradient is
+``loss="score_bce"``, BCE of the single score σ(s_t) against 1, or ``loss="margin"``, the negated multi-class margin
+(``models.kg.conve.query_loss``), with the model in eval mode. The gradient is
 restricted to the parameters named by ``layers`` (:func:`resolve_layers`).
 
 Two exact ways to compute the dot products (:class:`ConvEGradients`):
@@ -73,7 +74,7 @@ DEEP = ("ent.weight", "rel.weight", "bn0.weight", "bn0.bias", "conv.weight", "co
 SMALL = ("bn0.weight", "bn0.bias", "conv.weight", "conv.bias", "bn1.weight", "bn1.bias", "bn2.weight", "bn2.bias")
 # Parameters whose gradient needs the backward pass through BN2 only.
 MID = ("fc.weight", "fc.bias", "bn2.weight", "bn2.bias")
-LOSSES = ("train", "score_bce")
+LOSSES = ("train", "score_bce", "margin")
 METHODS = ("ghost", "vmap")
 # The layer groups a listed score is broken down by (``ConvETracIn.breakdown``): each parameter in one group, so the
 # groups' kernels add up to the whole kernel (every term of ``ghost_kernel`` belongs to one parameter).

@@ -191,7 +191,8 @@ class KindMethods(Generic[R]):
 
         ``test_triples`` are ``[head, relation, tail]`` names (required except in ``mode="self"``, which ranks
         training triples by self-influence). Server defaults: ``mode="test"``, ``top_k=10`` (None: every
-        candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="train"``, ``method="ghost"``.
+        candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="score_bce"`` (``"train"`` with the
+        stored-feature estimators), ``method="ghost"``.
         ``filter={"n_hops": 1, "min_degree": 0}`` keeps candidates near the test triples.
         ``test_triples_path`` names a head/relation/tail TSV under the data roots instead of ``test_triples``.
         ``lr_weight``: each checkpoint weighs by its stored learning rate (``"last"``, default) or the sum of
