@@ -8,19 +8,13 @@ loader in the worker's process, on state dicts of a few sizes.
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.bounded_parser import _median  # noqa: E402  (the median of repeated timings, as the parser's)
 
 
 def main() -> None:
