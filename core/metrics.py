@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
+from rq.exceptions import InvalidJobOperation
 
 from core import backlog, keys
 from core.contract.kind import QUEUES
@@ -118,6 +119,8 @@ def record_job_end(redis: Redis, job: Any) -> None:
             started = job.started_at
             duration = (ended.replace(tzinfo=None) - started.replace(tzinfo=None)).total_seconds()
         record_finished(redis, job.meta.get("kind") or "unknown", status, duration)
+    except InvalidJobOperation:  # its owner deleted the finished job meanwhile: nothing left to count it by
+        log.info("metric finished not recorded: job %s was deleted as it ended", getattr(job, "id", "?"))
     except (RedisError, OSError) as exc:
         log.warning("metric finished not recorded: %s", exc)
 

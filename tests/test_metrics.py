@@ -116,3 +116,18 @@ def test_recording_helpers_never_raise_when_redis_is_gone():
     record_submitted(gone, "k")
     record_finished(gone, "k", "succeeded", 1.0)
     record_model_load(gone, "m", 1.0)
+
+
+def test_a_job_deleted_as_it_ends_is_not_counted_and_does_not_stop_the_worker(redis_settings):
+    """A finished job its owner deletes while the worker is still writing its end (DELETE /jobs/{id} of a failed
+    job races the worker's metrics): record_job_end skips it instead of raising out of the worker's loop."""
+    import redis
+    from rq import Queue
+
+    from core.metrics import record_job_end
+
+    r = redis.Redis.from_url(redis_settings.redis_url)
+    job = Queue("explain", connection=r).enqueue("workers.runner.execute", "test_sleep", {})
+    job.delete()
+    record_job_end(r, job)  # raised InvalidJobOperation before
+    assert not r.exists("explainq:metrics:finished")

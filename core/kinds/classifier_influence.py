@@ -102,7 +102,7 @@ class ClassifierInfluenceRequest(JobRequest):
     proj_dim: int = Field(2048, ge=16, le=MAX_PROJ_DIM, title="Projection size", json_schema_extra=ADVANCED,
         description="trak, trak_ensemble, tracin_projected: dimensions of the random projection of the gradients")
     projection: Literal["kronecker", "dense"] = Field(
-        "kronecker", title="Projection", json_schema_extra=ADVANCED,
+        "kronecker", title="Random projection kind", json_schema_extra=ADVANCED,
         description="trak, trak_ensemble, tracin_projected: 'kronecker' (per layer, a Kronecker product of two "
                     "Gaussian factors: little memory, more variance) or 'dense' (one dense Gaussian matrix, as the "
                     "TRAK paper and dattri project: proj_dim x parameters numbers, at most 2^28)")

@@ -518,5 +518,4 @@ register(JobKind(
     title="Import a model",
     result=ImportResult,
     validate=validate,
-    recheck=True,
 ))
