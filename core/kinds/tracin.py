@@ -6,14 +6,12 @@ checkpoint or layer is a 422 naming the field and value before anything is queue
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from core import estimators, limits, registry
+from core import estimators, limits
 from core.bounded import run_bounded
 from core.contract.checks import require_model
 from core.contract.errors import FieldError
@@ -28,7 +26,7 @@ from core.contract.fields import (
 )
 from core.contract.kind import FanOut, JobKind, register
 from core.fanout import too_many_shards
-from core.filestore import StoreError
+from core.parsers import raise_if_store_down
 from core.settings import Settings
 from core.userfiles import PathError, display, resolve_data_path
 from models.kg.shapes import LAYER_NAMES
@@ -138,38 +136,24 @@ class TracInRequest(JobRequest):
         return self
 
 
-def _read_names(text: str) -> frozenset[str]:
-    """Names of an id dictionary (``name<TAB>id``, or ``id<TAB>name``)."""
-    rows = [line.split("\t") for line in text.splitlines() if line.strip()]
-    if all(len(r) == 2 and r[1].strip().lstrip("-").isdigit() for r in rows):
-        return frozenset(r[0].strip() for r in rows)
-    return frozenset(r[1].strip() for r in rows)
-
-
 _VOCABS: OrderedDict[str, dict[str, Any]] = OrderedDict()  # model version -> vocabulary (versions are immutable)
 
 
-def _read_vocab(settings: Settings, entry: dict[str, Any]) -> dict[str, Any]:
-    cfg = json.loads(registry.read_file(settings, entry, "config.json"))
-    ckpts = cfg.get("checkpoints", [])
-    return {
-        "entities": _read_names(registry.read_file(settings, entry, "data/entities.dict").decode("utf-8")),
-        "relations": _read_names(registry.read_file(settings, entry, "data/relations.dict").decode("utf-8")),
-        "checkpoints": {Path(c["file"]).stem for c in ckpts} | {Path(c["file"]).name for c in ckpts}
-        | {str(c["epoch"]) for c in ckpts},
-    }
-
-
 def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
-    """Entities, relations and checkpoint names of a registered ConvE model; FieldError on ``model``."""
+    """Entities, relations and checkpoint names of a registered ConvE model, read from its config.json and id
+    dictionaries in the bounded parser (:func:`core.parsers.model_vocab`); FieldError on ``model``."""
     entry = require_model(settings, model, "conve")
     version = f"{entry.get('location') or entry.get('path')}|{entry.get('created_at')}"
     vocab = _VOCABS.get(version)
     if vocab is None:
-        try:
-            vocab = _read_vocab(settings, entry)
-        except (FileNotFoundError, StoreError):
-            raise FieldError(("body", "model"), f"model {model!r} has no files in the store", value=model) from None
+        answer = run_bounded(settings, "model.vocab", {"entry": entry}, loc=("body", "model"), value=model,
+                             shown=f"the files of model {model!r}")
+        raise_if_store_down(answer)
+        if answer.get("missing"):
+            raise FieldError(("body", "model"), f"model {model!r} has no files in the store", value=model)
+        if "error" in answer:
+            raise FieldError(("body", "model"), answer["error"], value=model)
+        vocab = {field: frozenset(answer[field]) for field in ("entities", "relations", "checkpoints")}
         _VOCABS[version] = vocab
         while len(_VOCABS) > 32:
             _VOCABS.popitem(last=False)
