@@ -118,6 +118,9 @@ def test_a_test_triple_without_opponents_says_why_and_what_to_try() -> None:
     result["loss"] = "score_bce"
     text = unescape(_text(job_page(result, kind="tracin")))
     assert "No opponents" in text and 'loss "margin"' in text and 'run the query again with loss' not in text
+    result["loss"] = "margin"
+    text = unescape(_text(job_page(result, kind="tracin")))
+    assert "No opponents" in text and "already used the margin" in text and "Try the margin" not in text
     assert "No opponents" not in _text(job_page(tracin_result(), kind="tracin"))
 
 
@@ -132,3 +135,14 @@ def test_the_sdk_says_the_same_of_a_test_triple_without_opponents() -> None:
     text, html = tracin_text(result), unescape(tracin_html(result))
     assert text.count("no opponents: every candidate raised") == 2 and "loss='score_bce'" in text
     assert html.count("no opponents: every candidate raised") == 2 and "'margin'" in html
+
+
+def test_the_sdks_no_opponents_note_follows_the_loss_the_query_used() -> None:
+    from explainq_client.render import no_opponents
+
+    entry = {"opponents": [], "n_negative": 0}
+    assert "loss='score_bce'" in no_opponents({"loss": "train"}, entry)
+    assert "loss 'margin'" in no_opponents({"loss": "score_bce"}, entry)
+    margin = no_opponents({"loss": "margin"}, entry)
+    assert "already used the margin" in margin and "ask stored features" not in margin
+    assert no_opponents({"loss": "margin"}, {"opponents": [{"influence": -1.0}], "n_negative": 1}) is None

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import typing
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -467,6 +468,16 @@ def test_cli_result_table_and_unknown_kind_with_a_scripted_server(monkeypatch, c
     assert cli.run(["jobs", "--kind", "train-bdh"]) == cli.EXIT_OK
 
 
+def _literal_values(annotation) -> set:
+    """The string choices a (possibly nested, unioned) ``Literal`` annotation allows."""
+    if annotation is None:
+        return set()
+    if typing.get_origin(annotation) is typing.Literal:
+        return {a for a in typing.get_args(annotation) if isinstance(a, str)}
+    return set().union(*(_literal_values(a) for a in typing.get_args(annotation))) if typing.get_args(annotation) \
+        else set()
+
+
 def test_every_public_kind_has_typed_sdk_methods_with_the_request_schemas_fields():
     """Each kind the server lists has its ``sdk_method`` on Client and AsyncClient, taking exactly the fields of
     the kind's request schema, and posting to the kind's route."""
@@ -485,6 +496,10 @@ def test_every_public_kind_has_typed_sdk_methods_with_the_request_schemas_fields
             params = set(inspect.signature(method).parameters) - {"self", "idempotency_key", "extra"}
             assert params == set(kind.request.model_fields), (name, params ^ set(kind.request.model_fields))
             assert inspect.getdoc(method), name
+        hints = typing.get_type_hints(getattr(Client, name))
+        for field, info in kind.request.model_fields.items():
+            server, sdk = _literal_values(info.annotation), _literal_values(hints.get(field))
+            assert not server or not sdk or server == sdk, (name, field, server ^ sdk)
         required = {f: "x" for f, info in kind.request.model_fields.items() if info.is_required()}
         transport, seen = scripted(httpx.Response(202, json={**JOB, "kind": kind.name}))
         with Client("http://x", transport=transport) as c:

@@ -236,6 +236,10 @@ def no_opponents_note(result: dict[str, Any], entry: dict[str, Any]) -> str | No
                  "against the prediction, run the query again with loss \"score_bce\" (the gradient of this "
                  "triple's own score), or store features with POST /featurize and loss \"margin\" and ask with "
                  "estimator \"trak\" or \"tracin_projected\".")
+    elif loss == "margin":
+        tried = ("This query already used the margin (the output the attribution-quality evaluations measure); a "
+                 "wider filter (more hops) scores more candidates, and another checkpoint or layer choice changes "
+                 "which parameters' gradients are compared.")
     else:
         tried = ("Try the margin: store features with POST /featurize and loss \"margin\", then ask with estimator "
                  "\"trak\" or \"tracin_projected\"; a wider filter (more hops) also scores more candidates.")

@@ -175,7 +175,7 @@ class KindMethods(Generic[R]):
         method: Literal["ghost", "vmap"] | NotGiven = NOT_GIVEN,
         lr_weight: Literal["last", "interval"] | NotGiven = NOT_GIVEN,
         test_triples_path: str | None | NotGiven = NOT_GIVEN,
-        estimator: Literal["exact", "tracin_projected", "trak"] | NotGiven = NOT_GIVEN,
+        estimator: Literal["tracin", "tracin_projected", "trak"] | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         damping: float | NotGiven = NOT_GIVEN,
         shard_size: int | Literal["auto"] | NotGiven = NOT_GIVEN,
@@ -202,7 +202,7 @@ class KindMethods(Generic[R]):
         ``estimator="trak"`` or ``"tracin_projected"`` (approximate) answers mode ``test`` from the features
         :meth:`featurize` stored with the same checkpoints, layers, loss, ``projection_dim`` (default: the
         evaluated TRAK's k for the model) and ``seed`` (``damping``, default 0.3, for ``trak``: with every default
-        it runs the configuration the attribution-quality evaluations measured); ``"exact"`` (default) is exact
+        it runs the configuration the attribution-quality evaluations measured); ``"tracin"`` (default) is exact
         TracIn.
         """
         return self._submit("/tracin", _body(dict(locals())), idempotency_key)

@@ -457,8 +457,10 @@ def no_opponents(result: Mapping[str, Any], entry: Mapping[str, Any]) -> str | N
     has opponents or lists pairs (the job page says the same)."""
     if entry.get("opponents") is None or entry.get("opponents") or entry.get("n_negative"):
         return None
+    loss = result.get("loss")
     hint = ("run it again with loss='score_bce', or ask stored features of loss 'margin' (estimator 'trak' or "
-            "'tracin_projected')" if result.get("loss") == "train" else
+            "'tracin_projected')" if loss == "train" else
+            "widen the filter (more hops): this query already used the margin" if loss == "margin" else
             "ask stored features of loss 'margin' (estimator 'trak' or 'tracin_projected')")
     return f"no opponents: every candidate raised the model's belief in this triple; to see what works against it, {hint}"
 
