@@ -172,10 +172,18 @@ def _id_names(text: str) -> list[str]:
     return sorted({r[1].strip() for r in rows})
 
 
-def model_vocab(settings: Settings, entry: dict[str, Any]) -> dict[str, Any]:
-    """A ConvE model's ``{"entities", "relations", "checkpoints"}`` (names, sorted), from its config.json and id
-    dictionaries; ``{"missing": True}`` when they are not in the store, ``{"error": message}`` when one cannot be
-    read as it should."""
+VOCAB_INLINE_BYTES = 1 << 20  # a vocabulary the API may keep (per model version, 32 at most): its names' bytes
+
+
+def model_vocab(settings: Settings, entry: dict[str, Any], check: dict[str, Any] | None = None,
+                query: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ConvE model's vocabulary from its config.json and id dictionaries: ``checkpoints`` (names), the counts
+    ``n_entities`` / ``n_relations`` and, when the names of both come to at most :data:`VOCAB_INLINE_BYTES`
+    (``inline``), ``entities`` and ``relations`` (names, sorted), which the API keeps. A larger vocabulary stays
+    here: ``check`` (``{field: triples}``) answers ``unknown``, the first name in them the model does not know
+    (``{"field", "i", "j", "kind", "name"}``, or None); ``query`` (``{"field", "q", "limit"}``) answers
+    ``matched`` and ``names`` as ``GET /models/{name}/vocabulary`` lists them. ``{"missing": True}`` when the files
+    are not in the store, ``{"error": message}`` when one cannot be read as it should."""
     from core.contract.errors import FieldError
     from core.filestore import StoreError, StoreUnavailable
 
@@ -202,14 +210,45 @@ def model_vocab(settings: Settings, entry: dict[str, Any]) -> dict[str, Any]:
     checkpoints = {Path(str(c["file"])).stem for c in ckpts} | {Path(str(c["file"])).name for c in ckpts} \
         | {str(c["epoch"]) for c in ckpts}
     out: dict[str, Any] = {"checkpoints": sorted(checkpoints)}
+    names: dict[str, list[str]] = {}
     for field, rel in (("entities", "data/entities.dict"), ("relations", "data/relations.dict")):
         try:
-            out[field] = _id_names(files.pop(rel).decode("utf-8"))
+            names[field] = _id_names(files.pop(rel).decode("utf-8"))
         except MemoryError:
             raise _too_large(settings, entry, rel) from None
         except UnicodeDecodeError:
             raise FieldError(("body", "model"), f"{name}/{rel} is not UTF-8 text", value=name) from None
+    out.update(n_entities=len(names["entities"]), n_relations=len(names["relations"]))
+    size = sum(len(n.encode()) + 1 for field in names.values() for n in field)
+    out["inline"] = size <= VOCAB_INLINE_BYTES
+    if out["inline"]:
+        out.update(names)
+    if check is not None:
+        out["unknown"] = first_unknown(check, {k: frozenset(v) for k, v in names.items()})
+    if query is not None:
+        out.update(match_names(names[query["field"]], query.get("q"), int(query["limit"])))
     return out
+
+
+def first_unknown(check: dict[str, Any], vocab: dict[str, Any]) -> dict[str, Any] | None:
+    """The first entity or relation of ``check``'s triples (``{field: [[head, relation, tail], ...]}``) that
+    ``vocab`` (``entities`` / ``relations``, sets) does not hold, or None."""
+    for field, triples in check.items():
+        for i, trip in enumerate(triples or []):
+            for j, (value, kind) in enumerate(zip(trip, ("entity", "relation", "entity"), strict=True)):
+                if value not in vocab["relations" if kind == "relation" else "entities"]:
+                    return {"field": field, "i": i, "j": j, "kind": kind, "name": value}
+    return None
+
+
+def match_names(names: Any, q: str | None, limit: int) -> dict[str, Any]:
+    """``matched`` (names holding ``q``, any case) and the first ``limit`` of them, those starting with it first."""
+    ordered = sorted(names)
+    if q:
+        wanted = q.casefold()
+        ordered = sorted((n for n in ordered if wanted in n.casefold()),
+                         key=lambda n: (not n.casefold().startswith(wanted), n))
+    return {"matched": len(ordered), "names": ordered[:limit]}
 
 
 def _model_json(settings: Settings, entry: dict[str, Any], relname: str) -> Any:

@@ -560,7 +560,7 @@ def test_a_shard_trains_the_model_the_parent_planned_whatever_is_stored_later(tm
 
     monkeypatch.setattr(evaluate, "fan_out", fan_out)
     meta = {}
-    ctx = SimpleNamespace(settings=settings, owner="system", set_meta=meta.__setitem__)
+    ctx = SimpleNamespace(settings=settings, owner="system", set_meta=meta.__setitem__, use_shared=list)
     assert evaluate.run_attribution(request, ctx) == "planned"
     assert meta == {evaluate.PLAN_META: {"data_version": ident["data_version"]}}
     assert (seen["kind"], seen["n_items"], seen["shard_size"], seen["retries"]) == ("evaluate_attribution", 4, 1, 1)

@@ -336,7 +336,7 @@ def test_the_reduce_step_fails_when_a_model_is_missing(redis_settings):
     parent = Job.create("workers.runner.execute", args=("evaluate_attribution", {}), connection=conn, id="p",
                         serializer=JSONSerializer, meta={PLAN_META: {"data_version": version}})
     parent.save()
-    ctx = SimpleNamespace(settings=redis_settings, owner="system", device="cpu", job_id="p-reduce",
+    ctx = SimpleNamespace(settings=redis_settings, owner="system", device="cpu", job_id="p-reduce", use_shared=list,
                           job=SimpleNamespace(connection=conn, serializer=JSONSerializer))
     reduce = ReduceRequest[EvaluateAttributionRequest](parent="p", shards=4, request=request)
     with pytest.raises(JobError, match="4 of the evaluation's models are missing") as err:

@@ -264,6 +264,9 @@ class _Ctx:
     def artifacts(self):
         return []
 
+    def use_shared(self, entries):
+        self.used = [*getattr(self, "used", []), *entries]
+
 
 def test_served_trak_defaults_are_the_evaluated_configuration():
     """The request models' defaults are models.kg.trak_config's (the one definition the evaluation's trak runs):

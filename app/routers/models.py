@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse
 from app.deps import caller
 from core import budgets, demo_status, keys, limits, registry
 from core.contract.errors import FieldError
-from core.kinds.tracin import model_vocab
+from core.kinds.tracin import model_vocab, vocab_call
 from core.ownership import sees_model_details, summary_meta
+from core.parsers import match_names
 
 router = APIRouter(tags=["models"])
 
@@ -156,13 +157,12 @@ def model_vocabulary(
                                                      "loc": ["path", "name"]})
     try:
         vocab = model_vocab(settings, name)
+        if vocab["inline"]:
+            found = match_names(vocab[field], q, limit)
+        else:  # a vocabulary too large for the API to keep: filtered where it is read
+            found = vocab_call(settings, vocab, ("path", "name"), query={"field": field, "q": q, "limit": limit})
     except FieldError as exc:
         raise HTTPException(status_code=422, detail=[{"loc": ["path", "name"], "msg": exc.message,
                                                       "type": "value_error", "input": name}]) from None
-    names = sorted(vocab[field])
-    if q:
-        wanted = q.casefold()
-        names = sorted((n for n in names if wanted in n.casefold()),
-                       key=lambda n: (not n.casefold().startswith(wanted), n))
-    return {"model": name, "field": field, "total": len(vocab[field]), "matched": len(names),
-            "names": names[:limit]}
+    return {"model": name, "field": field, "total": vocab["n_" + field], "matched": found["matched"],
+            "names": found["names"]}

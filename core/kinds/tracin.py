@@ -26,7 +26,7 @@ from core.contract.fields import (
 )
 from core.contract.kind import FanOut, JobKind, register
 from core.fanout import too_many_shards
-from core.parsers import raise_if_store_down
+from core.parsers import first_unknown, raise_if_store_down
 from core.settings import Settings
 from core.userfiles import PathError, display, resolve_data_path
 from models.kg import trak_config
@@ -147,8 +147,10 @@ _VOCABS: OrderedDict[str, dict[str, Any]] = OrderedDict()  # model version -> vo
 
 
 def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
-    """Entities, relations and checkpoint names of a registered ConvE model, read from its config.json and id
-    dictionaries in the bounded parser (:func:`core.parsers.model_vocab`); FieldError on ``model``."""
+    """Checkpoint names and the counts of a registered ConvE model's entities and relations, and the names
+    themselves when they are small enough to keep (``inline``), read from its config.json and id dictionaries in
+    the bounded parser (:func:`core.parsers.model_vocab`); FieldError on ``model``. A larger vocabulary is asked
+    again in the parser (:func:`vocab_call`) for each request that needs its names."""
     entry = require_model(settings, model, "conve")
     version = f"{entry.get('location') or entry.get('path')}|{entry.get('created_at')}"
     vocab = _VOCABS.get(version)
@@ -160,19 +162,40 @@ def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
             raise FieldError(("body", "model"), f"model {model!r} has no files in the store", value=model)
         if "error" in answer:
             raise FieldError(("body", "model"), answer["error"], value=model)
-        vocab = {field: frozenset(answer[field]) for field in ("entities", "relations", "checkpoints")}
+        vocab = {"checkpoints": frozenset(answer["checkpoints"]), "inline": bool(answer["inline"]),
+                 "n_entities": int(answer["n_entities"]), "n_relations": int(answer["n_relations"]),
+                 "entry": entry, "model": model}
+        if vocab["inline"]:  # small enough to keep (core.parsers.VOCAB_INLINE_BYTES); a larger one stays there
+            vocab.update(entities=frozenset(answer["entities"]), relations=frozenset(answer["relations"]))
         _VOCABS[version] = vocab
         while len(_VOCABS) > 32:
             _VOCABS.popitem(last=False)
     return vocab
 
 
-def _check_triples(field: str, triples: list[list[str]], vocab: dict[str, Any]) -> None:
-    for i, trip in enumerate(triples):
-        for j, (name, kind) in enumerate(zip(trip, ("entity", "relation", "entity"), strict=True)):
-            known = vocab["relations"] if kind == "relation" else vocab["entities"]
-            if name not in known:
-                raise FieldError(("body", field, i, j), f"unknown {kind} {name!r}", value=name)
+def vocab_call(settings: Settings, vocab: dict[str, Any], loc: tuple, **args: Any) -> dict[str, Any]:
+    """:func:`core.parsers.model_vocab` with ``check`` or ``query``: for a vocabulary the API does not keep."""
+    answer = run_bounded(settings, "model.vocab", {"entry": vocab["entry"], **args}, loc=loc, value=vocab["model"],
+                         shown=f"the files of model {vocab['model']!r}")
+    raise_if_store_down(answer)
+    if answer.get("missing") or "error" in answer:
+        raise FieldError(loc, answer.get("error") or f"model {vocab['model']!r} has no files in the store",
+                         value=vocab["model"])
+    return answer
+
+
+def _check_triples(triples: dict[str, list[list[str]]], vocab: dict[str, Any], settings: Settings) -> None:
+    """Every name of ``triples`` (``{field: triples}``) is one the model knows; FieldError on the first that is not."""
+    triples = {f: t for f, t in triples.items() if t}
+    if not triples:
+        return
+    if vocab["inline"]:
+        unknown = first_unknown(triples, vocab)
+    else:
+        unknown = vocab_call(settings, vocab, ("body", "model"), check=triples)["unknown"]
+    if unknown is not None:
+        raise FieldError(("body", unknown["field"], unknown["i"], unknown["j"]),
+                         f"unknown {unknown['kind']} {unknown['name']!r}", value=unknown["name"])
 
 
 def _read_test_triples_path(req: TracInRequest, settings: Settings) -> None:
@@ -208,13 +231,10 @@ def _check_mode_inputs(req: TracInRequest) -> None:
         raise FieldError(("body", "filter"), "the filter is centred on test_triples; give some", value=None)
 
 
-def _check_triple_names(req: TracInRequest, vocab: dict[str, Any]) -> None:
+def _check_triple_names(req: TracInRequest, vocab: dict[str, Any], settings: Settings) -> None:
     """Every entity and relation of the test and training triples is one the model knows."""
-    if req.test_triples:
-        field = "test_triples_path" if req.test_triples_path is not None else "test_triples"
-        _check_triples(field, req.test_triples, vocab)
-    if req.train_triples:
-        _check_triples("train_triples", req.train_triples, vocab)
+    field = "test_triples_path" if req.test_triples_path is not None else "test_triples"
+    _check_triples({field: req.test_triples, "train_triples": req.train_triples}, vocab, settings)
 
 
 def _check_checkpoints(req: TracInRequest, vocab: dict[str, Any]) -> None:
@@ -299,7 +319,7 @@ def validate(req: TracInRequest, settings: Settings, owner: str = "system") -> N
     if req.test_triples_path is not None:
         _read_test_triples_path(req, settings)
     _check_mode_inputs(req)
-    _check_triple_names(req, vocab)
+    _check_triple_names(req, vocab, settings)
     _check_checkpoints(req, vocab)
     _check_layers(req)
     _check_sizes(req)

@@ -131,3 +131,32 @@ def test_a_huge_classifier_config_is_413_naming_it(env) -> None:
     assert (_status_kib("VmHWM") - before) * 1024 < 32 * MiB
     assert caught.value.message == ("huge-clf/config.json: reading it needed more than 384 MiB of memory "
                                     "(EXPLAINQ_PARSER_MEMORY_BYTES)")
+
+
+def test_a_vocabulary_too_large_to_keep_is_checked_and_listed_in_the_child(env) -> None:
+    """Past ``core.parsers.VOCAB_INLINE_BYTES`` of names the API keeps only the counts: a request's names are
+    checked, and the autocomplete's names filtered, in the bounded parser, per request."""
+    from core import parsers
+    from core.kinds import tracin
+
+    stored = _conve(env, "big-vocab-kg")
+    n = parsers.VOCAB_INLINE_BYTES // 16 + 1000
+    names = [f"entity-{i:010d}" for i in range(n)]  # 17 bytes each with its newline
+    (stored / "data" / "entities.dict").write_text("".join(f"{e}\t{i}\n" for i, e in enumerate(names)))
+    client = env["client"]
+    r = client.get("/models/big-vocab-kg/vocabulary", params={"field": "entities", "q": "entity-00000012",
+                                                              "limit": 3}, headers=ALICE)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["total"] == n and body["matched"] == 100 and body["names"] == names[1200:1203]
+    kept = [v for v in tracin._VOCABS.values() if v["model"] == "big-vocab-kg"]
+    assert kept and not kept[0]["inline"] and "entities" not in kept[0], "the names were kept in the API"
+    r = client.post("/tracin", headers=ALICE, json={"model": "big-vocab-kg", "top_k": 3,
+                                                    "test_triples": [[names[5], "r", names[7]],
+                                                                     [names[1], "r", "nobody"]]})
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["body", "test_triples", 1, 2] and "unknown entity 'nobody'" in err["msg"], err
+    r = client.post("/tracin", headers=ALICE, json={"model": "big-vocab-kg", "top_k": 3,
+                                                    "test_triples": [[names[5], "r", names[7]]]})
+    assert "unknown" not in r.text, r.text

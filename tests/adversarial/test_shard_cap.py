@@ -57,7 +57,7 @@ def test_tracin_counts_the_models_training_triples(client, monkeypatch) -> None:
     from core.kinds import tracin
 
     monkeypatch.setattr(tracin, "model_vocab", lambda settings, model: {
-        "entities": {"a": 0, "b": 1}, "relations": {"r": 0}, "checkpoints": ["ck1"]})
+        "entities": {"a": 0, "b": 1}, "relations": {"r": 0}, "checkpoints": ["ck1"], "inline": True})
     test = {"model": "conve-x", "mode": "test", "test_triples": [["a", "r", "b"]], "top_k": 5}
     r = client.post("/tracin", json={**test, "shard_size": 1})
     assert r.status_code == 422, r.text
