@@ -1,0 +1,183 @@
+"""``POST /evaluate/classifier/attribution`` and ``/evaluate/classifier/mislabel`` on a tiny exported classifier:
+the service's LDS equals the LDS ``models.export.evaluation`` computes directly on the same subset models (the same
+seeds), a fanned-out and a whole run give the same numbers, a second request reuses the stored models, the
+mislabel AUC is the one of the stored self-scores, and a bad field is a 422 naming it."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+LABELS = ["a", "b", "c"]
+SPEC = {"input": {"kind": "tabular", "features": ["f0", "f1", "f2", "f3"], "mean": [0.0] * 4}, "labels": LABELS}
+RECIPE = {"epochs": 2, "batch_size": 8, "lr": 0.1, "checkpoint_every": 1}
+BODY = {"model": "mlp", "dataset": "blobs", "m": 3, "alpha": 0.5, "n_test": 6, "recipe": RECIPE, "seed": 3}
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 6)
+        self.fc2 = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _write_data(home):
+    from safetensors.torch import save_file
+
+    from tests.export_fixtures import export
+
+    torch.manual_seed(0)
+    model = MLP().eval()
+    export(model, torch.randn(2, 4), home / "data" / "mlp" / "model.pt2")
+    (home / "data" / "mlp" / "spec.json").write_text(json.dumps(SPEC))
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(3, 4)) * 2
+    directory = home / "data" / "blobs"
+    directory.mkdir(parents=True)
+    for split, n in (("train", 24), ("test", 8)):
+        y = rng.integers(0, 3, size=n)
+        x = (centres[y] + rng.normal(size=(n, 4))).astype(np.float32)
+        save_file({"inputs": torch.tensor(x), "labels": torch.tensor(y)}, str(directory / f"{split}.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    from tests.service import Service
+
+    home = tmp_path_factory.mktemp("clf-eval") / "home"
+    _write_data(home)
+    with Service(home, heartbeat_ttl_s=30) as service:
+        r = service.client.post("/models/import", json={"name": "mlp", "kind": "export", "path": "mlp"})
+        assert r.status_code == 202, r.text
+        assert service.wait(r.json()["id"], timeout_s=120)["status"] == "succeeded", service.worker_logs()
+        r = service.client.post("/datasets", json={"name": "blobs", "path": "blobs"})
+        assert r.status_code == 201, r.text
+        yield service
+
+
+def _run(svc, route: str, body: dict) -> tuple[dict, dict]:
+    r = svc.client.post(route, json=body)
+    assert r.status_code == 202, r.text
+    job = svc.wait(r.json()["id"], timeout_s=300)
+    assert job["status"] == "succeeded", (job, svc.worker_logs())
+    return job, svc.client.get(f"/jobs/{job['id']}/result").json()
+
+
+def _splits(svc):
+    from models.export.train import read_split
+
+    d = svc.home / "data" / "blobs"
+    return read_split(d / "train.safetensors"), read_split(d / "test.safetensors")
+
+
+def test_lds_equals_the_direct_computation_and_a_second_request_reuses_the_models(svc):
+    from models.export import evaluation as ef
+    from models.export.influence import rows
+    from models.export.train import Split
+    from models.kg import evaluation as ev
+    from models.training import TrainOptions
+
+    job, res = _run(svc, "/evaluate/classifier/attribution", {**BODY, "estimators": ["tracin", "graddot", "random"]})
+    assert res["shards"] == {"total": 4, "failed": []} and res["trainings"] == 4  # 3 subset models + full model
+    assert res["seeds"] == ev.subset_seeds(3, 3) and res["train_seeds"] == ev.subset_train_seeds(3, 3)
+    assert str(svc.home) not in json.dumps(res)
+
+    # directly: the same subset models and full-data model, trained by models.export.evaluation with the same seeds
+    train, test = _splits(svc)
+    init = svc.home / "data" / "mlp" / "model.pt2"
+    opts = TrainOptions(**{**RECIPE, "optimizer": "sgd", "momentum": 0.9, "weight_decay": 0.0, "seed": 0})
+    sel = ev.test_selection(len(test.labels), 6, 3)
+    tsel = Split(test.inputs[torch.from_numpy(sel)], test.labels[torch.from_numpy(sel)])
+    subs = [ef.train_subset(init, SPEC, train, opts, 0.5, s, t, tsel)
+            for s, t in zip(res["seeds"], res["train_seeds"], strict=True)]
+    masks, outputs = np.stack([s["mask"] for s in subs]), np.stack([s["outputs"] for s in subs])
+    gt = np.load(io.BytesIO(svc.artifact(job["id"], "ground_truth.npz")))
+    np.testing.assert_array_equal(gt["masks"], masks)
+    np.testing.assert_array_equal(gt["outputs"], outputs)
+    full = svc.home / "direct-full"
+    ef.train_recipe(init, SPEC, train, opts, ev.full_model_seed(3, 0), out=full)
+    clf = ef.read_classifier(full)
+    want = ef.lds_report(clf, masks, outputs, rows(tsel.inputs, tsel.labels), rows(train.inputs, train.labels),
+                         ["tracin", "graddot", "random"], 3)
+    for name in ("tracin", "graddot", "random"):
+        assert res["estimators"][name]["per_test"] == want[name]["per_test"], name
+        assert res["estimators"][name]["lds"] == want[name]["lds"], name
+    assert res["estimators"]["graddot"]["ratio_to_tracin"] == want["graddot"]["ratio_to_tracin"]
+    assert res["estimators"]["tracin"]["output"] == "margin"
+
+    # the same evaluation again: every model is stored, it runs whole and trains nothing, the same numbers
+    job2, res2 = _run(svc, "/evaluate/classifier/attribution", {**BODY, "estimators": ["tracin", "graddot", "random"]})
+    assert res2["shards"] is None and res2["trainings"] == 0 and res2["ground_truth"]["reused"] == 4
+    assert not job2.get("shards")
+    for name in ("tracin", "graddot", "random"):
+        assert res2["estimators"][name]["per_test"] == res["estimators"][name]["per_test"]
+        assert res2["estimators"][name]["lds"] == res["estimators"][name]["lds"]
+        assert res2["estimators"][name].get("ratio_to_tracin") == res["estimators"][name].get("ratio_to_tracin")
+
+
+def test_the_noise_ceiling_trains_the_replicates_only(svc):
+    from models.kg import evaluation as ev
+
+    _, res = _run(svc, "/evaluate/classifier/attribution", {**BODY, "seed": 4, "estimators": ["tracin"],
+                                                             "replicates": True})
+    assert res["trainings"] == 7 and res["replicate_seeds"] == ev.subset_replicate_seeds(4, 3)
+    ceiling = res["noise_ceiling"]
+    assert ceiling is not None and len(ceiling["per_test"]) == res["n_test"]
+
+
+def test_mislabel_auc_is_the_stored_self_scores_auc(svc):
+    from models.export import evaluation as ef
+    from models.kg import evaluation as ev
+
+    body = {"model": "mlp", "dataset": "blobs", "recipe": RECIPE, "fraction": 0.25, "seed": 2,
+            "estimators": ["tracin", "random"]}
+    job, res = _run(svc, "/evaluate/classifier/mislabel", body)
+    train, _ = _splits(svc)
+    _, flipped = ef.flip_labels(train.labels, 3, 0.25, 2)
+    assert res["flipped"] == flipped.tolist() and res["n_flipped"] == 6 and res["trainings"] == 1
+    saved = np.load(io.BytesIO(svc.artifact(job["id"], "self_scores.npz")))
+    truth = np.zeros(24, dtype=bool)
+    truth[flipped] = True
+    for name in ("tracin", "random"):
+        auc = res["estimators"][name]["auc_interval"]
+        assert auc["auc"] == ev.roc_auc(truth, saved[name])
+        assert auc == {**ef.auc_interval(truth, saved[name], 2), "n_resamples": ev.N_RESAMPLES}
+    _, again = _run(svc, "/evaluate/classifier/mislabel", body)
+    assert again["trainings"] == 0 and again["estimators"] == res["estimators"] | {
+        n: {**e, "seconds": again["estimators"][n]["seconds"]} for n, e in res["estimators"].items()}
+
+
+@pytest.mark.parametrize("route, body, loc", [
+    ("attribution", {"m": 2}, ["body", "m"]),
+    ("attribution", {"alpha": 1.0}, ["body", "alpha"]),
+    ("attribution", {"recipe": {"epochs": 0}}, ["body", "recipe", "epochs"]),
+    ("attribution", {"estimators": ["tracin_adam"]}, ["body", "estimators", 0]),
+    ("attribution", {"estimators": ["tracin", "tracin"]}, ["body", "estimators", 1]),
+    ("attribution", {"model": "nope"}, ["body", "model"]),
+    ("attribution", {"dataset": "nope"}, ["body", "dataset"]),
+    ("attribution", {"m": 256, "recipe": {"epochs": 200}}, ["body", "m"]),
+    ("mislabel", {"fraction": 0.9}, ["body", "fraction"]),
+    ("mislabel", {"estimators": ["trak_ensemble"]}, ["body", "estimators", 0]),
+])
+def test_a_bad_field_is_a_422_naming_it(svc, route, body, loc):
+    base = {"model": "mlp", "dataset": "blobs"}
+    r = svc.client.post(f"/evaluate/classifier/{route}", json={**base, **body})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    locs = [d["loc"] for d in detail] if isinstance(detail, list) else [detail["loc"]]
+    assert loc in locs, detail
+
+
+def test_the_estimate_counts_every_training(svc):
+    r = svc.client.post("/kinds/evaluate_classifier_attribution/estimate",
+                        json={**BODY, "replicates": True, "estimators": ["tracin", "trak_ensemble"], "ensemble": 2})
+    assert r.status_code == 200, r.text
+    est = r.json()
+    assert est["trainings"] == 3 + 3 + 1 + 2, est
