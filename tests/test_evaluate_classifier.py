@@ -66,6 +66,8 @@ def _run(svc, route: str, body: dict) -> tuple[dict, dict]:
     r = svc.client.post(route, json=body)
     assert r.status_code == 202, r.text
     job = svc.wait(r.json()["id"], timeout_s=300)
+    if job["status"] != "succeeded":
+        open("/tmp/wl.txt", "w").write(svc.worker_logs())
     assert job["status"] == "succeeded", (job, svc.worker_logs())
     return job, svc.client.get(f"/jobs/{job['id']}/result").json()
 

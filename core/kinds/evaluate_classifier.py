@@ -34,11 +34,14 @@ from core.kinds.train_classifier import (
     HF_KIND,
     MAX_EXAMPLE_STEPS,
     MODEL_KIND,
+    TEXT_DATASET_KIND,
     dataset_counts,
+    fine_tune_bytes,
 )
 from core.memory import gib
 from core.placement import memory_budget
 from core.settings import Settings
+from models.textdata import label_indices
 
 EstimatorName = estimators.choices(classifier_evaluated=True)
 DEFAULT_ESTIMATORS = ["tracin", "trak", "graddot", "random"]
@@ -64,6 +67,9 @@ class ClassifierRecipe(RequestModel):
                                   json_schema_extra=ADVANCED,
                                   description="The full-data model keeps a checkpoint every this many epochs and "
                                   "at the last one: the checkpoints the estimators sum over")
+    max_length: int = Field(128, ge=2, le=4096, title="Tokens per text", json_schema_extra=ADVANCED,
+                            description="Hugging Face classifiers: each text is cut to this many tokens, in training "
+                            "and in the estimators")
     seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Full-data model's seed", json_schema_extra=ADVANCED,
                       description="Mixed with the evaluation's seed into the full-data model's training seed (a "
                       "mislabel evaluation's model likewise)")
@@ -75,12 +81,13 @@ def _estimators_field(default: list[str], note: str) -> Any:
 
 
 class _ClassifierEvaluateRequest(JobRequest):
-    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Exported classifier",
-                       description="A registered exported classifier: its program and its weights are where every "
-                       "model of the evaluation starts training")
-    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Tensors dataset",
-                         description="A registered tensors dataset of the model's input (train.safetensors; an LDS "
-                         "evaluation also needs test.safetensors), or such a directory under the data roots")
+    model: str = Field(..., min_length=1, max_length=limits.MAX_NAME_LENGTH, title="Classifier",
+                       description="A registered exported classifier or Hugging Face classifier: its architecture "
+                       "and its weights are where every model of the evaluation starts training")
+    dataset: str = Field(..., min_length=1, max_length=limits.MAX_PATH_LENGTH, title="Training data",
+                         description="A registered dataset of the model's input: tensors (train.safetensors) for an "
+                         "exported classifier, texts (train.csv or train.jsonl) for a Hugging Face one; an LDS "
+                         "evaluation also needs its test split. Or such a directory under the data roots")
     recipe: ClassifierRecipe = Field(default_factory=ClassifierRecipe, title="Training recipe",
                                      description="How every model of the evaluation is trained")
     estimators: list[EstimatorName] = _estimators_field(DEFAULT_ESTIMATORS, "")
@@ -122,25 +129,41 @@ class EvaluateClassifierMislabelRequest(_ClassifierEvaluateRequest):
 def _check_common(req: _ClassifierEvaluateRequest, settings: Settings, owner: str) -> dict[str, Any]:
     """The checks both kinds share; returns the dataset's counts (with the model's entry under ``entry``)."""
     entry = require_model(settings, req.model, MODEL_KIND, kind_label="an exported classifier", also=(HF_KIND,))
-    if entry["kind"] == HF_KIND:
-        raise FieldError(("body", "model"), f"model {req.model!r} is a Hugging Face classifier; the classifier "
-                         "evaluations train exported classifiers", value=req.model)
-    counts = dataset_counts(settings, req.dataset, owner, MODEL_KIND)
-    spec = model_spec(entry)
-    shape = list(spec["input"]["shape"][1:]) if spec is not None and "shape" in spec["input"] else None
-    if shape is not None and counts.get("input_shape") not in (None, shape):
-        raise FieldError(("body", "dataset"), f"the dataset's inputs are {counts['input_shape']} per example; model "
-                         f"{req.model!r} takes {shape}", value=req.dataset)
+    kind = entry["kind"]
+    counts = dataset_counts(settings, req.dataset, owner, kind)
+    if kind == MODEL_KIND:
+        spec = model_spec(entry)
+        shape = list(spec["input"]["shape"][1:]) if spec is not None and "shape" in spec["input"] else None
+        if shape is not None and counts.get("input_shape") not in (None, shape):
+            raise FieldError(("body", "dataset"), f"the dataset's inputs are {counts['input_shape']} per example; "
+                             f"model {req.model!r} takes {shape}", value=req.dataset)
+    else:
+        classes = class_names(settings, entry)
+        if classes and counts.get("labels"):
+            indices, bad = label_indices([str(v) for v in counts["labels"]], classes)
+            if indices is None:
+                raise FieldError(("body", "dataset"), f"the dataset's labels {bad} are not classes of model "
+                                 f"{req.model!r}", value=req.dataset)
     seen: set[str] = set()
     for i, name in enumerate(req.estimators):
         if name in seen:
             raise FieldError(("body", "estimators", i), f"estimator {name!r} is named twice", value=name)
         seen.add(name)
-        if name == "ekfac":
+        if name == "ekfac" and kind == MODEL_KIND:
             problem = kfac_problem(settings, entry)
             if problem is not None:
                 raise FieldError(("body", "estimators", i), f"model {req.model!r}: {problem}", value=name)
     parameters = int(entry.get("parameters") or 0)
+    if kind == HF_KIND:
+        r = req.recipe
+        need = fine_tune_bytes(parameters, (entry.get("meta") or {}).get("dims") or {}, r.batch_size, r.max_length)
+        budget = memory_budget(settings, need)
+        if budget and need > budget:
+            raise FieldError(("body", "recipe", "batch_size"), f"fine-tuning model {req.model!r} ({parameters:,} "
+                             f"parameters) on batches of {r.batch_size} texts of up to {r.max_length} tokens would "
+                             f"need about {gib(need)} of worker memory, more than the {gib(budget)} a worker offers",
+                             value=r.batch_size)
+        return {**counts, "entry": entry}
     values = sum(int(counts.get(s) or 0) for s in ("train", "valid", "test")) * math.prod(counts.get("input_shape")
                                                                                         or [1])
     need = values * BYTES_PER_VALUE + parameters * BYTES_PER_PARAMETER
@@ -219,8 +242,7 @@ def attribution_size(req: EvaluateClassifierAttributionRequest, settings: Settin
     ``ceil(alpha x n_train)`` examples (``m`` more with ``replicates``), the full-data model, the ensemble
     members; the stored model directories (weights and checkpoints), the ground truth and the scores."""
     validate_attribution(req, settings, owner)
-    counts = {**dataset_counts(settings, req.dataset, owner, MODEL_KIND), "entry": require_model(
-        settings, req.model, MODEL_KIND)}
+    counts = _check_common(req, settings, owner)
     n, n_test_split = int(counts["train"]), int(counts.get("test") or 0)
     params = int(counts["entry"].get("parameters") or 0)
     subset = min(n, max(1, math.ceil(req.alpha * n)))
@@ -243,8 +265,7 @@ def mislabel_size(req: EvaluateClassifierMislabelRequest, settings: Settings,
     """What a mislabel evaluation trains and writes: one model of the flipped labels, each estimator's
     self-scores."""
     validate_mislabel(req, settings, owner)
-    counts = {**dataset_counts(settings, req.dataset, owner, MODEL_KIND), "entry": require_model(
-        settings, req.model, MODEL_KIND)}
+    counts = _check_common(req, settings, owner)
     n, params = int(counts["train"]), int(counts["entry"].get("parameters") or 0)
     disk = {"models": (1 + _checkpoints(req.recipe)) * params * estimates.FLOAT_BYTES,
             "artifacts": len(req.estimators) * n * 8}
@@ -252,7 +273,7 @@ def mislabel_size(req: EvaluateClassifierMislabelRequest, settings: Settings,
                                     params, disk, REUSE)
 
 
-PICKERS = {"model": ("models", MODEL_KIND), "dataset": ("datasets", DATASET_KIND)}
+PICKERS = {"model": ("models", (MODEL_KIND, HF_KIND)), "dataset": ("datasets", (DATASET_KIND, TEXT_DATASET_KIND))}
 
 register(JobKind(
     name="evaluate_classifier_attribution",

@@ -40,7 +40,7 @@ from core.kinds.evaluate_classifier import (
     EvaluateClassifierAttributionRequest,
     EvaluateClassifierMislabelRequest,
 )
-from core.kinds.train_classifier import DATASET_KIND, MODEL_KIND
+from core.kinds.train_classifier import DATASET_KINDS, HF_KIND, MODEL_KIND
 from core.userfiles import files_for
 from workers.context import JobContext, JobError
 from workers.context import json_safe as _clean
@@ -56,38 +56,149 @@ OUTPUT = "margin log p / (1 - p) of the test example's label (TRAK's classificat
 
 # ------------------------------------------------------------------------------------------------ shared
 class Inputs:
-    """The evaluation's model (its initial program and spec) and data (splits), with their digests."""
+    """The evaluation's model (the program and spec, or the Hugging Face checkpoint, every model starts from) and
+    data (its splits), with their digests, and what each family does with them (train, load, rows)."""
 
     def __init__(self, ctx: JobContext, model: str, dataset: str) -> None:
-        from models.export import evaluation as ef
-        from models.export.train import read_split
-
         entry = registry.get_model(ctx.settings, model)
-        if entry is None or entry.get("kind") != MODEL_KIND:
-            raise JobError("unknown_model", f"model {model!r} is not a registered exported classifier")
-        source = registry.local_path(ctx.settings, entry)
-        self.init = source / "model.pt2"
-        spec_bytes = (source / "spec.json").read_bytes()
-        self.spec = json.loads(spec_bytes)
-        h = hashlib.sha256(self.init.read_bytes())
-        h.update(b"\0" + spec_bytes)
+        if entry is None or entry.get("kind") not in (MODEL_KIND, HF_KIND):
+            raise JobError("unknown_model", f"model {model!r} is not a registered exported or Hugging Face "
+                           "classifier")
+        self.ctx, self.hf = ctx, entry["kind"] == HF_KIND
+        self.source = registry.local_path(ctx.settings, entry)
+        h = hashlib.sha256()
+        for f in sorted(p for p in Path(self.source).iterdir() if p.is_file() and p.name != "checkpoints.json"):
+            h.update(f"\0{f.name}\0".encode())
+            h.update(f.read_bytes())
         self.model_version = h.hexdigest()
-        ref = dataset_refs.resolve(ctx.settings, dataset, ctx.owner, DATASET_KIND)
+        ref = dataset_refs.resolve(ctx.settings, dataset, ctx.owner, DATASET_KINDS[entry["kind"]])
         directory = registry.absolute_path(ctx.settings, ref.entry) if ref.entry is not None else ref.path
         files = files_for(ctx.settings, directory)
         try:
-            self.splits = {s: read_split(directory / f"{s}.safetensors", files)
-                           for s in ("train", "valid", "test") if (directory / f"{s}.safetensors").is_file()}
+            if self.hf:
+                from models.textdata import read_split, split_files
+
+                self.splits = {s: read_split(f, files) for s, f in split_files(directory).items()}
+            else:
+                from models.export.train import read_split
+
+                self.splits = {s: read_split(directory / f"{s}.safetensors", files)
+                               for s in ("train", "valid", "test") if (directory / f"{s}.safetensors").is_file()}
         except (ValueError, OSError) as exc:
             raise JobError("bad_dataset", f"dataset {dataset!r}: {exc}") from None
         if "train" not in self.splits:
             raise JobError("bad_dataset", f"dataset {dataset!r} has no train split")
-        self.data_version = ef.data_version(self.splits)
-        self.n_classes = len(self.spec.get("labels") or [])
+        h = hashlib.sha256()
+        for name in sorted(self.splits):
+            split = self.splits[name]
+            h.update(f"\0{name}\0".encode())
+            if self.hf:
+                h.update(json.dumps([split.texts, split.labels]).encode())
+            else:
+                from models.export import evaluation as ef
+
+                h.update(ef.data_version({name: split}).encode())
+        self.data_version = h.hexdigest()
+        if self.hf:
+            self.classes = [str(c) for c in (entry.get("meta") or {}).get("labels") or []]
+        else:
+            self.spec = json.loads((Path(self.source) / "spec.json").read_text())
+            self.classes = [str(c) for c in self.spec.get("labels") or []]
+        self.n_classes = len(self.classes)
 
     @property
     def train(self) -> Any:
         return self.splits["train"]
+
+    def size(self, split: Any) -> int:
+        return len(split.labels)
+
+    def take(self, split: Any, positions: Any) -> Any:
+        """The examples of ``split`` at ``positions`` (an int array)."""
+        if self.hf:
+            from models.hf.evaluation import subset
+
+            return subset(split, positions)
+        import torch
+
+        idx = torch.from_numpy(positions)
+        return type(split)(split.inputs[idx], split.labels[idx])
+
+    def label_indices(self, split: Any) -> Any:
+        """``int64[N]`` tensor: each example's class index."""
+        if not self.hf:
+            return split.labels
+        import torch
+
+        from models.hf.evaluation import labels_of
+
+        try:
+            return torch.tensor(labels_of(split, self.classes), dtype=torch.long)
+        except ValueError as exc:
+            raise JobError("bad_dataset", str(exc)) from None
+
+    def relabelled(self, split: Any, labels: Any) -> Any:
+        """``split`` with the class indices ``labels``."""
+        if self.hf:
+            from models.textdata import TextSplit
+
+            return TextSplit(list(split.texts), [self.classes[int(i)] for i in labels])
+        return type(split)(split.inputs, labels)
+
+    def train_model(self, data: Any, opts: Any, seed: int, out: Path) -> None:
+        if self.hf:
+            from models.hf.evaluation import train_recipe
+
+            train_recipe(Path(self.source), data, opts, seed, out=out, device=self.ctx.device)
+        else:
+            from models.export.evaluation import train_recipe
+
+            train_recipe(Path(self.source) / "model.pt2", self.spec, data, opts, seed, out=out)
+
+    def train_subset(self, opts: Any, alpha: float, seed: int, train_seed: int, test: Any) -> dict[str, Any]:
+        if self.hf:
+            from models.hf.evaluation import train_subset
+
+            return train_subset(Path(self.source), self.train, opts, alpha, seed, train_seed, test, self.ctx.device)
+        from models.export.evaluation import train_subset as train_program_subset
+
+        return train_program_subset(Path(self.source) / "model.pt2", self.spec, self.train, opts, alpha, seed,
+                                    train_seed, test)
+
+    def load(self, directory: Path, name: str) -> tuple[Any, Any]:
+        """The estimators' ``Classifier`` of a stored model directory, and what :meth:`rows` needs of it."""
+        if self.hf:
+            from models.hf.evaluation import read_classifier
+
+            return read_classifier(directory, name, self.ctx.device)
+        from models.export.evaluation import read_classifier as read_program
+
+        return read_program(directory, name, self.ctx.device), None
+
+    def rows(self, split: Any, loaded: Any, max_length: int) -> Any:
+        try:
+            if self.hf:
+                from models.hf.evaluation import rows as text_rows
+
+                return text_rows(loaded, split, max_length)
+            from models.export.influence import rows
+
+            return rows(split.inputs, split.labels)
+        except ValueError as exc:
+            raise JobError("bad_dataset", str(exc)) from None
+
+    def accuracy(self, directory: Path, max_length: int) -> dict[str, float | None]:
+        if self.hf:
+            from models.hf.checkpoint import load
+            from models.hf.train import Encoded, accuracy
+
+            clf = load(directory, self.ctx.device)
+            return {s: accuracy(clf, Encoded(clf, d, max_length, s)) for s, d in self.splits.items()}
+        from models.export.program import load as load_program
+        from models.export.train import accuracy as program_accuracy
+
+        program = load_program(directory, self.ctx.device)
+        return {s: program_accuracy(program, d) for s, d in self.splits.items()}
 
 
 def _recipe(recipe: ClassifierRecipe) -> dict[str, Any]:
@@ -106,12 +217,10 @@ def _model_key(digest: str) -> str:
 
 def _train_model(ctx: JobContext, inputs: Inputs, data: Any, recipe: dict[str, Any], key: str,
                  extra: dict[str, Any] | None = None) -> None:
-    """The recipe from the initial program on ``data`` into the store at ``key`` (a model directory)."""
-    from models.export.evaluation import train_recipe
-
+    """The recipe from the initial model on ``data`` into the store at ``key`` (a model directory)."""
     staging = ctx.settings.work_dir / f"eval-clf-{uuid.uuid4().hex[:12]}"
     try:
-        train_recipe(inputs.init, inputs.spec, data, _options({**recipe, "seed": 0}), recipe["seed"], out=staging)
+        inputs.train_model(data, _options({**recipe, "seed": 0}), recipe["seed"], staging)
         for name, value in (extra or {}).items():
             (staging / name).write_text(json.dumps(value))
         store = get_store(ctx.settings)
@@ -124,21 +233,17 @@ def _train_model(ctx: JobContext, inputs: Inputs, data: Any, recipe: dict[str, A
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _load_model(ctx: JobContext, key: str, name: str) -> Any:
-    from models.export.evaluation import read_classifier
+def _load_model(ctx: JobContext, inputs: Inputs, key: str, name: str) -> tuple[Any, Any]:
+    try:
+        return inputs.load(get_store(ctx.settings).local_dir(key), name)
+    except (ValueError, OSError) as exc:
+        raise JobError("invalid_model", f"the stored model {key.rsplit('/', 1)[-1]}: {exc}") from None
 
-    return read_classifier(get_store(ctx.settings).local_dir(key), name, ctx.device)
 
-
-def _model_ref(ctx: JobContext, inputs: Inputs, key: str, seed: int) -> dict[str, Any]:
-    from models.export.program import load
-    from models.export.train import accuracy
-
+def _model_ref(ctx: JobContext, inputs: Inputs, key: str, seed: int, max_length: int) -> dict[str, Any]:
     directory = get_store(ctx.settings).local_dir(key)
     listed = json.loads((Path(directory) / "checkpoints.json").read_text())
-    program = load(Path(directory), ctx.device)
-    return {"key": key.rsplit("/", 1)[-1], "seed": seed,
-            "accuracy": {s: accuracy(program, d) for s, d in inputs.splits.items()},
+    return {"key": key.rsplit("/", 1)[-1], "seed": seed, "accuracy": inputs.accuracy(Path(directory), max_length),
             "checkpoints": [{"epoch": c["epoch"], "lr": c["lr"]} for c in listed]}
 
 
@@ -206,15 +311,15 @@ def _train_item(ctx: JobContext, request: EvaluateClassifierAttributionRequest, 
         ctx.progress(0, 1, "models", message=f"ensemble member {j + 1}/{len(ident['members'])}")
         _train_model(ctx, inputs, inputs.train, ident["member_recipes"][j], _model_key(ident["members"][j]))
         return True
-    from models.export.evaluation import train_subset
-
     m = request.m
     index, replicate = (item - m, True) if item >= m else (item, False)
     seed = ident["seeds"][index]
     train_seed = ident["replicate_seeds" if replicate else "train_seeds"][index]
     ctx.progress(0, 1, "models", message=f"{'replicate of ' if replicate else ''}subset model {index + 1}/{m}")
-    out = train_subset(inputs.init, inputs.spec, inputs.train, _options(_recipe(request.recipe)), request.alpha,
-                       seed, train_seed, _test(inputs))
+    try:
+        out = inputs.train_subset(_options(_recipe(request.recipe)), request.alpha, seed, train_seed, _test(inputs))
+    except ValueError as exc:
+        raise JobError("bad_dataset", str(exc)) from None
     buf = io.BytesIO()
     np.savez(buf, mask=out["mask"], outputs=out["outputs"], seed=np.int64(seed), index=np.int64(index),
              train_seed=np.int64(train_seed))
@@ -315,22 +420,20 @@ def _finish_lds(ctx: JobContext, request: EvaluateClassifierAttributionRequest, 
     """The estimators' LDS on the stored ground truth (whole or in the reduce step: the same code, the same
     result); its files written at ``path_of(name)``."""
     import numpy as np
-    import torch
 
     from models.export.evaluation import lds_report
-    from models.export.influence import rows
     from models.kg.evaluation import LDS_DESIGN, noise_ceiling, test_selection, underpowered
 
     m, seed, names = request.m, request.seed, list(request.estimators)
     masks, outputs = load_ground_truth(ctx.settings, ident, m)
-    clf = _load_model(ctx, _model_key(ident["full"]), request.model)
-    members = [_load_model(ctx, _model_key(k), f"{request.model} member {j + 1}")
+    clf, loaded = _load_model(ctx, inputs, _model_key(ident["full"]), request.model)
+    members = [_load_model(ctx, inputs, _model_key(k), f"{request.model} member {j + 1}")[0]
                for j, k in enumerate(ident["members"])]
     test = _test(inputs)
     sel = test_selection(len(test.labels), request.n_test, seed)
-    idx = torch.from_numpy(sel)
-    test_rows = rows(test.inputs[idx], test.labels[idx])
-    train_rows = rows(inputs.train.inputs, inputs.train.labels)
+    max_length = request.recipe.max_length
+    test_rows = inputs.rows(inputs.take(test, sel), loaded, max_length)
+    train_rows = inputs.rows(inputs.train, loaded, max_length)
 
     def progress(done: int, total: int, message: str) -> None:
         ctx.progress(done, total, "estimators", message=message)
@@ -352,7 +455,7 @@ def _finish_lds(ctx: JobContext, request: EvaluateClassifierAttributionRequest, 
     result = {
         "metric": "lds", "model": request.model, "model_version": inputs.model_version, "dataset": request.dataset,
         "data_version": inputs.data_version, "recipe": _recipe(request.recipe), "seed": seed,
-        "n_train": len(inputs.train.labels), "trainings": trainings, "m": m, "alpha": request.alpha,
+        "n_train": inputs.size(inputs.train), "trainings": trainings, "m": m, "alpha": request.alpha,
         "design": LDS_DESIGN, "seeds": ident["seeds"], "train_seeds": ident["train_seeds"],
         "replicate_seeds": ident["replicate_seeds"] if request.replicates else None,
         "subset_size": int(masks[0].sum()), "n_test": len(sel), "test_index": sel.tolist(), "output": OUTPUT,
@@ -361,7 +464,8 @@ def _finish_lds(ctx: JobContext, request: EvaluateClassifierAttributionRequest, 
         "noise_ceiling": ceiling,
         "ensemble": {"members": len(members), "seeds": [r["seed"] for r in ident["member_recipes"]],
                      "models": ident["members"]},
-        "full_model": _model_ref(ctx, inputs, _model_key(ident["full"]), ident["full_recipe"]["seed"]),
+        "full_model": _model_ref(ctx, inputs, _model_key(ident["full"]), ident["full_recipe"]["seed"],
+                                 max_length),
         "estimators": report, "shards": shards, "warnings": underpowered(report),
     }
     return ClassifierLdsResult.model_validate(_clean(result))
@@ -372,15 +476,14 @@ def run_mislabel(request: EvaluateClassifierMislabelRequest, ctx: JobContext) ->
     import numpy as np
 
     from models.export.evaluation import flip_labels, mislabel_report
-    from models.export.influence import rows
-    from models.export.train import Split
     from models.kg import evaluation as ev
 
     inputs = Inputs(ctx, request.model, request.dataset)
     if inputs.n_classes < 2:
         raise JobError("invalid_model", f"model {request.model!r} has fewer than two classes")
-    labels, flipped = flip_labels(inputs.train.labels, inputs.n_classes, request.fraction, request.seed)
-    data = Split(inputs.train.inputs, labels)
+    labels, flipped = flip_labels(inputs.label_indices(inputs.train), inputs.n_classes, request.fraction,
+                                  request.seed)
+    data = inputs.relabelled(inputs.train, labels)
     recipe = {**_recipe(request.recipe), "seed": ev.full_model_seed(request.seed, request.recipe.seed)}
     key = _model_key(ev.content_key(what="classifier-mislabel", recipe=recipe, model=inputs.model_version,
                                     data=inputs.data_version, fraction=request.fraction, seed=request.seed))
@@ -392,7 +495,7 @@ def run_mislabel(request: EvaluateClassifierMislabelRequest, ctx: JobContext) ->
         ctx.progress(0, 1, "models", message="model of the flipped labels")
         _train_model(ctx, inputs, data, recipe, key, extra={"flipped.json": record})
         trainings = 1
-    clf = _load_model(ctx, key, request.model)
+    clf, loaded = _load_model(ctx, inputs, key, request.model)
     stored = json.loads((Path(store.local_dir(key)) / "flipped.json").read_text())
     if stored != record:
         raise JobError("cache_mismatch", "the stored model of the flipped labels does not match this request's "
@@ -403,7 +506,7 @@ def run_mislabel(request: EvaluateClassifierMislabelRequest, ctx: JobContext) ->
 
     self_scores: dict[str, Any] = {}
     try:
-        report = mislabel_report(clf, rows(data.inputs, data.labels), flipped, list(request.estimators),
+        report = mislabel_report(clf, inputs.rows(data, loaded, request.recipe.max_length), flipped, list(request.estimators),
                                  request.seed, progress=progress, scores=self_scores)
     except ValueError as exc:
         raise JobError("estimator_failed", str(exc)) from None
@@ -415,7 +518,7 @@ def run_mislabel(request: EvaluateClassifierMislabelRequest, ctx: JobContext) ->
         "dataset": request.dataset, "data_version": inputs.data_version, "recipe": _recipe(request.recipe),
         "seed": request.seed, "n_train": len(labels), "trainings": trainings, "fraction": request.fraction,
         "n_flipped": int(len(flipped)), "flipped": flipped.tolist(),
-        "mislabel_model": _model_ref(ctx, inputs, key, recipe["seed"]), "estimators": report,
+        "mislabel_model": _model_ref(ctx, inputs, key, recipe["seed"], request.recipe.max_length), "estimators": report,
     }))
     ctx.artifact_path("result.json").write_text(_result_file(result))
     return result.model_copy(update={"artifacts": _artifacts(ctx.artifacts())})

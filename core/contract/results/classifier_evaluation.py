@@ -38,6 +38,7 @@ class ClassifierRecipeEcho(ResultModel):
     momentum: float
     weight_decay: float
     checkpoint_every: int
+    max_length: int
     seed: int
 
 
