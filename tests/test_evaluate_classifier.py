@@ -1,7 +1,8 @@
 """``POST /evaluate/classifier/attribution`` and ``/evaluate/classifier/mislabel`` on a tiny exported classifier:
 the service's LDS equals the LDS ``models.export.evaluation`` computes directly on the same subset models (the same
 seeds), a fanned-out and a whole run give the same numbers, a second request reuses the stored models, the
-mislabel AUC is the one of the stored self-scores, and a bad field is a 422 naming it."""
+mislabel AUC is the one of the stored self-scores, and a bad field is a 422 naming it; the same for a tiny
+Hugging Face classifier (``models.hf.evaluation``)."""
 
 from __future__ import annotations
 
@@ -66,8 +67,6 @@ def _run(svc, route: str, body: dict) -> tuple[dict, dict]:
     r = svc.client.post(route, json=body)
     assert r.status_code == 202, r.text
     job = svc.wait(r.json()["id"], timeout_s=300)
-    if job["status"] != "succeeded":
-        open("/tmp/wl.txt", "w").write(svc.worker_logs())
     assert job["status"] == "succeeded", (job, svc.worker_logs())
     return job, svc.client.get(f"/jobs/{job['id']}/result").json()
 
@@ -164,6 +163,8 @@ def test_mislabel_auc_is_the_stored_self_scores_auc(svc):
     ("attribution", {"m": 2}, ["body", "m"]),
     ("attribution", {"alpha": 1.0}, ["body", "alpha"]),
     ("attribution", {"recipe": {"epochs": 0}}, ["body", "recipe", "epochs"]),
+    ("attribution", {"recipe": {"max_length": 1}}, ["body", "recipe", "max_length"]),
+    ("attribution", {"recipe": {"optimizer": "lbfgs"}}, ["body", "recipe", "optimizer"]),
     ("attribution", {"estimators": ["tracin_adam"]}, ["body", "estimators", 0]),
     ("attribution", {"estimators": ["tracin", "tracin"]}, ["body", "estimators", 1]),
     ("attribution", {"model": "nope"}, ["body", "model"]),
@@ -187,3 +188,70 @@ def test_the_estimate_counts_every_training(svc):
     assert r.status_code == 200, r.text
     est = r.json()
     assert est["trainings"] == 3 + 3 + 1 + 2, est
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face
+@pytest.fixture(scope="module")
+def svc_text(tmp_path_factory):
+    from tests.hf_fixtures import save_classifier
+    from tests.service import Service
+    from tests.test_hf_train import _write_csv
+
+    home = tmp_path_factory.mktemp("clf-eval-text") / "home"
+    save_classifier(home / "data" / "bert", "bert", hidden=32, scale=None)
+    _write_csv(home / "data" / "reviews", {"train": 16, "test": 6})
+    with Service(home, heartbeat_ttl_s=30) as service:
+        r = service.client.post("/models/import", json={"name": "bert", "kind": "huggingface", "path": "bert"})
+        assert r.status_code == 202, r.text
+        assert service.wait(r.json()["id"], timeout_s=120)["status"] == "succeeded", service.worker_logs()
+        r = service.client.post("/datasets", json={"name": "reviews", "path": "reviews"})
+        assert r.status_code == 201, r.text
+        yield service
+
+
+TEXT_RECIPE = {"epochs": 1, "batch_size": 8, "optimizer": "adamw", "lr": 5e-3, "max_length": 16}
+
+
+@pytest.mark.slow
+def test_a_hugging_face_lds_equals_the_direct_computation_and_its_mislabel_auc_the_stored_scores(svc_text):
+    from models.hf import evaluation as hf_ev
+    from models.kg import evaluation as ev
+    from models.textdata import read_split
+    from models.training import TrainOptions
+
+    body = {"model": "bert", "dataset": "reviews", "m": 3, "n_test": 4, "recipe": TEXT_RECIPE, "seed": 1,
+            "estimators": ["tracin", "random"]}
+    job, res = _run(svc_text, "/evaluate/classifier/attribution", body)
+    assert res["shards"] == {"total": 4, "failed": []} and res["n_train"] == 16
+
+    d = svc_text.home / "data" / "reviews"
+    train, test = read_split(d / "train.csv"), read_split(d / "test.csv")
+    source = svc_text.home / "data" / "bert"
+    opts = TrainOptions(**{**TEXT_RECIPE, "momentum": 0.9, "weight_decay": 0.0, "checkpoint_every": 1, "seed": 0})
+    subs = [hf_ev.train_subset(source, train, opts, 0.5, s, t, test)
+            for s, t in zip(res["seeds"], res["train_seeds"], strict=True)]
+    sel = ev.test_selection(len(test.labels), 4, 1)
+    masks, outputs = np.stack([s["mask"] for s in subs]), np.stack([s["outputs"] for s in subs])[:, sel]
+    gt = np.load(io.BytesIO(svc_text.artifact(job["id"], "ground_truth.npz")))
+    np.testing.assert_array_equal(gt["masks"], masks)
+    np.testing.assert_array_equal(gt["outputs"], outputs)
+    from models.export.evaluation import lds_report
+    from models.hf.evaluation import subset
+
+    full = svc_text.home / "direct-full"
+    hf_ev.train_recipe(source, train, opts, ev.full_model_seed(1, 0), out=full)
+    clf, hf = hf_ev.read_classifier(full)
+    want = lds_report(clf, masks, outputs, hf_ev.rows(hf, subset(test, sel), 16), hf_ev.rows(hf, train, 16),
+                      ["tracin", "random"], 1)
+    for name in ("tracin", "random"):
+        assert res["estimators"][name]["per_test"] == want[name]["per_test"], name
+
+    job, res = _run(svc_text, "/evaluate/classifier/mislabel", {**{k: body[k] for k in ("model", "dataset",
+                                                                 "recipe", "estimators")}, "fraction": 0.25})
+    saved = np.load(io.BytesIO(svc_text.artifact(job["id"], "self_scores.npz")))
+    truth = np.zeros(16, dtype=bool)
+    truth[res["flipped"]] = True
+    assert res["n_flipped"] == 4
+    for name in ("tracin", "random"):
+        assert res["estimators"][name]["auc_interval"]["auc"] == ev.roc_auc(truth, saved[name])
+

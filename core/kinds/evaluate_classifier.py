@@ -1,13 +1,14 @@
 """``POST /evaluate/classifier/attribution`` and ``POST /evaluate/classifier/mislabel``: how good the classifier
-data-attribution estimators are on an exported classifier, a recipe and a tensors dataset (no torch here; the
-maths is ``models/export/evaluation.py`` over ``models/kg/evaluation.py``'s statistics).
+data-attribution estimators are on a classifier, a recipe and a dataset: an exported classifier on a tensors
+dataset or a Hugging Face classifier on a text dataset (no torch here; the maths is ``models/export/evaluation.py``
+and ``models/hf/evaluation.py`` over ``models/kg/evaluation.py``'s statistics).
 
 - ``evaluate_classifier_attribution``: the LDS of each estimator, from ``m`` models trained on random
   ``alpha``-subsets of the training examples (one shard per subset model, fanned out over the ``bulk`` workers),
   each trained by ``recipe`` from the imported model's own weights, and the full-data model of the recipe the
   estimators run on; with ``replicates``, each subset model is trained again with another seed (the noise
   ceiling); ``trak_ensemble`` also gets ``ensemble`` more full-data models with other seeds. Every model is stored
-  under a content address (the program, the recipe, the data, alpha, m, seed) and reused by later evaluations.
+  under a content address (the model's files, the recipe, the data, alpha, m, seed) and reused by later evaluations.
 - ``evaluate_classifier_mislabel``: flip a seeded ``fraction`` of the training labels to another class, train the
   recipe on them, rank the training examples by each estimator's self-influence: ROC AUC with its interval.
 """
@@ -286,8 +287,8 @@ register(JobKind(
                   reduce="workers.jobs.evaluate_classifier:run_reduce", timeout_s=12 * 3600),
     timeout_s=12 * 3600,
     result_ttl_s=30 * 24 * 3600,
-    summary="Linear datamodeling score (LDS) of the classifier data-attribution estimators on an exported "
-            "classifier, from models retrained on random subsets of the training examples",
+    summary="Linear datamodeling score (LDS) of the classifier data-attribution estimators on an exported or "
+            "Hugging Face classifier, from models retrained on random subsets of the training examples",
     title="Classifier attribution quality (LDS)",
     result=ClassifierLdsResult,
     sdk_method="evaluate_classifier_attribution",
@@ -305,7 +306,7 @@ register(JobKind(
     func="workers.jobs.evaluate_classifier:run_mislabel",
     timeout_s=12 * 3600,
     result_ttl_s=30 * 24 * 3600,
-    summary="Mislabel detection on an exported classifier: flip a fraction of the training labels, train, rank by "
+    summary="Mislabel detection on a classifier: flip a fraction of the training labels, train, rank by "
             "each estimator's self-influence (ROC AUC with its interval)",
     title="Classifier mislabel detection",
     result=ClassifierMislabelResult,

@@ -5,10 +5,10 @@ and return the kind's result (``core.contract.results.classifier_evaluation``).
 What an evaluation trains is kept in the store under content addresses (digests of the program, the recipe and the
 data, so only a caller holding the same data reaches them), beside the ConvE evaluations' (the same retention):
 
-- ``cache/evaluation/models/clf-<digest>/``: a model directory (``models.export.train.save_model``: weights,
-  spec, checkpoints): the recipe's full-data model, an ensemble member (the recipe with another seed), or the
+- ``cache/evaluation/models/clf-<digest>/``: a model directory (``models.export.train.save_model`` or
+  ``models.hf.train.save_model``: weights, spec or tokenizer, checkpoints): the recipe's full-data model, an ensemble member (the recipe with another seed), or the
   model of a mislabel evaluation's flipped labels;
-- ``cache/evaluation/lds/clf-<digest>/subset-<i>.npz``: subset model ``i`` of a (design, program, recipe, data,
+- ``cache/evaluation/lds/clf-<digest>/subset-<i>.npz``: subset model ``i`` of a (design, model files, recipe, data,
   alpha, m, seed) ground truth: its mask over the training examples, its margins on the whole test split, its mask
   seed and training seed (``models.kg.evaluation``'s seeds); ``replicate-<i>.npz`` its replicate.
 

@@ -282,10 +282,11 @@ class KindMethods(Generic[R]):
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
-        """The LDS of the classifier data-attribution estimators on an exported classifier (queue ``bulk``).
+        """The LDS of the classifier data-attribution estimators on an exported or Hugging Face classifier (queue
+        ``bulk``).
 
         ``m`` models are trained by ``recipe`` (``epochs``, ``batch_size``, ``optimizer``, ``lr``, ``momentum``,
-        ``weight_decay``, ``checkpoint_every``, ``seed``) from ``model``'s own weights on random ``alpha``-subsets
+        ``weight_decay``, ``checkpoint_every``, ``max_length``, ``seed``) from ``model``'s own weights on random ``alpha``-subsets
         of ``dataset``'s training examples (one shard each), and each estimator's scores on the full-data model
         predict their margins on ``n_test`` test examples: each estimator's LDS per test example, its mean with a
         95% bootstrap interval, its ratio to TracIn's. Server defaults: ``m=32``, ``alpha=0.5``, ``n_test=100``,
@@ -307,7 +308,7 @@ class KindMethods(Generic[R]):
         idempotency_key: str | None = None,
         **extra: Any,
     ) -> R:
-        """Mislabel detection on an exported classifier: flip a seeded ``fraction`` (default 0.1) of the training
+        """Mislabel detection on an exported or Hugging Face classifier: flip a seeded ``fraction`` (default 0.1) of the training
         labels to another class, train ``recipe`` on them, rank the training examples by each estimator's
         self-influence: each estimator's ROC AUC with a 95% bootstrap interval, found@10%/20%, the recall curve.
         Server default: ``estimators=["tracin", "trak", "random"]``.
