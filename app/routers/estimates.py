@@ -52,7 +52,9 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
         "(`evaluate_attribution`, `evaluate_mislabel`): `trainings` and `models` (the ConvE models it trains, "
         "at most: stored ones are reused), their `examples` and `steps`, `seconds = k x examples x parameters` "
         "(`basis` `measured`: k from your latest succeeded train_conve run; `model`: a constant measured on the "
-        "reference machine; the training only, not the estimators) and `disk_bytes` by `disk`. Counts are null "
+        "reference machine; the training only, not the estimators) and `disk_bytes` by `disk`. The classifier "
+        "evaluations (`evaluate_classifier_attribution`, `evaluate_classifier_mislabel`) answer the same way for "
+        "the classifiers they train, k from your latest succeeded run of the same kind. Counts are null "
         "when the dataset's size is not registered.",
         responses={404: {}, 422: {}},
     )
