@@ -188,6 +188,10 @@ def test_the_estimate_counts_every_training(svc):
     assert r.status_code == 200, r.text
     est = r.json()
     assert est["trainings"] == 3 + 3 + 1 + 2, est
+    assert [g["what"] for g in est["models"]] == ["subset model", "subset replicate", "full-data model",
+                                                  "ensemble member"]
+    assert est["models"][0]["examples"] == 3 * 12 * RECIPE["epochs"]  # ceil(0.5 x 24) examples per subset model
+    assert "examples per epoch" in est["formula"] and "evaluate_classifier_attribution" in est["formula"]
 
 
 # ------------------------------------------------------------------------------------------- Hugging Face

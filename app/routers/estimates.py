@@ -76,7 +76,7 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
         rate_kind = rate_kinds[name]
         rate = _rate(request, rate_kind, owner) if size is not None and rate_kind is not None else None
         if isinstance(size, estimates.EvaluationSize):
-            return estimates.evaluation_estimate(size, rate)
+            return estimates.evaluation_estimate(size, rate, rate_kind.name if rate_kind is not None else name)
         return estimates.estimate(size, rate)
 
     return router
