@@ -28,6 +28,7 @@ from core.contract.kind import FanOut, JobKind, register
 from core.contract.results.classifier_evaluation import ClassifierLdsResult, ClassifierMislabelResult
 from core.kinds.attributions import class_names, model_spec
 from core.kinds.classifier_influence import kfac_problem
+from core.kinds.evaluate import MAX_SCORE_CELLS
 from core.kinds.train_classifier import (
     BYTES_PER_PARAMETER,
     BYTES_PER_VALUE,
@@ -257,7 +258,8 @@ def attribution_size(req: EvaluateClassifierAttributionRequest, settings: Settin
     n_test = min(req.n_test, n_test_split)
     disk = {"models": (1 + req.members()) * (1 + _checkpoints(req.recipe)) * params * estimates.FLOAT_BYTES,
             "ground_truth": subsets * (n + n_test_split * 8),
-            "artifacts": req.m * n + subsets * n_test * 8 + len(req.estimators) * n_test * n * 8}
+            "artifacts": req.m * n + subsets * n_test * 8
+            + (len(req.estimators) * n_test * n * 8 if n_test * n <= MAX_SCORE_CELLS else 0)}
     return estimates.EvaluationSize(tuple(groups), params, disk, REUSE)
 
 

@@ -35,6 +35,7 @@ from core.contract.kind import ReduceRequest, ShardRequest
 from core.contract.results.base import Shards
 from core.contract.results.classifier_evaluation import ClassifierLdsResult, ClassifierMislabelResult
 from core.filestore import StoreError, get_store
+from core.kinds.evaluate import MAX_SCORE_CELLS
 from core.kinds.evaluate_classifier import (
     ClassifierRecipe,
     EvaluateClassifierAttributionRequest,
@@ -451,7 +452,8 @@ def _finish_lds(ctx: JobContext, request: EvaluateClassifierAttributionRequest, 
         ceiling = noise_ceiling(outputs[:, sel], extra["replicate_outputs"], seed)
     np.savez(path_of("ground_truth.npz"), masks=masks, outputs=outputs[:, sel], test_index=sel,
              seeds=np.asarray(ident["seeds"], dtype=np.int64), **extra)
-    np.savez(path_of("scores.npz"), **scores)  # the scores behind each LDS, for an independent check
+    if len(sel) * inputs.size(inputs.train) <= MAX_SCORE_CELLS:  # the scores behind each LDS, for a check
+        np.savez(path_of("scores.npz"), **scores)
     result = {
         "metric": "lds", "model": request.model, "model_version": inputs.model_version, "dataset": request.dataset,
         "data_version": inputs.data_version, "recipe": _recipe(request.recipe), "seed": seed,
