@@ -1,6 +1,7 @@
 """The time the bounded checkpoint load adds to an import job: a tenant's pickled weights read in a child
-(models/bounded_load.py: start, torch's import, the load, the flat state written and read back) against the same
-loader in the worker's process, on state dicts of a few sizes.
+(models/bounded_load.py: the load, the flat state written and read back) against the same loader in the worker's
+process, on state dicts of a few sizes; the child forked by the warm child (the default: torch imported once per
+worker) and a fresh Python per load (``EXPLAINQ_WORKER_LOAD_WARM=false``: start and torch's import every time).
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/bounded_load.py --repeats 3
 """
@@ -28,8 +29,9 @@ def main() -> None:
     from models.weight_files import load_state_file, load_state_here
 
     bounds = LoadBounds(1 << 30, 300, 600)
-    print("| state dict | tensors | in process | bounded child | added |")
-    print("|---|---|---|---|---|")
+    cold = LoadBounds(1 << 30, 300, 600, warm=False)
+    print("| state dict | tensors | in process | warm child | added | fresh Python | added | warm / fresh |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for mib in (int(s) for s in args.sizes_mib.split(",")):
             n = 32
@@ -37,9 +39,12 @@ def main() -> None:
             path = Path(tmp) / f"w{mib}.pt"
             torch.save({f"layer{i}.weight": torch.randn(per) for i in range(n)}, path)
             here = _median(lambda p=path: load_state_here(p), args.repeats)
+            load_state_file(path, bounds=bounds)  # the warm child started (once per worker) before it is timed
             child = _median(lambda p=path: load_state_file(p, bounds=bounds), args.repeats)
+            fresh = _median(lambda p=path: load_state_file(p, bounds=cold), args.repeats)
             print(f"| {mib} MiB fp32 | {n} | {here * 1000:.0f} ms | {child * 1000:.0f} ms | "
-                  f"{(child - here) * 1000:.0f} ms |")
+                  f"{(child - here) * 1000:.0f} ms | {fresh * 1000:.0f} ms | {(fresh - here) * 1000:.0f} ms | "
+                  f"{child / fresh:.2f} |")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 The graph is the deterministic synthetic one with FB15k-237's shape (``models.kg.synthetic``: 14,541 entities, 237
 relations, 272,115 training triples). The model is a ConvE at its seeded initial weights (no training: neither the
-time nor the equality depends on what the weights are), by default a small one (``--dim 20``, 4 filters) with the
-settings ``--layers last --loss score_bce`` so that featurizing 272k triples twice (stored, and the direct answer)
-fits a short run on a shared 2-core machine; the stored feature matrix is ``[272,115, k]`` per checkpoint whatever
-the model, so the query time does not depend on that choice. Printed:
+time nor the equality depends on what the weights are), by default a small one (``--dim 20``, 4 filters) with
+``--layers last`` so that featurizing 272k triples twice (stored, and the direct answer) fits a short run on a shared
+2-core machine; the stored feature matrix is ``[272,115, k]`` per checkpoint whatever the model and layers, so the
+query time does not depend on that choice. The loss and k default to what ``POST /featurize`` stores by default and
+``POST /tracin``'s ``trak`` reads, the evaluated TRAK's (``models.kg.trak_config``: the margin, k 1024 at 272,115
+training triples), and the query uses the evaluated damping. Printed:
 
 - featurize: seconds to compute and store every training triple's features (``models.kg.stored.featurize``);
   a second call, which finds everything stored, and its rows computed (0);
@@ -49,8 +51,11 @@ def main() -> None:
     ap.add_argument("--height", type=int, default=4)
     ap.add_argument("--filters", type=int, default=4)
     ap.add_argument("--layers", default="last")
-    ap.add_argument("--loss", default="score_bce", choices=["train", "score_bce"])
-    ap.add_argument("--proj-dim", type=int, default=256)
+    ap.add_argument("--loss", default=None, choices=["train", "score_bce", "margin"],
+                    help="default: the evaluated TRAK's (margin)")
+    ap.add_argument("--proj-dim", type=int, default=None,
+                    help="default: the evaluated TRAK's k for the training triples (1024 at 272,115)")
+    ap.add_argument("--damping", type=float, default=None, help="default: the evaluated TRAK's (0.3)")
     ap.add_argument("--top-k", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=4096)
@@ -71,6 +76,7 @@ def main() -> None:
     from models.kg.conve import ConvE, ConvEConfig
     from models.kg.synthetic import generate
     from models.kg.trak import trak_scores
+    from models.kg.trak_config import TRAK_DAMPING, TRAK_LOSS, trak_proj_dim
     from models.kg.triples import load_triples_dir
 
     with tempfile.TemporaryDirectory(prefix="featurize-bench-") as tmp:
@@ -84,7 +90,10 @@ def main() -> None:
         ckpt = MemoryCheckpoint({k: v.clone() for k, v in model.state_dict().items()}, lr=1e-3, label="init")
         bundle = KGBundle(model, ds, [ckpt], root)
         store = Store(str(root / "store"), root / "cache")
-        opts = {"layers": args.layers, "loss": args.loss, "proj_dim": args.proj_dim, "seed": 0}
+        loss = TRAK_LOSS if args.loss is None else args.loss
+        k = trak_proj_dim(len(train)) if args.proj_dim is None else args.proj_dim
+        damping = TRAK_DAMPING if args.damping is None else args.damping
+        opts = {"layers": args.layers, "loss": loss, "proj_dim": k, "seed": 0}
 
         t0 = time.perf_counter()
         rep = KF.featurize(store, bundle, "all", train=train, batch_size=args.batch_size, device=args.device, **opts)
@@ -97,28 +106,30 @@ def main() -> None:
         tests = ds.test[:args.repeats + 1]
         t0 = time.perf_counter()
         index = KF.feature_index(store, bundle, "all", train=train, **opts)
-        top = index.top_k(index.queries(tests[:1]), args.top_k)
+        top = index.top_k(index.queries(tests[:1], damping=damping), args.top_k)
         t_cold = time.perf_counter() - t0
         warm = []
         for i in range(1, len(tests)):
             t0 = time.perf_counter()
-            index.top_k(index.queries(tests[i:i + 1]), args.top_k)
+            index.top_k(index.queries(tests[i:i + 1], damping=damping), args.top_k)
             warm.append(time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        direct = trak_scores(bundle, "all", tests[:1], train, batch_size=args.batch_size, device=args.device, **opts)
+        direct = trak_scores(bundle, "all", tests[:1], train, batch_size=args.batch_size, device=args.device,
+                             damping=damping, **opts)
         t_direct = time.perf_counter() - t0
-        stored = index.scores(index.queries(tests[:1]))
+        stored = index.scores(index.queries(tests[:1], damping=damping))
         diff = float((stored - direct).abs().max())
         ref = F.full_sort_top_k(direct, args.top_k)
         same_top = bool(torch.equal(top.pro_idx, ref.pro_idx) and torch.equal(top.opp_idx, ref.opp_idx))
 
-    n, k = len(train), args.proj_dim
+    n = len(train)
     card = f"; device {torch.cuda.get_device_name(0)}" if args.device == "cuda" else "; device cpu"
     print(f"CPU: {cpu_model()}; torch threads {args.threads}; torch {torch.__version__}{card}")
     print(f"graph: synthetic FB15k-237 shape, {len(ds.entities):,} entities, {n:,} training triples; "
           f"ConvE dim {args.dim} ({args.height}x{args.dim // args.height}), {args.filters} filters, initial weights; "
-          f"layers {args.layers}, loss {args.loss}, k {k}, 1 checkpoint; features {n * k * 4 / 2**20:.0f} MiB")
+          f"layers {args.layers}, loss {loss}, k {k}, damping {damping}, 1 checkpoint; "
+          f"features {n * k * 4 / 2**20:.0f} MiB")
     print()
     print("| step | seconds | notes |")
     print("|---|---|---|")

@@ -50,6 +50,9 @@ PARSERS: dict[str, str] = {
     "import.hf_parameters": "core.parsers:hf_parameters",
     "import.export_nbytes": "core.parsers:export_nbytes",
     "export.kfac_problem": "core.parsers:kfac_problem",
+    "model.vocab": "core.parsers:model_vocab",
+    "model.class_names": "core.parsers:model_class_names",
+    "model.tokenizer_has": "core.parsers:model_tokenizer_has",
 }
 ROOT = Path(__file__).resolve().parent.parent
 _MEMORY_EXIT = 3

@@ -35,7 +35,7 @@ from rq.registry import CanceledJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from core import fanout, keys, results
+from core import fanout, keys, lastuse, results
 from core.contract.kind import QUEUES, JobKind
 from core.jobview import (
     _RQ_ACTIVE,
@@ -528,6 +528,7 @@ class JobStore:
             removed += len(list_files(self.settings, jid))
             store.delete(artifacts_key(jid))
             results.delete(self.settings, jid)
+        lastuse.release(store, owner, ids)  # its claims on shared entries: no longer in the owner's store bytes
         jobs = []
         for jid in ids:
             try:

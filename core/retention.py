@@ -7,7 +7,7 @@
   one for a job that started before the replacement), and versions that never got registered (an upload whose
   registration failed) once they are older than ``grace_s``;
 - gradient features whose model versions are all gone, and shared features and evaluation caches not used for
-  ``EXPLAINQ_CACHE_TTL_S`` (``core/lastuse.py``);
+  ``EXPLAINQ_CACHE_TTL_S`` (``core/lastuse.py``), and the claims on them of jobs whose record has expired;
 - on this host: scratch directories of jobs that no longer exist, and cached copies of store keys that are gone
   from the store (a copy of an object still stored is kept, whether or not the registry names it).
 
@@ -53,6 +53,7 @@ def collect(settings: Settings, grace_s: float = 3600.0, now: float | None = Non
     removed["scratch"] = _remove_scratch(settings, r, grace_s, now)
     removed["features"] = _remove_orphaned_features(store, referenced)
     removed["unused"] = _remove_unused_shared(settings, store, now)
+    removed["claims"] = _remove_expired_claims(r, store)
     removed["cache"] = _remove_stale_cache(settings, r, store, referenced)
     if any(removed.values()):
         log.info("gc removed %s", {k: len(v) for k, v in removed.items()})
@@ -185,6 +186,20 @@ def _remove_unused_shared(settings: Settings, store: Any, now: float) -> list[st
                 store.delete(entry)
                 lastuse.forget(store, entry)
                 removed.append(entry)
+    return removed
+
+
+def _remove_expired_claims(r: Any, store: Any) -> list[str]:
+    """Step 3d: tenants' claims on shared entries (core/lastuse.py) made by jobs whose record has expired (a job
+    its owner keeps keeps its claims); returns ``<owner>/<job id>`` of each released."""
+    kept = {k.decode() for k in r.hkeys(keys.KEPT)}
+    removed = []
+    for owner in lastuse.owners_with_claims(store):
+        for job_id in lastuse.claimed_jobs(store, owner):
+            if job_id in kept or job_id.split("-", 1)[0] in kept or r.exists(JOB_PREFIX + job_id):
+                continue
+            lastuse.release(store, owner, [job_id])
+            removed.append(f"{owner}/{job_id}")
     return removed
 
 

@@ -192,6 +192,8 @@ class Settings(BaseSettings):
     worker_load_cpu_s: int = Field(300, ge=1, le=86_400, validation_alias=_alias("EXPLAINQ_WORKER_LOAD_CPU_S"))
     worker_load_timeout_s: float = Field(600.0, gt=0, le=86_400,
                                          validation_alias=_alias("EXPLAINQ_WORKER_LOAD_TIMEOUT_S"))
+    # a warm child (torch imported once per worker) forks each load's child; off: a fresh Python per load
+    worker_load_warm: bool = Field(True, validation_alias=_alias("EXPLAINQ_WORKER_LOAD_WARM"))
 
     # Rate limits (core/ratelimit.py): per tenant (all its keys and sessions), and dashboard sign-ins per address.
     rate_limit_per_s: float = Field(50.0, ge=0, le=1e6, validation_alias=_alias("EXPLAINQ_RATE_LIMIT_PER_S"))

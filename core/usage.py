@@ -2,8 +2,9 @@
 
 - **stored**: the tenant's registered models (their store versions), registered datasets the service copied into
   the store (a dataset referenced in place under the data roots is counted, not sized: those bytes are the
-  tenant's own files), and the artifacts and stored results of their newest :data:`MAX_ARTIFACT_JOBS` jobs (``complete`` says whether
-  that was all of them);
+  tenant's own files), the artifacts and stored results of their newest :data:`MAX_ARTIFACT_JOBS` jobs (``complete`` says whether
+  that was all of them), and the shared entries (gradient features, evaluation caches) their jobs on record used
+  or wrote, each in full (``core/lastuse.py``'s claims);
 - **in_flight**: the jobs of the active-jobs quota that are queued or running (a fanned-out job counts until its
   reduce step ends), the shards they have out on ``bulk``, and the estimated seconds of the queued ones (each at
   its kind's mean run time so far, ``EXPLAINQ_BACKLOG_UNKNOWN_COST_S`` for a kind that never ended, as the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core import artifacts, backlog, fanout, keys, registry, results
+from core import artifacts, backlog, fanout, keys, lastuse, registry, results
 from core.filestore import StoreError
 from core.keys import JOB_PREFIX, METRICS_DURATION
 from core.settings import Settings
@@ -48,14 +49,39 @@ def stored(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:
     newest = [j.decode() for j in redis.zrevrange(keys.owner_jobs(owner), 0, MAX_ARTIFACT_JOBS - 1)]
     artifact_bytes = sum(f["size"] for j in newest for f in artifacts.list_files(settings, j))
     result_bytes = sum(_result_bytes(store, j) for j in newest)
+    shared = shared_entries(redis, store, owner)
+    shared_bytes = sum(shared.values())
     return {
         "models": {"count": len(models), "bytes": model_bytes},
         "datasets": {"count": len(datasets), "in_store": len(in_store), "in_place": len(datasets) - len(in_store),
                      "bytes": dataset_bytes},
         "artifacts": {"jobs": total_jobs, "jobs_counted": len(newest), "complete": len(newest) == total_jobs,
                       "bytes": artifact_bytes, "results_bytes": result_bytes},
-        "bytes": model_bytes + dataset_bytes + artifact_bytes + result_bytes,
+        "shared": {"entries": len(shared), "bytes": shared_bytes,
+                   "features": sum(1 for e in shared if e.startswith("features/")),
+                   "evaluation_caches": sum(1 for e in shared if e.startswith(lastuse.EVALUATION_ROOT + "/"))},
+        "bytes": model_bytes + dataset_bytes + artifact_bytes + result_bytes + shared_bytes,
     }
+
+
+def shared_entries(redis: Any, store: Any, owner: str) -> dict[str, int]:
+    """``{entry: bytes}``: the shared entries claimed by the tenant's jobs still on record (a kept job's too),
+    each entry once and in full; an entry retention has removed counts nothing."""
+    claimed = lastuse.claims(store, owner)
+    jobs = sorted({j for ids in claimed.values() for j in ids})
+    kept = {k.decode() for k in redis.hkeys(keys.KEPT)} if jobs else set()
+    with redis.pipeline(transaction=False) as pipe:
+        for job_id in jobs:
+            pipe.exists(JOB_PREFIX + job_id)
+        live = {j for j, e in zip(jobs, pipe.execute(), strict=True)
+                if e or j in kept or j.split("-", 1)[0] in kept}
+    out = {}
+    for entry, ids in sorted(claimed.items()):
+        if ids & live:
+            size = _location_bytes(store, entry)
+            if size:
+                out[entry] = size
+    return out
 
 
 def in_flight(settings: Settings, redis: Any, owner: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ HEAVY = (
     "tests/test_ui_browser_forms.py::test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms",
     "tests/test_ui_browser_status.py::test_the_strip_says_no_worker_runs_on_every_page_without_overflow[[]1280]",
     "tests/test_ui_kinds.py::test_conve_training_page_curves_metrics_and_checkpoints",
+    # model files read in the bounded parser: the ConvE config test of the same module stays
+    "tests/adversarial/test_model_files.py::test_a_huge_classifier_config_is_413_naming_it",
     # fan-out quotas: the failed-shards and parent-quota tests stay
     "tests/adversarial/test_fanout_quota.py::test_a_worker_killed_between_a_shard_end_and_the_release_strands_nothing",
     "tests/adversarial/test_fanout_quota.py::test_an_owner_holds_at_most_the_window_on_the_bulk_queue",

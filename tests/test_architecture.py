@@ -32,6 +32,7 @@ CORE_MAY_USE = {
     "models.export.spec",
     "models.hf.files",
     "models.kg.shapes",
+    "models.kg.trak_config",
     "models.kg.tsv",
     "models.lora.keys",
     "models.news.data",

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from models.kg import estimators, evaluation
+from models.kg import estimators, evaluation, trak_config
 from models.kg.conve import ConvE, ConvEConfig
 
 
@@ -369,7 +369,7 @@ def _tiny_bundle(tmp_path, seed: int, train=None):
 
 
 def test_trak_ensemble_is_trak_averaged_over_the_full_model_and_its_members(tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluation, "TRAK_PROJ_DIM", 256)  # averaging does not depend on k; a small one is fast
+    monkeypatch.setattr(trak_config, "TRAK_PROJ_DIM", 256)  # averaging does not depend on k; a small one is fast
     full, a, b = (_tiny_bundle(tmp_path, s) for s in (0, 1, 2))
     test, train = full.dataset.test[:3], full.dataset.train
     single = [evaluation.run_estimator("trak", x, test, train).values for x in (full, a, b)]
@@ -390,15 +390,15 @@ def test_trak_ensemble_is_trak_averaged_over_the_full_model_and_its_members(tmp_
 def test_trak_projects_to_4096_and_less_where_the_features_would_not_fit(tmp_path, monkeypatch):
     from models.kg import trak
 
-    assert evaluation.trak_proj_dim(1_592) == evaluation.trak_proj_dim(8_544) == 4096  # Nations ... Kinships
-    assert evaluation.trak_proj_dim(272_115) == 1024  # FB15k-237's size: [n, k] float32 within 2 GiB
-    assert 4 * evaluation.trak_proj_dim(272_115) * 272_115 <= evaluation.TRAK_MAX_FEATURE_BYTES
-    assert evaluation.trak_proj_dim(10**12) == evaluation.TRAK_MIN_PROJ_DIM
+    assert trak_config.trak_proj_dim(1_592) == trak_config.trak_proj_dim(8_544) == 4096  # Nations ... Kinships
+    assert trak_config.trak_proj_dim(272_115) == 1024  # FB15k-237's size: [n, k] float32 within 2 GiB
+    assert 4 * trak_config.trak_proj_dim(272_115) * 272_115 <= trak_config.TRAK_MAX_FEATURE_BYTES
+    assert trak_config.trak_proj_dim(10**12) == trak_config.TRAK_MIN_PROJ_DIM
     # both estimator functions use it, for the training triples they are given
     seen = []
     monkeypatch.setattr(trak, "trak_scores", lambda *a, **kw: seen.append(kw["proj_dim"]))
     monkeypatch.setattr(trak, "self_scores", lambda *a, **kw: seen.append(kw["proj_dim"]))
-    monkeypatch.setattr(evaluation, "TRAK_MAX_FEATURE_BYTES", 4 * 1024 * 100)  # 100 triples at k=1024
+    monkeypatch.setattr(trak_config, "TRAK_MAX_FEATURE_BYTES", 4 * 1024 * 100)  # 100 triples at k=1024
     train = torch.zeros(100, 3, dtype=torch.long)
     evaluation.trak_scores(None, [], train[:1], train)
     evaluation.trak_self_scores(None, [], train)

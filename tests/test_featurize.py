@@ -186,10 +186,10 @@ def test_stored_report_lists_the_direct_top_k_and_self_scores(bundle, store):
 def test_trak_as_evaluated_is_named_as_such_and_the_evaluation_runs_its_configuration(bundle, store, monkeypatch):
     """The configuration POST /tracin's trak results compare with is the one the evaluations' trak estimator runs:
     trak_configuration feeds evaluation.trak_scores (captured), and stored features of that configuration match it."""
-    from models.kg import evaluation
+    from models.kg import evaluation, trak_config
     from models.kg import trak as kg_trak
 
-    monkeypatch.setattr(evaluation, "TRAK_PROJ_DIM", 16)  # a small k: the configuration, not its size, is tested
+    monkeypatch.setattr(trak_config, "TRAK_PROJ_DIM", 16)  # a small k: the configuration, not its size, is tested
     train = bundle.dataset.train[:300]
     conf = evaluation.trak_configuration(len(train))
     seen = {}
@@ -207,11 +207,126 @@ def test_trak_as_evaluated_is_named_as_such_and_the_evaluation_runs_its_configur
     KF.featurize(store, bundle, "all", train=train, loss="margin", **opts)
     names = bundle.dataset.decode(bundle.dataset.test[:2])
     result, _ = KF.stored_report(store, bundle, names, estimator="trak", top_k=3, train=train, loss="margin",
-                                 damping=evaluation.TRAK_DAMPING, **opts)
+                                 damping=trak_config.TRAK_DAMPING, **opts)
     assert result["configuration"]["matches_evaluated"] is True and not result["warnings"]
     projected, _ = KF.stored_report(store, bundle, names, estimator="tracin_projected", top_k=3, train=train,
                                     loss="margin", **opts)
     assert projected["configuration"]["evaluated"] is None and projected["configuration"]["matches_evaluated"] is None
+
+
+def test_margin_features_equal_projected_per_example_autograd_of_the_margin(bundle, store):
+    """Stored ``loss="margin"`` features are, element-wise, Pᵀ∇m(z) for m the negated margin of the tail query
+    (h, r, ?), logsumexp_{e≠t} s_e − s_t: one ``torch.autograd.grad`` per triple over every parameter in float64,
+    projected by the explicit matrix of the same seeded projection."""
+    from models.explain.trak import projection_matrix
+    from models.kg.tracin import resolve_layers
+    from models.kg.trak import parameter_shapes
+
+    train, k, seed = bundle.dataset.train[:12], 16, 4
+    rep = KF.featurize(store, bundle, "all", train=train, layers="all", loss="margin", proj_dim=k, seed=seed)
+    assert rep["loss"] == "margin" and rep["proj_dim"] == k
+    index = KF.feature_index(store, bundle, "all", train=train, layers="all", loss="margin", proj_dim=k, seed=seed)
+    model = copy.deepcopy(bundle.model).double().eval()
+    names = resolve_layers(model, "all")
+    params = [model.get_parameter(n) for n in names]
+    assert len(index.ckpts) >= 2
+    for ck, view, own in zip(index.ckpts, index.views, index.seeds, strict=True):
+        model.load_state_dict(ck.state_dict("cpu"))
+        model.double().eval()
+        P = projection_matrix(parameter_shapes(model, names), k, own, torch.float64)
+        rows = []
+        for h, r, t in train.tolist():
+            logits = model(torch.tensor([h]), torch.tensor([r]))[0]
+            others = torch.cat([logits[:t], logits[t + 1:]])
+            margin = torch.logsumexp(others, 0) - logits[t]
+            grads = torch.autograd.grad(margin, params)
+            rows.append(torch.cat([g.reshape(-1) for g in grads]))
+        ref = torch.stack(rows) @ P
+        got = view.rows(0, len(train)).double()
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+class _Ctx:
+    """The part of a worker's job context the featurize and stored-feature TracIn jobs use, in process."""
+
+    def __init__(self, bundle, out):
+        self.bundle, self.artifacts_dir, self.device, self.settings = bundle, out, "cpu", None
+
+    def model(self, name):
+        return self.bundle
+
+    def progress(self, *args, **kwargs):
+        pass
+
+    def artifact_path(self, name):
+        return self.artifacts_dir / name
+
+    def artifacts(self):
+        return []
+
+
+def test_served_trak_defaults_are_the_evaluated_configuration():
+    """The request models' defaults are models.kg.trak_config's (the one definition the evaluation's trak runs):
+    POST /featurize stores the evaluated features, POST /tracin's trak reads them with the evaluated damping, and
+    tracin_projected reads the same features; an empty projection size is the evaluated k for the model."""
+    from core.kinds.featurize import FeaturizeRequest
+    from core.kinds.tracin import TracInRequest
+    from models.kg import trak_config
+
+    conf = trak_config.trak_configuration(1592)
+    feat = FeaturizeRequest(model="m")
+    assert {"checkpoints": feat.checkpoints, "layers": feat.layers, "loss": feat.loss, "seed": feat.seed} == {
+        k: conf[k] for k in ("checkpoints", "layers", "loss", "seed")}
+    assert feat.proj_dim is None and conf["projection_dim"] == trak_config.trak_proj_dim(1592) == 4096
+    for estimator in ("trak", "tracin_projected"):
+        query = TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator=estimator)
+        assert (query.checkpoints, query.layers, query.loss, query.seed, query.projection_dim) == (
+            feat.checkpoints, feat.layers, feat.loss, feat.seed, feat.proj_dim)
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak").damping == conf["damping"]
+    # the schema the dashboard and the SDK read says the same
+    schema = FeaturizeRequest.model_json_schema()["properties"]
+    assert schema["loss"]["default"] == conf["loss"] and schema["proj_dim"].get("default") is None
+    assert TracInRequest.model_json_schema()["properties"]["damping"]["default"] == conf["damping"]
+
+
+def test_a_default_featurize_serves_a_default_trak_query_that_runs_what_the_evaluation_measures(
+        bundle, store, tmp_path, monkeypatch):
+    """The featurize and TracIn jobs' own code, given default requests: the features are the evaluated ones, the
+    trak query finds them, states the evaluated configuration as what it ran, and its scores are the evaluation's
+    trak estimator's (models.kg.evaluation.trak_scores) on the same model."""
+    from core.kinds.featurize import FeaturizeRequest
+    from core.kinds.tracin import TracInRequest
+    from models.kg import evaluation, trak_config
+    from workers.jobs import featurize as featurize_job
+    from workers.jobs import tracin as tracin_job
+
+    monkeypatch.setattr(trak_config, "TRAK_PROJ_DIM", 16)  # a small k: the configuration, not its size, is tested
+    monkeypatch.setattr(featurize_job, "get_store", lambda settings: store)
+    monkeypatch.setattr(tracin_job, "get_store", lambda settings: store)
+    monkeypatch.setattr(registry, "get_model", lambda *args, **kwargs: None)
+    ctx = _Ctx(bundle, tmp_path)
+    train = bundle.dataset.train
+    conf = trak_config.trak_configuration(len(train))
+    stored = featurize_job.run(FeaturizeRequest(model="m"), ctx)
+    assert (stored.loss, stored.proj_dim, stored.seed, stored.projection) == (
+        conf["loss"], conf["projection_dim"], conf["seed"], conf["projection"])
+    assert stored.configuration.matches_evaluated is True
+    assert stored.configuration.evaluated == trak_config.stored_configuration(len(train))
+    names = bundle.dataset.decode(bundle.dataset.test[:2])
+    result = tracin_job.run(TracInRequest(model="m", test_triples=names, estimator="trak", top_k=3), ctx)
+    assert result.configuration.ran == conf and result.configuration.matches_evaluated is True
+    assert not result.warnings
+    assert (result.loss, result.projection_dim, result.damping, result.seed) == (
+        conf["loss"], conf["projection_dim"], conf["damping"], conf["seed"])
+    measured = evaluation.trak_scores(bundle, bundle.checkpoints, bundle.dataset.test[:2], train)
+    row_of = {tuple(t): j for j, t in enumerate(train.tolist())}
+    for i, entry in enumerate(result.results):
+        assert entry.proponents and entry.opponents
+        for item in entry.proponents + entry.opponents:
+            j = row_of[tuple(bundle.dataset.encode([item.train_triple])[0].tolist())]
+            assert item.influence == pytest.approx(float(measured[i, j]), rel=1e-4, abs=1e-9)
+        assert [p.influence for p in entry.proponents] == pytest.approx(
+            torch.topk(measured[i], 3).values.tolist(), rel=1e-4)
 
 
 def test_stored_report_fails_on_a_non_finite_score(bundle, store, monkeypatch):
@@ -296,7 +411,6 @@ TRACIN = {"model": "conve-a", "test_triples": [["usa", "embassy", "uk"]], "proje
     ({"estimator": "trak", "mode": "self", "test_triples": None}, ["body", "mode"]),
     ({"estimator": "trak", "filter": {"n_hops": 1}}, ["body", "filter"]),
     ({"estimator": "trak", "top_k": None}, ["body", "top_k"]),
-    ({"estimator": "tracin_projected", "projection_dim": None}, ["body", "projection_dim"]),
     ({"estimator": "tracin_projected", "damping": 0.1}, ["body", "damping"]),
     ({"estimator": "trak", "precision": "bf16"}, ["body", "precision"]),
     ({"estimator": "trak", "damping": 0}, ["body", "damping"]),
@@ -312,9 +426,9 @@ def test_tracin_stored_estimator_validation_names_the_field(api, patch, loc):
 
 
 @pytest.mark.parametrize("patch", [
-    {"estimator": "exact", "seed": 0, "damping": 0.01},           # the dashboard's form sends every field
+    {"estimator": "exact", "seed": 0, "damping": 0.3},            # the dashboard's form sends every field
     {"estimator": "trak", "lr_weight": "last", "seed": 0},
-    {"estimator": "tracin_projected", "damping": 0.01},
+    {"estimator": "tracin_projected", "damping": 0.3},
 ])
 def test_fields_sent_with_their_default_values_are_accepted(api, patch):
     r = api.client.post("/tracin", json={**TRACIN, "model": "conve-shared", **patch}, headers=BOB)

@@ -161,3 +161,20 @@ def test_gc_collects_shared_features_and_evaluation_caches_nobody_used_for_the_c
     assert store.exists("features/f-fresh/part.bin")
     off = Settings(EXPLAINQ_HOME=redis_settings.home_dir, REDIS_URL=redis_settings.redis_url, EXPLAINQ_CACHE_TTL_S=0)
     assert collect(off, now=now + 10**9)["unused"] == []
+
+
+def test_gc_releases_the_claims_of_jobs_whose_record_expired_and_keeps_a_kept_jobs(redis_settings, tmp_path):
+    from core import keys, lastuse
+    from core.keys import JOB_PREFIX
+    from core.settings import Settings
+
+    settings = Settings(EXPLAINQ_HOME=redis_settings.home_dir, REDIS_URL=redis_settings.redis_url)
+    store = registry.store(settings)
+    r = registry.connection(settings)
+    live, gone, kept = "a" * 32, "b" * 32, "c" * 32
+    r.hset(JOB_PREFIX + live, "status", "finished")
+    r.hset(keys.KEPT, kept, "1")
+    for job_id in (live, gone, kept, f"{kept}-shard-0"):
+        lastuse.claim(store, "alice", job_id, ["features/k1"])
+    assert collect(settings)["claims"] == [f"alice/{gone}"]
+    assert lastuse.claims(store, "alice") == {"features/k1": {live, kept, f"{kept}-shard-0"}}

@@ -398,18 +398,18 @@ def test_cached_test_factors_are_not_shared_across_settings(bundle, other):
 
 
 def test_default_loss_gives_proponents_and_opponents(bundle):
-    """The request's default loss is 'score_bce' (the stored-feature estimators keep featurize's 'train'), and on a
+    """The request's default loss is 'score_bce' (the stored-feature estimators take featurize's 'margin'), and on a
     small trained ConvE it yields both signs, where the training loss gives (almost) no opponents."""
     from core.kinds.tracin import DEFAULT_LOSS, TracInRequest
 
     req = TracInRequest(model="m", test_triples=[["a", "b", "c"]])
     assert req.loss == DEFAULT_LOSS == "score_bce"
-    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak").loss == "train"
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak").loss == "margin"
     assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss="score_bce").loss \
         == "score_bce"
     # the dashboard's form sends every field, an empty loss as null: the same defaults
     assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], loss=None).loss == "score_bce"
-    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss=None).loss == "train"
+    assert TracInRequest(model="m", test_triples=[["a", "b", "c"]], estimator="trak", loss=None).loss == "margin"
     ds = bundle.dataset
     test, train = ds.test[:4], ds.train[:120]
     scores, _ = ConvETracIn(bundle.model, bundle.checkpoints, loss=req.loss).influence(test, train)

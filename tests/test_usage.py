@@ -87,3 +87,57 @@ def test_compute_in_flight_past_the_budget_is_a_429_with_retry_after(tmp_path) -
         assert r.headers["Retry-After"] == "30" and "EXPLAINQ_TENANT_COMPUTE_S" in detail["message"]
         assert client.get("/usage", headers=ALICE).json()["budgets"]["compute_in_flight_s"] == 120
         assert client.post("/train/conve", json={"name": "b1", **TRAIN}, headers=BOB).status_code == 202
+
+
+def test_shared_entries_a_tenants_jobs_used_count_in_full_in_their_bytes_until_the_job_is_deleted(tmp_path) -> None:
+    """Gradient features and evaluation caches are stored once per content and serve every tenant asking for it;
+    each tenant whose job on record used or wrote one is charged its full size (core/lastuse.py's claims)."""
+    from core import lastuse
+
+    with api_client(tmp_path / "home", EXPLAINQ_API_KEYS="alice:key-a,bob:key-b",
+                    EXPLAINQ_TENANT_STORE_BYTES="5000", EXPLAINQ_USAGE_CACHE_S="0") as client:
+        settings = client.app.state.settings
+        store = registry.store(settings)
+        store.put_bytes(b"f" * 3000, "features/k1/segment-0.bin")
+        store.put_bytes(b"f" * 1000, "features/k1/index.json")
+        store.put_bytes(b"m" * 700, "cache/evaluation/models/d1/model.safetensors")
+        a = client.post("/train/conve", json={"name": "m1", **TRAIN}, headers=ALICE).json()["id"]
+        b = client.post("/train/conve", json={"name": "b1", **TRAIN}, headers=BOB).json()["id"]
+        lastuse.claim(store, "alice", a, ["features/k1", "cache/evaluation/models/d1"])
+        lastuse.claim(store, "bob", b, ["features/k1"])
+        lastuse.claim(store, "bob", "0" * 32, ["cache/evaluation/models/d1"])  # a job no longer on record
+
+        mine = client.get("/usage", headers=ALICE).json()["stored"]
+        assert mine["shared"] == {"entries": 2, "bytes": 4700, "features": 1, "evaluation_caches": 1}
+        assert mine["bytes"] == 4700
+        theirs = client.get("/usage", headers=BOB).json()["stored"]
+        assert theirs["shared"] == {"entries": 1, "bytes": 4000, "features": 1, "evaluation_caches": 0}
+
+        store.put_bytes(b"f" * 400, "features/k1/segment-1.bin")  # the entry grew: both are charged in full
+        r = client.post("/train/conve", json={"name": "m2", **TRAIN}, headers=ALICE)
+        assert r.status_code == 413 and r.json()["detail"]["value"] == 5100, r.text
+        assert client.post("/train/conve", json={"name": "b2", **TRAIN}, headers=BOB).status_code == 202
+
+        assert client.delete(f"/jobs/{a}", headers=ALICE).status_code == 202  # canceled (it was queued)
+        assert client.delete(f"/jobs/{a}", headers=ALICE).status_code == 200, "deleting the job releases its claims"
+        assert client.get("/usage", headers=ALICE).json()["stored"]["shared"]["bytes"] == 0
+        assert lastuse.claims(store, "alice") == {}  # released, not only ignored
+        assert client.get("/usage", headers=BOB).json()["stored"]["shared"]["bytes"] == 4400
+        store.delete("features/k1")  # collected: nobody is charged for it any more
+        assert client.get("/usage", headers=BOB).json()["stored"]["shared"] == {
+            "entries": 0, "bytes": 0, "features": 0, "evaluation_caches": 0}
+
+
+def test_a_jobs_context_claims_what_it_uses_for_its_owner(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from core import lastuse
+    from core.settings import Settings
+    from workers.context import JobContext
+
+    settings = Settings(EXPLAINQ_HOME=str(tmp_path))
+    ctx = JobContext(settings, job=SimpleNamespace(id="j" * 32, meta={"owner": "alice"}), device="cpu")
+    ctx.use_shared(f"features/{k}" for k in ("k1", "k2"))
+    store = registry.store(settings)
+    assert lastuse.claims(store, "alice") == {"features/k1": {"j" * 32}, "features/k2": {"j" * 32}}
+    assert lastuse.last_used(store, "features/k1") is not None

@@ -302,6 +302,18 @@ class JobContext:
             return self.job.meta.get("owner") or registry.SYSTEM
         return registry.SYSTEM
 
+    def use_shared(self, entries: Any) -> None:
+        """Record that this job used or wrote shared store entries (gradient features, evaluation caches): their
+        last use, for retention, and the owner's claim, which counts them in the owner's stored bytes until the
+        job is deleted or expires (core/lastuse.py). Best effort: never fails the job."""
+        from core import lastuse
+        from core.filestore import get_store
+
+        entries = list(entries)
+        store = get_store(self.settings)
+        lastuse.touch(store, entries)
+        lastuse.claim(store, self.owner, self.job_id, entries)
+
     def model(self, name: str) -> Any:
         if self._models is None:
             from workers.model_cache import ModelCache

@@ -60,7 +60,8 @@ USAGE_EXAMPLE = {
                "datasets": {"count": 1, "in_store": 0, "in_place": 1, "bytes": 0},
                "artifacts": {"jobs": 12, "jobs_counted": 12, "complete": True, "bytes": 1048576,
                              "results_bytes": 0},
-               "bytes": 6291456},
+               "shared": {"entries": 1, "bytes": 2097152, "features": 1, "evaluation_caches": 0},
+               "bytes": 8388608},
     "in_flight": {"jobs": 2, "queued": 1, "running": 1, "shards_out": 4, "queued_estimated_seconds": 42.0,
                   "unestimated": 0, "max_active_jobs": 100,
                   "items": [{"id": "3f0c...", "kind": "tracin", "state": "running"},
@@ -70,10 +71,14 @@ USAGE_EXAMPLE = {
 
 
 @router.get("/usage", summary="Your own usage: the bytes the service stores for you (models, datasets copied into "
-            "the store, your newest jobs' artifacts) and your work in flight",
+            "the store, your newest jobs' artifacts, the shared features and evaluation caches your jobs used) and "
+            "your work in flight",
             description="Only the caller's own records. `stored.artifacts.complete` is false when only the newest "
             f"{usage_lib.MAX_ARTIFACT_JOBS} jobs' artifacts were sized; a dataset referenced in place under the data "
-            "roots is counted in `in_place`, not sized. `in_flight.queued_estimated_seconds`: each queued job at its "
+            "roots is counted in `in_place`, not sized. `stored.shared`: the shared, content-addressed entries "
+            "(gradient features, evaluation caches) your jobs on record used or wrote, each in full (one copy "
+            "serves every tenant asking for the same content); deleting the job releases them. "
+            "`in_flight.queued_estimated_seconds`: each queued job at its "
             "kind's mean run time so far. `budgets`: this service's per-tenant budgets (null: none) and the "
             "estimated seconds of your queued and running jobs that the compute budget compares with.",
             responses={200: {"content": {"application/json": {"example": USAGE_EXAMPLE}}}})

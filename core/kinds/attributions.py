@@ -9,7 +9,6 @@ else is a 422 naming the field.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
@@ -29,7 +28,7 @@ from core.contract.fields import (
 )
 from core.contract.kind import FanOut, JobKind, register
 from core.fanout import too_many_shards
-from core.filestore import StoreError
+from core.parsers import raise_if_store_down
 from core.settings import Settings
 from models.explain.rules import METHODS as RULES
 from models.explain.rules import NEEDS_TWO, default_method
@@ -233,45 +232,38 @@ def _shown(names: list[str], n: int = 10) -> str:
     return "[" + ", ".join(repr(v) for v in names[:n]) + (", ..." if len(names) > n else "") + "]"
 
 
-def _read_json(settings: Settings, entry: dict[str, Any], name: str) -> Any:
-    """A small JSON file of a registered model's directory, or None when it is missing or not JSON."""
-    try:
-        return json.loads(registry.read_file(settings, entry, name))
-    except (StoreError, OSError, ValueError):  # missing, unreadable or not JSON: the worker decides
-        return None
+_MODEL_FILES: dict[tuple, Any] = {}  # (model version, question) -> answer (versions are immutable)
+
+
+def _ask_model_files(settings: Settings, entry: dict[str, Any], name: str, args: dict[str, Any], shown: str) -> Any:
+    """What the bounded parser ``name`` reads from a registered model's files (never read in this process), once
+    per model version."""
+    version = (f"{entry.get('location') or entry.get('path')}|{entry.get('created_at')}", name,
+               *sorted(args.items()))
+    if version not in _MODEL_FILES:
+        answer = run_bounded(settings, name, {"entry": entry, **args}, loc=("body", "model"),
+                             value=entry.get("name"), shown=f"{entry.get('name')}/{shown}")
+        raise_if_store_down(answer)
+        if len(_MODEL_FILES) > 256:
+            _MODEL_FILES.clear()
+        _MODEL_FILES[version] = answer
+    return _MODEL_FILES[version]
 
 
 def class_names(settings: Settings, entry: dict[str, Any]) -> list[str] | None:
     """A classifier's class names in logit order: its registry meta's ``labels`` (what the import records), else
-    its config.json's ``id2label``; None when neither can be read."""
+    its config.json's ``id2label`` (read in the bounded parser); None when neither can be read."""
     labels = (entry.get("meta") or {}).get("labels")
     if isinstance(labels, list) and labels and all(isinstance(v, str) for v in labels):
         return labels
-    config = _read_json(settings, entry, "config.json")
-    id2label = config.get("id2label") if isinstance(config, dict) else None
-    if isinstance(id2label, dict) and id2label:
-        try:
-            ordered = sorted((int(k), str(v)) for k, v in id2label.items())
-        except (TypeError, ValueError):
-            return None
-        if [k for k, _ in ordered] == list(range(len(ordered))):
-            return [v for _, v in ordered]
-    return None
+    return _ask_model_files(settings, entry, "model.class_names", {}, "config.json")
 
 
 def tokenizer_has(settings: Settings, entry: dict[str, Any], token: str) -> bool | None:
     """Whether a classifier's tokenizer defines ``token`` (``pad``, ``mask``), from tokenizer_config.json or
-    special_tokens_map.json (what transformers reads it from); None when neither can be read."""
-    seen = False
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        cfg = _read_json(settings, entry, name)
-        if not isinstance(cfg, dict):
-            continue
-        seen = True
-        value = cfg.get(f"{token}_token")
-        if isinstance(value, str) and value or isinstance(value, dict) and value.get("content"):
-            return True
-    return False if seen else None
+    special_tokens_map.json (what transformers reads it from, in the bounded parser); None when neither can be
+    read."""
+    return _ask_model_files(settings, entry, "model.tokenizer_has", {"token": token}, "tokenizer_config.json")
 
 
 def _check_news_inputs(req: AttributionsRequest, settings: Settings) -> None:

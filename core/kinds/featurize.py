@@ -4,6 +4,11 @@ The features (:mod:`models.explain.features`) are kept in the file store under `
 the checkpoint weights and the settings, so a repeated request computes nothing and appended training triples or a
 new checkpoint compute only what is new. Later TRAK and projected-TracIn queries of the model score against them.
 
+The defaults are the features the attribution-quality evaluations' ``trak`` reads (:mod:`models.kg.trak_config`,
+torch-free, the one definition the evaluation runs): every checkpoint and layer, gradients of the margin, the
+evaluated k for the model's training triples, projection seed 0. So a default featurize job serves a default
+``POST /tracin`` query with ``estimator: "trak"``, which then runs the evaluated configuration.
+
 Only the model's owner may featurize it (the features are stored for as long as the model is used): another owner's
 model is a 409 on ``model``, as for every name an owner holds.
 """
@@ -17,10 +22,12 @@ from core.contract.errors import FieldConflict
 from core.contract.fields import ADVANCED, RequestModel
 from core.contract.kind import JobKind, register
 from core.contract.results.base import Artifact, ResultModel
+from core.contract.results.influence import RunConfiguration
 from core.contract.results.provenance import PROVENANCE_DESCRIPTION, Provenance
 from core.kinds.tracin import Checkpoints, Layers, Loss, _check_checkpoints, _check_layers, model_vocab
 from core.ownership import owns
 from core.settings import Settings
+from models.kg import trak_config
 
 MAX_PROJ_DIM = 8192  # models.explain.trak.MAX_PROJ_DIM: one k x k Gauss-Newton matrix per checkpoint
 
@@ -35,12 +42,18 @@ class FeaturizeRequest(RequestModel):
         "all", title="Layers compared", json_schema_extra=ADVANCED,
         description="'all', 'last', or the layers whose gradients are projected")
     loss: Loss = Field(
-        "train", title="Gradient of", json_schema_extra=ADVANCED,
-        description=("Whose gradients are stored: the training loss ('train') or the binary cross-entropy of the "
-                     "score ('score_bce')"))
-    proj_dim: int = Field(256, ge=1, le=MAX_PROJ_DIM, title="Projection size",
-                          description="Dimensions each gradient is projected to: more is closer to exact, and larger")
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
+        trak_config.TRAK_LOSS, title="Gradient of", json_schema_extra=ADVANCED,
+        description=("Whose gradients are stored: the negated margin of the tail query ('margin', the default: "
+                     "TRAK's output function, the quantity the attribution-quality evaluations measure), the "
+                     "training loss ('train') or the binary cross-entropy of the score ('score_bce')"))
+    proj_dim: int | None = Field(
+        None, ge=1, le=MAX_PROJ_DIM, title="Projection size",
+        description=(f"Dimensions each gradient is projected to: more is closer to exact, and larger; empty: the "
+                     f"evaluated TRAK's, {trak_config.TRAK_PROJ_DIM:,} (halved, down to "
+                     f"{trak_config.TRAK_MIN_PROJ_DIM}, while the training triples' float32 features would pass "
+                     f"{trak_config.TRAK_MAX_FEATURE_BYTES >> 30} GiB)"))
+    seed: int = Field(trak_config.TRAK_SEED, ge=0, le=limits.MAX_SEED, title="Projection seed",
+                      json_schema_extra=ADVANCED,
                       description="Seed of the random projection; queries must name the same one")
     batch_size: int = Field(256, ge=1, le=limits.MAX_TRACIN_BATCH_SIZE, title="Training triples per pass",
                             json_schema_extra=ADVANCED, description="Training triples featurized together")
@@ -64,8 +77,14 @@ class FeaturizeResult(ResultModel):
     format: str
     layers: list[str]
     loss: str
-    proj_dim: int
+    proj_dim: int = Field(description="the projection size the features were stored with (the evaluated TRAK's "
+                          "when the request left it empty)")
     seed: int
+    projection: str | None = Field(None, description="the random projection: 'kronecker' (models.explain.trak)")
+    configuration: RunConfiguration | None = Field(
+        None, description="the features' configuration (ran: checkpoints, layers, loss, projection_dim, seed, "
+        "projection), the one the evaluated 'trak' reads (evaluated: the same fields) and whether they match: "
+        "when they do, a POST /tracin 'trak' query with its default damping runs the evaluated configuration")
     n_train: int
     checkpoints: list[FeaturizedCheckpoint]
     rows_computed: int

@@ -6,14 +6,12 @@ checkpoint or layer is a 422 naming the field and value before anything is queue
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
-from core import estimators, limits, registry
+from core import estimators, limits
 from core.bounded import run_bounded
 from core.contract.checks import require_model
 from core.contract.errors import FieldError
@@ -28,9 +26,10 @@ from core.contract.fields import (
 )
 from core.contract.kind import FanOut, JobKind, register
 from core.fanout import too_many_shards
-from core.filestore import StoreError
+from core.parsers import raise_if_store_down
 from core.settings import Settings
 from core.userfiles import PathError, display, resolve_data_path
+from models.kg import trak_config
 from models.kg.shapes import LAYER_NAMES
 
 MAX_TEST_TRIPLES = limits.MAX_TEST_TRIPLES
@@ -40,13 +39,15 @@ Triple = Annotated[list[Name], Field(min_length=3, max_length=3, description="[h
 # the gradient selection TracIn and the feature store share: which checkpoints, which layers, whose gradient
 Checkpoints = Literal["all"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_CHECKPOINTS)]
 Layers = Literal["all", "last"] | Annotated[list[Name], Field(min_length=1, max_length=limits.MAX_LAYERS)]
-Loss = Literal["train", "score_bce"]
-# The default loss of estimator 'tracin': of the two offered, the one whose scores take both signs where either's
-# do (the training loss's were never negative on the shipped graphs) and whose self-influence finds mislabelled
-# triples (docs/tracin.md, "Which loss, and why"; benchmarks/tracin_loss.py).
-# The estimators over stored features default to the loss POST /featurize stores by default.
+Loss = Literal["train", "score_bce", "margin"]
+# The default loss of estimator 'tracin': of the two the exact path was measured with, the one whose scores take
+# both signs where either's do (the training loss's were never negative on the shipped graphs) and whose
+# self-influence finds mislabelled triples (docs/tracin.md, "Which loss, and why"; benchmarks/tracin_loss.py).
+# The estimators over stored features default to what POST /featurize stores by default, the evaluated TRAK's
+# features (models.kg.trak_config: the margin, the evaluated k, seed 0), and 'trak' to the evaluated damping, so
+# that a default featurize job and a default 'trak' query run the configuration the evaluations measured.
 DEFAULT_LOSS = "score_bce"
-STORED_DEFAULT_LOSS = "train"
+STORED_DEFAULT_LOSS = trak_config.TRAK_LOSS
 # the estimators a query answers with (core.estimators: one registry, one meaning per name)
 QueryEstimator = estimators.choices(query=True)
 
@@ -87,12 +88,15 @@ class TracInRequest(JobRequest):
         None, title="Gradient of", json_schema_extra=ADVANCED,
         description=("Whose gradients are compared: the binary cross-entropy of the triple's own score "
                      "('score_bce': on some graphs its influences take both signs, where the training loss's were never "
-                     "negative on the shipped graphs) or the training loss ('train'); empty: 'score_bce' for "
-                     "estimator 'tracin', 'train' (what POST /featurize stores by default) for the stored-feature "
-                     "estimators"))
+                     "negative on the shipped graphs), the training loss ('train') or the negated margin of the tail "
+                     "query ('margin', TRAK's output function, what the attribution-quality evaluations measure); "
+                     "empty: 'score_bce' for estimator 'tracin', 'margin' (what POST /featurize stores by default, "
+                     "the evaluated TRAK's) for the stored-feature estimators"))
     projection_dim: int | None = Field(
         None, ge=1, le=limits.MAX_PROJECTION_DIM, title="Random projection size", json_schema_extra=ADVANCED,
-        description="Project the gradients to this many dimensions (faster, approximate); empty: exact")
+        description=("Project the gradients to this many dimensions (faster, approximate); empty: exact for "
+                     "estimator 'tracin', and for the stored-feature estimators the evaluated TRAK's k for the "
+                     "model's training triples (what POST /featurize stores by default)"))
     precision: Literal["auto", "fp32", "fp16", "bf16"] = Field(
         "auto", title="Numeric precision", json_schema_extra=ADVANCED,
         description="Floating-point format of the passes; 'auto' is fp32 (fp16 underflows ConvE's gradients)")
@@ -116,13 +120,14 @@ class TracInRequest(JobRequest):
         "tracin", title="Influence estimator", json_schema_extra=ADVANCED,
         description=("'tracin': TracIn computed exactly from the checkpoints; 'tracin_projected' (TracIn with "
                      "projected gradients, approximate) and 'trak' (projected gradients with a Gauss-Newton "
-                     "inverse) score against the features stored by a featurize job with the same checkpoints, "
-                     "layers, loss, projection size and seed (mode 'test', no filter, a number of triples listed)"))
-    seed: int = Field(0, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
+                     "inverse; its defaults are the configuration the attribution-quality evaluations measured) "
+                     "score against the features stored by a featurize job with the same checkpoints, layers, "
+                     "loss, projection size and seed (mode 'test', no filter, a number of triples listed)"))
+    seed: int = Field(trak_config.TRAK_SEED, ge=0, le=limits.MAX_SEED, title="Projection seed", json_schema_extra=ADVANCED,
                       description="For the stored-feature estimators: the seed of the random projection")
-    damping: float = Field(0.01, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
+    damping: float = Field(trak_config.TRAK_DAMPING, gt=0, le=1e6, title="TRAK damping", json_schema_extra=ADVANCED,
                            description=("For 'trak': damping relative to the mean eigenvalue of the projected "
-                                        "Gauss-Newton matrix"))
+                                        "Gauss-Newton matrix (default: the evaluated TRAK's)"))
     shard_size: ShardSize = shard_size_field("modes 'test' and 'self': candidate training triples")
     max_failed_fraction: float = max_failed_field("candidate training triples")
     shard_retries: int = shard_retries_field()
@@ -138,38 +143,24 @@ class TracInRequest(JobRequest):
         return self
 
 
-def _read_names(text: str) -> frozenset[str]:
-    """Names of an id dictionary (``name<TAB>id``, or ``id<TAB>name``)."""
-    rows = [line.split("\t") for line in text.splitlines() if line.strip()]
-    if all(len(r) == 2 and r[1].strip().lstrip("-").isdigit() for r in rows):
-        return frozenset(r[0].strip() for r in rows)
-    return frozenset(r[1].strip() for r in rows)
-
-
 _VOCABS: OrderedDict[str, dict[str, Any]] = OrderedDict()  # model version -> vocabulary (versions are immutable)
 
 
-def _read_vocab(settings: Settings, entry: dict[str, Any]) -> dict[str, Any]:
-    cfg = json.loads(registry.read_file(settings, entry, "config.json"))
-    ckpts = cfg.get("checkpoints", [])
-    return {
-        "entities": _read_names(registry.read_file(settings, entry, "data/entities.dict").decode("utf-8")),
-        "relations": _read_names(registry.read_file(settings, entry, "data/relations.dict").decode("utf-8")),
-        "checkpoints": {Path(c["file"]).stem for c in ckpts} | {Path(c["file"]).name for c in ckpts}
-        | {str(c["epoch"]) for c in ckpts},
-    }
-
-
 def model_vocab(settings: Settings, model: str) -> dict[str, Any]:
-    """Entities, relations and checkpoint names of a registered ConvE model; FieldError on ``model``."""
+    """Entities, relations and checkpoint names of a registered ConvE model, read from its config.json and id
+    dictionaries in the bounded parser (:func:`core.parsers.model_vocab`); FieldError on ``model``."""
     entry = require_model(settings, model, "conve")
     version = f"{entry.get('location') or entry.get('path')}|{entry.get('created_at')}"
     vocab = _VOCABS.get(version)
     if vocab is None:
-        try:
-            vocab = _read_vocab(settings, entry)
-        except (FileNotFoundError, StoreError):
-            raise FieldError(("body", "model"), f"model {model!r} has no files in the store", value=model) from None
+        answer = run_bounded(settings, "model.vocab", {"entry": entry}, loc=("body", "model"), value=model,
+                             shown=f"the files of model {model!r}")
+        raise_if_store_down(answer)
+        if answer.get("missing"):
+            raise FieldError(("body", "model"), f"model {model!r} has no files in the store", value=model)
+        if "error" in answer:
+            raise FieldError(("body", "model"), answer["error"], value=model)
+        vocab = {field: frozenset(answer[field]) for field in ("entities", "relations", "checkpoints")}
         _VOCABS[version] = vocab
         while len(_VOCABS) > 32:
             _VOCABS.popitem(last=False)
@@ -295,9 +286,7 @@ def _check_estimator(req: TracInRequest) -> None:
               ("filter", req.filter is not None, "scores every training triple: no filter"),
               ("top_k", req.top_k is None, "lists the top_k strongest: top_k must be set"),
               ("method", req.method != "ghost", "uses stored projected gradients, not method 'vmap'"),
-              ("precision", req.precision not in ("auto", "fp32"), "runs in fp32"),
-              ("projection_dim", req.projection_dim is None, "needs projection_dim: the k the model was "
-               "featurized with"))
+              ("precision", req.precision not in ("auto", "fp32"), "runs in fp32"))
     for name, bad, why in checks:
         if bad:
             value = getattr(req, name)

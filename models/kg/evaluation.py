@@ -45,6 +45,7 @@ from scipy import stats
 from models.kg.checkpoint import KGBundle
 from models.kg.estimators import get as get_estimator
 from models.kg.train import TrainConfig, train_conve
+from models.kg.trak_config import trak_configuration
 from models.kg.triples import TriplesDataset
 
 CONFIDENCE = 0.95
@@ -731,33 +732,9 @@ def gradcos_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Te
     return torch.ones(len(train), dtype=torch.float64)
 
 
-# TRAK as the paper defines its features: gradients of the output function (the multi-class margin the LDS
-# measures) on both sides, projected to k dimensions, a damped Gauss-Newton inverse per checkpoint, averaged over the
-# checkpoints. The damping was chosen on Nations (m=16); the projection size on development replicates (seeds 1000
-# and 1001, never the measured seeds): k=4096 raised Kinships' LDS from 0.35 to 0.45 and UMLS's from 0.48 to 0.52,
-# and left Nations' unchanged (docs/quality.md). k is halved, down to TRAK_MIN_PROJ_DIM, while the training
-# triples' [n, k] float32 features would exceed TRAK_MAX_FEATURE_BYTES, so a large graph keeps its memory bounded.
-TRAK_PROJ_DIM = 4096
-TRAK_MIN_PROJ_DIM = 256
-TRAK_MAX_FEATURE_BYTES = 2 << 30
-TRAK_DAMPING = 0.3
-
-
-def trak_proj_dim(n_train: int) -> int:
-    """The projection size TRAK uses for ``n_train`` training triples (see ``TRAK_PROJ_DIM``)."""
-    k = TRAK_PROJ_DIM
-    while k > TRAK_MIN_PROJ_DIM and 4 * k * max(int(n_train), 1) > TRAK_MAX_FEATURE_BYTES:
-        k //= 2
-    return k
-
-
-def trak_configuration(n_train: int) -> dict[str, Any]:
-    """The TRAK configuration the evaluations run and docs/quality.md measured, for ``n_train`` training triples:
-    what :func:`trak_scores` passes to :func:`models.kg.trak.trak_scores` (every checkpoint, every layer, the
-    margin on both sides, k from :func:`trak_proj_dim`, ``TRAK_DAMPING``, projection seed 0, the Kronecker
-    projection). ``POST /tracin``'s ``trak`` results name it beside the configuration they ran."""
-    return {"checkpoints": "all", "layers": "all", "loss": "margin", "projection_dim": trak_proj_dim(n_train),
-            "damping": TRAK_DAMPING, "seed": 0, "projection": "kronecker"}
+# TRAK's configuration (the margin on both sides, k = 4096 halved while the features would not fit, damping 0.3,
+# every checkpoint and layer, seed 0) is defined once, torch-free, in models.kg.trak_config: the service's defaults
+# read the same one. trak_scores and trak_self_scores pass exactly trak_configuration(n_train).
 
 
 def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor) -> torch.Tensor:

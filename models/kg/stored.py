@@ -34,15 +34,21 @@ from models.kg.checkpoint import KGBundle
 from models.kg.influence import TestReport, raise_non_finite
 from models.kg.tracin import resolve_layers
 from models.kg.trak import LOSSES, GradientProjector
+from models.kg.trak_config import stored_configuration, trak_configuration, trak_proj_dim
+
+
+def projection_size(n_train: int, proj_dim: int | None) -> int:
+    """``proj_dim``, or when None the evaluated TRAK's k for ``n_train`` training triples
+    (:func:`models.kg.trak_config.trak_proj_dim`): what ``POST /featurize`` stores and ``POST /tracin``'s
+    stored-feature estimators read by default."""
+    return trak_proj_dim(n_train) if proj_dim is None else int(proj_dim)
 
 
 def run_configuration(bundle: KGBundle, index: Any, estimator: str, loss: str, proj_dim: int, seed: int,
                       damping: float) -> dict[str, Any]:
     """The configuration a stored-feature report ran (``ran``) and, for ``trak``, the one the evaluations measure
-    (``evaluated``, :func:`models.kg.evaluation.trak_configuration` for this training set) and whether they match;
+    (``evaluated``, :func:`models.kg.trak_config.trak_configuration` for this training set) and whether they match;
     ``tracin_projected`` is not evaluated (``evaluated`` and ``matches_evaluated`` None)."""
-    from models.kg.evaluation import trak_configuration
-
     every = [c.name for c in bundle.checkpoints]
     ran = {"checkpoints": "all" if [c.name for c in index.ckpts] == every else [c.name for c in index.ckpts],
            "layers": "all" if tuple(index.settings.layers) == resolve_layers(bundle.model, "all")
@@ -93,14 +99,35 @@ class ConvEFeatures(FeatureSource):
         return GradientProjector(self.bundle.model, layers, loss, proj_dim, seed, device, dtype, batch_size)
 
 
-def featurize(store: Any, bundle: KGBundle, checkpoints: Any = "all", **kwargs: Any) -> dict[str, Any]:
-    """:func:`models.explain.features.featurize` of a ConvE bundle (default: its training triples)."""
-    return featurize_source(store, ConvEFeatures(bundle), checkpoints, **kwargs)
+def featurize(store: Any, bundle: KGBundle, checkpoints: Any = "all", *, proj_dim: int | None = None,
+              **kwargs: Any) -> dict[str, Any]:
+    """:func:`models.explain.features.featurize` of a ConvE bundle (default: its training triples), ``proj_dim``
+    None the evaluated TRAK's (:func:`projection_size`). The report adds ``projection`` and ``configuration``: the
+    features' configuration (``ran``: checkpoints, layers, loss, projection_dim, seed, projection), the one the
+    evaluated ``trak`` reads (``evaluated``: :func:`models.kg.trak_config.stored_configuration`) and whether they
+    are equal, so that a default ``trak`` query of these features runs the evaluated configuration."""
+    train = kwargs.get("train")
+    n_train = len(bundle.dataset.train if train is None else train)
+    k = projection_size(n_train, proj_dim)
+    report = featurize_source(store, ConvEFeatures(bundle), checkpoints, proj_dim=k, **kwargs)
+    every = [c.name for c in bundle.checkpoints]
+    names = [c["checkpoint"] for c in report["checkpoints"]]
+    ran = {"checkpoints": "all" if names == every else names,
+           "layers": "all" if tuple(report["layers"]) == resolve_layers(bundle.model, "all") else report["layers"],
+           "loss": report["loss"], "projection_dim": int(k), "seed": report["seed"],
+           "projection": GradientProjector.projection}
+    evaluated = stored_configuration(n_train)
+    return {**report, "projection": GradientProjector.projection,
+            "configuration": {"ran": ran, "evaluated": evaluated, "matches_evaluated": ran == evaluated}}
 
 
-def feature_index(store: Any, bundle: KGBundle, checkpoints: Any = "all", **kwargs: Any) -> FeatureIndex:
-    """:class:`models.explain.features.FeatureIndex` of a ConvE bundle's stored features."""
-    return FeatureIndex(store, ConvEFeatures(bundle), checkpoints, **kwargs)
+def feature_index(store: Any, bundle: KGBundle, checkpoints: Any = "all", *, proj_dim: int | None = None,
+                  **kwargs: Any) -> FeatureIndex:
+    """:class:`models.explain.features.FeatureIndex` of a ConvE bundle's stored features (``proj_dim`` None: the
+    evaluated TRAK's, :func:`projection_size`)."""
+    train = kwargs.get("train")
+    k = projection_size(len(bundle.dataset.train if train is None else train), proj_dim)
+    return FeatureIndex(store, ConvEFeatures(bundle), checkpoints, proj_dim=k, **kwargs)
 
 
 def settings_for(bundle: KGBundle, layers: str | Sequence[str], loss: str, proj_dim: int,
@@ -111,14 +138,15 @@ def settings_for(bundle: KGBundle, layers: str | Sequence[str], loss: str, proj_
 
 def stored_report(store: Any, bundle: KGBundle, test_triples: Sequence[Sequence[str]], *, estimator: str = "trak",
                   top_k: int = 10, checkpoints: Any = "all", layers: str | Sequence[str] = "all",
-                  loss: str = "train", proj_dim: int = 256, seed: int = 0, damping: float = DEFAULT_DAMPING,
+                  loss: str = "train", proj_dim: int | None = 256, seed: int = 0, damping: float = DEFAULT_DAMPING,
                   weights: Sequence[float] | None = None, lr_weight: str = "last", train: torch.Tensor | None = None,
                   tile_rows: int | None = None, progress: Callable[[int, int, str], None] | None = None,
                   out_dir: Path | None = None,
                   on_index: Callable[[FeatureIndex], None] | None = None) -> tuple[dict, list[dict]]:
     """A TracIn mode-``test`` report scored against the stored features of every training triple (``train``,
     default the model's): ``estimator`` ``trak`` or ``tracin_projected`` (checkpoint weights ``weights``, default
-    the stored learning rates; ``lr_weight`` names how they were chosen). The same builder as the direct path
+    the stored learning rates; ``lr_weight`` names how they were chosen; ``proj_dim`` None: the evaluated TRAK's k,
+    :func:`projection_size`). The same builder as the direct path
     (:class:`models.kg.influence.TestReport`) makes the report, so the result has the same fields;
     ``train_self_influence`` of a listed training triple is its own score under the same estimator. Returns the
     result's fields and the CSV rows (empty when written under ``out_dir``). ``on_index`` is called with the opened
@@ -127,6 +155,7 @@ def stored_report(store: Any, bundle: KGBundle, test_triples: Sequence[Sequence[
     t0 = time.perf_counter()
     ds = bundle.dataset
     test = ds.encode(test_triples)
+    proj_dim = projection_size(len(ds.train if train is None else train), proj_dim)
     index = feature_index(store, bundle, checkpoints, layers=layers, loss=loss, proj_dim=proj_dim, seed=seed,
                           train=train)
     if on_index is not None:

@@ -153,3 +153,96 @@ def test_a_load_past_the_wall_timeout_is_killed_and_names_the_file(tmp_path) -> 
     assert time.monotonic() - start < 10
     assert caught.value.code == "invalid_model"
     assert str(caught.value) == "kg/slow.pt: loading it took longer than 1.5 s (EXPLAINQ_WORKER_LOAD_TIMEOUT_S)"
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _pipes(pid: int) -> set[str]:
+    links = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            links.add(str(fd.readlink()))
+        except OSError:
+            pass
+    return {link for link in links if link.startswith("pipe:")}
+
+
+def test_one_warm_child_serves_every_load_and_each_load_gets_a_fresh_child_without_its_pipes(tmp_path) -> None:
+    """Torch is imported once per worker process (the warm child), each load runs in a child forked for it alone,
+    which holds none of the pipes the warm child talks to the worker over (it can neither read the next request
+    nor forge an answer), and a warm child that died is started again."""
+    import models.bounded_load as bl
+    from models.bounded_load import LoadBounds
+    from models.weight_files import load_state_file
+
+    bl.stop_warm_child()
+    bounds = LoadBounds(256 * MiB, 60, 120)
+    torch.save({"w": torch.arange(6.0)}, tmp_path / "small.pt")
+    assert torch.equal(load_state_file(tmp_path / "small.pt", bounds=bounds)["w"], torch.arange(6.0))
+    zygote = bl._SHARED[0].proc.pid
+    zygote_pipes = _pipes(zygote)
+    assert len(zygote_pipes) >= 2  # its stdin and its answers
+
+    _checkpoint_variant(tmp_path / "slow.pt", entries=100_000, copies=25, keep=False)
+    seen: dict[int, set[str]] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for child in _children(zygote):
+                try:
+                    seen.setdefault(child, _pipes(child))
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    with pytest.raises(ValueError):
+        load_state_file(tmp_path / "slow.pt", bounds=bounds)
+    done.set()
+    watcher.join()
+    assert seen, "no load child was seen"
+    for child, pipes in seen.items():
+        assert child != zygote
+        assert not pipes & zygote_pipes, (pipes, zygote_pipes)
+    assert bl._SHARED[0].proc.pid == zygote  # the same warm child served both loads
+
+    bl._SHARED[0].proc.kill()
+    bl._SHARED[0].proc.wait()
+    assert torch.equal(load_state_file(tmp_path / "small.pt", bounds=bounds)["w"], torch.arange(6.0))
+    assert bl._SHARED[0].proc.pid != zygote
+
+
+def test_a_timed_out_load_leaves_the_warm_child_serving(tmp_path) -> None:
+    import models.bounded_load as bl
+    from models.bounded_load import LoadBounds, LoadRefused
+    from models.weight_files import load_state_file
+
+    _checkpoint_variant(tmp_path / "slow.pt", entries=100_000, copies=200, keep=False)
+    torch.save({"w": torch.ones(3)}, tmp_path / "small.pt")
+    load_state_file(tmp_path / "small.pt", bounds=LoadBounds(256 * MiB, 60, 120))
+    zygote = bl._SHARED[0].proc.pid
+    with pytest.raises(LoadRefused, match="took longer than 1 s"):
+        load_state_file(tmp_path / "slow.pt", bounds=LoadBounds(512 * MiB, 60, 1.0))
+    assert _children(zygote) == []  # the child was killed and reaped
+    assert torch.equal(load_state_file(tmp_path / "small.pt", bounds=LoadBounds(256 * MiB, 60, 120))["w"],
+                       torch.ones(3))
+    assert bl._SHARED[0].proc.pid == zygote
+
+
+def test_with_the_warm_child_off_each_load_starts_and_ends_its_own(tmp_path) -> None:
+    import models.bounded_load as bl
+    from models.bounded_load import LoadBounds
+    from models.weight_files import load_state_file
+
+    bl.stop_warm_child()
+    torch.save({"w": torch.ones(2)}, tmp_path / "small.pt")
+    got = load_state_file(tmp_path / "small.pt", bounds=LoadBounds(256 * MiB, 60, 120, warm=False))
+    assert torch.equal(got["w"], torch.ones(2))
+    assert bl._SHARED == []

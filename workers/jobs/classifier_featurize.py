@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from core import dataset_refs, lastuse, registry
+from core import dataset_refs, registry
 from core.filestore import get_store
 from core.kinds.classifier_featurize import SERVES, ClassifierFeaturizeRequest, ClassifierFeaturizeResult
 from core.kinds.classifier_influence import ClassifierInfluenceRequest, chunk_size, training_dataset
@@ -57,7 +57,7 @@ def run(request: ClassifierFeaturizeRequest, ctx: JobContext) -> ClassifierFeatu
     if r.loss == "margin":
         store_weights(store, source, stored, ctx.device)
     record_model(store, keys, entry.get("location"))
-    lastuse.touch(store, [f"features/{k}" for k in keys])
+    ctx.use_shared(f"features/{k}" for k in keys)
     seconds = time.perf_counter() - t0
     result = ClassifierFeaturizeResult.model_validate({
         "model": r.model, "dataset": name, **json_safe(stored), "serves": SERVES[r.loss],

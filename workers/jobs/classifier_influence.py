@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from core import dataset_refs, lastuse, registry
+from core import dataset_refs, registry
 from core.contract.results.classifier_influence import TEXT_SHOWN
 from core.kinds.classifier_influence import (
     ClassifierInfluenceRequest,
@@ -416,7 +416,7 @@ def _stored(r: ClassifierInfluenceRequest, ctx: JobContext, p: Prepared, base: d
     try:
         index = FeatureIndex(store, ClassifierFeatures(p.clf, p.train_rows), "all", loss=loss, proj_dim=r.proj_dim,
                              seed=r.seed, train=p.train_rows, batch_size=chunk)
-        lastuse.touch(store, [f"features/{k}" for k in index.keys])
+        ctx.use_shared(f"features/{k}" for k in index.keys)
         base = {**base, "proj_dim": r.proj_dim, "output": "margin" if loss == "margin" else "cross_entropy",
                 "damping": r.damping if r.estimator == "trak" else None, "stored": True}
         if r.mode == "self":

@@ -303,8 +303,8 @@ def _lds_dataset(ctx: JobContext, request: EvaluateAttributionRequest) -> tuple[
     if len(ds.test) == 0:
         raise JobError("bad_dataset", f"dataset {request.dataset!r} has no test split to evaluate on")
     ident = _identity(request, ds)
-    lastuse.touch(get_store(ctx.settings), [f"{ROOT}/lds/{ident['lds']}", _model_key(ident["full"]),
-                                            *(_model_key(k) for k in ident["members"])])
+    ctx.use_shared([f"{ROOT}/lds/{ident['lds']}", _model_key(ident["full"]),
+                    *(_model_key(k) for k in ident["members"])])
     return ds, ident
 
 
@@ -518,7 +518,7 @@ def run_mislabel(request: EvaluateMislabelRequest, ctx: JobContext) -> MislabelR
     record = {"indices": idx.tolist(), "original_tails": ds.train[torch.from_numpy(idx), 2].tolist(),
               "new_tails": new_tails.tolist()}
     store = get_store(ctx.settings)
-    lastuse.touch(store, [key])
+    ctx.use_shared([key])
     trainings = 0
     if not store.exists(f"{key}/config.json"):
         _train_full(ctx, with_train(ds, corrupted_train, keep_eval=True), recipe, key,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core import lastuse, registry
+from core import registry
 from core.filestore import get_store
 from core.kinds.featurize import FeaturizeRequest, FeaturizeResult
 from workers.context import JobContext, JobError, json_safe
@@ -44,7 +44,7 @@ def run(request: FeaturizeRequest, ctx: JobContext) -> FeaturizeResult:
         raise JobError("invalid_request", str(exc.args[0] if exc.args else exc)) from None
     keys = [c["key"] for c in stored["checkpoints"]]
     record_model(get_store(ctx.settings), keys, (registry.get_model(ctx.settings, request.model) or {}).get("location"))
-    lastuse.touch(get_store(ctx.settings), [f"features/{k}" for k in keys])
+    ctx.use_shared(f"features/{k}" for k in keys)
     result = FeaturizeResult.model_validate({"model": request.model, **json_safe(stored)})
     ctx.artifact_path("result.json").write_text(result.model_dump_json(exclude={"artifacts"}))
     result.artifacts = ctx.artifacts()

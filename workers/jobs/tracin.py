@@ -27,7 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from core import estimators, lastuse
+from core import estimators
 from core.artifacts import artifacts_key
 from core.contract.kind import ReduceRequest, ShardRequest
 from core.contract.results.influence import InfluenceResult
@@ -171,7 +171,7 @@ def _run_stored(request: TracInRequest, ctx: JobContext, bundle: Any) -> Influen
             top_k=request.top_k, checkpoints=ckpts, layers=request.layers, loss=request.loss,
             proj_dim=request.projection_dim, seed=request.seed, damping=request.damping, weights=weights,
             lr_weight=request.lr_weight, progress=_progress(ctx), out_dir=ctx.artifacts_dir,
-            on_index=lambda index: lastuse.touch(get_store(ctx.settings), [f"features/{k}" for k in index.keys]))
+            on_index=lambda index: ctx.use_shared(f"features/{k}" for k in index.keys))
     except NotFeaturized as exc:
         raise JobError("not_featurized", f"{exc.args[0]} (POST /featurize with the same checkpoints, layers, loss, "
                        "projection_dim and seed)") from None

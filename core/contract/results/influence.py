@@ -110,8 +110,10 @@ class Unscored(ResultModel):
 
 class RunConfiguration(ResultModel):
     """What a stored-feature estimator ran (``ran``: checkpoints, layers, loss, projection_dim, damping, seed,
-    projection) and, for ``trak``, the configuration ``models.kg.evaluation.trak_configuration`` says the
-    evaluations measure (``evaluated``) and whether the two are equal (``matches_evaluated``)."""
+    projection) and, for ``trak``, the configuration ``models.kg.trak_config.trak_configuration`` says the
+    evaluations measure (``evaluated``) and whether the two are equal (``matches_evaluated``). A featurize result
+    uses it for the features it stored: the same fields without the damping, which a query applies
+    (``models.kg.trak_config.stored_configuration``)."""
 
     ran: dict[str, Any]
     evaluated: dict[str, Any] | None

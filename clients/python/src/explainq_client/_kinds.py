@@ -166,7 +166,7 @@ class KindMethods(Generic[R]):
         top_k: int | None | NotGiven = NOT_GIVEN,
         checkpoints: Literal["all"] | Sequence[str] | NotGiven = NOT_GIVEN,
         layers: Literal["all", "last"] | Sequence[str] | NotGiven = NOT_GIVEN,
-        loss: Literal["train", "score_bce"] | NotGiven = NOT_GIVEN,
+        loss: Literal["train", "score_bce", "margin"] | NotGiven = NOT_GIVEN,
         projection_dim: int | None | NotGiven = NOT_GIVEN,
         precision: Precision | NotGiven = NOT_GIVEN,
         batch_size: int | NotGiven = NOT_GIVEN,
@@ -191,7 +191,7 @@ class KindMethods(Generic[R]):
 
         ``test_triples`` are ``[head, relation, tail]`` names (required except in ``mode="self"``, which ranks
         training triples by self-influence). Server defaults: ``mode="test"``, ``top_k=10`` (None: every
-        candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="score_bce"`` (``"train"`` with the
+        candidate), ``checkpoints="all"``, ``layers="all"``, ``loss="score_bce"`` (``"margin"`` with the
         stored-feature estimators), ``method="ghost"``.
         ``filter={"n_hops": 1, "min_degree": 0}`` keeps candidates near the test triples.
         ``test_triples_path`` names a head/relation/tail TSV under the data roots instead of ``test_triples``.
@@ -200,8 +200,10 @@ class KindMethods(Generic[R]):
         workers in shards of ``shard_size`` candidate triples (``"auto"``), failing when more than
         ``max_failed_fraction`` fail, retrying a failed shard ``shard_retries`` times.
         ``estimator="trak"`` or ``"tracin_projected"`` (approximate) answers mode ``test`` from the features
-        :meth:`featurize` stored with the same checkpoints, layers, loss, ``projection_dim`` and ``seed``
-        (``damping``, default 0.01, for ``trak``); ``"exact"`` (default) is exact TracIn.
+        :meth:`featurize` stored with the same checkpoints, layers, loss, ``projection_dim`` (default: the
+        evaluated TRAK's k for the model) and ``seed`` (``damping``, default 0.3, for ``trak``: with every default
+        it runs the configuration the attribution-quality evaluations measured); ``"exact"`` (default) is exact
+        TracIn.
         """
         return self._submit("/tracin", _body(dict(locals())), idempotency_key)
 
@@ -319,8 +321,8 @@ class KindMethods(Generic[R]):
         self, *, model: str,
         checkpoints: Literal["all"] | Sequence[str] | NotGiven = NOT_GIVEN,
         layers: Literal["all", "last"] | Sequence[str] | NotGiven = NOT_GIVEN,
-        loss: Literal["train", "score_bce"] | NotGiven = NOT_GIVEN,
-        proj_dim: int | NotGiven = NOT_GIVEN,
+        loss: Literal["train", "score_bce", "margin"] | NotGiven = NOT_GIVEN,
+        proj_dim: int | None | NotGiven = NOT_GIVEN,
         seed: int | NotGiven = NOT_GIVEN,
         batch_size: int | NotGiven = NOT_GIVEN,
         label: str | None | NotGiven = NOT_GIVEN,
@@ -332,7 +334,8 @@ class KindMethods(Generic[R]):
         """Store the projected gradient features of a ConvE model's training triples (queue ``bulk``; your own
         model only), so that :meth:`tracin` with ``estimator="trak"`` or ``"tracin_projected"`` scores against
         them. Only rows not stored yet are computed. Server defaults: ``checkpoints="all"``, ``layers="all"``,
-        ``loss="train"``, ``proj_dim=256``, ``seed=0``.
+        ``loss="margin"``, ``proj_dim`` the evaluated TRAK's (4,096, less on graphs whose features would pass
+        2 GiB), ``seed=0``: the features a default ``trak`` query reads.
         """
         return self._submit("/featurize", _body(dict(locals())), idempotency_key)
 
