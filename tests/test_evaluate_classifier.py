@@ -132,6 +132,14 @@ def test_sharded_then_whole_give_one_result_and_the_second_reuses_every_model(sv
     differ = {"shards", "trainings", "ground_truth", "estimators", "artifacts", "provenance"}
     assert {k: v for k, v in res2.items() if k not in differ} == {k: v for k, v in res.items() if k not in differ}
     assert res2["ground_truth"]["key"] == res["ground_truth"]["key"]
+    # the shared models count in the caller's stored bytes while a job that used them is on record
+    from core import lastuse
+    from core.filestore import get_store
+
+    claimed = lastuse.claims(get_store(svc.settings), "anonymous")
+    for entry in (f"cache/evaluation/lds/clf-{res['ground_truth']['key']}",
+                  f"cache/evaluation/models/clf-{res['ground_truth']['full_model']}"):
+        assert job2["id"] in claimed.get(entry, set()), (entry, sorted(claimed))
     for name in ("tracin", "graddot"):
         a, b = res["estimators"][name], res2["estimators"][name]
         assert {**a, "seconds": 0} == {**b, "seconds": 0}, name

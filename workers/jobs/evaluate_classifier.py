@@ -345,8 +345,8 @@ def _prepare(ctx: JobContext, request: EvaluateClassifierAttributionRequest) -> 
     inputs = Inputs(ctx, request.model, request.dataset)
     _test(inputs)
     ident = _identity(request, inputs)
-    lastuse.touch(get_store(ctx.settings), [f"{ROOT}/lds/clf-{ident['lds']}", _model_key(ident["full"]),
-                                            *(_model_key(k) for k in ident["members"])])
+    ctx.use_shared([f"{ROOT}/lds/clf-{ident['lds']}", _model_key(ident["full"]),
+                    *(_model_key(k) for k in ident["members"])])
     return inputs, ident
 
 
@@ -491,7 +491,7 @@ def run_mislabel(request: EvaluateClassifierMislabelRequest, ctx: JobContext) ->
                                     data=inputs.data_version, fraction=request.fraction, seed=request.seed))
     record = {"flipped": flipped.tolist(), "labels": labels[flipped].tolist()}
     store = get_store(ctx.settings)
-    lastuse.touch(store, [key])
+    ctx.use_shared([key])
     trainings = 0
     if not store.exists(f"{key}/checkpoints.json"):
         ctx.progress(0, 1, "models", message="model of the flipped labels")
