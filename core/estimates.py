@@ -123,10 +123,11 @@ def seconds_per_example_parameter(rate: MeasuredRate | None) -> float | None:
     return rate.seconds / (rate.examples * rate.parameters)
 
 
-def evaluation_estimate(size: EvaluationSize, rate: MeasuredRate | None) -> dict[str, Any]:
+def evaluation_estimate(size: EvaluationSize, rate: MeasuredRate | None,
+                        rate_kind: str = "train_conve") -> dict[str, Any]:
     """The answer of ``POST /kinds/{name}/estimate`` for an evaluation: its trainings, their examples and steps,
-    the training time by the stated model (``k`` from ``rate``, a ``train_conve`` run, else the reference
-    constant) and the bytes it writes."""
+    the training time by the stated model (``k`` from ``rate``, a run of ``rate_kind``, else the reference
+    constant, measured on ConvE) and the bytes it writes."""
     measured = seconds_per_example_parameter(rate)
     k = measured if measured is not None else CONVE_SECONDS_PER_EXAMPLE_PARAMETER
     first = size.groups[0].size
@@ -145,10 +146,11 @@ def evaluation_estimate(size: EvaluationSize, rate: MeasuredRate | None) -> dict
         "disk_bytes": sum(size.disk.values()), "disk": dict(size.disk),
         "reuse": size.reuse,
         "formula": "trainings = the models the evaluation needs; examples = each model's epochs x its training "
-                   "triples per epoch (twice with reciprocal relations), summed; time = k x examples x parameters, "
-                   "k " + ("measured on your latest succeeded train_conve run" if measured is not None else
+                   + ("triples per epoch (twice with reciprocal relations)" if first.unit == "triples" else
+                      f"{first.unit} per epoch") + ", summed; time = k x examples x parameters, "
+                   "k " + (f"measured on your latest succeeded {rate_kind} run" if measured is not None else
                            f"{CONVE_SECONDS_PER_EXAMPLE_PARAMETER:.2g} s, measured on 2 shared cores of an AMD EPYC "
-                           "(no train_conve run of yours to measure it on)")
+                           f"training ConvE (no {rate_kind} run of yours to measure it on)")
                    + "; the training only, one model after another (the estimators' time is not counted)",
     }
 

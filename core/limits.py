@@ -240,24 +240,26 @@ MAX_PROBE_HIDDEN = _limit("MAX_PROBE_HIDDEN", 16_384, ("ablations.hidden_dim",),
 
 # ------------------------------------------------------------------------------------------ attribution evaluation
 MAX_EVAL_MODELS = _limit(
-    "MAX_EVAL_MODELS", 256, ("evaluate_attribution.m",),
+    "MAX_EVAL_MODELS", 256, ("evaluate_attribution.m", "evaluate_classifier_attribution.m"),
     "subset models one LDS evaluation trains (each one a ConvE training run, one shard; the TRAK paper's figures "
     "use 50 to a few hundred)")
 MAX_EVAL_EPOCHS = _limit(
-    "MAX_EVAL_EPOCHS", 200, ("evaluate_attribution.recipe.epochs", "evaluate_mislabel.recipe.epochs"),
+    "MAX_EVAL_EPOCHS", 200, ("evaluate_attribution.recipe.epochs", "evaluate_mislabel.recipe.epochs",
+                         "evaluate_classifier_attribution.recipe.epochs", "evaluate_classifier_mislabel.recipe.epochs"),
     "epochs of each model an evaluation trains (an evaluation trains up to MAX_EVAL_MODELS + 1 of them)")
 MAX_EVAL_TRAINING_EPOCHS = _limit(
     "MAX_EVAL_TRAINING_EPOCHS", 20_000, (),
     "(m + ensemble members) x recipe.epochs of one LDS evaluation (the epochs its subset models and ensemble "
-    "members train in all), checked by validate")
+    "members train in all; the classifier evaluations also count the full-data model), checked by validate")
 MAX_EVAL_ENSEMBLE = _limit(
-    "MAX_EVAL_ENSEMBLE", 16, ("evaluate_attribution.ensemble",),
+    "MAX_EVAL_ENSEMBLE", 16, ("evaluate_attribution.ensemble", "evaluate_classifier_attribution.ensemble"),
     "further full-data models an LDS evaluation trains for the ensemble estimators (trak_ensemble; each one a "
     "ConvE training run, one shard)")
 MAX_EVAL_TEST_TRIPLES = _limit(
-    "MAX_EVAL_TEST_TRIPLES", 2000, ("evaluate_attribution.n_test",),
+    "MAX_EVAL_TEST_TRIPLES", 2000, ("evaluate_attribution.n_test", "evaluate_classifier_attribution.n_test"),
     "test triples an LDS evaluation scores (the estimators compute n_test x training-triples scores, and the "
     "result lists one LDS per test triple and estimator)")
 MAX_EVAL_ESTIMATORS = _limit(
-    "MAX_EVAL_ESTIMATORS", 16, ("evaluate_attribution.estimators", "evaluate_mislabel.estimators"),
+    "MAX_EVAL_ESTIMATORS", 16, ("evaluate_attribution.estimators", "evaluate_mislabel.estimators",
+                            "evaluate_classifier_attribution.estimators", "evaluate_classifier_mislabel.estimators"),
     "estimators one evaluation measures (each name at most once)")

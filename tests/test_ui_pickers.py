@@ -32,11 +32,13 @@ def test_the_form_offers_every_model_its_kind_takes() -> None:
 def test_the_models_page_opens_the_attributions_form_for_a_classifier() -> None:
     kinds = _described()
     # a classifier can be explained, trained further from its weights, traced to its training data, and its
-    # training data's gradients stored for repeated queries
+    # training data's gradients stored for repeated queries, and its estimators evaluated
     for kind in ("hf_classifier", "exported_classifier"):
         assert [a["kind"] for a in explain_actions(kinds, kind)] == ["attributions", "train_classifier",
                                                                    "classifier_influence",
-                                                                   "classifier_featurize"]
+                                                                   "classifier_featurize",
+                                                                   "evaluate_classifier_attribution",
+                                                                   "evaluate_classifier_mislabel"]
     assert "attributions" in [a["kind"] for a in explain_actions(kinds, "news")]
     assert "tracin" in [a["kind"] for a in explain_actions(kinds, "conve")]
 

@@ -52,7 +52,9 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
         "(`evaluate_attribution`, `evaluate_mislabel`): `trainings` and `models` (the ConvE models it trains, "
         "at most: stored ones are reused), their `examples` and `steps`, `seconds = k x examples x parameters` "
         "(`basis` `measured`: k from your latest succeeded train_conve run; `model`: a constant measured on the "
-        "reference machine; the training only, not the estimators) and `disk_bytes` by `disk`. Counts are null "
+        "reference machine; the training only, not the estimators) and `disk_bytes` by `disk`. The classifier "
+        "evaluations (`evaluate_classifier_attribution`, `evaluate_classifier_mislabel`) answer the same way for "
+        "the classifiers they train, k from your latest succeeded run of the same kind. Counts are null "
         "when the dataset's size is not registered.",
         responses={404: {}, 422: {}},
     )
@@ -74,7 +76,7 @@ def build_router(kinds: dict[str, JobKind]) -> APIRouter:
         rate_kind = rate_kinds[name]
         rate = _rate(request, rate_kind, owner) if size is not None and rate_kind is not None else None
         if isinstance(size, estimates.EvaluationSize):
-            return estimates.evaluation_estimate(size, rate)
+            return estimates.evaluation_estimate(size, rate, rate_kind.name if rate_kind is not None else name)
         return estimates.estimate(size, rate)
 
     return router

@@ -102,3 +102,109 @@ def auc_interval(labels: np.ndarray, scores: np.ndarray, seed: int, confidence: 
     return {"auc": auc, "low": float(low), "high": float(high), "n": int(len(labels)),
             "positives": int(labels.sum()), "confidence": confidence, "seed": seed}
 
+
+
+# ------------------------------------------------------------------------------------------ the service's reports
+def data_version(splits: dict[str, Split]) -> str:
+    """A digest of a tensors dataset's splits (inputs and labels, as read): the address part of its data."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(splits):
+        x, y = splits[name].inputs.contiguous(), splits[name].labels.to(torch.int64).contiguous()
+        h.update(f"\0{name}\0{tuple(x.shape)}\0".encode())
+        h.update(x.numpy().tobytes())
+        h.update(y.numpy().tobytes())
+    return h.hexdigest()
+
+
+def read_classifier(directory: Path, name: str = "classifier", device: Any = "cpu") -> Any:
+    """A model directory ``save_model`` wrote, as the estimators take it (``models.export.influence.classifier``,
+    every checkpoint)."""
+    from models.export.influence import ProgramModule, classifier, read_checkpoints
+    from models.export.program import load
+
+    module = ProgramModule(load(Path(directory), device))
+    return classifier(module, read_checkpoints(Path(directory), module, device=device).states, name=name)
+
+
+def run_estimator(name: str, clf: Any, test: torch.Tensor | None, train: torch.Tensor, self_scores: bool = False,
+                  members: Sequence[Any] = ()) -> ev.EstimatorRun:
+    """One classifier estimator (``models.explain.classifier_estimators``) on ``clf``, every checkpoint: its
+    scores ``[m, n]`` of the test rows (the margin traced where the estimator takes an output, as the LDS
+    measures) or its self-scores ``[n]``, timed, shape and finiteness checked."""
+    import time
+
+    from models.explain.classifier_estimators import get as get_estimator
+
+    estimator = get_estimator(name)
+    scores_fn, self_fn = estimator.load()
+    extra: dict[str, Any] = {}
+    if not self_scores and estimator.ensemble:
+        extra["members"] = list(members)
+    if not self_scores and len(estimator.outputs) > 1:
+        extra["output"] = "margin"
+    t0 = time.perf_counter()
+    out = self_fn(clf, "all", train) if self_scores else scores_fn(clf, "all", test, train, **extra)
+    values = out.detach().double().cpu().numpy()
+    seconds = time.perf_counter() - t0
+    expected = (len(train),) if self_scores else (len(test), len(train))
+    if values.shape != expected:
+        raise ValueError(f"estimator {name!r} returned shape {values.shape}, expected {expected}")
+    if not np.isfinite(values).all():
+        raise ValueError(f"estimator {name!r} returned non-finite scores")
+    return ev.EstimatorRun(name, values, seconds)
+
+
+def lds_report(clf: Any, masks: np.ndarray, outputs: np.ndarray, test: torch.Tensor, train: torch.Tensor,
+               estimators: Sequence[str], seed: int, members: Sequence[Any] = (),
+               progress: Any = None, scores: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """``models.kg.evaluation.lds_report`` for a classifier: each estimator's LDS per test row
+    (``lds_per_test``), its mean with ``mean_interval``, its time and output, and its ratio to TracIn
+    (``ratio_interval``, paired over the same test rows) when TracIn is measured. ``test`` and ``train`` are rows
+    (``models.export.influence.rows``); ``outputs`` ``[M, m]`` the subset models' margins on ``test``."""
+    from models.explain.classifier_estimators import get as get_estimator
+
+    out: dict[str, Any] = {}
+    for k, name in enumerate(estimators):
+        if progress is not None:
+            progress(k, len(estimators), f"estimator {name}")
+        run = run_estimator(name, clf, test, train, members=members)
+        per = ev.lds_per_test(masks, outputs, run.values)
+        if scores is not None:
+            scores[name] = run.values
+        outs = get_estimator(name).outputs
+        out[name] = {"lds": ev.mean_interval(per, seed),
+                     "per_test": [None if not np.isfinite(x) else float(x) for x in per],
+                     "seconds": round(run.seconds, 4), "n_undefined": int((~np.isfinite(per)).sum()),
+                     "output": ("margin" if "margin" in outs else outs[0]) if outs else None}
+    if ev.REFERENCE in out:
+        for name in out:
+            if name != ev.REFERENCE:
+                out[name]["ratio_to_" + ev.REFERENCE] = ev.ratio_interval(out[name]["per_test"],
+                                                                          out[ev.REFERENCE]["per_test"], seed)
+    if progress is not None:
+        progress(len(estimators), len(estimators), "estimators done")
+    return out
+
+
+def mislabel_report(clf: Any, train: torch.Tensor, flipped: np.ndarray, estimators: Sequence[str], seed: int,
+                    progress: Any = None, scores: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Each estimator's self-influence ranking of the training rows ``train`` against the ``flipped`` indices:
+    ROC AUC with :func:`auc_interval`, found@10%/20% and the recall curve (``models.kg.evaluation``), its time."""
+    labels = np.zeros(len(train), dtype=bool)
+    labels[np.asarray(flipped, dtype=np.int64)] = True
+    out: dict[str, Any] = {}
+    for k, name in enumerate(estimators):
+        if progress is not None:
+            progress(k, len(estimators), f"estimator {name}")
+        run = run_estimator(name, clf, None, train, self_scores=True)
+        if scores is not None:
+            scores[name] = run.values
+        out[name] = {"auc_interval": auc_interval(labels, run.values, seed),
+                     "found_at_10": ev.found_at(labels, run.values, 0.10),
+                     "found_at_20": ev.found_at(labels, run.values, 0.20),
+                     "recall_curve": ev.recall_curve(labels, run.values), "seconds": round(run.seconds, 4)}
+    if progress is not None:
+        progress(len(estimators), len(estimators), "estimators done")
+    return out

@@ -267,6 +267,56 @@ class KindMethods(Generic[R]):
         """
         return self._submit("/evaluate/mislabel", _body(dict(locals())), idempotency_key)
 
+    def evaluate_classifier_attribution(
+        self, *, model: str, dataset: str,
+        recipe: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        estimators: Sequence[str] | NotGiven = NOT_GIVEN,
+        m: int | NotGiven = NOT_GIVEN,
+        alpha: float | NotGiven = NOT_GIVEN,
+        n_test: int | NotGiven = NOT_GIVEN,
+        ensemble: int | NotGiven = NOT_GIVEN,
+        replicates: bool | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        shard_retries: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """The LDS of the classifier data-attribution estimators on an exported or Hugging Face classifier (queue
+        ``bulk``).
+
+        ``m`` models are trained by ``recipe`` (``epochs``, ``batch_size``, ``optimizer``, ``lr``, ``momentum``,
+        ``weight_decay``, ``checkpoint_every``, ``max_length``, ``seed``) from ``model``'s own weights on random ``alpha``-subsets
+        of ``dataset``'s training examples (one shard each), and each estimator's scores on the full-data model
+        predict their margins on ``n_test`` test examples: each estimator's LDS per test example, its mean with a
+        95% bootstrap interval, its ratio to TracIn's. Server defaults: ``m=32``, ``alpha=0.5``, ``n_test=100``,
+        ``estimators=["tracin", "trak", "graddot", "random"]``, ``ensemble=4`` (``trak_ensemble``'s further
+        models). ``replicates=True`` reports the ``noise_ceiling``. A later evaluation of the same model, recipe,
+        data, ``alpha``, ``m`` and ``seed`` reuses the stored models.
+        """
+        return self._submit("/evaluate/classifier/attribution", _body(dict(locals())), idempotency_key)
+
+    def evaluate_classifier_mislabel(
+        self, *, model: str, dataset: str,
+        recipe: Mapping[str, Any] | NotGiven = NOT_GIVEN,
+        estimators: Sequence[str] | NotGiven = NOT_GIVEN,
+        fraction: float | NotGiven = NOT_GIVEN,
+        seed: int | NotGiven = NOT_GIVEN,
+        label: str | None | NotGiven = NOT_GIVEN,
+        tags: Sequence[str] | NotGiven = NOT_GIVEN,
+        requirements: Mapping[str, Any] | None | NotGiven = NOT_GIVEN,
+        idempotency_key: str | None = None,
+        **extra: Any,
+    ) -> R:
+        """Mislabel detection on an exported or Hugging Face classifier: flip a seeded ``fraction`` (default 0.1) of the training
+        labels to another class, train ``recipe`` on them, rank the training examples by each estimator's
+        self-influence: each estimator's ROC AUC with a 95% bootstrap interval, found@10%/20%, the recall curve.
+        Server default: ``estimators=["tracin", "trak", "random"]``.
+        """
+        return self._submit("/evaluate/classifier/mislabel", _body(dict(locals())), idempotency_key)
+
     def featurize(
         self, *, model: str,
         checkpoints: Literal["all"] | Sequence[str] | NotGiven = NOT_GIVEN,
