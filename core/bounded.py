@@ -66,7 +66,7 @@ def _gib(n: int) -> str:
 
 def _limits(settings: Settings) -> dict[str, Any]:
     return {"memory_bytes": settings.parser_memory_bytes, "cpu_s": settings.parser_cpu_s,
-            "line_bytes": settings.parser_line_bytes}
+            "line_bytes": settings.parser_line_bytes, "nice": settings.parser_nice}
 
 
 def run_bounded(settings: Settings, name: str, args: dict[str, Any], *, loc: tuple, value: Any = None,
@@ -190,6 +190,7 @@ def _child() -> int:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (_STDERR_BYTES, _STDERR_BYTES))  # it writes no file but its messages
+    os.nice(int(limits.get("nice", 0)))  # below the API's own requests when the CPUs are contended
     answer_fd = os.dup(1)
     os.dup2(2, 1)  # whatever a library prints goes with the messages; the answer alone goes to the API
     name = request["name"]

@@ -184,6 +184,8 @@ class Settings(BaseSettings):
     parser_timeout_s: float = Field(120.0, gt=0, le=86_400, validation_alias=_alias("EXPLAINQ_PARSER_TIMEOUT_S"))
     parser_line_bytes: int = Field(16 << 20, ge=1024, validation_alias=_alias("EXPLAINQ_PARSER_LINE_BYTES"))
     parser_concurrency: int = Field(4, ge=1, le=256, validation_alias=_alias("EXPLAINQ_PARSER_CONCURRENCY"))
+    # how much lower the parser's children run than the API (nice increment, 0-19): a long read yields the CPUs
+    parser_nice: int = Field(10, ge=0, le=19, validation_alias=_alias("EXPLAINQ_PARSER_NICE"))
 
     # The bounded checkpoint load (models/bounded_load.py): the child process that unpickles a tenant's weights
     # for a worker. Memory is what the load may add beyond torch's own mappings and the file's size.

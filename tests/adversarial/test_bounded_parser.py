@@ -244,3 +244,34 @@ def test_children_at_once_are_bounded_and_a_full_house_is_503(env, monkeypatch) 
     finally:
         slots.release()
         slots.release()
+
+
+def test_the_parsers_children_run_below_the_api(env, monkeypatch) -> None:
+    """EXPLAINQ_PARSER_NICE (10): a long read in a child yields the CPUs to the API's own requests."""
+    import os
+    import subprocess
+    import threading
+
+    from core import bounded
+
+    _big_triples(env["data"], "nice-kg", 1_000_000)
+    seen: list[int] = []
+    real = subprocess.Popen
+
+    class Watched(real):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            threading.Thread(target=self._watch, daemon=True).start()
+
+        def _watch(self) -> None:
+            while self.poll() is None:
+                try:
+                    seen.append(int(Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[16]))
+                except (OSError, IndexError, ValueError):
+                    pass
+                time.sleep(0.01)
+
+    monkeypatch.setattr(bounded.subprocess, "Popen", Watched)
+    r = env["client"].post("/datasets", json={"name": "nice-kg", "path": "nice-kg"}, headers=ALICE)
+    assert r.status_code == 201, r.text
+    assert seen and max(seen) == min(os.nice(0) + 10, 19), seen
