@@ -127,7 +127,9 @@ def test_the_memory_blocks_do_not_change_the_scores(trained, monkeypatch):
     monkeypatch.setattr(tracin_adam, "TEST_NUMBERS", 2 * n_params)
     monkeypatch.setattr(tracin_adam, "BLOCK_NUMBERS", 5 * n_params)
     blocked = evaluation.run_estimator("tracin_adam", bundle, test, train).values
-    np.testing.assert_allclose(blocked, whole, rtol=1e-6, atol=1e-9)
+    # float32 sums in another order: equal to float32's rounding of the largest score, not to a fixed 1e-9 (a
+    # CPU with other kernels, AVX-512 against AVX2, rounds each block's sum differently)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-5, atol=1e-6 * np.abs(whole).max())
 
 
 def _rewrite_state(bundle, eps: float) -> None:
