@@ -129,7 +129,9 @@ def job_page(result: dict[str, Any], kind: str = "attributions", page: int = 1,
     """The job page the dashboard serves for a succeeded job with ``result`` (its schema header ``schema``), drawn
     by the renderer the kind names, through the router's own table of renderers."""
     renderer = {"attributions": "attributions", "tracin": "influence",
-                "classifier_influence": "classifier_influence"}.get(kind, "evaluation"
+                "classifier_influence": "classifier_influence"}.get(kind, "classifier_evaluation"
+                                                                          if kind.startswith("evaluate_classifier_")
+                                                                          else "evaluation"
                                                                           if kind.startswith("evaluate_") else None)
     job = {"id": JOB_ID, "kind": kind, "status": "succeeded", "queue": "explain", "created_at": None,
            "started_at": None, "finished_at": None, "progress": {"done": 12, "total": 12, "unit": "samples"}}

@@ -12,6 +12,7 @@ HEAVY = (
     "tests/test_ui_browser.py::*",
     "tests/test_compare_browser.py::*",
     "tests/test_tracin_breakdown_browser.py::*",  # the breakdown's numbers: tests/test_tracin_breakdown.py
+    "tests/test_evaluation_browser.py::test_the_classifier_evaluation_pages_fit_a_phone*",  # the numbers: tests/test_classifier_evaluation_pages.py
     "tests/test_classifier_influence.py::test_the_influence_grid_and_the_text_list_in_a_browser*",  # GET /compare itself is tested in make test (tests/test_compare*.py)
     "tests/adversarial/test_dashboard.py::test_dashboard_pages_raise_no_csp_violation_in_a_browser",
     "tests/test_ui_browser_forms.py::test_no_sideways_scrolling_at_390px_on_the_jobs_list_and_the_forms",

@@ -113,6 +113,15 @@ def test_lds_equals_the_direct_computation_on_the_same_subset_models(svc):
     assert res["estimators"]["graddot"]["ratio_to_tracin"] == want["graddot"]["ratio_to_tracin"]
     assert res["estimators"]["tracin"]["output"] == "margin"
 
+    from app.ui.views import num
+    from tests.analysis_pages import job_page
+
+    page = job_page(res, kind="evaluate_classifier_attribution")  # the job page draws the real result
+    for name in ("tracin", "graddot", "random"):
+        lds = res["estimators"][name]["lds"]
+        assert f'<th scope="row">{name}</th><td>{num(lds["mean"], 3)}</td><td>[{num(lds["low"], 3)}, ' in page
+    assert "3 subset models of" in page and "<h2>Result</h2>" not in page
+
 
 
 def test_sharded_then_whole_give_one_result_and_the_second_reuses_every_model(svc):
@@ -162,6 +171,14 @@ def test_mislabel_auc_is_the_stored_self_scores_auc(svc):
         auc = res["estimators"][name]["auc_interval"]
         assert auc["auc"] == ev.roc_auc(truth, saved[name])
         assert auc == {**ef.auc_interval(truth, saved[name], 2), "n_resamples": ev.N_RESAMPLES}
+    from app.ui.views import num
+    from tests.analysis_pages import job_page
+
+    page = job_page(res, kind="evaluate_classifier_mislabel")  # the job page draws the real result
+    for name in ("tracin", "random"):
+        auc = res["estimators"][name]["auc_interval"]
+        assert f'<th scope="row">{name}</th><td>{num(auc["auc"], 3)}</td><td>[{num(auc["low"], 3)}, ' in page
+    assert "6 of 24 training labels flipped" in page
     _, again = _run(svc, "/evaluate/classifier/mislabel", body)
     assert again["trainings"] == 0 and again["estimators"] == res["estimators"] | {
         n: {**e, "seconds": again["estimators"][n]["seconds"]} for n, e in res["estimators"].items()}

@@ -87,3 +87,25 @@ def test_a_real_mislabel_runs_suspects_on_its_page(show, width, tmp_path) -> Non
         target = Path(os.environ["EXPLAINQ_UI_SCREENSHOTS"])
         target.mkdir(parents=True, exist_ok=True)
         shutil.copy(tmp_path / name, target / name)
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_the_classifier_evaluation_pages_fit_a_phone(show, width) -> None:  # noqa: F811
+    """The classifier evaluations' cards (a long model name, many flipped examples): nothing scrolls sideways at
+    390 px, the settings tables and the flipped list fit their boxes, and the numbers read as text."""
+    from tests.test_classifier_evaluation_pages import lds_result, mislabel_result
+
+    lds = {**lds_result(), "model": LONG_WORD}
+    pg = show(job_page(lds, kind="evaluate_classifier_attribution"), width=width)
+    card = pg.locator("#classifier-evaluation")
+    expect(card.locator("table.evaluation tbody tr").nth(1)).to_contain_text("1.31 [1.04, 1.77]")
+    assert pg.evaluate("document.documentElement.scrollWidth") <= width + 1, "the LDS page scrolls sideways"
+    for table in card.locator("table.evaluation-settings").all():
+        assert table.evaluate("t => t.parentElement.scrollWidth <= t.parentElement.clientWidth + 1")
+    pg = show(job_page({**mislabel_result(400), "model": LONG_WORD}, kind="evaluate_classifier_mislabel"),
+              width=width)
+    card = pg.locator("#classifier-evaluation")
+    expect(card.locator("table.evaluation tbody tr").first).to_contain_text("[0.841, 0.902]")
+    card.locator("details.flipped summary").click()
+    expect(card.locator("p.flipped-list")).to_be_visible()
+    assert pg.evaluate("document.documentElement.scrollWidth") <= width + 1, "the mislabel page scrolls sideways"

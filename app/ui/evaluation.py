@@ -1,5 +1,6 @@
-"""The shapes the evaluation page draws (renderer ``evaluation``): LDS bars with interval whiskers, mislabel
-recall curves, as plain numbers and SVG coordinates (no JavaScript needed; every number is also in a table)."""
+"""The shapes the evaluation pages draw (renderers ``evaluation``, the ConvE evaluations, and
+``classifier_evaluation``, the classifier ones): LDS bars with interval whiskers, mislabel recall curves, as plain
+numbers and SVG coordinates (no JavaScript needed; every number is also in a table)."""
 
 from __future__ import annotations
 
@@ -69,12 +70,54 @@ def suspect_tables(estimators: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def mislabel_rows(estimators: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per estimator its AUC with its interval (a classifier evaluation keeps the AUC inside ``auc_interval``),
+    found after 10 % and 20 %, and its seconds."""
+    rows = []
+    for name, r in estimators.items():
+        r = r or {}
+        ci = r.get("auc_interval") if isinstance(r.get("auc_interval"), dict) else None
+        rows.append({"name": name, "auc": r["auc"] if "auc" in r else (ci or {}).get("auc"), "auc_interval": ci,
+                     **{k: r.get(k) for k in ("found_at_10", "found_at_20", "seconds")}})
+    return rows
+
+
 def evaluation_view(result: dict[str, Any]) -> dict[str, Any]:
     estimators = result.get("estimators") if isinstance(result.get("estimators"), dict) else {}
     if result.get("metric") == "mislabel":
-        rows = [{"name": n, **{k: (r or {}).get(k) for k in ("auc", "auc_interval", "found_at_10", "found_at_20",
-                                                            "seconds")}}
-                for n, r in estimators.items()]
-        return {"metric": "mislabel", "rows": rows, "curves": recall_curves(estimators),
+        return {"metric": "mislabel", "rows": mislabel_rows(estimators), "curves": recall_curves(estimators),
                 "suspects": suspect_tables(estimators)}
     return {"metric": "lds", "bars": lds_bars(estimators)}
+
+
+FLIPPED_SHOWN = 500  # of a mislabel evaluation's flipped training examples, on the page (all: the result's list)
+
+
+def _pairs(record: Any) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in record.items() if not isinstance(v, dict | list)] if isinstance(record, dict) else []
+
+
+def _model_card(ref: Any) -> dict[str, Any] | None:
+    """A trained model's store key, seed, accuracy per split and checkpoint epochs."""
+    if not isinstance(ref, dict):
+        return None
+    return {"key": ref.get("key"), "seed": ref.get("seed"),
+            "accuracy": _pairs(ref.get("accuracy")),
+            "epochs": [c.get("epoch") for c in ref.get("checkpoints") or [] if isinstance(c, dict)]}
+
+
+def classifier_evaluation_view(result: dict[str, Any]) -> dict[str, Any]:
+    """The classifier evaluations' card: the ConvE evaluations' shapes (bars and LDS table, AUC table and recall
+    curves) with the recipe every model was trained with, the model(s) the estimators ran on and, for mislabel
+    detection, the flipped training examples (their positions in the training split)."""
+    view = evaluation_view(result)
+    view["recipe"] = _pairs(result.get("recipe"))
+    if view["metric"] == "mislabel":
+        flipped = [i for i in result.get("flipped") or [] if isinstance(i, int)]
+        view.update(model=_model_card(result.get("mislabel_model")), flipped=flipped[:FLIPPED_SHOWN],
+                    flipped_more=max(len(flipped) - FLIPPED_SHOWN, 0))
+        return view
+    ensemble = result.get("ensemble") if isinstance(result.get("ensemble"), dict) else {}
+    view.update(model=_model_card(result.get("full_model")), members=ensemble.get("members") or 0,
+                replicates=bool(result.get("replicate_seeds")))
+    return view

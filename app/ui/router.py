@@ -26,7 +26,7 @@ from starlette.datastructures import FormData
 
 from app.ui import analysis, forms, session, views
 from app.ui.api import UNVALIDATED, Api, ApiError
-from app.ui.evaluation import evaluation_view
+from app.ui.evaluation import classifier_evaluation_view, evaluation_view
 from app.ui.session import Session
 from core import ratelimit
 from core.ownership import owns
@@ -440,6 +440,10 @@ def _evaluation_card(p: PageInput) -> dict[str, Any]:
     return {"evaluation": evaluation_view(p.result)}
 
 
+def _classifier_evaluation_card(p: PageInput) -> dict[str, Any]:
+    return {"evaluation": classifier_evaluation_view(p.result)}
+
+
 # A training kind's own summary under its curves, chosen by the result model its kind declares (``GET /kinds``
 # ``result``); any other training result (a plugin's, say) gets the table of its top-level values.
 TRAINING_SUMMARIES: dict[str, str] = {
@@ -472,6 +476,7 @@ RENDERERS: dict[str, Renderer] = {
     "ablation": Renderer("_ablations.html", _ablation_card),
     "evaluation": Renderer("_evaluation.html", _evaluation_card),
     "classifier_influence": Renderer("_class_influence.html", _classifier_influence_card),
+    "classifier_evaluation": Renderer("_classifier_evaluation.html", _classifier_evaluation_card),
     "training": Renderer("_curves.html", _training_card, live=True),
 }
 

@@ -292,6 +292,7 @@ register(JobKind(
     summary="Linear datamodeling score (LDS) of the classifier data-attribution estimators on an exported or "
             "Hugging Face classifier, from models retrained on random subsets of the training examples",
     title="Classifier attribution quality (LDS)",
+    renderer="classifier_evaluation",
     result=ClassifierLdsResult,
     sdk_method="evaluate_classifier_attribution",
     pickers=PICKERS,
@@ -311,6 +312,7 @@ register(JobKind(
     summary="Mislabel detection on a classifier: flip a fraction of the training labels, train, rank by "
             "each estimator's self-influence (ROC AUC with its interval)",
     title="Classifier mislabel detection",
+    renderer="classifier_evaluation",
     result=ClassifierMislabelResult,
     sdk_method="evaluate_classifier_mislabel",
     pickers=PICKERS,

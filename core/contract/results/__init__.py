@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from core.contract.results.ablation import AblationResult
 from core.contract.results.attributions import AttributionResult
+from core.contract.results.classifier_evaluation import ClassifierEvaluationResult
 from core.contract.results.classifier_influence import ClassifierInfluenceResult
 from core.contract.results.evaluation import EvaluationResult
 from core.contract.results.influence import InfluenceResult
@@ -31,4 +32,5 @@ BY_RENDERER: dict[str, type[BaseModel]] = {
     "ablation": AblationResult,
     "evaluation": EvaluationResult,
     "classifier_influence": ClassifierInfluenceResult,
+    "classifier_evaluation": ClassifierEvaluationResult,
 }

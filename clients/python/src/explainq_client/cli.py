@@ -304,8 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--table", action="store_true", help="plain-text tables: attributions (each sample's top "
                    "words), influence (each test triple's proponents and opponents), training (one row per "
-                   "epoch, then the result's values), ablation (the representation table), evaluation (each "
-                   "estimator's numbers); JSON for other kinds and for a result of an earlier version")
+                   "epoch, then the result's values), ablation (the representation table), the ConvE and classifier "
+                   "evaluations (each estimator's numbers); JSON for other kinds and for a result of an earlier "
+                   "version")
     p.set_defaults(func=cmd_result)
 
     p = sub.add_parser("entries", help="every entry of a result's list, one JSON per line, however many the result "

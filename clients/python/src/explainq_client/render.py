@@ -607,7 +607,8 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
         for est, r in estimators.items():
             ci = r.get("auc_interval") or {}
             interval = "" if ci.get("low") is None else f"[{num(ci.get('low'), 3)}, {num(ci.get('high'), 3)}]"
-            rows.append([name(est), num(r.get("auc"), 3), interval, num(r.get("found_at_10"), 3),
+            auc = r["auc"] if "auc" in r else ci.get("auc")  # a classifier evaluation's is in its interval
+            rows.append([name(est), num(auc, 3), interval, num(r.get("found_at_10"), 3),
                          num(r.get("found_at_20"), 3), num(r.get("seconds"), 3)])
         return ["estimator", "AUC", "95% interval", "found@10%", "found@20%", "seconds"], rows
     for est, r in estimators.items():
@@ -618,7 +619,38 @@ def _evaluation_table(result: Mapping[str, Any], num: Any, name: Any) -> tuple[l
                                           else f" [{num(ratio.get('low'), 2)}, {num(ratio.get('high'), 2)}]"))
         rows.append([name(est), num(lds.get("mean"), 3), f"[{num(lds.get('low'), 3)}, {num(lds.get('high'), 3)}]",
                      num(lds.get("n")), num(r.get("n_undefined")), num(r.get("seconds"), 3), vs])
-    return ["estimator", "LDS", "95% interval", "test triples", "undefined", "seconds", "x TracIn"], rows
+    return ["estimator", "LDS", "95% interval", f"test {_unit(result)}s", "undefined", "seconds", "x TracIn"], rows
+
+
+def _unit(result: Mapping[str, Any]) -> str:
+    """What an evaluation's training and test items are: a classifier's examples (its result names a ``model``)
+    or a knowledge graph's triples."""
+    return "example" if "model_version" in result else "triple"
+
+
+def _evaluation_head(result: Mapping[str, Any], dataset: str, num: Any) -> str:
+    """The evaluation's one-line summary (``dataset`` as the caller writes it)."""
+    unit = _unit(result)
+    on = f"on {dataset}" if unit == "triple" else f"of {num(result.get('model'))} on {dataset}"
+    if result.get("metric") == "mislabel":
+        if unit == "example":
+            return (f"{on}: {num(result.get('n_flipped'))} of {num(result.get('n_train'))} training labels "
+                    f"flipped (fraction {num(result.get('fraction'))})")
+        return f"{on}: {num(result.get('n_corrupted'))} of {num(result.get('n_train'))} training triples corrupted"
+    head = f"{on}: {num(result.get('m'))} subset models at alpha {num(result.get('alpha'))}"
+    if unit == "example":
+        head += f" ({num(result.get('subset_size'))} of {num(result.get('n_train'))} training examples each)"
+    return head + f", {num(result.get('n_test'))} test {unit}s"
+
+
+def _recipe_line(result: Mapping[str, Any], num: Any, name: Any = str) -> str:
+    """The recipe every model of a classifier evaluation was trained with (none for a ConvE one's: its table is
+    in the result)."""
+    recipe = result.get("recipe") or {}
+    if _unit(result) != "example" or not isinstance(recipe, Mapping):
+        return ""
+    return "recipe: " + ", ".join(f"{name(str(k))} {num(v)}" for k, v in recipe.items()
+                                  if not isinstance(v, Mapping | list))
 
 
 SUSPECTS_SHOWN = 10  # of each estimator's suspects, in the notebook and terminal views (all: result.suspects())
@@ -680,43 +712,40 @@ def evaluation_html(result: Mapping[str, Any]) -> str:
     curves."""
     headers, rows = _evaluation_table(result, _num, escape)
     estimators: Mapping[str, Mapping[str, Any]] = result.get("estimators") or {}
-    dataset = escape(str(result.get("dataset", "")))
+    head = _evaluation_head(result, f"<code>{escape(str(result.get('dataset', '')))}</code>", _num)
+    recipe = _recipe_line(result, _num, escape)
+    recipe = f"<p>{recipe}</p>" if recipe else ""
     if result.get("metric") == "mislabel":
         curves = {est: list(zip((r.get("recall_curve") or {}).get("inspected", []),
                                 (r.get("recall_curve") or {}).get("found", []), strict=False))
                   for est, r in estimators.items()}
-        head = (f"<div><b>Mislabel detection</b> on <code>{dataset}</code>: {_num(result.get('n_corrupted'))} of "
-                f"{_num(result.get('n_train'))} training triples corrupted")
         suspects = "".join(f"<p><b>{escape(str(est))}</b>: its top suspects</p>" + _table(*_suspect_table(
             r, _num, escape)) for est, r in estimators.items() if r.get("suspects"))
-        return head + _table(headers, rows) + _chart("corrupted triples found", curves,
-                                                    xlabel="fraction inspected") + suspects + "</div>"
+        found = "flipped examples found" if _unit(result) == "example" else "corrupted triples found"
+        return (f"<div><b>Mislabel detection</b> {head}" + _table(headers, rows)
+                + _chart(found, curves, xlabel="fraction inspected") + suspects + recipe + "</div>")
     bars = [(str(est), float((r.get("lds") or {}).get("mean")), float((r.get("lds") or {}).get("low")),
              float((r.get("lds") or {}).get("high"))) for est, r in estimators.items()
             if (r.get("lds") or {}).get("mean") is not None]
-    head = (f"<div><b>LDS</b> on <code>{dataset}</code>: {_num(result.get('m'))} subset models at alpha "
-            f"{_num(result.get('alpha'))}, {_num(result.get('n_test'))} test triples")
     ceiling = _ceiling_line(result, _num)
     warnings = "".join(f"<li>{escape(str(w))}</li>" for w in result.get("warnings") or [])
-    return (head + (f"<ul style='color:#8a4b00'>{warnings}</ul>" if warnings else "") + _interval_chart(bars)
-            + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + "</div>")
+    return (f"<div><b>LDS</b> {head}" + (f"<ul style='color:#8a4b00'>{warnings}</ul>" if warnings else "")
+            + _interval_chart(bars) + _table(headers, rows) + (f"<p>{ceiling}</p>" if ceiling else "") + recipe
+            + "</div>")
 
 
 def evaluation_text(result: Mapping[str, Any]) -> str:
     headers, rows = _evaluation_table(result, _tnum, str)
-    if result.get("metric") == "mislabel":
-        title = (f"mislabel detection on {result.get('dataset', '')}: {result.get('n_corrupted')} of "
-                 f"{result.get('n_train')} training triples corrupted")
-    else:
-        title = (f"LDS on {result.get('dataset', '')}: {result.get('m')} subset models at alpha "
-                 f"{result.get('alpha')}, {result.get('n_test')} test triples")
+    head = _evaluation_head(result, str(result.get("dataset", "")), str)
+    title = f"{'mislabel detection' if result.get('metric') == 'mislabel' else 'LDS'} {head}"
     ceiling = "" if result.get("metric") == "mislabel" else _ceiling_line(result, _tnum)
     warnings = "".join(f"\n  {w}" for w in result.get("warnings") or [])
     suspects = "".join(f"\n\n{est}: its top suspects\n" + text_table(*_suspect_table(r, _tnum, str))
                        for est, r in (result.get("estimators") or {}).items()
                        if result.get("metric") == "mislabel" and r.get("suspects"))
+    recipe = _recipe_line(result, _tnum)
     return (title + warnings + "\n\n" + text_table(headers, rows) + (f"\n\n{ceiling}" if ceiling else "")
-            + suspects)
+            + suspects + (f"\n\n{recipe}" if recipe else ""))
 
 
 # ------------------------------------------------------------------------------------------------ a job

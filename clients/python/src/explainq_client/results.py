@@ -302,8 +302,9 @@ SUSPECT_COLUMNS = ["estimator", "rank", "train_index", "head", "relation", "tail
 
 
 class EvaluationResult(Result):
-    """Renderer ``evaluation`` (``evaluate_attribution``, ``evaluate_mislabel``): each estimator's LDS with its
-    interval, or its mislabel-detection AUC, found@10%/20% and recall curve."""
+    """Renderers ``evaluation`` (``evaluate_attribution``, ``evaluate_mislabel``) and ``classifier_evaluation``
+    (``evaluate_classifier_attribution``, ``evaluate_classifier_mislabel``): each estimator's LDS with its interval,
+    or its mislabel-detection AUC with its interval, found@10%/20% and recall curve."""
 
     @property
     def estimators(self) -> dict[str, Any]:
@@ -313,8 +314,9 @@ class EvaluationResult(Result):
         """One row per estimator: ``estimator`` and its numbers, nested ones flattened with ``_``. An LDS
         evaluation: ``lds_mean``, ``lds_low``, ``lds_high`` (the bootstrap interval), ``n_undefined``,
         ``ratio_to_tracin_ratio``, ``ratio_to_tracin_low``, ``ratio_to_tracin_high``, ``seconds``, ...; mislabel
-        detection: ``auc``, ``found_at_10``, ``found_at_20``, ``seconds``. Per-test values and curves are left
-        out (they are lists: ``result["estimators"][name]``)."""
+        detection: ``auc``, ``found_at_10``, ``found_at_20``, ``seconds`` (a classifier evaluation's AUC with its
+        interval: ``auc_interval_auc``, ``auc_interval_low``, ``auc_interval_high``). Per-test values and curves are
+        left out (they are lists: ``result["estimators"][name]``)."""
         return [{"estimator": name, **_scalars(values)} for name, values in self.estimators.items()
                 if isinstance(values, Mapping)]
 
@@ -400,6 +402,7 @@ RESULT_TYPES: dict[str, type[Result]] = {
     "ablation": AblationResult,
     "evaluation": EvaluationResult,
     "classifier_influence": ClassifierInfluenceResult,
+    "classifier_evaluation": EvaluationResult,
 }
 
 
