@@ -60,6 +60,43 @@ async def _fetch(request: Request, job_id: str) -> dict[bytes, bytes]:
     return fields_to_raw(await request.app.state.aredis.hmget(JOB_PREFIX + job_id, VIEW_FIELDS))
 
 
+class SharedViews:
+    """The views the event streams of one API process read, shared: a stream asking for a job's view gets the
+    last one read if it is younger than the stream's own interval, else reads it once for every stream that asks
+    meanwhile (one read in flight per job). So 16 streams on one job cost one view per interval, not 16."""
+
+    MAX_ENTRIES = 1024  # views kept at most (an entry older than 10 s goes at the next insert past 256)
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, tuple[float, asyncio.Future]] = {}
+
+    async def get(self, key: Any, max_age_s: float, read: Any) -> Any:
+        now = time.monotonic()
+        entry = self._entries.get(key)
+        future = entry[1] if entry is not None else None
+        failed = future is not None and future.done() and (future.cancelled() or future.exception() is not None)
+        if entry is None or now - entry[0] >= max_age_s or failed:
+            if len(self._entries) >= 256:
+                self._prune(now)
+            entry = (now, asyncio.ensure_future(read()))
+            self._entries[key] = entry
+        return await asyncio.shield(entry[1])
+
+    def _prune(self, now: float) -> None:
+        for key, (at, future) in list(self._entries.items()):
+            if future.done() and now - at > 10.0:
+                del self._entries[key]
+        while len(self._entries) >= self.MAX_ENTRIES:  # all young: drop the oldest
+            del self._entries[next(iter(self._entries))]
+
+
+def shared_views(app: Any) -> SharedViews:
+    views = getattr(app.state, "shared_views", None)
+    if views is None:
+        views = app.state.shared_views = SharedViews()
+    return views
+
+
 async def _fetch_with_position(request: Request, job_id: str) -> tuple[dict[bytes, bytes], int | None]:
     keys, args = view_script_args(job_id)
     return view_script_result(await run_script(request.app.state.aredis, request.app.state.view_script, keys, args))
@@ -384,19 +421,25 @@ async def job_events(
 ) -> StreamingResponse:
     job_id, _ = await _owned_raw(request, job_id, owner)
 
+    async def read() -> dict[str, Any] | None:
+        raw, position = await _fetch_with_position(request, job_id)
+        if not raw:
+            return None
+        if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
+            raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
+        return await _view(request, job_id, raw, position)
+
     async def stream():
         last = None
         last_sent = time.monotonic()
         while True:
             if await request.is_disconnected():
                 return
-            raw, position = await _fetch_with_position(request, job_id)
-            if not raw:
+            # every stream on this job shares one read per interval: N streams cost one view, not N
+            view = await shared_views(request.app).get((owner, job_id), interval_s, read)
+            if view is None:
                 yield "event: gone\ndata: {}\n\n"
                 return
-            if is_abandoned(raw, request.app.state.settings.heartbeat_ttl_s):
-                raw = await run_in_threadpool(request.app.state.store.reap_if_abandoned, raw, job_id)
-            view = await _view(request, job_id, raw, position)
             if view != last:
                 yield f"event: {view['status']}\ndata: {json.dumps(view)}\n\n"
                 last, last_sent = view, time.monotonic()
