@@ -20,6 +20,10 @@ proponents of a test triple against removing as many random triples, ``models/kg
 default list: it retrains ``--cf-tests`` x (estimators + ``--cf-draws``) models) and ``classifiers`` (the classifier estimators beside dattri's on
 digits, ``benchmarks/quality_classifiers.py`` with its own defaults; ``--classifier-quick``: its tiny run). A section is a function ``(args, datasets, work_dir) -> list of
 lines`` in ``SECTIONS`` (``datasets``: name -> TriplesDataset; ``work_dir``: a temporary directory for the run).
+
+``--compute-matched`` adds to the LDS section every ensemble-able estimator (``ENSEMBLE_BASES`` of
+``models/kg/evaluation.py``) averaged over the first 1, 2, 4, ... of the full-data model and the ``--ensemble``
+members, so that an estimator is compared with TracIn at the same number of trained models.
 """
 
 from __future__ import annotations
@@ -433,8 +437,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dropout", type=float, default=None, help="input, feature-map and hidden dropout of the "
                     "recipe (default: ConvE's 0.2 / 0.2 / 0.3)")
     ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
-    ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble (further full-data "
-                    "models of the recipe with other seeds)")
+    ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble and of "
+                    "--compute-matched (further full-data models of the recipe with other seeds)")
     ap.add_argument("--ensemble-scaling", action="store_true", help="also print TRAK's LDS averaged over the first "
                     "1, 2, 4, ... of the full-data model and the --ensemble members (needs tracin and an ensemble "
                     "estimator among --estimators)")
