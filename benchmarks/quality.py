@@ -20,6 +20,10 @@ proponents of a test triple against removing as many random triples, ``models/kg
 default list: it retrains ``--cf-tests`` x (estimators + ``--cf-draws``) models) and ``classifiers`` (the classifier estimators beside dattri's on
 digits, ``benchmarks/quality_classifiers.py`` with its own defaults; ``--classifier-quick``: its tiny run). A section is a function ``(args, datasets, work_dir) -> list of
 lines`` in ``SECTIONS`` (``datasets``: name -> TriplesDataset; ``work_dir``: a temporary directory for the run).
+
+``--compute-matched`` adds to the LDS section every ensemble-able estimator (``ENSEMBLE_BASES`` of
+``models/kg/evaluation.py``) averaged over the first 1, 2, 4, ... of the full-data model and the ``--ensemble``
+members, so that an estimator is compared with TracIn at the same number of trained models.
 """
 
 from __future__ import annotations
@@ -107,15 +111,21 @@ def _subsets(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, out
     return subsets
 
 
-def _members(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, work: Path, name: str) -> list[Any]:
+def _members(ds: TriplesDataset, cfg: TrainConfig, args: argparse.Namespace, work: Path, name: str,
+             seconds: list[float] | None = None) -> list[Any]:
     """The ``--ensemble`` members the ensemble estimators average over: the recipe on all the training triples with
-    the seeds ``models.kg.evaluation.member_seeds`` gives (as the service trains them), when one is measured."""
-    if not any(estimator_registry.get(e).ensemble for e in args.estimators):
+    the seeds ``models.kg.evaluation.member_seeds`` gives (as the service trains them), when one is measured or
+    ``--compute-matched`` is given. ``seconds``, when given, receives each member's training (or loading) time."""
+    if not (getattr(args, "compute_matched", False)
+            or any(estimator_registry.get(e).ensemble for e in args.estimators)):
         return []
     out = []
     for s in ev.member_seeds(cfg.seed, args.ensemble):
         member_cfg = dataclasses.replace(cfg, seed=s)
-        out.append(_full_model(ds, member_cfg, _cache_dir(args, work, name, f"member{s}"))[0])
+        bundle, took = _full_model(ds, member_cfg, _cache_dir(args, work, name, f"member{s}"))
+        out.append(bundle)
+        if seconds is not None:
+            seconds.append(took)
     return out
 
 
@@ -150,12 +160,52 @@ def _scaling_rows(name: str, bundle: Any, members: list[Any], masks: np.ndarray,
     return rows
 
 
+def _ensemble_sizes(n_models: int) -> list[int]:
+    """1, 2, 4, ... up to ``n_models``, and ``n_models`` itself."""
+    return sorted({1, n_models, *(2 ** i for i in range(n_models.bit_length()))} & set(range(1, n_models + 1)))
+
+
+def _compute_matched_rows(label: str, bundle: Any, members: list[Any], member_s: list[float], full_s: float,
+                          masks: np.ndarray, outputs: np.ndarray, test: torch.Tensor, estimators: list[str],
+                          full_scores: dict[str, np.ndarray], full_seconds: dict[str, float], seed: int,
+                          output: str) -> list[list[str]]:
+    """Every ensemble-able estimator of ``estimators`` (``ev.ENSEMBLE_BASES``) averaged over the first 1, 2, 4, ...
+    models (the full-data model, then the members in order): LDS with its bootstrap interval, the training time of
+    the models (the full-data model, then the extra members: shared by every estimator, counted once), the
+    estimator's own scoring time over those models, and its ratio to TracIn's ensemble of the SAME size (paired
+    bootstrap). Each model's scores are computed once (the full-data model's are the LDS table's) and reused
+    across sizes."""
+    train = bundle.dataset.train
+    names = [e for e in estimators if e in ev.ENSEMBLE_BASES]
+    per_model: dict[str, list[np.ndarray]] = {}
+    per_seconds: dict[str, list[float]] = {}
+    for e in names:
+        runs = ev.member_runs(e, bundle, bundle.checkpoints, test, train, members, output)[1:] if members else []
+        per_model[e] = [full_scores[e], *(r.values for r in runs)]
+        per_seconds[e] = [full_seconds[e], *(r.seconds for r in runs)]
+    sizes = _ensemble_sizes(1 + len(members))
+    lds = {(e, k): ev.lds_per_test(masks, outputs, sum(per_model[e][:k]) / k) for e in names for k in sizes}
+    rows = []
+    for k in sizes:
+        for e in names:
+            per = lds[(e, k)]
+            m = ev.mean_interval(per, seed)
+            ratio = (ev.ratio_interval(list(per), list(lds[(ev.REFERENCE, k)]), seed)
+                     if ev.REFERENCE in names and e != ev.REFERENCE else None)
+            rows.append([label, str(k), e, _fmt(m["mean"]), f"[{_fmt(m['low'])}, {_fmt(m['high'])}]",
+                         f"{full_s:.1f} + {sum(member_s[:k - 1]):.1f}", f"{sum(per_seconds[e][:k]):.2f}",
+                         "-" if ratio is None else _fmt(ratio["ratio"], 2),
+                         "-" if ratio is None else f"[{_fmt(ratio['low'], 2)}, {_fmt(ratio['high'], 2)}]"])
+    return rows
+
+
 def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], work: Path) -> list[str]:
     seeds = args.seeds or [args.seed]
     rows: list[list[str]] = []
     ratios: list[list[str]] = []
     ceilings: list[list[str]] = []
     scaling: list[list[str]] = []
+    matched: list[list[str]] = []
     # (dataset, estimator) -> per seed: (its per-test LDS, TracIn's per-test LDS, its ratio to TracIn)
     pooled: dict[tuple[str, str], list[tuple[list, list | None, float | None]]] = {}
     for name, ds in datasets.items():
@@ -172,16 +222,22 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
             masks = np.stack([s["mask"] for s in subsets])
             sel = ev.test_selection(len(ds.test), one.n_test, seed)
             outputs = np.stack([s["outputs"] for s in subsets])[:, sel]
-            members = _members(ds, cfg, one, work, name)
+            member_s: list[float] = []
+            members = _members(ds, cfg, one, work, name, member_s)
             test = ds.test[torch.from_numpy(sel)]
+            full_scores: dict[str, np.ndarray] = {}
             report = ev.lds_report(bundle, masks, outputs, test, one.estimators, seed, members=members,
-                                   output=one.output)
+                                   output=one.output, scores=full_scores)
             print(f"# {label}: full model {full_s:.1f} s (test MRR "
                   f"{bundle.metrics.get('test', {}).get('mrr', 0):.3f}), {one.m} subset models {train_s:.1f} s "
                   f"({train_s / one.m:.1f} s each), {len(members)} ensemble members", flush=True)
             reference = report.get(ev.REFERENCE, {}).get("per_test")
             if one.ensemble_scaling and reference is not None:
                 scaling.extend(_scaling_rows(label, bundle, members, masks, outputs, test, reference, seed))
+            if one.compute_matched:
+                matched.extend(_compute_matched_rows(
+                    label, bundle, members, member_s, full_s, masks, outputs, test, one.estimators, full_scores,
+                    {e: r["seconds"] for e, r in report.items()}, seed, one.output))
             if one.replicates:
                 reps = _replicates(ds, cfg, one, _cache_dir(one, work, name, "subsets"))[:, sel]
                 ceiling = ev.noise_ceiling(outputs, reps, seed)
@@ -224,6 +280,14 @@ def lds_section(args: argparse.Namespace, datasets: dict[str, TriplesDataset], w
         table += ["", "TRAK's model ensemble by size: TRAK averaged over the first k models (the full-data model, "
                   "then the members), LDS and its ratio to TracIn's (paired bootstrap)", ""]
         table += _table(["dataset", "models", "LDS", "95% interval", "x TracIn", "95% interval"], scaling)
+    if matched:
+        table += ["", "Compute-matched ensembles: each ensemble-able estimator averaged over the first k models (the "
+                  "full-data model, then the members, equal weights), k = 1, 2, 4, ...; training seconds = the "
+                  "full-data model + the extra members (shared by every estimator, counted once); scoring seconds "
+                  "= the estimator's own, over the k models; x TracIn = ratio to TracIn's ensemble of the same k "
+                  "(95% paired percentile bootstrap over test triples)", ""]
+        table += _table(["dataset", "models", "estimator", "LDS", "95% interval", "training s", "scoring s",
+                         "x TracIn (same k)", "95% interval"], matched)
     if ceilings:
         table += ["", "Noise ceiling: each subset model trained again on the same subset with another seed; agreement "
                   "= Spearman between the two over the subsets (mean over test triples); no prediction from the "
@@ -373,11 +437,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dropout", type=float, default=None, help="input, feature-map and hidden dropout of the "
                     "recipe (default: ConvE's 0.2 / 0.2 / 0.3)")
     ap.add_argument("--estimators", default=",".join(estimator_registry.names()))
-    ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble (further full-data "
-                    "models of the recipe with other seeds)")
+    ap.add_argument("--ensemble", type=int, default=4, help="ensemble members of trak_ensemble and of "
+                    "--compute-matched (further full-data models of the recipe with other seeds)")
     ap.add_argument("--ensemble-scaling", action="store_true", help="also print TRAK's LDS averaged over the first "
                     "1, 2, 4, ... of the full-data model and the --ensemble members (needs tracin and an ensemble "
                     "estimator among --estimators)")
+    ap.add_argument("--compute-matched", action="store_true", help="also print every ensemble-able estimator "
+                    f"among --estimators ({', '.join(ev.ENSEMBLE_BASES)}) averaged over the first 1, 2, 4, ... of "
+                    "the full-data model and the --ensemble members, with the training and scoring seconds and the "
+                    "ratio to TracIn's ensemble of the same size (trains the members even without an ensemble "
+                    "estimator)")
     ap.add_argument("--replicates", action="store_true", help="also train each subset model again with another "
                     "seed and print the ground truth's noise ceiling (doubles the subset trainings)")
     ap.add_argument("--output", default=ev.DEFAULT_OUTPUT, choices=ev.OUTPUTS, help="TracIn's test-side output: "

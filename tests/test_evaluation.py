@@ -273,6 +273,29 @@ def test_the_quality_benchmark_prints_the_ensemble_by_size_equal_to_the_estimato
     assert sizes[0][1] == lds["trak"] and sizes[-1][1] == lds["trak_ensemble"]  # one model; all four
 
 
+@pytest.mark.slow
+def test_the_quality_benchmarks_compute_matched_ensembles_reuse_the_lds_tables_scores(capsys):
+    import re
+
+    bench = _quality_benchmark()
+    bench.main(["--datasets", "nations", "--m", "3", "--epochs", "1", "--n-test", "6", "--embedding-dim", "20",
+                "--estimators", "tracin,graddot,random", "--ensemble", "2", "--compute-matched",
+                "--sections", "lds"])
+    out = capsys.readouterr().out
+    rows = re.findall(r"^nations +(\d) +(tracin|graddot|random) +(-?\d\.\d{3}) +\[\S+ \S+\] +"
+                      r"(\d+\.\d) \+ (\d+\.\d) +(\d+\.\d\d) +(\S+) ", out, re.M)
+    # random is not ensembled; one row per size 1, 2 and 3 (all three models) for each of the other two
+    assert [(k, e) for k, e, *_ in rows] == [(k, e) for k in "123" for e in ("tracin", "graddot")], out
+    lds: dict[str, str] = {}
+    for r in (line.split() for line in out.splitlines() if line.startswith("nations ")):
+        lds.setdefault(r[1], r[2])  # the LDS table comes first
+    one = {e: v for k, e, v, *_ in rows if k == "1"}
+    assert one == {"tracin": lds["tracin"], "graddot": lds["graddot"]}  # one model: the LDS table's
+    assert [x for k, e, *_, x in rows if e == "tracin"] == ["-"] * 3
+    assert all(float(extra) == 0 for k, _, _, _, extra, *_ in rows if k == "1")
+    assert float(rows[-1][4]) > 0  # the members' training time is counted from the second model on
+
+
 def test_each_seed_of_the_quality_benchmark_has_its_own_models(tmp_path):
     import argparse
 
@@ -385,6 +408,32 @@ def test_trak_ensemble_is_trak_averaged_over_the_full_model_and_its_members(tmp_
     np.testing.assert_array_equal(evaluation.run_estimator("trak", full, test, train, members=[a, b]).values,
                                   single[0])
     assert estimators.ensembles() == ("trak_ensemble",)
+
+
+@pytest.mark.parametrize("name", ["tracin", "graddot", "gradcos"])
+def test_an_estimators_ensemble_is_its_mean_over_each_model_run_alone(tmp_path, name):
+    full, a, b = (_tiny_bundle(tmp_path, s) for s in (0, 1, 2))
+    test, train = full.dataset.test[:3], full.dataset.train
+    single = [evaluation.run_estimator(name, x, test, train).values for x in (full, a, b)]
+    got = evaluation.ensemble_scores(name, full, full.checkpoints, test, train, [a, b]).numpy()
+    np.testing.assert_allclose(got, (single[0] + single[1] + single[2]) / 3, rtol=0, atol=1e-12)
+    assert not np.allclose(single[0], single[1])  # the members are other models: averaging changes the scores
+    runs = evaluation.member_runs(name, full, full.checkpoints, test, train, [a, b])
+    assert [r.values.tolist() for r in runs] == [v.tolist() for v in single] and all(r.seconds >= 0 for r in runs)
+    np.testing.assert_array_equal(evaluation.ensemble_scores(name, full, full.checkpoints, test, train).numpy(),
+                                  single[0])  # no members: the estimator itself
+    other = _tiny_bundle(tmp_path, 3, train=train[1:])
+    with pytest.raises(ValueError, match="other training triples"):
+        evaluation.ensemble_scores(name, full, full.checkpoints, test, train, [other])
+
+
+def test_only_the_estimators_that_depend_on_one_trained_model_are_ensembled(tmp_path):
+    assert set(evaluation.ENSEMBLE_BASES) <= set(estimators.names())
+    assert not set(evaluation.ENSEMBLE_BASES) & {"random", *estimators.ensembles()}
+    full = _tiny_bundle(tmp_path, 0)
+    for name in ("random", "trak_ensemble"):
+        with pytest.raises(ValueError, match="cannot be ensembled"):
+            evaluation.ensemble_scores(name, full, full.checkpoints, full.dataset.test[:2], full.dataset.train)
 
 
 def test_trak_projects_to_4096_and_less_where_the_features_would_not_fit(tmp_path, monkeypatch):

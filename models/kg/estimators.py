@@ -14,7 +14,9 @@ functions, named by dotted path and imported when first used:
 
 An entry with ``ensemble=True`` averages over independently trained models of the same recipe (TRAK's model
 ensemble): its ``scores`` also takes ``members``, a list of further full-data bundles trained with other seeds
-(the LDS evaluation trains them, ``ensemble`` of them, once per recipe and data version).
+(the LDS evaluation trains them, ``ensemble`` of them, once per recipe and data version). Any estimator of
+``models.kg.evaluation.ENSEMBLE_BASES`` can be averaged over the same members (``ensemble_scores``: the benchmark's
+compute-matched comparison); only ``trak_ensemble`` has a name here.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ of corrupted triples found after inspecting the top 10% and 20% (the whole recal
 
 Estimators are named in :mod:`models.kg.estimators`; the ones defined here are TracIn (all layers, or the last
 layers), TracIn with Adam's update direction on the training side (:mod:`models.kg.tracin_adam`), TRAK on the full-data model's checkpoints, TRAK's model ensemble (TRAK averaged over the full-data model and
-further models of the same recipe trained with the seeds :func:`member_seeds` gives) and seeded noise. An LDS
+further models of the same recipe trained with the seeds :func:`member_seeds` gives) and seeded noise. Any
+estimator of ``ENSEMBLE_BASES`` can be averaged over the same members (:func:`ensemble_scores`: TRAK's ensemble
+is that of ``"trak"``), so that an ensemble's gain can be compared at equal numbers of trained models. An LDS
 report also gives each estimator's LDS as a ratio to TracIn's, with a paired bootstrap interval
 (:func:`ratio_interval`).
 """
@@ -748,14 +750,62 @@ def trak_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, tra
 def trak_ensemble_scores(bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
                          members: Sequence[KGBundle] = ()) -> torch.Tensor:
     """TRAK's model ensemble: :func:`trak_scores` of the full-data model (on ``checkpoints``) and of every member
-    (on all of its checkpoints), averaged with equal weights. The members are models of the same recipe and
-    training triples with other seeds; with none it is :func:`trak_scores`."""
-    total = trak_scores(bundle, checkpoints, test, train).double()
+    (on all of its checkpoints), averaged with equal weights (:func:`ensemble_scores` of ``"trak"``). The members
+    are models of the same recipe and training triples with other seeds; with none it is :func:`trak_scores`."""
+    return ensemble_scores("trak", bundle, checkpoints, test, train, members)
+
+
+# The estimators whose scores can be averaged over independently trained models of one recipe (a model ensemble,
+# :func:`ensemble_scores`): each one's scores are a function of one trained model and its checkpoints, in the
+# same units on every model, so the mean over models is the same estimator with the training noise of one model
+# averaged out. ``tracin_adam`` reads the Adam state saved with each checkpoint, which the members keep too
+# (:func:`train_model` trains them, ``FULL_MODEL_CHECKPOINTS``). Not ensembled: ``random`` (its noise does not
+# depend on the model: the mean over models is the same noise) and ``trak_ensemble`` (already an ensemble: it is
+# ``ensemble_scores("trak", ...)``).
+ENSEMBLE_BASES = ("tracin", "tracin_last", "tracin_adam", "trak", "graddot", "gradcos")
+
+
+def check_members(train: torch.Tensor, members: Sequence[KGBundle]) -> None:
+    """A ValueError unless every member was trained on exactly ``train`` (the full-data model's triples)."""
     for member in members:
         if member.dataset.train.shape != train.shape or not bool((member.dataset.train == train).all()):
             raise ValueError("an ensemble member was trained on other training triples than the full-data model")
-        total += trak_scores(member, member.checkpoints, test, train).double()
-    return total / (1 + len(members))
+
+
+def member_runs(name: str, bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                members: Sequence[KGBundle] = (), output: str = DEFAULT_OUTPUT) -> list[EstimatorRun]:
+    """Estimator ``name`` (one of ``ENSEMBLE_BASES``) run once on each model of an ensemble, timed: the full-data
+    model on ``checkpoints``, then each member on all of its checkpoints (members checked as
+    :func:`check_members`); ``output`` as :func:`run_estimator`. Their mean is :func:`ensemble_scores`."""
+    if name not in ENSEMBLE_BASES:
+        raise ValueError(f"estimator {name!r} cannot be ensembled; one of {ENSEMBLE_BASES}")
+    check_members(train, members)
+    estimator = get_estimator(name)
+    scores_fn, _ = estimator.load()
+    extra: dict[str, Any] = {}
+    if len(estimator.outputs) > 1:
+        check_output(output)
+        extra["output"] = output
+    runs = []
+    for model, ckpts in [(bundle, checkpoints), *((m, m.checkpoints) for m in members)]:
+        t0 = time.perf_counter()
+        out = scores_fn(model, ckpts, test, train, **extra)
+        values = out.detach().double().cpu().numpy()
+        runs.append(EstimatorRun(name, values, time.perf_counter() - t0))
+    return runs
+
+
+def ensemble_scores(name: str, bundle: KGBundle, checkpoints: Sequence, test: torch.Tensor, train: torch.Tensor,
+                    members: Sequence[KGBundle] = (), output: str = DEFAULT_OUTPUT) -> torch.Tensor:
+    """The model ensemble of estimator ``name`` (one of ``ENSEMBLE_BASES``): its scores on the full-data model (on
+    ``checkpoints``) and on each member (on all of its checkpoints), averaged with equal weights, float64. The
+    members are models of the same recipe and training triples with other seeds (:func:`member_seeds`; a member
+    trained on other triples is a ValueError); with none it is the estimator itself."""
+    runs = member_runs(name, bundle, checkpoints, test, train, members, output)
+    total = torch.from_numpy(runs[0].values.copy())
+    for run in runs[1:]:
+        total += torch.from_numpy(run.values)
+    return total / len(runs)
 
 
 def trak_self_scores(bundle: KGBundle, checkpoints: Sequence, train: torch.Tensor) -> torch.Tensor:
