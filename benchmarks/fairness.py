@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.scale import _ts, cpu_name  # noqa: E402
 from core import registry  # noqa: E402
+from explainq.cli import WORKER_NICE  # noqa: E402
 from tests.service import Service  # noqa: E402
 
 ALICE = {"Authorization": "Bearer key-a"}
@@ -91,7 +92,7 @@ def samples(root: Path, n: int, prefix: str) -> list[dict]:
     return out
 
 
-def start(home: Path, workers: int, model: Path, max_shards: int, client: bool = True) -> Service:
+def start(home: Path, workers: int, model: Path, max_shards: int, client: bool = True, nice: int = 0) -> Service:
     """Redis, the model registered, ``workers`` workers; ``client``: the app in this process too (``svc.client``),
     else the caller runs the API (:func:`start_api`)."""
     svc = Service(home, queues=(), start=False, heartbeat_ttl_s=60, api_keys="a:key-a,b:key-b",
@@ -101,7 +102,7 @@ def start(home: Path, workers: int, model: Path, max_shards: int, client: bool =
     if client:
         svc.start()
     for _ in range(workers):
-        svc.start_worker("explain,bulk", ("--threads", "1"))
+        svc.start_worker("explain,bulk", ("--threads", "1", "--nice", str(nice)))
     svc.wait_for_workers(workers)
     return svc
 
@@ -325,7 +326,7 @@ def api_main(args: argparse.Namespace) -> None:
         roots = home_path / "data"
         triples = write_triples(roots / "a-big" / "train.txt", args.triples_mib)
         pt_bytes = write_crafted_import(roots / "a-crafted")
-        svc = start(home_path, args.workers, model, 1000, client=False)
+        svc = start(home_path, args.workers, model, 1000, client=False, nice=args.worker_nice)
         port = free_port()
         api = start_api(svc, port)
         base = f"http://127.0.0.1:{port}"
@@ -390,7 +391,7 @@ def api_main(args: argparse.Namespace) -> None:
 
     print()
     print(f"CPU: {cpu_name()}; API: one `explainq api` process; {args.workers} workers (explain,bulk, --threads 1 "
-          f"each); private Redis; keys a and b; load average {load_before} before, {load_average()} after")
+          f"each, nice {args.worker_nice}); private Redis; keys a and b; load average {load_before} before, {load_average()} after")
     print(f"B: {rounds} rounds of 4 requests ({args.pause_s:g} s apart) alone, then {rounds} while A loads the service "
           f"({loaded_s:.0f} s); "
           f"{sum(overlapped)} of B's {len(overlapped)} loaded requests had one of A's imports or registrations in "
@@ -423,6 +424,8 @@ def main() -> None:
     ap.add_argument("--triples-mib", type=int, default=64, help="--api: size of A's dataset's train.txt")
     ap.add_argument("--pause-s", type=float, default=0.5, help="--api: pause between two of B's rounds")
     ap.add_argument("--drain-s", type=float, default=150, help="--api: how long to wait for A's last requests")
+    ap.add_argument("--worker-nice", type=int, default=WORKER_NICE,
+                    help="--api: the workers' nice increment (default: what `explainq up` gives them, below the API)")
     args = ap.parse_args()
     if args.api or args.quick:
         api_main(args)

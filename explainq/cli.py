@@ -21,7 +21,8 @@ from core.settings import Settings
 
 log = logging.getLogger("explainq")
 
-TRAIN_NICE = 10  # the training worker's CPU priority under `explainq up` (interactive workers stay at 0)
+TRAIN_NICE = 10  # the training worker's CPU priority under `explainq up`
+WORKER_NICE = 5  # every other worker's under `explainq up`: below the API, whose requests come first
 
 
 def _check_bind(host: str, settings: Settings) -> None:
@@ -125,18 +126,20 @@ def worker_specs(args: argparse.Namespace) -> list[str]:
 def split_threads(queues: list[str], cores: int) -> dict[str, tuple[int, int]]:
     """``queue spec -> (threads, nice)`` for the workers ``explainq up`` starts on a host with ``cores`` cores.
 
-    Interactive workers (any spec other than ``train`` alone) share all cores at normal priority; training workers
-    share half of them at nice ``TRAIN_NICE``, so they only take what the interactive work leaves idle.
+    Interactive workers (any spec other than ``train`` alone) share all cores at nice ``WORKER_NICE``, below the
+    API process on the same host (its requests come first: ``benchmarks/fairness.py --api``); training workers
+    share half of them at nice ``TRAIN_NICE``, so they only take what the interactive work leaves idle (training
+    workers alone take all cores at ``WORKER_NICE``).
     """
     cores = max(cores, 1)
     train = [q for q in queues if q == "train"]
     interactive = [q for q in queues if q != "train"]
     plan: dict[str, tuple[int, int]] = {}
     for q in interactive:
-        plan[q] = (max(1, cores // len(interactive)), 0)
+        plan[q] = (max(1, cores // len(interactive)), WORKER_NICE)
     for q in train:
         share = cores // 2 if interactive else cores
-        plan[q] = (max(1, share // len(train)), TRAIN_NICE if interactive else 0)
+        plan[q] = (max(1, share // len(train)), TRAIN_NICE if interactive else WORKER_NICE)
     return plan
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from explainq.cli import TRAIN_NICE, Restarts, Supervisor, exit_reason, split_threads
+from explainq.cli import TRAIN_NICE, WORKER_NICE, Restarts, Supervisor, exit_reason, split_threads
 
 
 class CrashingSupervisor(Supervisor):
@@ -72,9 +72,11 @@ def test_exit_reasons():
 
 
 def test_cores_are_split_between_interactive_and_training_workers():
-    assert split_threads(["explain", "train"], 16) == {"explain": (16, 0), "train": (8, TRAIN_NICE)}
-    assert split_threads(["explain", "train"], 2) == {"explain": (2, 0), "train": (1, TRAIN_NICE)}
+    w = WORKER_NICE
+    assert 0 < w < TRAIN_NICE  # every worker below the API; training below the interactive workers
+    assert split_threads(["explain", "train"], 16) == {"explain": (16, w), "train": (8, TRAIN_NICE)}
+    assert split_threads(["explain", "train"], 2) == {"explain": (2, w), "train": (1, TRAIN_NICE)}
     assert split_threads(["explain", "explain,train", "train"], 8) == {
-        "explain": (4, 0), "explain,train": (4, 0), "train": (4, TRAIN_NICE)}
-    assert split_threads(["train"], 4) == {"train": (4, 0)}
-    assert split_threads(["explain,train"], 1) == {"explain,train": (1, 0)}
+        "explain": (4, w), "explain,train": (4, w), "train": (4, TRAIN_NICE)}
+    assert split_threads(["train"], 4) == {"train": (4, w)}
+    assert split_threads(["explain,train"], 1) == {"explain,train": (1, w)}
