@@ -29,6 +29,19 @@ class MLP(torch.nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+@pytest.fixture
+def like_the_workers():
+    """The direct computations run with the workers' torch threads (their ``OMP_NUM_THREADS``): the exact
+    equalities below hold for one thread count, and an earlier test in this process may have set another."""
+    before = torch.get_num_threads()
+
+    def match(service) -> None:
+        torch.set_num_threads(int(service.env["OMP_NUM_THREADS"]))
+
+    yield match
+    torch.set_num_threads(before)
+
+
 def _write_data(home):
     from safetensors.torch import save_file
 
@@ -78,7 +91,8 @@ def _splits(svc):
     return read_split(d / "train.safetensors"), read_split(d / "test.safetensors")
 
 
-def test_lds_equals_the_direct_computation_on_the_same_subset_models(svc):
+def test_lds_equals_the_direct_computation_on_the_same_subset_models(svc, like_the_workers):
+    like_the_workers(svc)
     from models.export import evaluation as ef
     from models.export.influence import rows
     from models.export.train import Split
@@ -242,7 +256,8 @@ TEXT_RECIPE = {"epochs": 1, "batch_size": 8, "optimizer": "adamw", "lr": 5e-3, "
 
 
 @pytest.mark.slow
-def test_a_hugging_face_lds_equals_the_direct_computation_and_its_mislabel_auc_the_stored_scores(svc_text):
+def test_a_hugging_face_lds_equals_the_direct_computation_and_its_mislabel_auc_the_stored_scores(svc_text, like_the_workers):
+    like_the_workers(svc_text)
     from models.hf import evaluation as hf_ev
     from models.kg import evaluation as ev
     from models.textdata import read_split
